@@ -1,0 +1,313 @@
+//! Admin API (`/v1/admin/*`, admin bearer token): plans, tenants and their
+//! API keys. Every change goes through the [`Registry`](crate::tenants::Registry),
+//! which writes the database and then its in-memory cache, so the accept
+//! path sees it on the next request.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::{ApiError, Problem};
+use super::{AppState, json_typed};
+use crate::auth::AdminOnly;
+use crate::model::{Lane, TenantStatus};
+use crate::tenants::{KeyInfo, Plan, Tenant};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/admin/plans", get(list_plans))
+        .route("/v1/admin/plans/{name}", put(put_plan).get(get_plan))
+        .route("/v1/admin/tenants", post(create_tenant).get(list_tenants))
+        .route(
+            "/v1/admin/tenants/{id}",
+            get(get_tenant).patch(patch_tenant).delete(delete_tenant),
+        )
+        .route("/v1/admin/tenants/{id}/keys", post(issue_key))
+        .route(
+            "/v1/admin/tenants/{id}/keys/{key_id}",
+            axum::routing::delete(revoke_key),
+        )
+}
+
+/// Body of `PUT /v1/admin/plans/{name}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanInput {
+    pub lane: Lane,
+    pub rate_per_second: f64,
+    pub burst: u32,
+    pub daily_quota: u64,
+    pub max_in_flight: u32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlanList {
+    pub plans: Vec<Plan>,
+}
+
+/// Body of `POST /v1/admin/tenants`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    /// 1-64 of `a-z 0-9 _ -`.
+    pub id: String,
+    pub name: String,
+    /// An existing plan's name.
+    pub plan: String,
+}
+
+/// Body of `PATCH /v1/admin/tenants/{id}`; absent fields stay as they are.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchTenant {
+    #[serde(default)]
+    pub plan: Option<String>,
+    #[serde(default)]
+    pub status: Option<TenantStatus>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantList {
+    pub tenants: Vec<Tenant>,
+}
+
+/// A tenant with its keys (ids only).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantDetail {
+    #[serde(flatten)]
+    pub tenant: Tenant,
+    pub keys: Vec<KeyInfo>,
+}
+
+/// A newly issued API key. `key` is shown only in this answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IssuedKey {
+    pub id: String,
+    pub key: String,
+}
+
+fn created(location: String, body: impl Serialize) -> Response {
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    response
+}
+
+/// Create or replace a plan.
+///
+/// A plan written here wins over the configuration file from then on.
+#[utoipa::path(
+    put, path = "/v1/admin/plans/{name}", tag = "admin",
+    params(("name" = String, Path)),
+    request_body = PlanInput,
+    responses(
+        (status = 200, description = "Replaced", body = Plan),
+        (status = 201, description = "Created", body = Plan),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+pub async fn put_plan(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let input: PlanInput = json_typed(&headers, body)?;
+    let plan = Plan {
+        name: name.clone(),
+        lane: input.lane,
+        rate_per_second: input.rate_per_second,
+        burst: input.burst,
+        daily_quota: input.daily_quota,
+        max_in_flight: input.max_in_flight,
+    };
+    let was_created = state.registry.put_plan(plan.clone()).await?;
+    Ok(if was_created {
+        created(format!("/v1/admin/plans/{name}"), plan)
+    } else {
+        Json(plan).into_response()
+    })
+}
+
+/// List plans.
+#[utoipa::path(
+    get, path = "/v1/admin/plans", tag = "admin",
+    responses((status = 200, body = PlanList)),
+    security(("admin_token" = []))
+)]
+pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Json<PlanList> {
+    Json(PlanList {
+        plans: state.registry.plans(),
+    })
+}
+
+/// Get a plan.
+#[utoipa::path(
+    get, path = "/v1/admin/plans/{name}", tag = "admin",
+    params(("name" = String, Path)),
+    responses((status = 200, body = Plan), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn get_plan(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(name): Path<String>,
+) -> Result<Json<Plan>, ApiError> {
+    state
+        .registry
+        .plan(&name)
+        .map(|plan| Json((*plan).clone()))
+        .ok_or_else(|| ApiError::NotFound(format!("No plan {name:?}.")))
+}
+
+/// Create a tenant (status `active`).
+#[utoipa::path(
+    post, path = "/v1/admin/tenants", tag = "admin",
+    request_body = CreateTenant,
+    responses(
+        (status = 201, body = Tenant),
+        (status = 409, description = "Id taken", body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+pub async fn create_tenant(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let input: CreateTenant = json_typed(&headers, body)?;
+    let tenant = state
+        .registry
+        .create_tenant(&input.id, &input.name, &input.plan)
+        .await?;
+    Ok(created(format!("/v1/admin/tenants/{}", tenant.id), tenant))
+}
+
+/// List tenants.
+#[utoipa::path(
+    get, path = "/v1/admin/tenants", tag = "admin",
+    responses((status = 200, body = TenantList)),
+    security(("admin_token" = []))
+)]
+pub async fn list_tenants(State(state): State<AppState>, _admin: AdminOnly) -> Json<TenantList> {
+    Json(TenantList {
+        tenants: state.registry.tenants(),
+    })
+}
+
+/// Get a tenant and its key ids.
+#[utoipa::path(
+    get, path = "/v1/admin/tenants/{id}", tag = "admin",
+    params(("id" = String, Path)),
+    responses((status = 200, body = TenantDetail), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn get_tenant(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(id): Path<String>,
+) -> Result<Json<TenantDetail>, ApiError> {
+    let tenant = state
+        .registry
+        .tenant(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("No tenant {id:?}.")))?;
+    let keys = state.registry.keys_of(&id).await?;
+    Ok(Json(TenantDetail {
+        tenant: tenant.view(),
+        keys,
+    }))
+}
+
+/// Change a tenant's plan or status.
+///
+/// `paused`: sends are still accepted (202) and delivery is held until the
+/// tenant is `active` again. `disabled`: sends answer 403 and queued
+/// messages are held, not sent.
+#[utoipa::path(
+    patch, path = "/v1/admin/tenants/{id}", tag = "admin",
+    params(("id" = String, Path)),
+    request_body = PatchTenant,
+    responses(
+        (status = 200, body = Tenant),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+pub async fn patch_tenant(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Tenant>, ApiError> {
+    let input: PatchTenant = json_typed(&headers, body)?;
+    let tenant = state
+        .registry
+        .update_tenant(&id, input.plan.as_deref(), input.status)
+        .await?;
+    Ok(Json(tenant))
+}
+
+/// Delete a tenant and its keys. Status rows of its messages are kept.
+#[utoipa::path(
+    delete, path = "/v1/admin/tenants/{id}", tag = "admin",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn delete_tenant(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.registry.delete_tenant(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Issue an API key for a tenant. The key is shown only in this answer.
+#[utoipa::path(
+    post, path = "/v1/admin/tenants/{id}/keys", tag = "admin",
+    params(("id" = String, Path)),
+    responses((status = 201, body = IssuedKey), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn issue_key(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (key_id, key) = state.registry.issue_key(&id).await?;
+    Ok(created(
+        format!("/v1/admin/tenants/{id}/keys/{key_id}"),
+        IssuedKey { id: key_id, key },
+    ))
+}
+
+/// Revoke an API key; it stops working at once.
+#[utoipa::path(
+    delete, path = "/v1/admin/tenants/{id}/keys/{key_id}", tag = "admin",
+    params(("id" = String, Path), ("key_id" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    Path((id, key_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    state.registry.revoke_key(&id, &key_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,210 @@
+//! The HTTP layer's one error type. Every refusal leaves as
+//! `application/problem+json` (RFC 9457) with `type`, `title`, `status`,
+//! `detail` and, for validation failures, `errors` naming each field. 429
+//! and 503 carry `Retry-After`; a 500 never shows internals.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tracing::error;
+use utoipa::ToSchema;
+
+use crate::limits::retry_after_secs;
+use crate::limits::tenant::RateInfo;
+use crate::tenants::RegistryError;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, e.g. `urn:fairlane:problem:validation`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Field → message, for validation failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<BTreeMap<String, String>>,
+}
+
+/// Why a request was refused because of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitReason {
+    Rate,
+    Quota,
+    Lane,
+}
+
+impl LimitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitReason::Rate => "rate",
+            LimitReason::Quota => "quota",
+            LimitReason::Lane => "lane",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("request body has invalid fields")]
+    Validation(BTreeMap<String, String>),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
+    IdempotencyMismatch(String),
+    #[error("{detail}")]
+    TooManyRequests {
+        reason: LimitReason,
+        detail: String,
+        retry_after: Duration,
+        rate: Option<RateInfo>,
+    },
+    #[error("{detail}")]
+    Unavailable { detail: String, retry_after: Duration },
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    /// A validation failure of one field.
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        ApiError::Validation(BTreeMap::from([(field.to_owned(), message.into())]))
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Validation(_) | ApiError::IdempotencyMismatch(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn slug_and_title(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::Validation(_) => ("validation", "Invalid request"),
+            ApiError::BadRequest(_) => ("bad-request", "Malformed request"),
+            ApiError::Unauthorized(_) => ("unauthorized", "Not authenticated"),
+            ApiError::Forbidden(_) => ("forbidden", "Not allowed"),
+            ApiError::NotFound(_) => ("not-found", "Not found"),
+            ApiError::Conflict(_) => ("conflict", "Conflict"),
+            ApiError::PayloadTooLarge(_) => ("too-large", "Request too large"),
+            ApiError::UnsupportedMediaType(_) => ("unsupported-media-type", "Unsupported media type"),
+            ApiError::IdempotencyMismatch(_) => (
+                "idempotency-key-reused",
+                "Idempotency-Key reused with a different request",
+            ),
+            ApiError::TooManyRequests { reason, .. } => match reason {
+                LimitReason::Rate => ("rate-limited", "Tenant rate limit exceeded"),
+                LimitReason::Quota => ("quota-exhausted", "Daily quota exhausted"),
+                LimitReason::Lane => ("lane-full", "Lane is at its high-water mark"),
+            },
+            ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),
+            ApiError::Internal(_) => ("internal", "Internal error"),
+        }
+    }
+
+    /// The problem document for this error.
+    pub fn problem(&self) -> Problem {
+        let (slug, title) = self.slug_and_title();
+        let detail = match self {
+            ApiError::Internal(_) => "An unexpected error occurred; it has been logged.".to_owned(),
+            ApiError::Validation(errors) => {
+                let fields: Vec<&str> = errors.keys().map(String::as_str).collect();
+                format!("Invalid fields: {}.", fields.join(", "))
+            }
+            other => other.to_string(),
+        };
+        Problem {
+            kind: format!("urn:fairlane:problem:{slug}"),
+            title: title.to_owned(),
+            status: self.status().as_u16(),
+            detail,
+            errors: match self {
+                ApiError::Validation(errors) => Some(errors.clone()),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Adds `RateLimit-Limit/Remaining/Reset` headers.
+pub fn insert_rate_headers(headers: &mut HeaderMap, info: &RateInfo) {
+    headers.insert("ratelimit-limit", HeaderValue::from(info.limit));
+    headers.insert("ratelimit-remaining", HeaderValue::from(info.remaining));
+    headers.insert("ratelimit-reset", HeaderValue::from(info.reset_secs));
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(err) = &self {
+            error!(error = format!("{err:#}"), "Request failed with an internal error.");
+        }
+        let status = self.status();
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        match &self {
+            ApiError::TooManyRequests { retry_after, rate, .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*retry_after)));
+                if let Some(info) = rate {
+                    insert_rate_headers(headers, info);
+                }
+            }
+            ApiError::Unavailable { retry_after, .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*retry_after)));
+            }
+            ApiError::Unauthorized(_) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(err: RegistryError) -> Self {
+        match err {
+            RegistryError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            RegistryError::Conflict(detail) => ApiError::Conflict(detail),
+            RegistryError::Invalid { field, message } => ApiError::field(&field, message),
+            RegistryError::Internal(err) => ApiError::Internal(err),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        ApiError::Internal(err.into())
+    }
+}

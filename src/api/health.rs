@@ -1,0 +1,58 @@
+//! `/healthz` (the process is up) and `/readyz` (the store and the queue
+//! answer), for load balancers and orchestrators.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `unavailable`.
+    pub status: String,
+    /// Per dependency: `store`, `queue` → `ok` | `unavailable`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        checks: None,
+    })
+}
+
+/// The store and the queue are reachable.
+#[utoipa::path(
+    get, path = "/readyz", tag = "ops",
+    responses((status = 200, body = Health), (status = 503, body = Health))
+)]
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" }.to_owned();
+    let store = state.db.ping().await;
+    let queue = state.queue.ping().await;
+    let ready = store && queue;
+    let checks = [("store".to_owned(), word(store)), ("queue".to_owned(), word(queue))]
+        .into_iter()
+        .collect();
+    (
+        if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE },
+        Json(Health {
+            status: word(ready),
+            checks: Some(checks),
+        }),
+    )
+}

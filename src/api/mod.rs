@@ -1,0 +1,214 @@
+//! The HTTP API: one module per resource, each with its own `router()`,
+//! merged here into [`app`]. Shared state is [`AppState`]; the OpenAPI
+//! document is [`ApiDoc`].
+
+pub mod admin;
+pub mod error;
+pub mod health;
+pub mod messages;
+
+use std::collections::HashSet;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::accept::AcceptWriter;
+use crate::auth::AdminAuth;
+use crate::config::Settings;
+use crate::limits::backpressure::LaneBackpressure;
+use crate::limits::tenant::TenantLimits;
+use crate::queue::LaneQueue;
+use crate::store::Db;
+use crate::tenants::Registry;
+use error::ApiError;
+
+/// Everything a handler may need, shared by reference.
+#[derive(Clone)]
+pub struct AppState(Arc<AppInner>);
+
+pub struct AppInner {
+    pub settings: Arc<Settings>,
+    pub db: Db,
+    pub registry: Arc<Registry>,
+    pub queue: Arc<dyn LaneQueue>,
+    pub writer: AcceptWriter,
+    pub limits: TenantLimits,
+    pub backpressure: Arc<LaneBackpressure>,
+    pub admin: AdminAuth,
+    /// `(tenant, Idempotency-Key)` pairs whose first request is still being
+    /// answered; a duplicate meanwhile gets 409.
+    pub idempotency_in_flight: Mutex<HashSet<(String, String)>>,
+}
+
+impl AppState {
+    pub fn new(inner: AppInner) -> Self {
+        AppState(Arc::new(inner))
+    }
+}
+
+impl Deref for AppState {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+/// The whole API as a router, ready to serve or to call in tests.
+pub fn app(state: AppState) -> Router {
+    let max_body = state.settings.server.max_body_bytes;
+    let timeout = Duration::from_secs(state.settings.server.request_timeout_secs);
+    Router::new()
+        .merge(messages::router())
+        .merge(admin::router())
+        .merge(health::router())
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .fallback(|| async { ApiError::NotFound("No such route.".into()) })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, timeout))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Checks the content type and parses a JSON body; malformed input is a
+/// problem+json 400, a wrong type 415, an oversized body 413.
+pub fn json_value(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<serde_json::Value, ApiError> {
+    let bytes = read_json_bytes(headers, body)?;
+    serde_json::from_slice(&bytes).map_err(|err| {
+        ApiError::BadRequest(format!("Request body is not valid JSON: {err}."))
+    })
+}
+
+/// Like [`json_value`], then deserializes into `T` (whose `deny_unknown_fields`
+/// turns a misspelt key into a 422 naming it).
+pub fn json_typed<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = read_json_bytes(headers, body)?;
+    let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::BadRequest(format!("Request body is not valid JSON: {inner}."));
+        }
+        let message = inner.to_string();
+        // serde names an unknown or missing field only in its message.
+        let named = message
+            .split('`')
+            .nth(1)
+            .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"));
+        // For an unknown field the path already ends at it; for a missing
+        // one it stops at the parent object.
+        let field = match (named, path.as_str()) {
+            (Some(name), ".") => name.to_owned(),
+            (Some(name), parent) if message.starts_with("missing field") => format!("{parent}.{name}"),
+            (_, ".") => "body".to_owned(),
+            (_, path) => path.to_owned(),
+        };
+        let message = message.split(" at line ").next().unwrap_or(&message).to_owned();
+        ApiError::field(&field, message)
+    })
+}
+
+fn read_json_bytes(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if essence != "application/json" && !(essence.starts_with("application/") && essence.ends_with("+json")) {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "Content-Type must be application/json (got {:?}).",
+            content_type
+        )));
+    }
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge("Request body is larger than server.max_body_bytes.".into())
+        } else {
+            ApiError::BadRequest(format!("Request body could not be read: {rejection}."))
+        }
+    })
+}
+
+struct SecurityAddon;
+
+impl Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "tenant_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Tenant API key (`fl_…`), issued by an admin."))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Admin token: `server.admin_token`, or the one generated on first start."))
+                    .build(),
+            ),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fairlane",
+        description = "Multi-tenant notification gateway: email and SMS with fair queues, provider rate gates and a dead-letter queue. Errors are application/problem+json (RFC 9457)."
+    ),
+    paths(
+        messages::send_message,
+        messages::get_message,
+        admin::put_plan,
+        admin::list_plans,
+        admin::get_plan,
+        admin::create_tenant,
+        admin::list_tenants,
+        admin::get_tenant,
+        admin::patch_tenant,
+        admin::delete_tenant,
+        admin::issue_key,
+        admin::revoke_key,
+        health::healthz,
+        health::readyz,
+    ),
+    components(schemas(
+        error::Problem,
+        crate::message::SendMessageRequest,
+        crate::message::SendEmailRequest,
+        crate::message::SendSmsRequest,
+    )),
+    modifiers(&SecurityAddon),
+    tags(
+        (name = "messages", description = "Send and track messages (tenant API key)."),
+        (name = "admin", description = "Plans, tenants and keys (admin token)."),
+        (name = "ops", description = "Health and readiness."),
+    )
+)]
+pub struct ApiDoc;

@@ -1,0 +1,181 @@
+//! Builds the whole service from [`Settings`] and runs it: the API, the
+//! accept writer and the background samplers, under one shutdown signal.
+//!
+//! Tests build an [`Application`] on port 0 with a temporary database and
+//! drive it over real HTTP.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::accept::AcceptWriter;
+use crate::api::{self, AppInner, AppState};
+use crate::auth::AdminAuth;
+use crate::config::{QueueBackend, Settings};
+use crate::limits::backpressure::LaneBackpressure;
+use crate::limits::tenant::TenantLimits;
+use crate::queue::LaneQueue;
+use crate::queue::embedded::EmbeddedQueue;
+use crate::store::{Db, idempotency};
+use crate::tenants::Registry;
+
+/// How often expired idempotency keys are purged.
+const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Longest wait for the accept writer to commit what is left at shutdown.
+const WRITER_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+    shutdown: watch::Sender<bool>,
+    background: Vec<JoinHandle<()>>,
+    writer_task: JoinHandle<()>,
+}
+
+impl Application {
+    /// Opens the store and the queue, binds the listener and starts the
+    /// background tasks. Nothing is served until [`Application::run_until`].
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let settings = Arc::new(settings);
+        if settings.queue.backend == QueueBackend::Sqs {
+            anyhow::bail!(
+                "queue.backend = \"sqs\" is not available in this build yet; use \"embedded\""
+            );
+        }
+        let db = Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
+        let registry = Arc::new(Registry::load(db.clone(), &settings.plans).await?);
+        let admin = AdminAuth::init(&db, &settings).await?;
+        let embedded = Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
+        let queue: Arc<dyn LaneQueue> = embedded.clone();
+        let (writer, writer_task) =
+            AcceptWriter::spawn(db.clone(), embedded, settings.storage.max_group);
+        let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        // One synchronous sample so the first requests see real depths.
+        let mut previous = [
+            (queue.deleted_total(crate::model::Lane::Fast), std::time::Instant::now()),
+            (queue.deleted_total(crate::model::Lane::Slow), std::time::Instant::now()),
+        ];
+        backpressure.sample(queue.as_ref(), &mut previous).await;
+        let mut background = vec![tokio::spawn(
+            backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
+        )];
+        background.push(tokio::spawn(purge_idempotency_keys(db.clone(), shutdown_rx)));
+
+        let listener = TcpListener::bind(settings.server.listen)
+            .await
+            .with_context(|| format!("binding {}", settings.server.listen))?;
+        let state = AppState::new(AppInner {
+            limits: TenantLimits::new(db.clone()),
+            settings,
+            db,
+            registry,
+            queue,
+            writer,
+            backpressure,
+            admin,
+            idempotency_in_flight: Mutex::new(HashSet::new()),
+        });
+        Ok(Application {
+            listener,
+            state,
+            shutdown,
+            background,
+            writer_task,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener has an address")
+    }
+
+    pub fn state(&self) -> AppState {
+        self.state.clone()
+    }
+
+    /// Serves until `signal` completes, then stops taking requests, lets
+    /// in-flight ones finish, commits what the accept writer holds and
+    /// closes the database.
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let Application {
+            listener,
+            state,
+            shutdown,
+            background,
+            writer_task,
+        } = self;
+        let db = state.db.clone();
+        let router = api::app(state);
+        axum::serve(listener, router)
+            .with_graceful_shutdown(signal)
+            .await
+            .context("serving HTTP")?;
+        info!("HTTP server stopped; finishing background work.");
+        let _ = shutdown.send(true);
+        for task in background {
+            let _ = task.await;
+        }
+        // The router (and with it the last handle to the writer) is gone, so
+        // the writer ends once it has committed everything it was given.
+        if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, writer_task).await.is_err() {
+            warn!("Accept writer did not finish in time.");
+        }
+        db.close().await;
+        info!("Shutdown complete.");
+        Ok(())
+    }
+}
+
+async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(IDEMPOTENCY_PURGE_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match idempotency::purge_expired(&db.write, crate::model::now_ms()).await {
+                    Ok(0) => {}
+                    Ok(purged) => info!(purged, "Expired idempotency keys purged."),
+                    Err(err) => warn!(error = %err, "Could not purge idempotency keys."),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("SIGINT received; shutting down."),
+        _ = terminate => info!("SIGTERM received; shutting down."),
+    }
+}
+
+/// `fairlane serve`: builds and runs until SIGINT/SIGTERM.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let app = Application::build(settings).await?;
+    info!(address = %app.local_addr(), "fairlane is listening.");
+    app.run_until(shutdown_signal()).await
+}

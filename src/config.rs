@@ -1,0 +1,328 @@
+//! Typed settings, layered: built-in `config/default.toml` ← `--config FILE`
+//! ← environment variables `FAIRLANE__SECTION__KEY`.
+//!
+//! Every struct rejects unknown keys, so a typo in a file or a variable is an
+//! error at start-up instead of a silently ignored setting. Secrets live in
+//! [`SecretString`] so they never reach a log line through `Debug`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::model::Lane;
+
+/// The built-in defaults, compiled into the binary so `fairlane serve` runs
+/// with no file at all.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Prefix of environment variables that override settings.
+pub const ENV_PREFIX: &str = "FAIRLANE__";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub storage: StorageSettings,
+    pub queue: QueueSettings,
+    pub lanes: LanesSettings,
+    pub retry: RetrySettings,
+    pub providers: ProvidersSettings,
+    /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
+    /// named here wins over this file from then on.
+    #[serde(default)]
+    pub plans: BTreeMap<String, PlanSettings>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address the API binds; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Admin bearer token. When absent, one is generated on first start.
+    #[serde(default)]
+    pub admin_token: Option<SecretString>,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Upper bound on the time a request may take.
+    pub request_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    /// `sqlite://PATH` (relative paths are relative to the working directory).
+    pub url: String,
+    /// fsync every commit group (power-loss durability) instead of relying on
+    /// the OS to write the WAL out (crash durability).
+    pub fsync: bool,
+    /// Most accept requests grouped into one transaction.
+    pub max_group: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueBackend {
+    Embedded,
+    Sqs,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    pub backend: QueueBackend,
+    pub sqs: SqsSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqsSettings {
+    /// Endpoint override (a local SQS-compatible server); omit for AWS.
+    #[serde(default)]
+    pub endpoint_url: Option<String>,
+    pub region: String,
+    /// Queue names are `{prefix}-{lane}` and `{prefix}-{lane}-dlq`.
+    pub queue_prefix: String,
+    /// Create missing queues at start-up instead of failing.
+    pub create_queues: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LanesSettings {
+    pub fast: LaneSettings,
+    pub slow: LaneSettings,
+}
+
+impl LanesSettings {
+    pub fn get(&self, lane: Lane) -> &LaneSettings {
+        match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneSettings {
+    /// Messages processed at once by this lane's consumer.
+    pub concurrency: usize,
+    /// Depth at which sends to this lane answer 429.
+    pub high_water_mark: u64,
+    /// Invisibility of a received message before it is delivered again.
+    pub visibility_timeout_secs: u64,
+    /// Receives before a message moves to the lane's DLQ.
+    pub max_receive_count: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    pub max_attempts: u32,
+    pub base_delay_ms: u64,
+    pub max_delay_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvidersSettings {
+    pub email: ProviderSettings,
+    pub sms: ProviderSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Writes each delivery as a JSON line (development default).
+    Log,
+    /// Amazon SES v2 (email only).
+    Ses,
+    /// Twilio-compatible Messages API (SMS only).
+    Http,
+}
+
+/// One provider's connection and rate settings. Fields that only one kind
+/// uses are optional here and checked in [`Settings::validate`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    pub kind: ProviderKind,
+    /// Sends per second the provider allows.
+    pub rate_per_second: f64,
+    /// Sends allowed at once after idle.
+    pub burst: u32,
+    /// Sender address (email) or number (SMS).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// ses: AWS region; defaults to the standard AWS chain.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// ses: endpoint override.
+    #[serde(default)]
+    pub endpoint_url: Option<String>,
+    /// http: base URL of the Twilio-compatible API.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// http: account SID (basic-auth user).
+    #[serde(default)]
+    pub account_sid: Option<String>,
+    /// http: auth token (basic-auth password).
+    #[serde(default)]
+    pub auth_token: Option<SecretString>,
+    /// http: request timeout.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// log: file to append JSON lines to; stdout when absent.
+    #[serde(default)]
+    pub log_path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSettings {
+    pub lane: Lane,
+    pub rate_per_second: f64,
+    pub burst: u32,
+    pub daily_quota: u64,
+    pub max_in_flight: u32,
+}
+
+impl Settings {
+    /// Loads defaults, then `file` (if given), then the environment.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = file {
+            if !path.is_file() {
+                bail!("configuration file {} does not exist", path.display());
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        Self::from_figment(figment)
+    }
+
+    /// Loads defaults with `overlay` (TOML text) on top; used by tests and
+    /// benchmarks that build settings in code.
+    pub fn from_toml_overlay(overlay: &str) -> anyhow::Result<Self> {
+        Self::from_figment(Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(overlay)))
+    }
+
+    fn from_figment(figment: Figment) -> anyhow::Result<Self> {
+        let settings: Settings = figment.extract().map_err(|err| {
+            let messages: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
+            anyhow::anyhow!("invalid configuration: {}", messages.join("; "))
+        })?;
+        settings.validate().context("invalid configuration")?;
+        Ok(settings)
+    }
+
+    /// Checks that figures are in range and that each provider has what its
+    /// kind needs.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.server.max_body_bytes == 0 || self.server.max_body_bytes > 250 * 1024 {
+            bail!("server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)");
+        }
+        if self.storage.max_group == 0 {
+            bail!("storage.max_group must be at least 1");
+        }
+        if !self.storage.url.starts_with("sqlite:") {
+            bail!("storage.url must start with sqlite:// (got {:?})", self.storage.url);
+        }
+        for (name, lane) in [("fast", &self.lanes.fast), ("slow", &self.lanes.slow)] {
+            if lane.concurrency == 0 {
+                bail!("lanes.{name}.concurrency must be at least 1");
+            }
+            if lane.max_receive_count == 0 {
+                bail!("lanes.{name}.max_receive_count must be at least 1");
+            }
+            if lane.visibility_timeout_secs == 0 || lane.visibility_timeout_secs > 43_200 {
+                bail!("lanes.{name}.visibility_timeout_secs must be between 1 and 43200");
+            }
+        }
+        if self.retry.max_attempts == 0 {
+            bail!("retry.max_attempts must be at least 1");
+        }
+        for (name, provider) in [("email", &self.providers.email), ("sms", &self.providers.sms)] {
+            if !(provider.rate_per_second.is_finite() && provider.rate_per_second > 0.0) {
+                bail!("providers.{name}.rate_per_second must be a positive number");
+            }
+            if provider.burst == 0 {
+                bail!("providers.{name}.burst must be at least 1");
+            }
+        }
+        match self.providers.email.kind {
+            ProviderKind::Http => bail!("providers.email.kind must be \"ses\" or \"log\""),
+            ProviderKind::Ses | ProviderKind::Log => {}
+        }
+        if self.providers.email.from.as_deref().unwrap_or("").is_empty() {
+            bail!("providers.email.from is required");
+        }
+        match self.providers.sms.kind {
+            ProviderKind::Ses => bail!("providers.sms.kind must be \"http\" or \"log\""),
+            ProviderKind::Http => {
+                for (key, value) in [
+                    ("base_url", &self.providers.sms.base_url),
+                    ("account_sid", &self.providers.sms.account_sid),
+                    ("from", &self.providers.sms.from),
+                ] {
+                    if value.as_deref().unwrap_or("").is_empty() {
+                        bail!("providers.sms.{key} is required when providers.sms.kind = \"http\"");
+                    }
+                }
+                if self.providers.sms.auth_token.is_none() {
+                    bail!("providers.sms.auth_token is required when providers.sms.kind = \"http\"");
+                }
+            }
+            ProviderKind::Log => {}
+        }
+        for (name, plan) in &self.plans {
+            crate::tenants::validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
+                .with_context(|| format!("plans.{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// The SQLite file path from `storage.url`.
+    pub fn sqlite_path(&self) -> PathBuf {
+        let rest = self
+            .storage
+            .url
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:");
+        let rest = rest.split('?').next().unwrap_or(rest);
+        PathBuf::from(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert_eq!(settings.queue.backend, QueueBackend::Embedded);
+        assert_eq!(settings.plans["basic"].lane, Lane::Slow);
+        assert_eq!(settings.plans["pro"].lane, Lane::Fast);
+        assert_eq!(settings.sqlite_path(), PathBuf::from("fairlane.db"));
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_its_name() {
+        let err = Settings::from_toml_overlay("[server]\nlisen = \"127.0.0.1:1\"\n").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("lisen"), "{text}");
+    }
+
+    #[test]
+    fn http_sms_without_base_url_is_rejected() {
+        let err = Settings::from_toml_overlay("[providers.sms]\nkind = \"http\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("base_url"));
+    }
+}

@@ -1,0 +1,15 @@
+//! fairlane: a multi-tenant notification gateway. See README.md for the
+//! architecture; `app` builds and runs the whole service.
+
+pub mod accept;
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod limits;
+pub mod message;
+pub mod model;
+pub mod queue;
+pub mod store;
+pub mod telemetry;
+pub mod tenants;

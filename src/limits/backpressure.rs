@@ -1,0 +1,182 @@
+//! Lane backpressure: answers 429 when a lane's depth reaches its
+//! high-water mark, with a Retry-After estimated from the lane's recent
+//! drain rate.
+//!
+//! The queue is asked for its depth at most once a second by a background
+//! sampler, not on every request. Between samples, accepts made by this
+//! process are added to the sampled depth, so a burst cannot overshoot the
+//! mark by a second's worth of traffic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+
+use crate::config::LanesSettings;
+use crate::model::Lane;
+use crate::queue::{LaneQueue, QueueStats};
+
+/// How often the sampler reads queue statistics.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Weight of the newest drain-rate sample in the moving average.
+const DRAIN_SMOOTHING: f64 = 0.3;
+
+/// Retry-After when nothing has left the lane recently: without a drain
+/// there is no rate to divide by, so clients are told to come back after
+/// this long, when a fresh estimate exists.
+pub const NO_DRAIN_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// Longest Retry-After the estimate may give.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Default)]
+struct LaneGauge {
+    /// Last sampled statistics.
+    stats: RwLock<(QueueStats, Option<Instant>)>,
+    /// Accepted into the lane since the last sample.
+    accepted_since_sample: AtomicU64,
+    /// Smoothed messages/s leaving the lane, as f64 bits.
+    drain_rate_bits: AtomicU64,
+}
+
+pub struct LaneBackpressure {
+    lanes: LanesSettings,
+    fast: LaneGauge,
+    slow: LaneGauge,
+}
+
+/// The lane is full; come back after `retry_after`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneFull {
+    pub lane: Lane,
+    pub depth: u64,
+    pub high_water_mark: u64,
+    pub retry_after: Duration,
+}
+
+impl LaneBackpressure {
+    pub fn new(lanes: LanesSettings) -> Self {
+        LaneBackpressure {
+            lanes,
+            fast: LaneGauge::default(),
+            slow: LaneGauge::default(),
+        }
+    }
+
+    fn gauge(&self, lane: Lane) -> &LaneGauge {
+        match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        }
+    }
+
+    /// Sampled depth plus what was accepted since.
+    pub fn estimated_depth(&self, lane: Lane) -> u64 {
+        let gauge = self.gauge(lane);
+        let sampled = gauge.stats.read().expect("stats lock").0.depth;
+        sampled + gauge.accepted_since_sample.load(Ordering::Relaxed)
+    }
+
+    /// Smoothed drain rate of `lane` in messages per second.
+    pub fn drain_rate(&self, lane: Lane) -> f64 {
+        f64::from_bits(self.gauge(lane).drain_rate_bits.load(Ordering::Relaxed))
+    }
+
+    /// The last sampled statistics of `lane`.
+    pub fn last_stats(&self, lane: Lane) -> QueueStats {
+        self.gauge(lane).stats.read().expect("stats lock").0.clone()
+    }
+
+    /// `Err` when `lane` is at or above its high-water mark.
+    pub fn check(&self, lane: Lane) -> Result<(), LaneFull> {
+        let high_water_mark = self.lanes.get(lane).high_water_mark;
+        let depth = self.estimated_depth(lane);
+        if depth < high_water_mark {
+            return Ok(());
+        }
+        let excess = (depth - high_water_mark + 1) as f64;
+        let rate = self.drain_rate(lane);
+        let retry_after = if rate > 0.01 {
+            Duration::from_secs_f64(excess / rate).min(MAX_RETRY_AFTER)
+        } else {
+            NO_DRAIN_RETRY_AFTER
+        };
+        Err(LaneFull {
+            lane,
+            depth,
+            high_water_mark,
+            retry_after,
+        })
+    }
+
+    /// Counts an accepted message toward the lane's depth until the next sample.
+    pub fn record_accepted(&self, lane: Lane, count: u64) {
+        self.gauge(lane)
+            .accepted_since_sample
+            .fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// Takes one sample of every lane. Returns the deleted totals seen, so
+    /// the caller can pass them to the next call.
+    pub async fn sample(
+        &self,
+        queue: &dyn LaneQueue,
+        previous: &mut [(u64, Instant); 2],
+    ) {
+        for (i, lane) in Lane::ALL.iter().enumerate() {
+            let gauge = self.gauge(*lane);
+            let accepted_before = gauge.accepted_since_sample.load(Ordering::Relaxed);
+            match queue.stats(*lane).await {
+                Ok(stats) => {
+                    *gauge.stats.write().expect("stats lock") = (stats, Some(Instant::now()));
+                    // Accepts that raced with the query may be counted twice
+                    // until the next sample; that errs on the safe side.
+                    gauge
+                        .accepted_since_sample
+                        .fetch_sub(accepted_before, Ordering::Relaxed);
+                }
+                Err(err) => warn!(lane = %lane, error = %err, "Could not read lane statistics."),
+            }
+            let deleted = queue.deleted_total(*lane);
+            let now = Instant::now();
+            let (last_deleted, last_at) = previous[i];
+            let elapsed = now.duration_since(last_at).as_secs_f64();
+            if elapsed > 0.0 {
+                let instant_rate = deleted.saturating_sub(last_deleted) as f64 / elapsed;
+                let old = self.drain_rate(*lane);
+                let smoothed = if old == 0.0 {
+                    instant_rate
+                } else {
+                    DRAIN_SMOOTHING * instant_rate + (1.0 - DRAIN_SMOOTHING) * old
+                };
+                gauge
+                    .drain_rate_bits
+                    .store(smoothed.to_bits(), Ordering::Relaxed);
+            }
+            previous[i] = (deleted, now);
+        }
+    }
+
+    /// Samples every [`SAMPLE_INTERVAL`] until `shutdown` fires.
+    pub async fn run(
+        self: Arc<Self>,
+        queue: Arc<dyn LaneQueue>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let start = Instant::now();
+        let mut previous = [
+            (queue.deleted_total(Lane::Fast), start),
+            (queue.deleted_total(Lane::Slow), start),
+        ];
+        let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.sample(queue.as_ref(), &mut previous).await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}

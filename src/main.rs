@@ -1,0 +1,62 @@
+//! The `fairlane` command: parses arguments and calls the library.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use utoipa::OpenApi;
+
+#[derive(Parser)]
+#[command(name = "fairlane", version, about = "Multi-tenant notification gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API and the lane consumers.
+    Serve {
+        /// TOML file layered over the built-in defaults.
+        #[arg(long, env = "FAIRLANE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Print the OpenAPI document (JSON) to stdout.
+    Openapi,
+    /// Generate a new admin token, store its hash and print it.
+    AdminToken {
+        #[arg(long, env = "FAIRLANE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Required: replaces the current generated token.
+        #[arg(long)]
+        rotate: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Openapi => {
+            println!("{}", fairlane::api::ApiDoc::openapi().to_pretty_json()?);
+            Ok(())
+        }
+        Command::Serve { config } => {
+            fairlane::telemetry::init();
+            let settings = fairlane::config::Settings::load(config.as_deref())?;
+            tokio::runtime::Runtime::new()?.block_on(fairlane::app::serve(settings))
+        }
+        Command::AdminToken { config, rotate } => {
+            anyhow::ensure!(rotate, "pass --rotate to replace the generated admin token");
+            let settings = fairlane::config::Settings::load(config.as_deref())?;
+            tokio::runtime::Runtime::new()?.block_on(async {
+                let db = fairlane::store::Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
+                let token = fairlane::auth::AdminAuth::rotate(&db).await?;
+                db.close().await;
+                if settings.server.admin_token.is_some() {
+                    eprintln!("note: server.admin_token is set, and it takes precedence over this token");
+                }
+                println!("{token}");
+                anyhow::Ok(())
+            })
+        }
+    }
+}

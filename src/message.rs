@@ -1,0 +1,412 @@
+//! The send request: field-by-field validation of `POST /v1/messages` and
+//! the delivery payload that travels through the queue.
+//!
+//! Validation reads the JSON object key by key instead of deserializing into
+//! a struct, so one answer names every bad field at once, and a misspelt key
+//! (`subjet`) is refused instead of silently dropped.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::model::{Channel, Priority};
+
+/// Longest email address (RFC 5321 path limit).
+pub const MAX_EMAIL_LEN: usize = 254;
+/// Longest subject line (RFC 5322 line limit).
+pub const MAX_SUBJECT_CHARS: usize = 998;
+/// Largest text or html part of an email, in bytes.
+pub const MAX_EMAIL_PART_BYTES: usize = 100 * 1024;
+/// Largest text + html of one email, in bytes; with the envelope this stays
+/// under SQS's 256 KiB message limit.
+pub const MAX_EMAIL_BODY_BYTES: usize = 160 * 1024;
+/// Longest SMS text (ten concatenated segments).
+pub const MAX_SMS_CHARS: usize = 1600;
+/// Longest caller reference.
+pub const MAX_REFERENCE_CHARS: usize = 255;
+/// Largest metadata object, serialized.
+pub const MAX_METADATA_BYTES: usize = 4096;
+/// Most keys in the metadata object.
+pub const MAX_METADATA_KEYS: usize = 50;
+/// Largest queue payload (SQS's limit).
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+const EMAIL_FIELDS: &[&str] = &[
+    "channel", "to", "subject", "text", "html", "priority", "reference", "metadata",
+];
+const SMS_FIELDS: &[&str] = &["channel", "to", "text", "priority", "reference", "metadata"];
+
+/// A validated send request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    pub channel: Channel,
+    pub to: String,
+    pub subject: Option<String>,
+    pub text: String,
+    pub html: Option<String>,
+    pub priority: Priority,
+    pub reference: Option<String>,
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// What a consumer needs to deliver a message; the queue entry's body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryPayload {
+    pub id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    pub priority: Priority,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+/// Email send request (documentation schema).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SendEmailRequest {
+    /// `email`
+    channel: String,
+    /// Recipient address, e.g. `a@example.com` (at most 254 characters).
+    to: String,
+    /// Subject line: 1-998 characters, no line breaks.
+    subject: String,
+    /// Plain-text body, at most 100 KiB.
+    text: String,
+    /// HTML body, at most 100 KiB (text + html at most 160 KiB).
+    html: Option<String>,
+    priority: Option<Priority>,
+    /// Caller's own reference, at most 255 characters; returned by the status endpoint.
+    reference: Option<String>,
+    /// Free-form JSON object, at most 50 keys and 4 KiB.
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Value>,
+}
+
+/// SMS send request (documentation schema).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SendSmsRequest {
+    /// `sms`
+    channel: String,
+    /// Recipient in E.164 form, e.g. `+15551234567`.
+    to: String,
+    /// Message text, 1-1600 characters.
+    text: String,
+    priority: Option<Priority>,
+    reference: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Value>,
+}
+
+/// A send request: an email or an SMS, told apart by `channel`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum SendMessageRequest {
+    Email(SendEmailRequest),
+    Sms(SendSmsRequest),
+}
+
+/// True for an E.164 number: `+`, a non-zero digit, then 7 to 14 digits.
+pub fn is_e164(number: &str) -> bool {
+    let Some(digits) = number.strip_prefix('+') else {
+        return false;
+    };
+    (8..=15).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0')
+}
+
+/// True for a deliverable-looking address: RFC 5322 `local@domain` syntax
+/// (checked by the `email_address` crate), no display name, at most 254
+/// characters, and a domain with at least one dot.
+pub fn is_email_address(address: &str) -> bool {
+    if address.len() > MAX_EMAIL_LEN || address.trim() != address {
+        return false;
+    }
+    let Ok(parsed) = address.parse::<email_address::EmailAddress>() else {
+        return false;
+    };
+    let domain = parsed.domain();
+    parsed.as_str() == address
+        && !address.contains('<')
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+}
+
+type Errors = BTreeMap<String, String>;
+
+fn optional_string<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Errors) -> Option<&'a str> {
+    match object.get(field) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(_) => {
+            errors.insert(field.to_owned(), "must be a string".to_owned());
+            None
+        }
+    }
+}
+
+fn required_string<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Errors) -> Option<&'a str> {
+    if matches!(object.get(field), None | Some(Value::Null)) {
+        errors.insert(field.to_owned(), "is required".to_owned());
+        return None;
+    }
+    optional_string(object, field, errors)
+}
+
+/// Validates a parsed JSON body; on failure, every bad field with a message.
+pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
+    let mut errors = Errors::new();
+    let Value::Object(object) = body else {
+        errors.insert("body".into(), "must be a JSON object".into());
+        return Err(errors);
+    };
+
+    let channel = match required_string(object, "channel", &mut errors) {
+        Some(word) => match word.parse::<Channel>() {
+            Ok(channel) => Some(channel),
+            Err(message) => {
+                errors.insert("channel".into(), message);
+                None
+            }
+        },
+        None => None,
+    };
+
+    let allowed: &[&str] = match channel {
+        Some(Channel::Email) => EMAIL_FIELDS,
+        Some(Channel::Sms) => SMS_FIELDS,
+        None => EMAIL_FIELDS,
+    };
+    for key in object.keys() {
+        if !allowed.contains(&key.as_str()) {
+            let message = if channel == Some(Channel::Sms) && EMAIL_FIELDS.contains(&key.as_str()) {
+                "is not allowed for sms messages".to_owned()
+            } else {
+                format!("unknown field; allowed fields are {}", allowed.join(", "))
+            };
+            errors.insert(key.clone(), message);
+        }
+    }
+
+    let to = required_string(object, "to", &mut errors);
+    let text = required_string(object, "text", &mut errors);
+    let mut subject = None;
+    let mut html = None;
+    match channel {
+        Some(Channel::Email) => {
+            if let Some(to) = to
+                && !is_email_address(to)
+            {
+                errors.insert(
+                    "to".into(),
+                    "must be an email address like name@example.com (at most 254 characters, no display name)".into(),
+                );
+            }
+            subject = required_string(object, "subject", &mut errors);
+            if let Some(s) = subject {
+                if s.trim().is_empty() {
+                    errors.insert("subject".into(), "must not be empty".into());
+                } else if s.chars().count() > MAX_SUBJECT_CHARS {
+                    errors.insert("subject".into(), format!("must be at most {MAX_SUBJECT_CHARS} characters"));
+                } else if s.contains(['\r', '\n']) {
+                    errors.insert("subject".into(), "must not contain line breaks".into());
+                }
+            }
+            html = optional_string(object, "html", &mut errors);
+            if let Some(h) = html
+                && h.len() > MAX_EMAIL_PART_BYTES
+            {
+                errors.insert("html".into(), format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"));
+            }
+            if let Some(t) = text {
+                if t.trim().is_empty() {
+                    errors.insert("text".into(), "must not be empty".into());
+                } else if t.len() > MAX_EMAIL_PART_BYTES {
+                    errors.insert("text".into(), format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"));
+                } else if t.len() + html.map_or(0, str::len) > MAX_EMAIL_BODY_BYTES {
+                    errors.insert(
+                        "html".into(),
+                        format!("text and html together must be at most {MAX_EMAIL_BODY_BYTES} bytes"),
+                    );
+                }
+            }
+        }
+        Some(Channel::Sms) => {
+            if let Some(to) = to
+                && !is_e164(to)
+            {
+                errors.insert(
+                    "to".into(),
+                    "must be a phone number in E.164 form, like +15551234567".into(),
+                );
+            }
+            if let Some(t) = text {
+                if t.trim().is_empty() {
+                    errors.insert("text".into(), "must not be empty".into());
+                } else if t.chars().count() > MAX_SMS_CHARS {
+                    errors.insert("text".into(), format!("must be at most {MAX_SMS_CHARS} characters"));
+                }
+            }
+        }
+        None => {}
+    }
+
+    let priority = match optional_string(object, "priority", &mut errors) {
+        None => Priority::Normal,
+        Some(word) => word.parse().unwrap_or_else(|message: String| {
+            errors.insert("priority".into(), message);
+            Priority::Normal
+        }),
+    };
+
+    let reference = optional_string(object, "reference", &mut errors);
+    if let Some(r) = reference
+        && r.chars().count() > MAX_REFERENCE_CHARS
+    {
+        errors.insert("reference".into(), format!("must be at most {MAX_REFERENCE_CHARS} characters"));
+    }
+
+    let metadata = match object.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(map)) => {
+            let size = serde_json::to_string(map).map_or(usize::MAX, |s| s.len());
+            if map.len() > MAX_METADATA_KEYS {
+                errors.insert("metadata".into(), format!("must have at most {MAX_METADATA_KEYS} keys"));
+            } else if size > MAX_METADATA_BYTES {
+                errors.insert("metadata".into(), format!("must be at most {MAX_METADATA_BYTES} bytes as JSON"));
+            }
+            Some(map.clone())
+        }
+        Some(_) => {
+            errors.insert("metadata".into(), "must be a JSON object".into());
+            None
+        }
+    };
+
+    match (errors.is_empty(), channel, to, text) {
+        (true, Some(channel), Some(to), Some(text)) => Ok(NewMessage {
+            channel,
+            to: to.to_owned(),
+            subject: subject.map(str::to_owned),
+            text: text.to_owned(),
+            html: html.map(str::to_owned),
+            priority,
+            reference: reference.map(str::to_owned),
+            metadata,
+        }),
+        _ => Err(errors),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_complete_email_is_accepted() {
+        let message = validate(&json!({
+            "channel": "email", "to": "a@example.com", "subject": "Hi", "text": "Hello",
+            "html": "<p>Hello</p>", "priority": "high", "reference": "r-1", "metadata": {"k": 1}
+        }))
+        .unwrap();
+        assert_eq!(message.channel, Channel::Email);
+        assert_eq!(message.priority, Priority::High);
+        assert_eq!(message.subject.as_deref(), Some("Hi"));
+    }
+
+    #[test]
+    fn a_misspelt_field_is_named_and_refused() {
+        let errors = validate(&json!({
+            "channel": "email", "to": "a@example.com", "subjet": "Hi", "text": "Hello"
+        }))
+        .unwrap_err();
+        assert!(errors["subjet"].starts_with("unknown field"));
+        assert_eq!(errors["subject"], "is required");
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_at_once() {
+        let errors = validate(&json!({
+            "channel": "sms", "to": "5551234", "text": "", "priority": "urgent", "subject": "x"
+        }))
+        .unwrap_err();
+        assert_eq!(
+            errors.keys().map(String::as_str).collect::<Vec<_>>(),
+            vec!["priority", "subject", "text", "to"]
+        );
+        assert_eq!(errors["subject"], "is not allowed for sms messages");
+    }
+
+    #[test]
+    fn subject_with_a_line_break_is_refused() {
+        let errors = validate(&json!({
+            "channel": "email", "to": "a@example.com", "subject": "Hi\r\nBcc: x@y.z", "text": "t"
+        }))
+        .unwrap_err();
+        assert_eq!(errors["subject"], "must not contain line breaks");
+    }
+
+    #[test]
+    fn known_addresses_and_numbers() {
+        for ok in ["a@example.com", "first.last+tag@sub.example.co.uk", "x_y@a-b.io"] {
+            assert!(is_email_address(ok), "{ok}");
+        }
+        for bad in ["", "a", "a@", "@example.com", "a@localhost", "A <a@example.com>", " a@example.com", "a@example.com.", "a@@example.com"] {
+            assert!(!is_email_address(bad), "{bad}");
+        }
+        for ok in ["+15551234567", "+447911123456", "+4930123456"] {
+            assert!(is_e164(ok), "{ok}");
+        }
+        for bad in ["15551234567", "+0551234567", "+1555", "+1234567890123456", "+1555-123-4567", "+"] {
+            assert!(!is_e164(bad), "{bad}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn e164_accepts_exactly_plus_and_8_to_15_digits(digits in "[1-9][0-9]{7,14}") {
+            let number = format!("+{digits}");
+            prop_assert!(is_e164(&number));
+        }
+
+        #[test]
+        fn e164_refuses_any_non_digit(prefix in "[1-9][0-9]{3,6}", junk in "[^0-9]", suffix in "[0-9]{4,6}") {
+            let number = format!("+{prefix}{junk}{suffix}");
+            prop_assert!(!is_e164(&number));
+        }
+
+        #[test]
+        fn e164_never_panics(input in "\\PC{0,40}") {
+            let _ = is_e164(&input);
+        }
+
+        #[test]
+        fn generated_addresses_are_accepted(local in "[a-z0-9]{1,20}([.+_-][a-z0-9]{1,10})?", domain in "[a-z0-9]{1,20}", tld in "[a-z]{2,6}") {
+            let address = format!("{local}@{domain}.{tld}");
+            prop_assert!(is_email_address(&address), "{}", address);
+        }
+
+        #[test]
+        fn addresses_without_at_are_refused(input in "[a-z0-9.]{0,40}") {
+            prop_assert!(!is_email_address(&input));
+        }
+
+        #[test]
+        fn validation_never_panics(input in "\\PC{0,60}") {
+            let _ = validate(&json!({"channel": "email", "to": input.clone(), "subject": input.clone(), "text": input}));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Domain vocabulary shared by the API, the store and the queues: lanes,
+//! priorities, channels and the states a message and a tenant can be in.
+//!
+//! Each enum stores and prints as the same lowercase word the public contract
+//! uses, so the database, the JSON and the metrics labels agree.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+macro_rules! word_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $word:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The contract's word for this value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word),+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($word => Ok($name::$variant),)+
+                    _ => Err(format!(
+                        "must be one of {}",
+                        [$($word),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+word_enum!(
+    /// A queue lane: paid plans use `fast`, free plans `slow`.
+    Lane { Fast => "fast", Slow => "slow" }
+);
+
+word_enum!(
+    /// Delivery priority; the provider gate serves high before normal before low.
+    Priority { High => "high", Normal => "normal", Low => "low" }
+);
+
+word_enum!(
+    /// Delivery channel.
+    Channel { Email => "email", Sms => "sms" }
+);
+
+word_enum!(
+    /// Where a message is in its life.
+    MessageStatus {
+        /// Durably queued, waiting for a consumer.
+        Queued => "queued",
+        /// A consumer is calling the provider.
+        Sending => "sending",
+        /// The last attempt failed transiently; another will follow.
+        Retrying => "retrying",
+        /// The provider accepted it.
+        Sent => "sent",
+        /// Failed permanently or ran out of attempts; listed in the DLQ.
+        DeadLettered => "dead_lettered",
+    }
+);
+
+word_enum!(
+    /// What a tenant may do.
+    TenantStatus {
+        /// Sends accepted and delivered.
+        Active => "active",
+        /// Sends accepted (202); delivery held until the tenant is active again.
+        Paused => "paused",
+        /// Sends answer 403; queued messages are held, not sent.
+        Disabled => "disabled",
+    }
+);
+
+impl Priority {
+    /// Index for tiered structures: 0 = high.
+    pub fn rank(self) -> usize {
+        match self {
+            Priority::High => 0,
+            Priority::Normal => 1,
+            Priority::Low => 2,
+        }
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::Normal
+    }
+}
+
+/// Milliseconds since the Unix epoch; the store keeps times in this form.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// RFC 3339 rendering of a millisecond timestamp for the API.
+pub fn ms_to_rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip() {
+        for status in MessageStatus::ALL {
+            assert_eq!(status.as_str().parse::<MessageStatus>().unwrap(), *status);
+        }
+        assert_eq!(
+            serde_json::to_string(&MessageStatus::DeadLettered).unwrap(),
+            "\"dead_lettered\""
+        );
+        assert_eq!(
+            "urgent".parse::<Priority>().unwrap_err(),
+            "must be one of high, normal, low"
+        );
+    }
+}

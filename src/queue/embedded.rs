@@ -1,0 +1,518 @@
+//! The embedded queue: SQS semantics on a table of the SQLite file, so a
+//! single box needs no other server and a 202 survives `kill -9`.
+//!
+//! Fair dequeue: each entry gets a `fair_key`, a virtual finish time in the
+//! style of start-time fair queueing. A tenant's next key is one past the
+//! larger of its own last key and the key of the last message received from
+//! the queue, and receives take the smallest keys first. A tenant that
+//! enqueues 10,000 messages at once therefore occupies keys far ahead, while
+//! another tenant's first message lands next to the current receive point and
+//! is served within one round, whatever the first tenant's backlog.
+//!
+//! Receipts are `seq:receive_count`: receiving a message again invalidates
+//! the receipt a slower consumer may still hold, as in SQS.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use sqlx::{Acquire, QueryBuilder, Sqlite, SqliteConnection};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter};
+use crate::config::LanesSettings;
+use crate::model::{Lane, now_ms};
+use crate::store::Db;
+
+/// Longest single sleep of a long poll between checks, so a clock jump or a
+/// missed wake-up costs at most this much latency.
+const MAX_POLL_NAP: Duration = Duration::from_millis(500);
+
+/// Fair-queueing bookkeeping of one queue.
+#[derive(Debug, Default)]
+struct FairState {
+    /// Last key handed to each tenant.
+    last_key: HashMap<String, i64>,
+    /// Key of the last received message: new arrivals start from here.
+    virtual_now: i64,
+}
+
+impl FairState {
+    fn next_key(&mut self, tenant_id: &str) -> i64 {
+        let last = self.last_key.get(tenant_id).copied().unwrap_or(i64::MIN);
+        let key = last.max(self.virtual_now) + 1;
+        self.last_key.insert(tenant_id.to_owned(), key);
+        key
+    }
+}
+
+/// Per-lane state kept in memory beside the table.
+#[derive(Debug, Default)]
+struct LaneState {
+    fair: Mutex<FairState>,
+    /// Woken after every commit that makes messages receivable.
+    arrivals: Notify,
+    deleted: AtomicU64,
+}
+
+pub struct EmbeddedQueue {
+    db: Db,
+    lanes: LanesSettings,
+    fast: LaneState,
+    slow: LaneState,
+}
+
+fn queue_name(lane: Lane) -> &'static str {
+    lane.as_str()
+}
+
+fn dlq_name(lane: Lane) -> &'static str {
+    match lane {
+        Lane::Fast => "fast-dlq",
+        Lane::Slow => "slow-dlq",
+    }
+}
+
+fn parse_receipt(receipt: &str) -> Option<(i64, i64)> {
+    let (seq, count) = receipt.split_once(':')?;
+    Some((seq.parse().ok()?, count.parse().ok()?))
+}
+
+type QueueRow = (i64, String, String, String, String, String, i64, i64, i64);
+
+impl EmbeddedQueue {
+    /// Opens the queue tables of `db` and rebuilds the fair-queueing state
+    /// from what is stored.
+    pub async fn open(db: Db, lanes: LanesSettings) -> anyhow::Result<Self> {
+        let queue = EmbeddedQueue {
+            db,
+            lanes,
+            fast: LaneState::default(),
+            slow: LaneState::default(),
+        };
+        for lane in Lane::ALL {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ? GROUP BY tenant_id",
+            )
+            .bind(queue_name(*lane))
+            .fetch_all(&queue.db.write)
+            .await
+            .context("loading embedded queue state")?;
+            let min_key: Option<i64> =
+                sqlx::query_scalar("SELECT MIN(fair_key) FROM queue_messages WHERE queue = ?")
+                    .bind(queue_name(*lane))
+                    .fetch_one(&queue.db.write)
+                    .await?;
+            let mut fair = queue.state(*lane).fair.lock().expect("fair state lock");
+            fair.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
+            fair.last_key = rows.into_iter().collect();
+        }
+        Ok(queue)
+    }
+
+    fn state(&self, lane: Lane) -> &LaneState {
+        match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        }
+    }
+
+    /// Inserts `messages` into `lane` inside the caller's transaction. The
+    /// accept writer uses this to commit status rows and queue entries
+    /// together; call [`EmbeddedQueue::notify_arrivals`] after the commit.
+    pub async fn insert_in(
+        &self,
+        conn: &mut SqliteConnection,
+        lane: Lane,
+        messages: &[&OutboundMessage],
+    ) -> sqlx::Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let keys: Vec<i64> = {
+            let mut fair = self.state(lane).fair.lock().expect("fair state lock");
+            messages.iter().map(|m| fair.next_key(&m.tenant_id)).collect()
+        };
+        for (chunk, keys) in messages.chunks(3000).zip(keys.chunks(3000)) {
+            let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) ",
+            );
+            builder.push_values(chunk.iter().zip(keys), |mut row, (message, key)| {
+                row.push_bind(queue_name(lane))
+                    .push_bind(message.message_id.clone())
+                    .push_bind(message.tenant_id.clone())
+                    .push_bind(message.channel.as_str())
+                    .push_bind(message.priority.as_str())
+                    .push_bind(message.body.clone())
+                    .push_bind(*key)
+                    .push_bind(now + message.delay.as_millis() as i64)
+                    .push_bind(0i64)
+                    .push_bind(now);
+            });
+            builder.build().execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Wakes long-polling receivers of `lane`.
+    pub fn notify_arrivals(&self, lane: Lane) {
+        self.state(lane).arrivals.notify_waiters();
+    }
+
+    /// One non-waiting receive: takes up to `max` visible messages by fair
+    /// key, moving any that were received `max_receive_count` times to the DLQ.
+    async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let settings = self.lanes.get(lane);
+        let max_receives = settings.max_receive_count as i64;
+        let visibility_ms = (settings.visibility_timeout_secs * 1000) as i64;
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let now = now_ms();
+        let mut out = Vec::new();
+        let mut highest_key = None;
+        while out.len() < max {
+            let rows: Vec<QueueRow> = sqlx::query_as(
+                "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
+                 FROM queue_messages WHERE queue = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
+            )
+            .bind(queue_name(lane))
+            .bind(now)
+            .bind((max - out.len()) as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+            if rows.is_empty() {
+                break;
+            }
+            let (exhausted, fresh): (Vec<_>, Vec<_>) =
+                rows.into_iter().partition(|row| row.6 >= max_receives);
+            if !exhausted.is_empty() {
+                let seqs: Vec<i64> = exhausted.iter().map(|row| row.0).collect();
+                move_to_dlq(&mut tx, lane, &seqs, now).await?;
+            }
+            if !fresh.is_empty() {
+                let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
+                    "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ",
+                );
+                update.push_bind(now + visibility_ms).push(" WHERE seq IN (");
+                let mut list = update.separated(", ");
+                for row in &fresh {
+                    list.push_bind(row.0);
+                }
+                update.push(")");
+                update.build().execute(&mut *tx).await?;
+            }
+            let got_fresh = !fresh.is_empty();
+            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in fresh
+            {
+                highest_key = highest_key.max(Some(key));
+                out.push(ReceivedMessage {
+                    receipt: format!("{seq}:{}", count + 1),
+                    message_id,
+                    tenant_id,
+                    channel: channel.parse().map_err(anyhow::Error::msg)?,
+                    priority: priority.parse().map_err(anyhow::Error::msg)?,
+                    body,
+                    receive_count: (count + 1) as u32,
+                    enqueued_at_ms: enqueued_at,
+                });
+            }
+            if exhausted.is_empty() && got_fresh {
+                break;
+            }
+        }
+        tx.commit().await?;
+        if let Some(key) = highest_key {
+            let mut fair = self.state(lane).fair.lock().expect("fair state lock");
+            fair.virtual_now = fair.virtual_now.max(key);
+        }
+        Ok(out)
+    }
+
+    /// Earliest future instant (ms) at which a message of `lane` becomes visible.
+    async fn next_visible_at(&self, lane: Lane) -> anyhow::Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT MIN(visible_at) FROM queue_messages WHERE queue = ? AND visible_at > ?",
+        )
+        .bind(queue_name(lane))
+        .bind(now_ms())
+        .fetch_one(&self.db.read)
+        .await?)
+    }
+}
+
+/// Moves rows to their lane's DLQ and marks their status rows dead-lettered
+/// (the status table shares the file, so both change in one transaction).
+async fn move_to_dlq(
+    conn: &mut SqliteConnection,
+    lane: Lane,
+    seqs: &[i64],
+    now: i64,
+) -> sqlx::Result<()> {
+    for seq in seqs {
+        sqlx::query("UPDATE queue_messages SET queue = ?, visible_at = ?, last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?")
+            .bind(dlq_name(lane))
+            .bind(now)
+            .bind(seq)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(
+            "UPDATE messages SET status = 'dead_lettered', updated_at = ?, \
+             last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?), last_error) \
+             WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?) AND status <> 'sent'",
+        )
+        .bind(now)
+        .bind(seq)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl LaneQueue for EmbeddedQueue {
+    async fn send_batch(
+        &self,
+        lane: Lane,
+        messages: Vec<OutboundMessage>,
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let refs: Vec<&OutboundMessage> = messages.iter().collect();
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin().await?;
+        self.insert_in(&mut tx, lane, &refs).await?;
+        tx.commit().await?;
+        self.notify_arrivals(lane);
+        Ok(vec![Ok(()); messages.len()])
+    }
+
+    async fn receive(
+        &self,
+        lane: Lane,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let deadline = Instant::now() + wait;
+        let arrivals = &self.state(lane).arrivals;
+        loop {
+            let notified = arrivals.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.receive_now(lane, max.max(1)).await?;
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let mut wake = deadline.min(now + MAX_POLL_NAP);
+            if let Some(at) = self.next_visible_at(lane).await? {
+                let in_ms = (at - now_ms()).max(0) as u64;
+                wake = wake.min(now + Duration::from_millis(in_ms));
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    async fn delete_batch(
+        &self,
+        lane: Lane,
+        receipts: &[String],
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let mut results = Vec::with_capacity(receipts.len());
+        let mut deleted = 0;
+        for receipt in receipts {
+            let Some((seq, count)) = parse_receipt(receipt) else {
+                results.push(Err(format!("receipt {receipt:?} is malformed")));
+                continue;
+            };
+            let done = sqlx::query(
+                "DELETE FROM queue_messages WHERE seq = ? AND queue = ? AND receive_count = ?",
+            )
+            .bind(seq)
+            .bind(queue_name(lane))
+            .bind(count)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                deleted += 1;
+                results.push(Ok(()));
+            } else {
+                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
+            }
+        }
+        tx.commit().await?;
+        self.state(lane).deleted.fetch_add(deleted, Ordering::Relaxed);
+        Ok(results)
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        lane: Lane,
+        changes: &[(String, Duration)],
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let now = now_ms();
+        let mut results = Vec::with_capacity(changes.len());
+        let mut returned_any = false;
+        for (receipt, visibility) in changes {
+            let Some((seq, count)) = parse_receipt(receipt) else {
+                results.push(Err(format!("receipt {receipt:?} is malformed")));
+                continue;
+            };
+            let done = sqlx::query(
+                "UPDATE queue_messages SET visible_at = ? WHERE seq = ? AND queue = ? AND receive_count = ?",
+            )
+            .bind(now + visibility.as_millis() as i64)
+            .bind(seq)
+            .bind(queue_name(lane))
+            .bind(count)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                returned_any |= visibility.is_zero();
+                results.push(Ok(()));
+            } else {
+                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
+            }
+        }
+        tx.commit().await?;
+        if returned_any {
+            self.notify_arrivals(lane);
+        }
+        Ok(results)
+    }
+
+    async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()> {
+        let (seq, count) =
+            parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
+        let done = sqlx::query(
+            "UPDATE queue_messages SET queue = ?, visible_at = ? WHERE seq = ? AND queue = ? AND receive_count = ?",
+        )
+        .bind(dlq_name(lane))
+        .bind(now_ms())
+        .bind(seq)
+        .bind(queue_name(lane))
+        .bind(count)
+        .execute(&self.db.write)
+        .await?;
+        anyhow::ensure!(
+            done.rows_affected() == 1,
+            "receipt {receipt:?} is no longer valid"
+        );
+        Ok(())
+    }
+
+    async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
+        let now = now_ms();
+        let (visible, delayed, in_flight, oldest): (i64, i64, i64, Option<i64>) = sqlx::query_as(
+            "SELECT \
+               COALESCE(SUM(visible_at <= ?1), 0), \
+               COALESCE(SUM(visible_at > ?1 AND receive_count = 0), 0), \
+               COALESCE(SUM(visible_at > ?1 AND receive_count > 0), 0), \
+               MIN(enqueued_at) \
+             FROM queue_messages WHERE queue = ?2",
+        )
+        .bind(now)
+        .bind(queue_name(lane))
+        .fetch_one(&self.db.read)
+        .await?;
+        let dlq_depth: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
+            .bind(dlq_name(lane))
+            .fetch_one(&self.db.read)
+            .await?;
+        Ok(QueueStats {
+            depth: (visible + delayed) as u64,
+            in_flight: in_flight as u64,
+            delayed: delayed as u64,
+            oldest_age_secs: oldest.map(|at| (now - at).max(0) as f64 / 1000.0),
+            dlq_depth: dlq_depth as u64,
+        })
+    }
+
+    async fn list_dead_letters(&self, lane: Lane, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
+        let rows: Vec<QueueRow> = sqlx::query_as(
+            "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
+             FROM queue_messages WHERE queue = ? ORDER BY seq LIMIT ?",
+        )
+        .bind(dlq_name(lane))
+        .bind(limit as i64)
+        .fetch_all(&self.db.read)
+        .await?;
+        rows.into_iter()
+            .map(|(_, message_id, tenant_id, channel, priority, body, count, enqueued_at, _)| {
+                Ok(DeadLetter {
+                    message_id,
+                    tenant_id,
+                    channel: channel.parse().map_err(anyhow::Error::msg)?,
+                    priority: priority.parse().map_err(anyhow::Error::msg)?,
+                    receive_count: count as u32,
+                    enqueued_at_ms: enqueued_at,
+                    body,
+                })
+            })
+            .collect()
+    }
+
+    async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>> {
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "SELECT seq, message_id, tenant_id FROM queue_messages WHERE queue = ",
+        );
+        select.push_bind(dlq_name(lane));
+        if let Some(tenant) = &filter.tenant_id {
+            select.push(" AND tenant_id = ").push_bind(tenant.clone());
+        }
+        if let Some(ids) = &filter.message_ids {
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            select.push(" AND message_id IN (");
+            let mut list = select.separated(", ");
+            for id in ids {
+                list.push_bind(id.clone());
+            }
+            select.push(")");
+        }
+        select.push(" ORDER BY seq");
+        let rows: Vec<(i64, String, String)> = select.build_query_as().fetch_all(&mut *tx).await?;
+        let now = now_ms();
+        for (seq, _, tenant_id) in &rows {
+            let key = self
+                .state(lane)
+                .fair
+                .lock()
+                .expect("fair state lock")
+                .next_key(tenant_id);
+            sqlx::query(
+                "UPDATE queue_messages SET queue = ?, visible_at = ?, receive_count = 0, fair_key = ?, last_error = NULL WHERE seq = ?",
+            )
+            .bind(queue_name(lane))
+            .bind(now)
+            .bind(key)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        self.notify_arrivals(lane);
+        Ok(rows.into_iter().map(|(_, id, _)| id).collect())
+    }
+
+    fn deleted_total(&self, lane: Lane) -> u64 {
+        self.state(lane).deleted.load(Ordering::Relaxed)
+    }
+
+    async fn ping(&self) -> bool {
+        self.db.ping().await
+    }
+}

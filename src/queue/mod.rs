@@ -1,0 +1,134 @@
+//! Lane queues with SQS semantics: named queues (one per lane plus a DLQ
+//! each), batch send, long-poll receive, batch delete, visibility changes,
+//! receive counts, redrive to the DLQ after `max_receive_count`, delivery
+//! delays and depth statistics.
+//!
+//! Two backends implement [`LaneQueue`]: [`embedded::EmbeddedQueue`] (a
+//! durable queue in the SQLite file, the default) and the SQS backend. Code
+//! above this module does not care which one runs.
+
+pub mod embedded;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::model::{Channel, Lane, Priority};
+
+/// A message to put on a lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboundMessage {
+    pub message_id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub priority: Priority,
+    /// The delivery payload (JSON); at most 256 KiB.
+    pub body: String,
+    /// Not receivable before this has passed.
+    pub delay: Duration,
+}
+
+/// A message handed to a consumer. It stays invisible to other receivers
+/// until its visibility timeout ends or it is deleted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceivedMessage {
+    /// Opaque handle for delete and visibility changes; valid until the
+    /// message is received again.
+    pub receipt: String,
+    pub message_id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub priority: Priority,
+    pub body: String,
+    /// How many times the message has been received, this time included.
+    pub receive_count: u32,
+    /// When the message was first enqueued (ms since epoch).
+    pub enqueued_at_ms: i64,
+}
+
+/// Point-in-time figures for one lane.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct QueueStats {
+    /// Messages waiting (visible now or delayed), not counting in-flight ones.
+    pub depth: u64,
+    /// Received and not yet deleted or returned.
+    pub in_flight: u64,
+    /// Waiting for a delivery delay to pass (included in `depth`).
+    pub delayed: u64,
+    /// Age in seconds of the oldest message in the lane, if any.
+    pub oldest_age_secs: Option<f64>,
+    /// Messages in the lane's dead-letter queue.
+    pub dlq_depth: u64,
+}
+
+/// A message in a dead-letter queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub message_id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub priority: Priority,
+    pub receive_count: u32,
+    pub enqueued_at_ms: i64,
+    pub body: String,
+}
+
+/// Which dead letters to move back; `None` fields match everything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RedriveFilter {
+    pub tenant_id: Option<String>,
+    pub message_ids: Option<Vec<String>>,
+}
+
+/// The outcome of one entry of a batch call: `Err` carries the reason.
+pub type EntryResult = Result<(), String>;
+
+#[async_trait]
+pub trait LaneQueue: Send + Sync {
+    /// Puts messages on `lane`; one result per message, in order.
+    async fn send_batch(
+        &self,
+        lane: Lane,
+        messages: Vec<OutboundMessage>,
+    ) -> anyhow::Result<Vec<EntryResult>>;
+
+    /// Receives up to `max` messages, waiting up to `wait` for the first one.
+    async fn receive(
+        &self,
+        lane: Lane,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<Vec<ReceivedMessage>>;
+
+    /// Deletes received messages; one result per receipt, in order.
+    async fn delete_batch(&self, lane: Lane, receipts: &[String])
+    -> anyhow::Result<Vec<EntryResult>>;
+
+    /// Sets the remaining invisibility of received messages (0 returns them
+    /// to the queue at once).
+    async fn change_visibility_batch(
+        &self,
+        lane: Lane,
+        changes: &[(String, Duration)],
+    ) -> anyhow::Result<Vec<EntryResult>>;
+
+    /// Moves a received message to the lane's DLQ at once.
+    async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()>;
+
+    async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats>;
+
+    /// Dead letters of `lane`, oldest first.
+    async fn list_dead_letters(&self, lane: Lane, limit: usize) -> anyhow::Result<Vec<DeadLetter>>;
+
+    /// Moves matching dead letters back to `lane`; returns their ids.
+    async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>>;
+
+    /// Messages this process has deleted from `lane` since it started; the
+    /// backpressure estimator derives the drain rate from it.
+    fn deleted_total(&self, lane: Lane) -> u64;
+
+    /// True when the queue backend answers.
+    async fn ping(&self) -> bool;
+}

@@ -1,0 +1,79 @@
+//! Stored answers for `Idempotency-Key`: per tenant, kept 24 hours, written
+//! in the same transaction as the message they describe so a replay can
+//! never name a message that was not accepted.
+
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+
+/// How long a key is remembered.
+pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// One remembered answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResponse {
+    pub tenant_id: String,
+    pub key: String,
+    /// SHA-256 (hex) of the canonical request body.
+    pub request_hash: String,
+    pub status_code: u16,
+    pub response_body: String,
+    pub message_id: String,
+    pub created_at: i64,
+}
+
+const COLUMNS: usize = 7;
+
+pub async fn insert_many(conn: &mut SqliteConnection, rows: &[&StoredResponse]) -> sqlx::Result<()> {
+    for chunk in rows.chunks(32_766 / COLUMNS) {
+        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) ",
+        );
+        builder.push_values(chunk.iter(), |mut row, stored| {
+            row.push_bind(stored.tenant_id.clone())
+                .push_bind(stored.key.clone())
+                .push_bind(stored.request_hash.clone())
+                .push_bind(stored.status_code as i64)
+                .push_bind(stored.response_body.clone())
+                .push_bind(stored.message_id.clone())
+                .push_bind(stored.created_at);
+        });
+        builder.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// The answer remembered for `key`, if it is younger than 24 hours at `now_ms`.
+pub async fn lookup(
+    pool: &SqlitePool,
+    tenant_id: &str,
+    key: &str,
+    now_ms: i64,
+) -> anyhow::Result<Option<StoredResponse>> {
+    let row: Option<(String, i64, String, String, i64)> = sqlx::query_as(
+        "SELECT request_hash, status_code, response_body, message_id, created_at FROM idempotency_keys WHERE tenant_id = ? AND key = ? AND created_at > ?",
+    )
+    .bind(tenant_id)
+    .bind(key)
+    .bind(now_ms - RETENTION_MS)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(
+        |(request_hash, status_code, response_body, message_id, created_at)| StoredResponse {
+            tenant_id: tenant_id.to_owned(),
+            key: key.to_owned(),
+            request_hash,
+            status_code: status_code as u16,
+            response_body,
+            message_id,
+            created_at,
+        },
+    ))
+}
+
+/// Forgets keys older than 24 hours at `now_ms`; returns how many.
+pub async fn purge_expired(pool: &SqlitePool, now_ms: i64) -> anyhow::Result<u64> {
+    let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at <= ?")
+        .bind(now_ms - RETENTION_MS)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}

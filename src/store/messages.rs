@@ -1,0 +1,143 @@
+//! Message status rows: one per accepted message, written in the same
+//! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
+
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+
+use crate::model::{Channel, Lane, MessageStatus, Priority};
+
+/// A message's status row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub status: MessageStatus,
+    pub priority: Priority,
+    pub lane: Lane,
+    pub attempts: u32,
+    pub reference: Option<String>,
+    /// The caller's metadata object as JSON text.
+    pub metadata: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub sent_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub provider_message_id: Option<String>,
+}
+
+/// Columns bound per row by [`insert_many`]; SQLite allows 32766 parameters
+/// per statement, so a statement carries at most `32766 / 14` rows.
+const MESSAGE_COLUMNS: usize = 14;
+const ROWS_PER_STATEMENT: usize = 32_766 / MESSAGE_COLUMNS;
+
+/// Inserts status rows with multi-row statements inside the caller's
+/// transaction.
+pub async fn insert_many(conn: &mut SqliteConnection, rows: &[&MessageRecord]) -> sqlx::Result<()> {
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ",
+        );
+        builder.push_values(chunk.iter(), |mut row, record| {
+            row.push_bind(record.id.clone())
+                .push_bind(record.tenant_id.clone())
+                .push_bind(record.channel.as_str())
+                .push_bind(record.status.as_str())
+                .push_bind(record.priority.as_str())
+                .push_bind(record.lane.as_str())
+                .push_bind(record.attempts as i64)
+                .push_bind(record.reference.clone())
+                .push_bind(record.metadata.clone())
+                .push_bind(record.created_at)
+                .push_bind(record.updated_at)
+                .push_bind(record.sent_at)
+                .push_bind(record.last_error.clone())
+                .push_bind(record.provider_message_id.clone());
+        });
+        builder.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+type MessageRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
+
+macro_rules! select_message {
+    ($where:literal) => {
+        concat!(
+            "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id FROM messages ",
+            $where
+        )
+    };
+}
+
+fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
+    let parse_err = |what: &str, value: &str, err: String| {
+        anyhow::anyhow!("stored {what} {value:?} is not valid: {err}")
+    };
+    Ok(MessageRecord {
+        channel: row.2.parse().map_err(|e| parse_err("channel", &row.2, e))?,
+        status: row.3.parse().map_err(|e| parse_err("status", &row.3, e))?,
+        priority: row.4.parse().map_err(|e| parse_err("priority", &row.4, e))?,
+        lane: row.5.parse().map_err(|e| parse_err("lane", &row.5, e))?,
+        id: row.0,
+        tenant_id: row.1,
+        attempts: row.6.max(0) as u32,
+        reference: row.7,
+        metadata: row.8,
+        created_at: row.9,
+        updated_at: row.10,
+        sent_at: row.11,
+        last_error: row.12,
+        provider_message_id: row.13,
+    })
+}
+
+/// The message `id` if it belongs to `tenant_id`.
+pub async fn get_for_tenant(
+    pool: &SqlitePool,
+    tenant_id: &str,
+    id: &str,
+) -> anyhow::Result<Option<MessageRecord>> {
+    let row: Option<MessageRow> =
+        sqlx::query_as(select_message!("WHERE id = ? AND tenant_id = ?"))
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(pool)
+            .await?;
+    row.map(from_row).transpose()
+}
+
+/// The message `id`, whoever owns it.
+pub async fn get(pool: &SqlitePool, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    let row: Option<MessageRow> = sqlx::query_as(select_message!("WHERE id = ?"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    row.map(from_row).transpose()
+}
+
+/// Messages `tenant_id` sent at or after `since_ms` (daily quota start-up).
+pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
+    let count: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE tenant_id = ? AND created_at >= ?")
+            .bind(tenant_id)
+            .bind(since_ms)
+            .fetch_one(pool)
+            .await?;
+    Ok(count.max(0) as u64)
+}

@@ -1,0 +1,103 @@
+//! Durable state in one SQLite file: tenants, plans, API keys, message
+//! status, idempotency keys and (on the embedded backend) the queues.
+//!
+//! SQLite allows one writer at a time, so every write goes through a pool of
+//! exactly one connection: writers queue for it in order instead of spinning
+//! on `SQLITE_BUSY`. Reads use a separate pool and, in WAL mode, never wait
+//! for the writer.
+
+pub mod idempotency;
+pub mod messages;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+/// Handles to the SQLite file.
+#[derive(Clone, Debug)]
+pub struct Db {
+    /// The single writer connection; hold it only for one transaction.
+    pub write: SqlitePool,
+    /// Readers; never block behind the writer in WAL mode.
+    pub read: SqlitePool,
+}
+
+impl Db {
+    /// Opens (creating if needed) and migrates the database at `path`.
+    /// `fsync` chooses `synchronous = FULL` (fsync per commit) over `NORMAL`
+    /// (the WAL reaches the OS on commit; durable across a process crash).
+    pub async fn open(path: &Path, fsync: bool) -> anyhow::Result<Self> {
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating directory {}", parent.display()))?;
+        }
+        let base = SqliteConnectOptions::from_str("sqlite://")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(if fsync {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            })
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10))
+            .statement_cache_capacity(256);
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(base.clone())
+            .await
+            .with_context(|| format!("opening SQLite database {}", path.display()))?;
+        sqlx::migrate!("./migrations")
+            .run(&write)
+            .await
+            .context("migrating the SQLite database")?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(base.read_only(true))
+            .await
+            .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
+        Ok(Db { write, read })
+    }
+
+    /// True when both pools answer a trivial query.
+    pub async fn ping(&self) -> bool {
+        let read = sqlx::query("SELECT 1").execute(&self.read).await.is_ok();
+        let write = sqlx::query("SELECT 1").execute(&self.write).await.is_ok();
+        read && write
+    }
+
+    /// Reads a value from the `settings` table.
+    pub async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar::<_, String>("SELECT value FROM settings WHERE key = ?")
+                .bind(key)
+                .fetch_optional(&self.write)
+                .await?,
+        )
+    }
+
+    /// Writes a value to the `settings` table.
+    pub async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        sqlx::query("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+            .bind(key)
+            .bind(value)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.read.close().await;
+        self.write.close().await;
+    }
+}

@@ -1,0 +1,506 @@
+//! Plans, tenants and API keys: stored in SQLite, served from memory.
+//!
+//! The accept path authenticates and looks up a tenant and its plan on every
+//! request, so the registry keeps all three tables in memory and changes them
+//! only through its own methods, which write the database first and the cache
+//! second. Nothing else writes these tables, so the cache cannot go stale.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
+
+use crate::config::PlanSettings;
+use crate::model::{Lane, TenantStatus, now_ms};
+use crate::store::Db;
+
+/// A plan: which lane a tenant's messages take and how much it may send.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Plan {
+    pub name: String,
+    pub lane: Lane,
+    /// Sustained sends per second.
+    pub rate_per_second: f64,
+    /// Sends allowed at once after idle.
+    pub burst: u32,
+    /// Sends allowed per UTC day.
+    pub daily_quota: u64,
+    /// Messages of one tenant a lane consumer works on at once.
+    pub max_in_flight: u32,
+}
+
+/// A tenant of the gateway.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Tenant {
+    pub id: String,
+    pub name: String,
+    pub plan: String,
+    pub status: TenantStatus,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// An API key as the cache holds it (the secret only as a hash).
+#[derive(Debug, Clone)]
+struct KeyEntry {
+    tenant_id: String,
+    secret_hash: [u8; 32],
+}
+
+/// What an API key listing shows.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct KeyInfo {
+    pub id: String,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+}
+
+/// Why a registry change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl From<sqlx::Error> for RegistryError {
+    fn from(err: sqlx::Error) -> Self {
+        RegistryError::Internal(err.into())
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> RegistryError {
+    RegistryError::Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Checks the figures of a plan; shared by the config loader and the API.
+pub fn validate_plan_figures(rate_per_second: f64, burst: u32, max_in_flight: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rate_per_second.is_finite() && rate_per_second > 0.0 && rate_per_second <= 1_000_000.0,
+        "rate_per_second must be a positive number up to 1000000"
+    );
+    anyhow::ensure!(burst >= 1, "burst must be at least 1");
+    anyhow::ensure!(max_in_flight >= 1, "max_in_flight must be at least 1");
+    Ok(())
+}
+
+/// True for identifiers of tenants and plans: 1–64 of `a-z 0-9 _ -`,
+/// starting with a letter or digit.
+pub fn is_valid_identifier(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+const IDENTIFIER_RULE: &str = "must be 1-64 characters of a-z, 0-9, '_' or '-', starting with a letter or digit";
+
+/// SHA-256 of a secret. Keys are 256-bit random values, so a fast hash is
+/// enough: there is nothing to brute-force that a slow hash would protect.
+pub fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// A fresh random value as hex.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill(&mut buf[..]);
+    hex::encode(buf)
+}
+
+/// Prefix of tenant API keys: `fl_<key id>_<secret>`.
+pub const KEY_PREFIX: &str = "fl_";
+
+pub struct Registry {
+    db: Db,
+    plans: RwLock<HashMap<String, Arc<Plan>>>,
+    tenants: RwLock<HashMap<String, Arc<TenantRow>>>,
+    keys: RwLock<HashMap<String, KeyEntry>>,
+}
+
+/// The cached form of a tenant row.
+#[derive(Debug, Clone)]
+pub struct TenantRow {
+    pub id: String,
+    pub name: String,
+    pub plan: String,
+    pub status: TenantStatus,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl TenantRow {
+    pub fn view(&self) -> Tenant {
+        Tenant {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            plan: self.plan.clone(),
+            status: self.status,
+            created_at: crate::model::ms_to_rfc3339(self.created_at),
+            updated_at: crate::model::ms_to_rfc3339(self.updated_at),
+        }
+    }
+}
+
+/// An authenticated caller: its tenant and the plan in force.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub tenant: Arc<TenantRow>,
+    pub plan: Arc<Plan>,
+}
+
+impl Registry {
+    /// Seeds the configured plans (unless an admin changed them) and loads
+    /// everything into memory.
+    pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
+        let now = now_ms();
+        for (name, plan) in configured {
+            sqlx::query(
+                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, 'config', ?) \
+                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+                 updated_at = excluded.updated_at WHERE plans.source = 'config'",
+            )
+            .bind(name)
+            .bind(plan.lane.as_str())
+            .bind(plan.rate_per_second)
+            .bind(plan.burst as i64)
+            .bind(plan.daily_quota as i64)
+            .bind(plan.max_in_flight as i64)
+            .bind(now)
+            .execute(&db.write)
+            .await
+            .with_context(|| format!("seeding plan {name}"))?;
+        }
+        let plan_rows: Vec<(String, String, f64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
+        )
+        .fetch_all(&db.write)
+        .await?;
+        let mut plans = HashMap::new();
+        for (name, lane, rate, burst, quota, in_flight) in plan_rows {
+            let plan = Plan {
+                lane: lane.parse().map_err(anyhow::Error::msg)?,
+                name: name.clone(),
+                rate_per_second: rate,
+                burst: burst as u32,
+                daily_quota: quota as u64,
+                max_in_flight: in_flight as u32,
+            };
+            plans.insert(name, Arc::new(plan));
+        }
+        let tenant_rows: Vec<(String, String, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT id, name, plan, status, created_at, updated_at FROM tenants",
+        )
+        .fetch_all(&db.write)
+        .await?;
+        let mut tenants = HashMap::new();
+        for (id, name, plan, status, created_at, updated_at) in tenant_rows {
+            let row = TenantRow {
+                status: status.parse().map_err(anyhow::Error::msg)?,
+                id: id.clone(),
+                name,
+                plan,
+                created_at,
+                updated_at,
+            };
+            tenants.insert(id, Arc::new(row));
+        }
+        let key_rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
+        )
+        .fetch_all(&db.write)
+        .await?;
+        let mut keys = HashMap::new();
+        for (id, tenant_id, hash) in key_rows {
+            let mut secret_hash = [0u8; 32];
+            hex::decode_to_slice(&hash, &mut secret_hash)
+                .with_context(|| format!("stored hash of key {id} is not valid hex"))?;
+            keys.insert(id, KeyEntry { tenant_id, secret_hash });
+        }
+        Ok(Registry {
+            db,
+            plans: RwLock::new(plans),
+            tenants: RwLock::new(tenants),
+            keys: RwLock::new(keys),
+        })
+    }
+
+    // ----- plans -----
+
+    pub fn plan(&self, name: &str) -> Option<Arc<Plan>> {
+        self.plans.read().expect("plans lock").get(name).cloned()
+    }
+
+    pub fn plans(&self) -> Vec<Plan> {
+        let mut plans: Vec<Plan> = self
+            .plans
+            .read()
+            .expect("plans lock")
+            .values()
+            .map(|p| (**p).clone())
+            .collect();
+        plans.sort_by(|a, b| a.name.cmp(&b.name));
+        plans
+    }
+
+    /// Creates or replaces a plan; returns true when it was created.
+    pub async fn put_plan(&self, plan: Plan) -> Result<bool, RegistryError> {
+        if !is_valid_identifier(&plan.name) {
+            return Err(invalid("name", IDENTIFIER_RULE));
+        }
+        validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight).map_err(|e| {
+            let text = e.to_string();
+            let field = text.split_whitespace().next().unwrap_or("plan").to_owned();
+            RegistryError::Invalid { field, message: text }
+        })?;
+        sqlx::query(
+            "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, 'admin', ?) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             source = 'admin', updated_at = excluded.updated_at",
+        )
+        .bind(&plan.name)
+        .bind(plan.lane.as_str())
+        .bind(plan.rate_per_second)
+        .bind(plan.burst as i64)
+        .bind(plan.daily_quota as i64)
+        .bind(plan.max_in_flight as i64)
+        .bind(now_ms())
+        .execute(&self.db.write)
+        .await?;
+        let created = self
+            .plans
+            .write()
+            .expect("plans lock")
+            .insert(plan.name.clone(), Arc::new(plan))
+            .is_none();
+        Ok(created)
+    }
+
+    // ----- tenants -----
+
+    pub fn tenant(&self, id: &str) -> Option<Arc<TenantRow>> {
+        self.tenants.read().expect("tenants lock").get(id).cloned()
+    }
+
+    pub fn tenants(&self) -> Vec<Tenant> {
+        let mut list: Vec<Tenant> = self
+            .tenants
+            .read()
+            .expect("tenants lock")
+            .values()
+            .map(|t| t.view())
+            .collect();
+        list.sort_by(|a, b| a.id.cmp(&b.id));
+        list
+    }
+
+    pub async fn create_tenant(&self, id: &str, name: &str, plan: &str) -> Result<Tenant, RegistryError> {
+        if !is_valid_identifier(id) {
+            return Err(invalid("id", IDENTIFIER_RULE));
+        }
+        if name.trim().is_empty() || name.chars().count() > 200 {
+            return Err(invalid("name", "must be 1-200 characters"));
+        }
+        if self.plan(plan).is_none() {
+            return Err(invalid("plan", format!("no plan named {plan:?}")));
+        }
+        let now = now_ms();
+        let row = TenantRow {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            plan: plan.to_owned(),
+            status: TenantStatus::Active,
+            created_at: now,
+            updated_at: now,
+        };
+        // The primary key decides races between two creates of the same id.
+        let inserted = sqlx::query("INSERT INTO tenants (id, name, plan, status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(&row.id)
+            .bind(&row.name)
+            .bind(&row.plan)
+            .bind(row.status.as_str())
+            .bind(row.created_at)
+            .bind(row.updated_at)
+            .execute(&self.db.write)
+            .await;
+        match inserted {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(err)) if err.is_unique_violation() => {
+                return Err(RegistryError::Conflict(format!("tenant {id:?} already exists")));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        let view = row.view();
+        self.tenants
+            .write()
+            .expect("tenants lock")
+            .insert(row.id.clone(), Arc::new(row));
+        Ok(view)
+    }
+
+    pub async fn update_tenant(
+        &self,
+        id: &str,
+        plan: Option<&str>,
+        status: Option<TenantStatus>,
+    ) -> Result<Tenant, RegistryError> {
+        let current = self
+            .tenant(id)
+            .ok_or_else(|| RegistryError::NotFound(format!("tenant {id:?}")))?;
+        if let Some(plan) = plan
+            && self.plan(plan).is_none()
+        {
+            return Err(invalid("plan", format!("no plan named {plan:?}")));
+        }
+        let mut row = (*current).clone();
+        if let Some(plan) = plan {
+            row.plan = plan.to_owned();
+        }
+        if let Some(status) = status {
+            row.status = status;
+        }
+        row.updated_at = now_ms();
+        let done = sqlx::query("UPDATE tenants SET plan = ?, status = ?, updated_at = ? WHERE id = ?")
+            .bind(&row.plan)
+            .bind(row.status.as_str())
+            .bind(row.updated_at)
+            .bind(id)
+            .execute(&self.db.write)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+        }
+        let view = row.view();
+        self.tenants
+            .write()
+            .expect("tenants lock")
+            .insert(id.to_owned(), Arc::new(row));
+        Ok(view)
+    }
+
+    /// Deletes a tenant and its keys. Its status rows stay for the record;
+    /// queued messages of a deleted tenant are dead-lettered by the consumer.
+    pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
+        let mut tx = self.db.write.begin().await?;
+        sqlx::query("DELETE FROM api_keys WHERE tenant_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query("DELETE FROM tenants WHERE id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+        }
+        tx.commit().await?;
+        self.keys
+            .write()
+            .expect("keys lock")
+            .retain(|_, key| key.tenant_id != id);
+        self.tenants.write().expect("tenants lock").remove(id);
+        Ok(())
+    }
+
+    // ----- keys -----
+
+    /// Issues a key for `tenant_id`; returns `(key id, full key)`. The full
+    /// key exists only in this return value.
+    pub async fn issue_key(&self, tenant_id: &str) -> Result<(String, String), RegistryError> {
+        if self.tenant(tenant_id).is_none() {
+            return Err(RegistryError::NotFound(format!("tenant {tenant_id:?}")));
+        }
+        let key_id = random_hex(8);
+        let secret = random_hex(32);
+        let secret_hash = hash_secret(&secret);
+        sqlx::query("INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES (?, ?, ?, ?)")
+            .bind(&key_id)
+            .bind(tenant_id)
+            .bind(hex::encode(secret_hash))
+            .bind(now_ms())
+            .execute(&self.db.write)
+            .await?;
+        self.keys.write().expect("keys lock").insert(
+            key_id.clone(),
+            KeyEntry {
+                tenant_id: tenant_id.to_owned(),
+                secret_hash,
+            },
+        );
+        let full = format!("{KEY_PREFIX}{key_id}_{secret}");
+        Ok((key_id, full))
+    }
+
+    pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), RegistryError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(key_id)
+        .bind(tenant_id)
+        .execute(&self.db.write)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(RegistryError::NotFound(format!(
+                "active key {key_id:?} of tenant {tenant_id:?}"
+            )));
+        }
+        self.keys.write().expect("keys lock").remove(key_id);
+        Ok(())
+    }
+
+    pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
+        let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = ? ORDER BY created_at, id",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.db.read)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, created, revoked)| KeyInfo {
+                id,
+                created_at: crate::model::ms_to_rfc3339(created),
+                revoked_at: revoked.map(crate::model::ms_to_rfc3339),
+            })
+            .collect())
+    }
+
+    /// The tenant and plan behind a bearer key, if the key is valid and not
+    /// revoked. Memory only; no I/O.
+    pub fn authenticate(&self, key: &str) -> Option<Caller> {
+        let rest = key.strip_prefix(KEY_PREFIX)?;
+        let (key_id, secret) = rest.split_once('_')?;
+        let tenant_id = {
+            let keys = self.keys.read().expect("keys lock");
+            let entry = keys.get(key_id)?;
+            if entry.secret_hash != hash_secret(secret) {
+                return None;
+            }
+            entry.tenant_id.clone()
+        };
+        let tenant = self.tenant(&tenant_id)?;
+        let plan = self.plan(&tenant.plan)?;
+        Some(Caller { tenant, plan })
+    }
+}
