@@ -19,9 +19,9 @@ use tracing::{error, warn};
 use crate::model::Lane;
 use crate::queue::OutboundMessage;
 use crate::queue::embedded::EmbeddedQueue;
+use crate::store::Db;
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages::{self, MessageRecord};
-use crate::store::Db;
 
 /// One message to make durable.
 #[derive(Debug)]
@@ -52,7 +52,11 @@ pub struct AcceptWriter {
 
 impl AcceptWriter {
     /// Starts the writer task over `db` and the embedded `queue`.
-    pub fn spawn(db: Db, queue: Arc<EmbeddedQueue>, max_group: usize) -> (Self, tokio::task::JoinHandle<()>) {
+    pub fn spawn(
+        db: Db,
+        queue: Arc<EmbeddedQueue>,
+        max_group: usize,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (jobs, receiver) = mpsc::channel(max_group * 4);
         let consecutive_failures = Arc::new(AtomicU32::new(0));
         let task = tokio::spawn(run_writer(
@@ -84,7 +88,10 @@ impl AcceptWriter {
     }
 
     fn not_durable(&self) -> NotDurable {
-        let failures = self.consecutive_failures.load(Ordering::Relaxed).clamp(1, 6);
+        let failures = self
+            .consecutive_failures
+            .load(Ordering::Relaxed)
+            .clamp(1, 6);
         NotDurable {
             retry_after: Duration::from_secs((1u64 << (failures - 1)).min(30)),
         }

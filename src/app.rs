@@ -19,8 +19,11 @@ use crate::accept::AcceptWriter;
 use crate::api::{self, AppInner, AppState};
 use crate::auth::AdminAuth;
 use crate::config::{QueueBackend, Settings};
+use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
 use crate::limits::backpressure::LaneBackpressure;
+use crate::limits::gate::ProviderGate;
 use crate::limits::tenant::TenantLimits;
+use crate::model::{Channel, Lane};
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::{Db, idempotency};
@@ -38,6 +41,8 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     background: Vec<JoinHandle<()>>,
     writer_task: JoinHandle<()>,
+    /// One per lane when `consumers.enabled`; started by `run_until`.
+    consumers: Vec<Arc<LaneConsumer>>,
 }
 
 impl Application {
@@ -62,14 +67,43 @@ impl Application {
         let (shutdown, shutdown_rx) = watch::channel(false);
         // One synchronous sample so the first requests see real depths.
         let mut previous = [
-            (queue.deleted_total(crate::model::Lane::Fast), std::time::Instant::now()),
-            (queue.deleted_total(crate::model::Lane::Slow), std::time::Instant::now()),
+            (
+                queue.deleted_total(crate::model::Lane::Fast),
+                std::time::Instant::now(),
+            ),
+            (
+                queue.deleted_total(crate::model::Lane::Slow),
+                std::time::Instant::now(),
+            ),
         ];
         backpressure.sample(queue.as_ref(), &mut previous).await;
         let mut background = vec![tokio::spawn(
             backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
         )];
-        background.push(tokio::spawn(purge_idempotency_keys(db.clone(), shutdown_rx)));
+        background.push(tokio::spawn(purge_idempotency_keys(
+            db.clone(),
+            shutdown_rx,
+        )));
+
+        let consumers = if settings.consumers.enabled {
+            let delivery = Delivery {
+                db: db.clone(),
+                registry: registry.clone(),
+                queue: queue.clone(),
+                email: gated(&settings.providers.email, Channel::Email).await?,
+                sms: gated(&settings.providers.sms, Channel::Sms).await?,
+                retry: settings.retry.clone(),
+                consumers: settings.consumers.clone(),
+            };
+            Lane::ALL
+                .iter()
+                .map(|lane| {
+                    LaneConsumer::new(*lane, settings.lanes.get(*lane).clone(), delivery.clone())
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
 
         let listener = TcpListener::bind(settings.server.listen)
             .await
@@ -83,6 +117,7 @@ impl Application {
             writer,
             backpressure,
             admin,
+            metrics: crate::metrics::install(),
             idempotency_in_flight: Mutex::new(HashSet::new()),
         });
         Ok(Application {
@@ -91,42 +126,71 @@ impl Application {
             shutdown,
             background,
             writer_task,
+            consumers,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     pub fn state(&self) -> AppState {
         self.state.clone()
     }
 
-    /// Serves until `signal` completes, then stops taking requests, lets
-    /// in-flight ones finish, commits what the accept writer holds and
-    /// closes the database.
-    pub async fn run_until(self, signal: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    /// Serves and delivers until `signal` completes; then stops taking
+    /// requests and polling, returns buffered messages to their queue, lets
+    /// requests and sends in flight finish (sends within
+    /// `consumers.shutdown_grace_secs`), commits what the accept writer
+    /// holds and closes the database.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let Application {
             listener,
             state,
             shutdown,
             background,
             writer_task,
+            consumers,
         } = self;
         let db = state.db.clone();
+        let consumer_tasks: Vec<_> = consumers
+            .into_iter()
+            .map(|consumer| tokio::spawn(consumer.run(shutdown.subscribe())))
+            .collect();
+        let shutdown = Arc::new(shutdown);
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            signal.await;
+            let _ = trigger.send(true);
+        });
+        let mut stopping = shutdown.subscribe();
         let router = api::app(state);
-        axum::serve(listener, router)
-            .with_graceful_shutdown(signal)
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            })
             .await
-            .context("serving HTTP")?;
-        info!("HTTP server stopped; finishing background work.");
+            .context("serving HTTP");
         let _ = shutdown.send(true);
+        info!("HTTP server stopped; finishing background work.");
+        for task in consumer_tasks {
+            let _ = task.await;
+        }
+        served?;
         for task in background {
             let _ = task.await;
         }
         // The router (and with it the last handle to the writer) is gone, so
         // the writer ends once it has committed everything it was given.
-        if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, writer_task).await.is_err() {
+        if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, writer_task)
+            .await
+            .is_err()
+        {
             warn!("Accept writer did not finish in time.");
         }
         db.close().await;
@@ -149,6 +213,19 @@ async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// A provider for `channel` with its rate gate.
+async fn gated(
+    settings: &crate::config::ProviderSettings,
+    channel: Channel,
+) -> anyhow::Result<GatedProvider> {
+    Ok(GatedProvider {
+        provider: crate::providers::build(settings, channel)
+            .await
+            .with_context(|| format!("setting up the {channel} provider"))?,
+        gate: Arc::new(ProviderGate::new(settings.rate_per_second, settings.burst)),
+    })
 }
 
 /// Completes on SIGINT or SIGTERM.

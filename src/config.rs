@@ -32,6 +32,7 @@ pub struct Settings {
     pub queue: QueueSettings,
     pub lanes: LanesSettings,
     pub retry: RetrySettings,
+    pub consumers: ConsumerSettings,
     pub providers: ProvidersSettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
@@ -131,6 +132,23 @@ pub struct RetrySettings {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// Run the lane consumers in `fairlane serve` (false: accept only).
+    pub enabled: bool,
+    /// Longest long-poll of one receive.
+    pub receive_wait_secs: u64,
+    /// How long a message of a paused or disabled tenant is put back for
+    /// before it is looked at again.
+    pub hold_delay_secs: u64,
+    /// How long a message is put back for when its tenant is at its
+    /// plan's `max_in_flight`.
+    pub tenant_cap_delay_secs: u64,
+    /// How long shutdown waits for sends in flight.
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProvidersSettings {
     pub email: ProviderSettings,
     pub sms: ProviderSettings,
@@ -166,6 +184,13 @@ pub struct ProviderSettings {
     /// ses: endpoint override.
     #[serde(default)]
     pub endpoint_url: Option<String>,
+    /// ses: static access key id, for local SES-compatible servers; leave
+    /// unset on AWS so the standard credential chain (env, profile, role) is used.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// ses: the secret belonging to `access_key_id`.
+    #[serde(default)]
+    pub secret_access_key: Option<SecretString>,
     /// http: base URL of the Twilio-compatible API.
     #[serde(default)]
     pub base_url: Option<String>,
@@ -175,7 +200,7 @@ pub struct ProviderSettings {
     /// http: auth token (basic-auth password).
     #[serde(default)]
     pub auth_token: Option<SecretString>,
-    /// http: request timeout.
+    /// http and ses: timeout of one provider call (default 10 s).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
     /// log: file to append JSON lines to; stdout when absent.
@@ -226,13 +251,18 @@ impl Settings {
     /// kind needs.
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.server.max_body_bytes == 0 || self.server.max_body_bytes > 250 * 1024 {
-            bail!("server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)");
+            bail!(
+                "server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)"
+            );
         }
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");
         }
         if !self.storage.url.starts_with("sqlite:") {
-            bail!("storage.url must start with sqlite:// (got {:?})", self.storage.url);
+            bail!(
+                "storage.url must start with sqlite:// (got {:?})",
+                self.storage.url
+            );
         }
         for (name, lane) in [("fast", &self.lanes.fast), ("slow", &self.lanes.slow)] {
             if lane.concurrency == 0 {
@@ -245,10 +275,22 @@ impl Settings {
                 bail!("lanes.{name}.visibility_timeout_secs must be between 1 and 43200");
             }
         }
+        if self.consumers.receive_wait_secs > 20 {
+            bail!("consumers.receive_wait_secs must be at most 20 (the SQS long-poll limit)");
+        }
+        if self.consumers.hold_delay_secs > 900 || self.consumers.tenant_cap_delay_secs > 900 {
+            bail!("consumers delays must be at most 900 seconds (the SQS delay limit)");
+        }
+        if self.retry.max_delay_secs > 900 {
+            bail!("retry.max_delay_secs must be at most 900 (the SQS delay limit)");
+        }
         if self.retry.max_attempts == 0 {
             bail!("retry.max_attempts must be at least 1");
         }
-        for (name, provider) in [("email", &self.providers.email), ("sms", &self.providers.sms)] {
+        for (name, provider) in [
+            ("email", &self.providers.email),
+            ("sms", &self.providers.sms),
+        ] {
             if !(provider.rate_per_second.is_finite() && provider.rate_per_second > 0.0) {
                 bail!("providers.{name}.rate_per_second must be a positive number");
             }
@@ -256,11 +298,26 @@ impl Settings {
                 bail!("providers.{name}.burst must be at least 1");
             }
         }
+        for (name, provider) in [
+            ("email", &self.providers.email),
+            ("sms", &self.providers.sms),
+        ] {
+            if provider.access_key_id.is_some() != provider.secret_access_key.is_some() {
+                bail!("providers.{name}.access_key_id and secret_access_key must be set together");
+            }
+        }
         match self.providers.email.kind {
             ProviderKind::Http => bail!("providers.email.kind must be \"ses\" or \"log\""),
             ProviderKind::Ses | ProviderKind::Log => {}
         }
-        if self.providers.email.from.as_deref().unwrap_or("").is_empty() {
+        if self
+            .providers
+            .email
+            .from
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+        {
             bail!("providers.email.from is required");
         }
         match self.providers.sms.kind {
@@ -276,14 +333,20 @@ impl Settings {
                     }
                 }
                 if self.providers.sms.auth_token.is_none() {
-                    bail!("providers.sms.auth_token is required when providers.sms.kind = \"http\"");
+                    bail!(
+                        "providers.sms.auth_token is required when providers.sms.kind = \"http\""
+                    );
                 }
             }
             ProviderKind::Log => {}
         }
         for (name, plan) in &self.plans {
-            crate::tenants::validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
-                .with_context(|| format!("plans.{name}"))?;
+            crate::tenants::validate_plan_figures(
+                plan.rate_per_second,
+                plan.burst,
+                plan.max_in_flight,
+            )
+            .with_context(|| format!("plans.{name}"))?;
         }
         Ok(())
     }
@@ -318,6 +381,21 @@ mod tests {
         let err = Settings::from_toml_overlay("[server]\nlisen = \"127.0.0.1:1\"\n").unwrap_err();
         let text = format!("{err:#}");
         assert!(text.contains("lisen"), "{text}");
+    }
+
+    #[test]
+    fn the_production_example_loads_once_its_secret_is_supplied() {
+        let example = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/production.example.toml"
+        );
+        let figment = Figment::from(Toml::string(DEFAULT_TOML))
+            .merge(Toml::file(example))
+            .merge(("providers.sms.auth_token", "from-the-environment"));
+        let settings = Settings::from_figment(figment).unwrap();
+        assert!(settings.storage.fsync);
+        assert_eq!(settings.providers.sms.kind, ProviderKind::Http);
+        assert!(settings.plans.contains_key("startup"));
     }
 
     #[test]

@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use utoipa::OpenApi;
 
 #[derive(Parser)]
-#[command(name = "fairlane", version, about = "Multi-tenant notification gateway")]
+#[command(
+    name = "fairlane",
+    version,
+    about = "Multi-tenant notification gateway"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -48,11 +52,14 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(rotate, "pass --rotate to replace the generated admin token");
             let settings = fairlane::config::Settings::load(config.as_deref())?;
             tokio::runtime::Runtime::new()?.block_on(async {
-                let db = fairlane::store::Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
+                let db = fairlane::store::Db::open(&settings.sqlite_path(), settings.storage.fsync)
+                    .await?;
                 let token = fairlane::auth::AdminAuth::rotate(&db).await?;
                 db.close().await;
                 if settings.server.admin_token.is_some() {
-                    eprintln!("note: server.admin_token is set, and it takes precedence over this token");
+                    eprintln!(
+                        "note: server.admin_token is set, and it takes precedence over this token"
+                    );
                 }
                 println!("{token}");
                 anyhow::Ok(())

@@ -34,7 +34,14 @@ pub const MAX_METADATA_KEYS: usize = 50;
 pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 
 const EMAIL_FIELDS: &[&str] = &[
-    "channel", "to", "subject", "text", "html", "priority", "reference", "metadata",
+    "channel",
+    "to",
+    "subject",
+    "text",
+    "html",
+    "priority",
+    "reference",
+    "metadata",
 ];
 const SMS_FIELDS: &[&str] = &["channel", "to", "text", "priority", "reference", "metadata"];
 
@@ -145,7 +152,11 @@ pub fn is_email_address(address: &str) -> bool {
 
 type Errors = BTreeMap<String, String>;
 
-fn optional_string<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Errors) -> Option<&'a str> {
+fn optional_string<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+    errors: &mut Errors,
+) -> Option<&'a str> {
     match object.get(field) {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.as_str()),
@@ -156,7 +167,11 @@ fn optional_string<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut
     }
 }
 
-fn required_string<'a>(object: &'a Map<String, Value>, field: &str, errors: &mut Errors) -> Option<&'a str> {
+fn required_string<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+    errors: &mut Errors,
+) -> Option<&'a str> {
     if matches!(object.get(field), None | Some(Value::Null)) {
         errors.insert(field.to_owned(), "is required".to_owned());
         return None;
@@ -218,7 +233,10 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
                 if s.trim().is_empty() {
                     errors.insert("subject".into(), "must not be empty".into());
                 } else if s.chars().count() > MAX_SUBJECT_CHARS {
-                    errors.insert("subject".into(), format!("must be at most {MAX_SUBJECT_CHARS} characters"));
+                    errors.insert(
+                        "subject".into(),
+                        format!("must be at most {MAX_SUBJECT_CHARS} characters"),
+                    );
                 } else if s.contains(['\r', '\n']) {
                     errors.insert("subject".into(), "must not contain line breaks".into());
                 }
@@ -227,17 +245,25 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             if let Some(h) = html
                 && h.len() > MAX_EMAIL_PART_BYTES
             {
-                errors.insert("html".into(), format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"));
+                errors.insert(
+                    "html".into(),
+                    format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
+                );
             }
             if let Some(t) = text {
                 if t.trim().is_empty() {
                     errors.insert("text".into(), "must not be empty".into());
                 } else if t.len() > MAX_EMAIL_PART_BYTES {
-                    errors.insert("text".into(), format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"));
+                    errors.insert(
+                        "text".into(),
+                        format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
+                    );
                 } else if t.len() + html.map_or(0, str::len) > MAX_EMAIL_BODY_BYTES {
                     errors.insert(
                         "html".into(),
-                        format!("text and html together must be at most {MAX_EMAIL_BODY_BYTES} bytes"),
+                        format!(
+                            "text and html together must be at most {MAX_EMAIL_BODY_BYTES} bytes"
+                        ),
                     );
                 }
             }
@@ -255,7 +281,10 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
                 if t.trim().is_empty() {
                     errors.insert("text".into(), "must not be empty".into());
                 } else if t.chars().count() > MAX_SMS_CHARS {
-                    errors.insert("text".into(), format!("must be at most {MAX_SMS_CHARS} characters"));
+                    errors.insert(
+                        "text".into(),
+                        format!("must be at most {MAX_SMS_CHARS} characters"),
+                    );
                 }
             }
         }
@@ -274,7 +303,10 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
     if let Some(r) = reference
         && r.chars().count() > MAX_REFERENCE_CHARS
     {
-        errors.insert("reference".into(), format!("must be at most {MAX_REFERENCE_CHARS} characters"));
+        errors.insert(
+            "reference".into(),
+            format!("must be at most {MAX_REFERENCE_CHARS} characters"),
+        );
     }
 
     let metadata = match object.get("metadata") {
@@ -282,9 +314,15 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         Some(Value::Object(map)) => {
             let size = serde_json::to_string(map).map_or(usize::MAX, |s| s.len());
             if map.len() > MAX_METADATA_KEYS {
-                errors.insert("metadata".into(), format!("must have at most {MAX_METADATA_KEYS} keys"));
+                errors.insert(
+                    "metadata".into(),
+                    format!("must have at most {MAX_METADATA_KEYS} keys"),
+                );
             } else if size > MAX_METADATA_BYTES {
-                errors.insert("metadata".into(), format!("must be at most {MAX_METADATA_BYTES} bytes as JSON"));
+                errors.insert(
+                    "metadata".into(),
+                    format!("must be at most {MAX_METADATA_BYTES} bytes as JSON"),
+                );
             }
             Some(map.clone())
         }
@@ -361,16 +399,37 @@ mod tests {
 
     #[test]
     fn known_addresses_and_numbers() {
-        for ok in ["a@example.com", "first.last+tag@sub.example.co.uk", "x_y@a-b.io"] {
+        for ok in [
+            "a@example.com",
+            "first.last+tag@sub.example.co.uk",
+            "x_y@a-b.io",
+        ] {
             assert!(is_email_address(ok), "{ok}");
         }
-        for bad in ["", "a", "a@", "@example.com", "a@localhost", "A <a@example.com>", " a@example.com", "a@example.com.", "a@@example.com"] {
+        for bad in [
+            "",
+            "a",
+            "a@",
+            "@example.com",
+            "a@localhost",
+            "A <a@example.com>",
+            " a@example.com",
+            "a@example.com.",
+            "a@@example.com",
+        ] {
             assert!(!is_email_address(bad), "{bad}");
         }
         for ok in ["+15551234567", "+447911123456", "+4930123456"] {
             assert!(is_e164(ok), "{ok}");
         }
-        for bad in ["15551234567", "+0551234567", "+1555", "+1234567890123456", "+1555-123-4567", "+"] {
+        for bad in [
+            "15551234567",
+            "+0551234567",
+            "+1555",
+            "+1234567890123456",
+            "+1555-123-4567",
+            "+",
+        ] {
             assert!(!is_e164(bad), "{bad}");
         }
     }

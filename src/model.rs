@@ -106,6 +106,9 @@ impl Priority {
     }
 }
 
+// Written out because the enum comes from `word_enum!`, whose derive list
+// is shared by every enum.
+#[allow(clippy::derivable_impls)]
 impl Default for Priority {
     fn default() -> Self {
         Priority::Normal

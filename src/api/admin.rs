@@ -261,11 +261,19 @@ pub async fn patch_tenant(
     Ok(Json(tenant))
 }
 
-/// Delete a tenant and its keys. Status rows of its messages are kept.
+/// Delete a tenant with its keys and message history.
+///
+/// Refused with 409 while any of its messages is undelivered (queued,
+/// sending or retrying), so a tenant re-created under the same id starts
+/// clean.
 #[utoipa::path(
     delete, path = "/v1/admin/tenants/{id}", tag = "admin",
     params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = Problem, content_type = "application/problem+json")),
+    responses(
+        (status = 204),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Undelivered messages remain", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn delete_tenant(

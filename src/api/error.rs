@@ -63,6 +63,8 @@ pub enum ApiError {
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -76,7 +78,10 @@ pub enum ApiError {
         rate: Option<RateInfo>,
     },
     #[error("{detail}")]
-    Unavailable { detail: String, retry_after: Duration },
+    Unavailable {
+        detail: String,
+        retry_after: Duration,
+    },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -97,6 +102,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -113,8 +119,11 @@ impl ApiError {
             ApiError::Forbidden(_) => ("forbidden", "Not allowed"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
             ApiError::Conflict(_) => ("conflict", "Conflict"),
+            ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method not allowed"),
             ApiError::PayloadTooLarge(_) => ("too-large", "Request too large"),
-            ApiError::UnsupportedMediaType(_) => ("unsupported-media-type", "Unsupported media type"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("unsupported-media-type", "Unsupported media type")
+            }
             ApiError::IdempotencyMismatch(_) => (
                 "idempotency-key-reused",
                 "Idempotency-Key reused with a different request",
@@ -163,7 +172,10 @@ pub fn insert_rate_headers(headers: &mut HeaderMap, info: &RateInfo) {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let ApiError::Internal(err) = &self {
-            error!(error = format!("{err:#}"), "Request failed with an internal error.");
+            error!(
+                error = format!("{err:#}"),
+                "Request failed with an internal error."
+            );
         }
         let status = self.status();
         let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
@@ -174,14 +186,22 @@ impl IntoResponse for ApiError {
             HeaderValue::from_static("application/problem+json"),
         );
         match &self {
-            ApiError::TooManyRequests { retry_after, rate, .. } => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*retry_after)));
+            ApiError::TooManyRequests {
+                retry_after, rate, ..
+            } => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(*retry_after)),
+                );
                 if let Some(info) = rate {
                     insert_rate_headers(headers, info);
                 }
             }
             ApiError::Unavailable { retry_after, .. } => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*retry_after)));
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(*retry_after)),
+                );
             }
             ApiError::Unauthorized(_) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

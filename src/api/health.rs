@@ -45,11 +45,18 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
     let store = state.db.ping().await;
     let queue = state.queue.ping().await;
     let ready = store && queue;
-    let checks = [("store".to_owned(), word(store)), ("queue".to_owned(), word(queue))]
-        .into_iter()
-        .collect();
+    let checks = [
+        ("store".to_owned(), word(store)),
+        ("queue".to_owned(), word(queue)),
+    ]
+    .into_iter()
+    .collect();
     (
-        if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE },
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
         Json(Health {
             status: word(ready),
             checks: Some(checks),

@@ -23,15 +23,20 @@ use crate::accept::AcceptEntry;
 use crate::auth::TenantAuth;
 use crate::limits::tenant::Refusal;
 use crate::message::{DeliveryPayload, MAX_PAYLOAD_BYTES, validate};
+use crate::metrics as names;
 use crate::model::{Channel, Lane, MessageStatus, Priority, TenantStatus, ms_to_rfc3339, now_ms};
 use crate::queue::OutboundMessage;
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages::{self, MessageRecord};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/messages", post(send_message))
-        .route("/v1/messages/{id}", get(get_message))
+/// The send route (not subject to the request timeout; see `api::app`).
+pub fn send_router() -> Router<AppState> {
+    Router::new().route("/v1/messages", post(send_message))
+}
+
+/// The status route.
+pub fn status_router() -> Router<AppState> {
+    Router::new().route("/v1/messages/{id}", get(get_message))
 }
 
 /// The answer to an accepted send.
@@ -181,7 +186,10 @@ impl Drop for InFlightKey {
 fn accepted_response(status: StatusCode, id: &str, body: String) -> Response {
     let mut response = (status, body).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/messages/{id}")) {
         headers.insert(header::LOCATION, location);
     }
@@ -239,14 +247,18 @@ pub async fn send_message(
         Some(key) => {
             let hash = request_hash(&value);
             let guard = InFlightKey::claim(&state, tenant_id, &key)?;
-            if let Some(stored) = idempotency::lookup(&state.db.read, tenant_id, &key, now_ms()).await? {
+            if let Some(stored) =
+                idempotency::lookup(&state.db.read, tenant_id, &key, now_ms()).await?
+            {
                 if stored.request_hash != hash {
                     return Err(ApiError::IdempotencyMismatch(
                         "This Idempotency-Key was used within the last 24 hours with a different request body.".into(),
                     ));
                 }
-                let status = StatusCode::from_u16(stored.status_code).unwrap_or(StatusCode::ACCEPTED);
-                let mut response = accepted_response(status, &stored.message_id, stored.response_body);
+                let status =
+                    StatusCode::from_u16(stored.status_code).unwrap_or(StatusCode::ACCEPTED);
+                let mut response =
+                    accepted_response(status, &stored.message_id, stored.response_body);
                 response
                     .headers_mut()
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -258,40 +270,6 @@ pub async fn send_message(
     };
 
     let lane = caller.plan.lane;
-    if let Err(full) = state.backpressure.check(lane) {
-        return Err(ApiError::TooManyRequests {
-            reason: LimitReason::Lane,
-            detail: format!(
-                "Lane {} holds about {} messages, at or above its high-water mark of {}.",
-                full.lane, full.depth, full.high_water_mark
-            ),
-            retry_after: full.retry_after,
-            rate: None,
-        });
-    }
-    let grant = match state.limits.admit(tenant_id, &caller.plan).await? {
-        Ok(grant) => grant,
-        Err(Refusal::Rate { retry_after, info }) => {
-            return Err(ApiError::TooManyRequests {
-                reason: LimitReason::Rate,
-                detail: format!(
-                    "Plan {:?} allows {} messages per second with bursts of {}.",
-                    caller.plan.name, caller.plan.rate_per_second, caller.plan.burst
-                ),
-                retry_after,
-                rate: Some(info),
-            });
-        }
-        Err(Refusal::Quota { retry_after, quota }) => {
-            return Err(ApiError::TooManyRequests {
-                reason: LimitReason::Quota,
-                detail: format!("The daily quota of {quota} messages is used up; it renews at 00:00 UTC."),
-                retry_after,
-                rate: None,
-            });
-        }
-    };
-
     let id = uuid::Uuid::now_v7().to_string();
     let now = now_ms();
     let payload = DeliveryPayload {
@@ -307,12 +285,50 @@ pub async fn send_message(
     };
     let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
     if body.len() > MAX_PAYLOAD_BYTES {
-        state.limits.release(tenant_id, &grant);
         return Err(ApiError::PayloadTooLarge(format!(
             "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
             body.len()
         )));
     }
+    if let Err(full) = state.backpressure.check(lane) {
+        metrics::counter!(names::REJECTED_TOTAL, "reason" => "lane").increment(1);
+        return Err(ApiError::TooManyRequests {
+            reason: LimitReason::Lane,
+            detail: format!(
+                "Lane {} holds about {} messages, at or above its high-water mark of {}.",
+                full.lane, full.depth, full.high_water_mark
+            ),
+            retry_after: full.retry_after,
+            rate: None,
+        });
+    }
+    let grant = match state.limits.admit(tenant_id, &caller.plan).await? {
+        Ok(grant) => grant,
+        Err(Refusal::Rate { retry_after, info }) => {
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);
+            return Err(ApiError::TooManyRequests {
+                reason: LimitReason::Rate,
+                detail: format!(
+                    "Plan {:?} allows {} messages per second with bursts of {}.",
+                    caller.plan.name, caller.plan.rate_per_second, caller.plan.burst
+                ),
+                retry_after,
+                rate: Some(info),
+            });
+        }
+        Err(Refusal::Quota { retry_after, quota }) => {
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "quota").increment(1);
+            return Err(ApiError::TooManyRequests {
+                reason: LimitReason::Quota,
+                detail: format!(
+                    "The daily quota of {quota} messages is used up; it renews at 00:00 UTC."
+                ),
+                retry_after,
+                rate: None,
+            });
+        }
+    };
+
     let answer = SendAccepted {
         id: id.clone(),
         status: MessageStatus::Queued,
@@ -332,9 +348,7 @@ pub async fn send_message(
             lane,
             attempts: 0,
             reference: message.reference,
-            metadata: message
-                .metadata
-                .map(|m| Value::Object(m).to_string()),
+            metadata: message.metadata.map(|m| Value::Object(m).to_string()),
             created_at: now,
             updated_at: now,
             sent_at: None,
@@ -367,6 +381,8 @@ pub async fn send_message(
         });
     }
     state.backpressure.record_accepted(lane, 1);
+    metrics::counter!(names::ACCEPTED_TOTAL, "lane" => lane.as_str(), "channel" => message.channel.as_str())
+        .increment(1);
     let mut response = accepted_response(StatusCode::ACCEPTED, &id, answer_body);
     insert_rate_headers(response.headers_mut(), &grant.info);
     Ok(response)

@@ -3,6 +3,7 @@
 //! document is [`ApiDoc`].
 
 pub mod admin;
+pub mod dlq;
 pub mod error;
 pub mod health;
 pub mod messages;
@@ -47,6 +48,8 @@ pub struct AppInner {
     pub limits: TenantLimits,
     pub backpressure: Arc<LaneBackpressure>,
     pub admin: AdminAuth,
+    /// Renders `/metrics`.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// `(tenant, Idempotency-Key)` pairs whose first request is still being
     /// answered; a duplicate meanwhile gets 409.
     pub idempotency_in_flight: Mutex<HashSet<(String, String)>>,
@@ -69,16 +72,66 @@ impl Deref for AppState {
 pub fn app(state: AppState) -> Router {
     let max_body = state.settings.server.max_body_bytes;
     let timeout = Duration::from_secs(state.settings.server.request_timeout_secs);
-    Router::new()
-        .merge(messages::router())
+    // Every route but the send is cut off at the request timeout. The send
+    // is not: once its message is with the accept writer, answering 503
+    // while the commit still lands would be a lie. Its own bounds are the
+    // store's acquire and busy timeouts, which fail honestly.
+    let timed = Router::new()
+        .merge(messages::status_router())
         .merge(admin::router())
+        .merge(dlq::router())
         .merge(health::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            timeout,
+        ));
+    Router::new()
+        .merge(messages::send_router())
+        .merge(timed)
         .fallback(|| async { ApiError::NotFound("No such route.".into()) })
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, timeout))
+        .layer(axum::middleware::map_response_with_state(
+            timeout,
+            problem_for_bare_errors,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Gives error answers made below the handlers (405 from the router, 503
+/// from the timeout layer) the same problem+json shape as ours.
+async fn problem_for_bare_errors(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
+    response: axum::response::Response,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || response.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return response;
+    }
+    let error = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ApiError::MethodNotAllowed("This route does not support that method.".into())
+        }
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => ApiError::Unavailable {
+            detail: "The request took longer than server.request_timeout_secs.".into(),
+            // The request just needed more than the timeout; asking for
+            // the same again sooner would most likely meet the same fate.
+            retry_after: timeout,
+        },
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::PayloadTooLarge("Request body is larger than server.max_body_bytes.".into())
+        }
+        _ => return response,
+    };
+    let mut converted = error.into_response();
+    if let Some(allow) = response.headers().get(header::ALLOW) {
+        converted.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    converted
 }
 
 /// Checks the content type and parses a JSON body; malformed input is a
@@ -88,9 +141,8 @@ pub fn json_value(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<serde_json::Value, ApiError> {
     let bytes = read_json_bytes(headers, body)?;
-    serde_json::from_slice(&bytes).map_err(|err| {
-        ApiError::BadRequest(format!("Request body is not valid JSON: {err}."))
-    })
+    serde_json::from_slice(&bytes)
+        .map_err(|err| ApiError::BadRequest(format!("Request body is not valid JSON: {err}.")))
 }
 
 /// Like [`json_value`], then deserializes into `T` (whose `deny_unknown_fields`
@@ -109,19 +161,24 @@ pub fn json_typed<T: DeserializeOwned>(
         }
         let message = inner.to_string();
         // serde names an unknown or missing field only in its message.
-        let named = message
-            .split('`')
-            .nth(1)
-            .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"));
+        let named = message.split('`').nth(1).filter(|_| {
+            message.starts_with("unknown field") || message.starts_with("missing field")
+        });
         // For an unknown field the path already ends at it; for a missing
         // one it stops at the parent object.
         let field = match (named, path.as_str()) {
             (Some(name), ".") => name.to_owned(),
-            (Some(name), parent) if message.starts_with("missing field") => format!("{parent}.{name}"),
+            (Some(name), parent) if message.starts_with("missing field") => {
+                format!("{parent}.{name}")
+            }
             (_, ".") => "body".to_owned(),
             (_, path) => path.to_owned(),
         };
-        let message = message.split(" at line ").next().unwrap_or(&message).to_owned();
+        let message = message
+            .split(" at line ")
+            .next()
+            .unwrap_or(&message)
+            .to_owned();
         ApiError::field(&field, message)
     })
 }
@@ -134,8 +191,15 @@ fn read_json_bytes(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if essence != "application/json" && !(essence.starts_with("application/") && essence.ends_with("+json")) {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence != "application/json"
+        && !(essence.starts_with("application/") && essence.ends_with("+json"))
+    {
         return Err(ApiError::UnsupportedMediaType(format!(
             "Content-Type must be application/json (got {:?}).",
             content_type
@@ -169,7 +233,9 @@ impl Modify for SecurityAddon {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Admin token: `server.admin_token`, or the one generated on first start."))
+                    .description(Some(
+                        "Admin token: `server.admin_token`, or the one generated on first start.",
+                    ))
                     .build(),
             ),
         );
@@ -195,6 +261,10 @@ impl Modify for SecurityAddon {
         admin::delete_tenant,
         admin::issue_key,
         admin::revoke_key,
+        dlq::queues,
+        dlq::list_dlq,
+        dlq::redrive,
+        dlq::metrics_text,
         health::healthz,
         health::readyz,
     ),
@@ -207,8 +277,53 @@ impl Modify for SecurityAddon {
     modifiers(&SecurityAddon),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
-        (name = "admin", description = "Plans, tenants and keys (admin token)."),
-        (name = "ops", description = "Health and readiness."),
+        (name = "admin", description = "Plans, tenants, keys, queues and dead letters (admin token)."),
+        (name = "ops", description = "Health, readiness and metrics."),
     )
 )]
 pub struct ApiDoc;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `openapi/openapi.json` is what `fairlane openapi` prints; regenerate it
+    /// with `cargo run -- openapi > openapi/openapi.json` when this fails.
+    #[test]
+    fn committed_openapi_document_is_current() {
+        let committed =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+                .expect("openapi/openapi.json is committed");
+        let current = ApiDoc::openapi().to_pretty_json().unwrap();
+        assert!(
+            committed.trim_end() == current.trim_end(),
+            "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json`"
+        );
+    }
+
+    #[test]
+    fn every_route_is_documented() {
+        let doc = ApiDoc::openapi();
+        for path in [
+            "/v1/messages",
+            "/v1/messages/{id}",
+            "/v1/admin/plans",
+            "/v1/admin/plans/{name}",
+            "/v1/admin/tenants",
+            "/v1/admin/tenants/{id}",
+            "/v1/admin/tenants/{id}/keys",
+            "/v1/admin/tenants/{id}/keys/{key_id}",
+            "/healthz",
+            "/readyz",
+            "/v1/admin/queues",
+            "/v1/admin/dlq",
+            "/v1/admin/dlq/redrive",
+            "/metrics",
+        ] {
+            assert!(
+                doc.paths.paths.contains_key(path),
+                "{path} is not documented"
+            );
+        }
+    }
+}

@@ -80,16 +80,17 @@ impl AdminAuth {
 
 /// The bearer token of a request, if any.
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
-    let value = parts
-        .headers
-        .get(AUTHORIZATION)
-        .ok_or_else(|| ApiError::Unauthorized("Missing Authorization header; send `Authorization: Bearer <key>`.".into()))?;
+    let value = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
+        ApiError::Unauthorized(
+            "Missing Authorization header; send `Authorization: Bearer <key>`.".into(),
+        )
+    })?;
     let value = value
         .to_str()
         .map_err(|_| ApiError::Unauthorized("Authorization header is not valid text.".into()))?;
-    let (scheme, token) = value
-        .split_once(' ')
-        .ok_or_else(|| ApiError::Unauthorized("Authorization header must be `Bearer <key>`.".into()))?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(|| {
+        ApiError::Unauthorized("Authorization header must be `Bearer <key>`.".into())
+    })?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
         return Err(ApiError::Unauthorized(
             "Authorization header must be `Bearer <key>`.".into(),
@@ -104,7 +105,10 @@ pub struct TenantAuth(pub Caller);
 impl FromRequestParts<AppState> for TenantAuth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?;
         if let Some(caller) = state.registry.authenticate(token) {
             return Ok(TenantAuth(caller));
@@ -124,7 +128,10 @@ pub struct AdminOnly;
 impl FromRequestParts<AppState> for AdminOnly {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?;
         if state.admin.matches(token) {
             return Ok(AdminOnly);

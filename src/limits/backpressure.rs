@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use crate::config::LanesSettings;
+use crate::metrics as names;
 use crate::model::Lane;
 use crate::queue::{LaneQueue, QueueStats};
 
@@ -120,16 +121,20 @@ impl LaneBackpressure {
 
     /// Takes one sample of every lane. Returns the deleted totals seen, so
     /// the caller can pass them to the next call.
-    pub async fn sample(
-        &self,
-        queue: &dyn LaneQueue,
-        previous: &mut [(u64, Instant); 2],
-    ) {
+    pub async fn sample(&self, queue: &dyn LaneQueue, previous: &mut [(u64, Instant); 2]) {
         for (i, lane) in Lane::ALL.iter().enumerate() {
             let gauge = self.gauge(*lane);
             let accepted_before = gauge.accepted_since_sample.load(Ordering::Relaxed);
             match queue.stats(*lane).await {
                 Ok(stats) => {
+                    let label = lane.as_str();
+                    metrics::gauge!(names::LANE_DEPTH, "lane" => label).set(stats.depth as f64);
+                    metrics::gauge!(names::LANE_IN_FLIGHT, "lane" => label)
+                        .set(stats.in_flight as f64);
+                    metrics::gauge!(names::LANE_DLQ_DEPTH, "lane" => label)
+                        .set(stats.dlq_depth as f64);
+                    metrics::gauge!(names::LANE_OLDEST_AGE_SECONDS, "lane" => label)
+                        .set(stats.oldest_age_secs.unwrap_or(0.0));
                     *gauge.stats.write().expect("stats lock") = (stats, Some(Instant::now()));
                     // Accepts that raced with the query may be counted twice
                     // until the next sample; that errs on the safe side.

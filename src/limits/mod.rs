@@ -3,6 +3,7 @@
 //! carries a Retry-After derived from real state, never a constant.
 
 pub mod backpressure;
+pub mod gate;
 pub mod tenant;
 
 use std::time::Duration;

@@ -42,7 +42,10 @@ pub struct RateInfo {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
     /// Over the plan's rate; the limiter allows the next send after `retry_after`.
-    Rate { retry_after: Duration, info: RateInfo },
+    Rate {
+        retry_after: Duration,
+        info: RateInfo,
+    },
     /// The day's quota is used up; it renews at the next UTC midnight.
     Quota { retry_after: Duration, quota: u64 },
 }
@@ -109,7 +112,46 @@ impl TenantLimits {
     }
 
     /// Takes one send from `tenant_id`'s bucket and quota, or says why not.
-    pub async fn admit(&self, tenant_id: &str, plan: &Plan) -> anyhow::Result<Result<Grant, Refusal>> {
+    /// The quota is looked at first, so a tenant whose day is used up does
+    /// not also drain its bucket; a refusal takes nothing from either.
+    pub async fn admit(
+        &self,
+        tenant_id: &str,
+        plan: &Plan,
+    ) -> anyhow::Result<Result<Grant, Refusal>> {
+        let now = crate::model::now_ms();
+        let today = now.div_euclid(DAY_MS);
+        let known = self.days.lock().expect("days lock").get(tenant_id).copied();
+        if known.is_none_or(|c| c.day != today) {
+            let counted =
+                crate::store::messages::count_since(&self.db.read, tenant_id, today * DAY_MS)
+                    .await?;
+            let mut days = self.days.lock().expect("days lock");
+            let entry = days.entry(tenant_id.to_owned()).or_insert(DayCount {
+                day: today,
+                count: counted,
+            });
+            if entry.day != today {
+                *entry = DayCount {
+                    day: today,
+                    count: counted,
+                };
+            }
+        }
+        let quota_refusal = || Refusal::Quota {
+            retry_after: Duration::from_millis(((today + 1) * DAY_MS - now).max(1) as u64),
+            quota: plan.daily_quota,
+        };
+        let used = self
+            .days
+            .lock()
+            .expect("days lock")
+            .get(tenant_id)
+            .map_or(0, |c| c.count);
+        if used >= plan.daily_quota {
+            return Ok(Err(quota_refusal()));
+        }
+
         let limiter = self.limiter(plan);
         let key = tenant_id.to_owned();
         let info = match limiter.check_key(&key) {
@@ -129,32 +171,21 @@ impl TenantLimits {
                     remaining: 0,
                     reset_secs: retry_after_secs(wait),
                 };
-                return Ok(Err(Refusal::Rate { retry_after: wait, info }));
+                return Ok(Err(Refusal::Rate {
+                    retry_after: wait,
+                    info,
+                }));
             }
         };
 
-        let now = crate::model::now_ms();
-        let today = now.div_euclid(DAY_MS);
-        let known = self.days.lock().expect("days lock").get(tenant_id).copied();
-        if known.is_none_or(|c| c.day != today) {
-            let counted =
-                crate::store::messages::count_since(&self.db.read, tenant_id, today * DAY_MS).await?;
-            let mut days = self.days.lock().expect("days lock");
-            let entry = days.entry(tenant_id.to_owned()).or_insert(DayCount { day: today, count: counted });
-            if entry.day != today {
-                *entry = DayCount { day: today, count: counted };
-            }
-        }
         let mut days = self.days.lock().expect("days lock");
-        let entry = days
-            .get_mut(tenant_id)
-            .expect("day count was just inserted");
-        if entry.count >= plan.daily_quota {
-            let until_midnight = Duration::from_millis(((today + 1) * DAY_MS - now).max(1) as u64);
-            return Ok(Err(Refusal::Quota {
-                retry_after: until_midnight,
-                quota: plan.daily_quota,
-            }));
+        let entry = days.entry(tenant_id.to_owned()).or_insert(DayCount {
+            day: today,
+            count: 0,
+        });
+        if entry.day == today && entry.count >= plan.daily_quota {
+            // Another request took the last of the quota meanwhile.
+            return Ok(Err(quota_refusal()));
         }
         entry.count += 1;
         Ok(Ok(Grant { info, day: today }))

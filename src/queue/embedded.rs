@@ -23,7 +23,9 @@ use sqlx::{Acquire, QueryBuilder, Sqlite, SqliteConnection};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter};
+use super::{
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
+};
 use crate::config::LanesSettings;
 use crate::model::{Lane, now_ms};
 use crate::store::Db;
@@ -136,7 +138,10 @@ impl EmbeddedQueue {
         let now = now_ms();
         let keys: Vec<i64> = {
             let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-            messages.iter().map(|m| fair.next_key(&m.tenant_id)).collect()
+            messages
+                .iter()
+                .map(|m| fair.next_key(&m.tenant_id))
+                .collect()
         };
         for (chunk, keys) in messages.chunks(3000).zip(keys.chunks(3000)) {
             let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
@@ -198,7 +203,9 @@ impl EmbeddedQueue {
                 let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
                     "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ",
                 );
-                update.push_bind(now + visibility_ms).push(" WHERE seq IN (");
+                update
+                    .push_bind(now + visibility_ms)
+                    .push(" WHERE seq IN (");
                 let mut list = update.separated(", ");
                 for row in &fresh {
                     list.push_bind(row.0);
@@ -207,7 +214,8 @@ impl EmbeddedQueue {
                 update.build().execute(&mut *tx).await?;
             }
             let got_fresh = !fresh.is_empty();
-            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in fresh
+            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
+                fresh
             {
                 highest_key = highest_key.max(Some(key));
                 out.push(ReceivedMessage {
@@ -349,7 +357,9 @@ impl LaneQueue for EmbeddedQueue {
             }
         }
         tx.commit().await?;
-        self.state(lane).deleted.fetch_add(deleted, Ordering::Relaxed);
+        self.state(lane)
+            .deleted
+            .fetch_add(deleted, Ordering::Relaxed);
         Ok(results)
     }
 
@@ -391,6 +401,35 @@ impl LaneQueue for EmbeddedQueue {
         Ok(results)
     }
 
+    async fn defer(
+        &self,
+        lane: Lane,
+        message: &ReceivedMessage,
+        delay: Duration,
+    ) -> anyhow::Result<()> {
+        let (seq, count) = parse_receipt(&message.receipt)
+            .with_context(|| format!("receipt {:?} is malformed", message.receipt))?;
+        let done = sqlx::query(
+            "UPDATE queue_messages SET visible_at = ?, receive_count = MAX(receive_count - 1, 0) \
+             WHERE seq = ? AND queue = ? AND receive_count = ?",
+        )
+        .bind(now_ms() + delay.as_millis() as i64)
+        .bind(seq)
+        .bind(queue_name(lane))
+        .bind(count)
+        .execute(&self.db.write)
+        .await?;
+        anyhow::ensure!(
+            done.rows_affected() == 1,
+            "receipt {:?} is no longer valid",
+            message.receipt
+        );
+        if delay.is_zero() {
+            self.notify_arrivals(lane);
+        }
+        Ok(())
+    }
+
     async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()> {
         let (seq, count) =
             parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
@@ -425,10 +464,11 @@ impl LaneQueue for EmbeddedQueue {
         .bind(queue_name(lane))
         .fetch_one(&self.db.read)
         .await?;
-        let dlq_depth: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
-            .bind(dlq_name(lane))
-            .fetch_one(&self.db.read)
-            .await?;
+        let dlq_depth: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
+                .bind(dlq_name(lane))
+                .fetch_one(&self.db.read)
+                .await?;
         Ok(QueueStats {
             depth: (visible + delayed) as u64,
             in_flight: in_flight as u64,
@@ -448,17 +488,19 @@ impl LaneQueue for EmbeddedQueue {
         .fetch_all(&self.db.read)
         .await?;
         rows.into_iter()
-            .map(|(_, message_id, tenant_id, channel, priority, body, count, enqueued_at, _)| {
-                Ok(DeadLetter {
-                    message_id,
-                    tenant_id,
-                    channel: channel.parse().map_err(anyhow::Error::msg)?,
-                    priority: priority.parse().map_err(anyhow::Error::msg)?,
-                    receive_count: count as u32,
-                    enqueued_at_ms: enqueued_at,
-                    body,
-                })
-            })
+            .map(
+                |(_, message_id, tenant_id, channel, priority, body, count, enqueued_at, _)| {
+                    Ok(DeadLetter {
+                        message_id,
+                        tenant_id,
+                        channel: channel.parse().map_err(anyhow::Error::msg)?,
+                        priority: priority.parse().map_err(anyhow::Error::msg)?,
+                        receive_count: count as u32,
+                        enqueued_at_ms: enqueued_at,
+                        body,
+                    })
+                },
+            )
             .collect()
     }
 
@@ -514,5 +556,289 @@ impl LaneQueue for EmbeddedQueue {
 
     async fn ping(&self) -> bool {
         self.db.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+    use crate::model::{Channel, Priority};
+
+    async fn open_queue(dir: &tempfile::TempDir, max_receive_count: u32) -> EmbeddedQueue {
+        let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+        let mut lanes = Settings::from_toml_overlay("").unwrap().lanes;
+        lanes.fast.visibility_timeout_secs = 1;
+        lanes.fast.max_receive_count = max_receive_count;
+        EmbeddedQueue::open(db, lanes).await.unwrap()
+    }
+
+    fn message(tenant: &str, n: usize) -> OutboundMessage {
+        OutboundMessage {
+            message_id: format!("{tenant}-{n}"),
+            tenant_id: tenant.to_owned(),
+            channel: Channel::Sms,
+            priority: Priority::Normal,
+            body: format!("{{\"n\":{n}}}"),
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_received_message_is_invisible_until_its_visibility_timeout_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+
+        let first = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].receive_count, 1);
+        assert!(
+            queue
+                .receive(Lane::Fast, 10, Duration::ZERO)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.depth, stats.in_flight), (0, 1));
+
+        // A long poll wakes when the timeout ends, with the count raised.
+        let again = queue
+            .receive(Lane::Fast, 10, Duration::from_secs(3))
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].receive_count, 2);
+        assert_eq!(again[0].message_id, "a-1");
+
+        // The first receipt is stale now; the fresh one deletes.
+        let stale = queue
+            .delete_batch(Lane::Fast, &[first[0].receipt.clone()])
+            .await
+            .unwrap();
+        assert!(stale[0].is_err());
+        let fresh = queue
+            .delete_batch(Lane::Fast, &[again[0].receipt.clone()])
+            .await
+            .unwrap();
+        assert!(fresh[0].is_ok());
+        assert_eq!(
+            queue.stats(Lane::Fast).await.unwrap(),
+            QueueStats::default()
+        );
+        assert_eq!(queue.deleted_total(Lane::Fast), 1);
+    }
+
+    #[tokio::test]
+    async fn visibility_zero_returns_a_message_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+        let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        let changed = queue
+            .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
+            .await
+            .unwrap();
+        assert!(changed[0].is_ok());
+        let again = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].receive_count, 2);
+    }
+
+    #[tokio::test]
+    async fn a_message_received_max_receive_count_times_moves_to_the_dlq() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 2).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+        for expected in 1..=2 {
+            let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+            assert_eq!(got[0].receive_count, expected);
+            queue
+                .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
+                .await
+                .unwrap();
+        }
+        // The third receive finds it exhausted and moves it instead.
+        assert!(
+            queue
+                .receive(Lane::Fast, 1, Duration::ZERO)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.depth, stats.in_flight, stats.dlq_depth), (0, 0, 1));
+        let dead = queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].message_id, "a-1");
+        assert_eq!(dead[0].receive_count, 2);
+
+        // Redrive brings it back with a fresh receive count.
+        let redriven = queue
+            .redrive(Lane::Fast, &RedriveFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(redriven, vec!["a-1".to_owned()]);
+        let back = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(back[0].receive_count, 1);
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 0);
+    }
+
+    #[tokio::test]
+    async fn a_deferred_message_does_not_count_toward_the_dlq() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 2).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+            assert_eq!(
+                got.len(),
+                1,
+                "a deferred message must come back, not go to the DLQ"
+            );
+            assert_eq!(got[0].receive_count, 1);
+            queue
+                .defer(Lane::Fast, &got[0], Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 0);
+    }
+
+    #[tokio::test]
+    async fn redrive_can_select_by_tenant_and_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(
+                Lane::Fast,
+                vec![message("a", 1), message("a", 2), message("b", 1)],
+            )
+            .await
+            .unwrap();
+        for got in queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap() {
+            queue.dead_letter(Lane::Fast, &got.receipt).await.unwrap();
+        }
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 3);
+        let by_id = RedriveFilter {
+            tenant_id: None,
+            message_ids: Some(vec!["a-2".into()]),
+        };
+        assert_eq!(
+            queue.redrive(Lane::Fast, &by_id).await.unwrap(),
+            vec!["a-2".to_owned()]
+        );
+        let by_tenant = RedriveFilter {
+            tenant_id: Some("b".into()),
+            message_ids: None,
+        };
+        assert_eq!(
+            queue.redrive(Lane::Fast, &by_tenant).await.unwrap(),
+            vec!["b-1".to_owned()]
+        );
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 1);
+    }
+
+    #[tokio::test]
+    async fn a_delayed_message_is_not_received_before_its_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        let mut delayed = message("a", 1);
+        delayed.delay = Duration::from_millis(700);
+        queue.send_batch(Lane::Fast, vec![delayed]).await.unwrap();
+        assert!(
+            queue
+                .receive(Lane::Fast, 1, Duration::ZERO)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.depth, stats.delayed), (1, 1));
+        let started = std::time::Instant::now();
+        let got = queue
+            .receive(Lane::Fast, 1, Duration::from_secs(3))
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        assert!(started.elapsed() >= Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn one_tenants_backlog_does_not_sit_in_front_of_another_tenants_first_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        let backlog: Vec<_> = (0..500).map(|n| message("big", n)).collect();
+        queue.send_batch(Lane::Fast, backlog).await.unwrap();
+        // The consumer has started on the backlog.
+        let first = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        assert!(first.iter().all(|m| m.tenant_id == "big"));
+        queue
+            .send_batch(Lane::Fast, vec![message("small", 0)])
+            .await
+            .unwrap();
+        let next = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        let position = next.iter().position(|m| m.tenant_id == "small");
+        assert!(
+            position.is_some_and(|p| p <= 1),
+            "small tenant's message should be among the next two, got {:?}",
+            next.iter().map(|m| &m.message_id).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn two_backlogged_tenants_are_served_alternately() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(Lane::Fast, (0..100).map(|n| message("a", n)).collect())
+            .await
+            .unwrap();
+        queue
+            .send_batch(Lane::Fast, (0..100).map(|n| message("b", n)).collect())
+            .await
+            .unwrap();
+        let got = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        let from_a = got.iter().filter(|m| m.tenant_id == "a").count();
+        assert_eq!(
+            from_a,
+            5,
+            "{:?}",
+            got.iter().map(|m| &m.message_id).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn messages_and_fairness_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let queue = open_queue(&dir, 5).await;
+            queue
+                .send_batch(Lane::Fast, (0..50).map(|n| message("a", n)).collect())
+                .await
+                .unwrap();
+            queue.db.close().await;
+        }
+        let queue = open_queue(&dir, 5).await;
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().depth, 50);
+        queue
+            .send_batch(Lane::Fast, vec![message("b", 0)])
+            .await
+            .unwrap();
+        let got = queue.receive(Lane::Fast, 2, Duration::ZERO).await.unwrap();
+        assert!(got.iter().any(|m| m.tenant_id == "b"));
     }
 }

@@ -103,8 +103,11 @@ pub trait LaneQueue: Send + Sync {
     ) -> anyhow::Result<Vec<ReceivedMessage>>;
 
     /// Deletes received messages; one result per receipt, in order.
-    async fn delete_batch(&self, lane: Lane, receipts: &[String])
-    -> anyhow::Result<Vec<EntryResult>>;
+    async fn delete_batch(
+        &self,
+        lane: Lane,
+        receipts: &[String],
+    ) -> anyhow::Result<Vec<EntryResult>>;
 
     /// Sets the remaining invisibility of received messages (0 returns them
     /// to the queue at once).
@@ -113,6 +116,17 @@ pub trait LaneQueue: Send + Sync {
         lane: Lane,
         changes: &[(String, Duration)],
     ) -> anyhow::Result<Vec<EntryResult>>;
+
+    /// Returns a received message to the lane, receivable again after
+    /// `delay`, without the receive counting toward `max_receive_count`:
+    /// for deferrals (tenant paused or at its in-flight cap, provider
+    /// throttling, retry backoff) that must not dead-letter a healthy message.
+    async fn defer(
+        &self,
+        lane: Lane,
+        message: &ReceivedMessage,
+        delay: Duration,
+    ) -> anyhow::Result<()>;
 
     /// Moves a received message to the lane's DLQ at once.
     async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()>;

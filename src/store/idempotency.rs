@@ -22,7 +22,10 @@ pub struct StoredResponse {
 
 const COLUMNS: usize = 7;
 
-pub async fn insert_many(conn: &mut SqliteConnection, rows: &[&StoredResponse]) -> sqlx::Result<()> {
+pub async fn insert_many(
+    conn: &mut SqliteConnection,
+    rows: &[&StoredResponse],
+) -> sqlx::Result<()> {
     for chunk in rows.chunks(32_766 / COLUMNS) {
         let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) ",

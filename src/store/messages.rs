@@ -92,7 +92,10 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
     Ok(MessageRecord {
         channel: row.2.parse().map_err(|e| parse_err("channel", &row.2, e))?,
         status: row.3.parse().map_err(|e| parse_err("status", &row.3, e))?,
-        priority: row.4.parse().map_err(|e| parse_err("priority", &row.4, e))?,
+        priority: row
+            .4
+            .parse()
+            .map_err(|e| parse_err("priority", &row.4, e))?,
         lane: row.5.parse().map_err(|e| parse_err("lane", &row.5, e))?,
         id: row.0,
         tenant_id: row.1,
@@ -113,12 +116,11 @@ pub async fn get_for_tenant(
     tenant_id: &str,
     id: &str,
 ) -> anyhow::Result<Option<MessageRecord>> {
-    let row: Option<MessageRow> =
-        sqlx::query_as(select_message!("WHERE id = ? AND tenant_id = ?"))
-            .bind(id)
-            .bind(tenant_id)
-            .fetch_optional(pool)
-            .await?;
+    let row: Option<MessageRow> = sqlx::query_as(select_message!("WHERE id = ? AND tenant_id = ?"))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(pool)
+        .await?;
     row.map(from_row).transpose()
 }
 
@@ -140,4 +142,98 @@ pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> a
             .fetch_one(pool)
             .await?;
     Ok(count.max(0) as u64)
+}
+
+/// Marks a message as being handed to its provider.
+pub async fn mark_sending(pool: &SqlitePool, id: &str) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE messages SET status = 'sending', updated_at = ? WHERE id = ? AND status <> 'sent'",
+    )
+    .bind(crate::model::now_ms())
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Records a successful provider call.
+pub async fn mark_sent(
+    pool: &SqlitePool,
+    id: &str,
+    provider_message_id: &str,
+) -> anyhow::Result<()> {
+    let now = crate::model::now_ms();
+    sqlx::query(
+        "UPDATE messages SET status = 'sent', attempts = attempts + 1, sent_at = ?, updated_at = ?, \
+         provider_message_id = ?, last_error = NULL WHERE id = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(provider_message_id)
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Records a failed provider call (`counted`: whether it was an attempt)
+/// and the state the message moves to; returns the attempts made so far.
+pub async fn record_failure(
+    pool: &SqlitePool,
+    id: &str,
+    status: MessageStatus,
+    error: &str,
+    counted: bool,
+) -> anyhow::Result<u32> {
+    let attempts: Option<i64> = sqlx::query_scalar(
+        "UPDATE messages SET status = ?, attempts = attempts + ?, last_error = ?, updated_at = ? \
+         WHERE id = ? RETURNING attempts",
+    )
+    .bind(status.as_str())
+    .bind(i64::from(counted))
+    .bind(error)
+    .bind(crate::model::now_ms())
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(attempts.unwrap_or(0).max(0) as u32)
+}
+
+/// Puts redriven messages back to `queued` with a fresh attempt budget.
+pub async fn mark_requeued(pool: &SqlitePool, ids: &[String]) -> anyhow::Result<()> {
+    let now = crate::model::now_ms();
+    for chunk in ids.chunks(500) {
+        let mut builder: QueryBuilder<Sqlite> =
+            QueryBuilder::new("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ");
+        builder.push_bind(now).push(" WHERE id IN (");
+        let mut list = builder.separated(", ");
+        for id in chunk {
+            list.push_bind(id.clone());
+        }
+        builder.push(")");
+        builder.build().execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// Status rows of `ids` (any tenant), keyed by id.
+pub async fn get_many(
+    pool: &SqlitePool,
+    ids: &[String],
+) -> anyhow::Result<std::collections::HashMap<String, MessageRecord>> {
+    let mut found = std::collections::HashMap::new();
+    for chunk in ids.chunks(500) {
+        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(select_message!("WHERE id IN ("));
+        let mut list = builder.separated(", ");
+        for id in chunk {
+            list.push_bind(id.clone());
+        }
+        builder.push(")");
+        let rows: Vec<MessageRow> = builder.build_query_as().fetch_all(pool).await?;
+        for row in rows {
+            let record = from_row(row)?;
+            found.insert(record.id.clone(), record);
+        }
+    }
+    Ok(found)
 }

@@ -88,7 +88,11 @@ fn invalid(field: &str, message: impl Into<String>) -> RegistryError {
 }
 
 /// Checks the figures of a plan; shared by the config loader and the API.
-pub fn validate_plan_figures(rate_per_second: f64, burst: u32, max_in_flight: u32) -> anyhow::Result<()> {
+pub fn validate_plan_figures(
+    rate_per_second: f64,
+    burst: u32,
+    max_in_flight: u32,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         rate_per_second.is_finite() && rate_per_second > 0.0 && rate_per_second <= 1_000_000.0,
         "rate_per_second must be a positive number up to 1000000"
@@ -109,7 +113,8 @@ pub fn is_valid_identifier(id: &str) -> bool {
         && id.as_bytes()[0].is_ascii_alphanumeric()
 }
 
-const IDENTIFIER_RULE: &str = "must be 1-64 characters of a-z, 0-9, '_' or '-', starting with a letter or digit";
+const IDENTIFIER_RULE: &str =
+    "must be 1-64 characters of a-z, 0-9, '_' or '-', starting with a letter or digit";
 
 /// SHA-256 of a secret. Keys are 256-bit random values, so a fast hash is
 /// enough: there is nothing to brute-force that a slow hash would protect.
@@ -206,11 +211,10 @@ impl Registry {
             };
             plans.insert(name, Arc::new(plan));
         }
-        let tenant_rows: Vec<(String, String, String, String, i64, i64)> = sqlx::query_as(
-            "SELECT id, name, plan, status, created_at, updated_at FROM tenants",
-        )
-        .fetch_all(&db.write)
-        .await?;
+        let tenant_rows: Vec<(String, String, String, String, i64, i64)> =
+            sqlx::query_as("SELECT id, name, plan, status, created_at, updated_at FROM tenants")
+                .fetch_all(&db.write)
+                .await?;
         let mut tenants = HashMap::new();
         for (id, name, plan, status, created_at, updated_at) in tenant_rows {
             let row = TenantRow {
@@ -233,7 +237,13 @@ impl Registry {
             let mut secret_hash = [0u8; 32];
             hex::decode_to_slice(&hash, &mut secret_hash)
                 .with_context(|| format!("stored hash of key {id} is not valid hex"))?;
-            keys.insert(id, KeyEntry { tenant_id, secret_hash });
+            keys.insert(
+                id,
+                KeyEntry {
+                    tenant_id,
+                    secret_hash,
+                },
+            );
         }
         Ok(Registry {
             db,
@@ -266,11 +276,16 @@ impl Registry {
         if !is_valid_identifier(&plan.name) {
             return Err(invalid("name", IDENTIFIER_RULE));
         }
-        validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight).map_err(|e| {
-            let text = e.to_string();
-            let field = text.split_whitespace().next().unwrap_or("plan").to_owned();
-            RegistryError::Invalid { field, message: text }
-        })?;
+        validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight).map_err(
+            |e| {
+                let text = e.to_string();
+                let field = text.split_whitespace().next().unwrap_or("plan").to_owned();
+                RegistryError::Invalid {
+                    field,
+                    message: text,
+                }
+            },
+        )?;
         sqlx::query(
             "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, 'admin', ?) \
@@ -314,7 +329,12 @@ impl Registry {
         list
     }
 
-    pub async fn create_tenant(&self, id: &str, name: &str, plan: &str) -> Result<Tenant, RegistryError> {
+    pub async fn create_tenant(
+        &self,
+        id: &str,
+        name: &str,
+        plan: &str,
+    ) -> Result<Tenant, RegistryError> {
         if !is_valid_identifier(id) {
             return Err(invalid("id", IDENTIFIER_RULE));
         }
@@ -346,7 +366,9 @@ impl Registry {
         match inserted {
             Ok(_) => {}
             Err(sqlx::Error::Database(err)) if err.is_unique_violation() => {
-                return Err(RegistryError::Conflict(format!("tenant {id:?} already exists")));
+                return Err(RegistryError::Conflict(format!(
+                    "tenant {id:?} already exists"
+                )));
             }
             Err(err) => return Err(err.into()),
         }
@@ -380,13 +402,14 @@ impl Registry {
             row.status = status;
         }
         row.updated_at = now_ms();
-        let done = sqlx::query("UPDATE tenants SET plan = ?, status = ?, updated_at = ? WHERE id = ?")
-            .bind(&row.plan)
-            .bind(row.status.as_str())
-            .bind(row.updated_at)
-            .bind(id)
-            .execute(&self.db.write)
-            .await?;
+        let done =
+            sqlx::query("UPDATE tenants SET plan = ?, status = ?, updated_at = ? WHERE id = ?")
+                .bind(&row.plan)
+                .bind(row.status.as_str())
+                .bind(row.updated_at)
+                .bind(id)
+                .execute(&self.db.write)
+                .await?;
         if done.rows_affected() == 0 {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         }
@@ -398,14 +421,31 @@ impl Registry {
         Ok(view)
     }
 
-    /// Deletes a tenant and its keys. Its status rows stay for the record;
-    /// queued messages of a deleted tenant are dead-lettered by the consumer.
+    /// Deletes a tenant with its keys, message history and idempotency
+    /// keys. Refused (409) while any of its messages is still undelivered
+    /// (`queued`, `sending`, `retrying`): otherwise a tenant re-created under
+    /// the same id could inherit them. Pause or disable it and let its lane
+    /// drain, or redrive/inspect dead letters first.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
         let mut tx = self.db.write.begin().await?;
-        sqlx::query("DELETE FROM api_keys WHERE tenant_id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = ? AND status IN ('queued', 'sending', 'retrying')",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if pending > 0 {
+            return Err(RegistryError::Conflict(format!(
+                "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
+            )));
+        }
+        for statement in [
+            "DELETE FROM api_keys WHERE tenant_id = ?",
+            "DELETE FROM idempotency_keys WHERE tenant_id = ?",
+            "DELETE FROM messages WHERE tenant_id = ?",
+        ] {
+            sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+        }
         let done = sqlx::query("DELETE FROM tenants WHERE id = ?")
             .bind(id)
             .execute(&mut *tx)
@@ -433,13 +473,15 @@ impl Registry {
         let key_id = random_hex(8);
         let secret = random_hex(32);
         let secret_hash = hash_secret(&secret);
-        sqlx::query("INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES (?, ?, ?, ?)")
-            .bind(&key_id)
-            .bind(tenant_id)
-            .bind(hex::encode(secret_hash))
-            .bind(now_ms())
-            .execute(&self.db.write)
-            .await?;
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(&key_id)
+        .bind(tenant_id)
+        .bind(hex::encode(secret_hash))
+        .bind(now_ms())
+        .execute(&self.db.write)
+        .await?;
         self.keys.write().expect("keys lock").insert(
             key_id.clone(),
             KeyEntry {

@@ -1,0 +1,220 @@
+//! Queue operations for admins: lane statistics (`/v1/admin/queues`), the
+//! dead letters (`/v1/admin/dlq`) and redrive (`/v1/admin/dlq/redrive`),
+//! plus Prometheus metrics at `/metrics`.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{ApiError, Problem};
+use super::{AppState, json_typed};
+use crate::auth::AdminOnly;
+use crate::model::{Channel, Lane, Priority, ms_to_rfc3339};
+use crate::queue::{QueueStats, RedriveFilter};
+use crate::store::messages;
+
+/// Most dead letters one listing returns.
+const MAX_DLQ_LIMIT: usize = 1000;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/admin/queues", get(queues))
+        .route("/v1/admin/dlq", get(list_dlq))
+        .route("/v1/admin/dlq/redrive", post(redrive))
+        .route("/metrics", get(metrics_text))
+}
+
+/// One lane's figures.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LaneView {
+    pub lane: Lane,
+    #[serde(flatten)]
+    pub stats: QueueStats,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueuesView {
+    pub lanes: Vec<LaneView>,
+}
+
+/// Query of `GET /v1/admin/dlq`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DlqQuery {
+    /// Only this lane; both when absent.
+    pub lane: Option<Lane>,
+    /// At most this many per lane (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// A dead letter.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterView {
+    pub id: String,
+    pub tenant: String,
+    pub lane: Lane,
+    pub channel: Channel,
+    pub priority: Priority,
+    pub last_error: Option<String>,
+    /// Provider calls made.
+    pub attempts: u32,
+    /// Times the queue handed it out.
+    pub receive_count: u32,
+    /// RFC 3339.
+    pub enqueued_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterList {
+    pub dead_letters: Vec<DeadLetterView>,
+}
+
+/// Body of `POST /v1/admin/dlq/redrive`; every field narrows the selection.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveRequest {
+    /// Only this lane; both when absent.
+    #[serde(default)]
+    pub lane: Option<Lane>,
+    /// Only this tenant's messages.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Only these message ids.
+    #[serde(default)]
+    pub ids: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RedriveResult {
+    /// Messages moved back to their lane, with status `queued` and a fresh
+    /// attempt budget.
+    pub redriven: usize,
+}
+
+fn lanes_of(lane: Option<Lane>) -> Vec<Lane> {
+    lane.map_or_else(|| Lane::ALL.to_vec(), |lane| vec![lane])
+}
+
+/// Depth, in-flight, delayed, oldest age and DLQ depth per lane.
+#[utoipa::path(
+    get, path = "/v1/admin/queues", tag = "admin",
+    responses((status = 200, body = QueuesView)),
+    security(("admin_token" = []))
+)]
+pub async fn queues(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+) -> Result<Json<QueuesView>, ApiError> {
+    let mut lanes = Vec::new();
+    for lane in Lane::ALL {
+        let stats = state.queue.stats(*lane).await?;
+        lanes.push(LaneView { lane: *lane, stats });
+    }
+    Ok(Json(QueuesView { lanes }))
+}
+
+/// List dead letters, oldest first.
+#[utoipa::path(
+    get, path = "/v1/admin/dlq", tag = "admin",
+    params(DlqQuery),
+    responses((status = 200, body = DeadLetterList), (status = 400, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn list_dlq(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    query: Result<Query<DlqQuery>, QueryRejection>,
+) -> Result<Json<DeadLetterList>, ApiError> {
+    let Query(query) = query
+        .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_DLQ_LIMIT {
+        return Err(ApiError::field(
+            "limit",
+            format!("must be between 1 and {MAX_DLQ_LIMIT}"),
+        ));
+    }
+    let mut dead_letters = Vec::new();
+    for lane in lanes_of(query.lane) {
+        let letters = state.queue.list_dead_letters(lane, limit).await?;
+        let ids: Vec<String> = letters.iter().map(|l| l.message_id.clone()).collect();
+        let records = messages::get_many(&state.db.read, &ids).await?;
+        for letter in letters {
+            let record = records.get(&letter.message_id);
+            dead_letters.push(DeadLetterView {
+                id: letter.message_id.clone(),
+                tenant: letter.tenant_id,
+                lane,
+                channel: letter.channel,
+                priority: letter.priority,
+                last_error: record.and_then(|r| r.last_error.clone()),
+                attempts: record.map_or(0, |r| r.attempts),
+                receive_count: letter.receive_count,
+                enqueued_at: ms_to_rfc3339(letter.enqueued_at_ms),
+            });
+        }
+    }
+    Ok(Json(DeadLetterList { dead_letters }))
+}
+
+/// Move dead letters back to their lane.
+///
+/// With no fields, every dead letter of both lanes is redriven. Redriven
+/// messages get status `queued` and a fresh attempt budget.
+#[utoipa::path(
+    post, path = "/v1/admin/dlq/redrive", tag = "admin",
+    request_body = RedriveRequest,
+    responses((status = 200, body = RedriveResult), (status = 422, body = Problem, content_type = "application/problem+json")),
+    security(("admin_token" = []))
+)]
+pub async fn redrive(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<RedriveResult>, ApiError> {
+    let empty = body.as_ref().is_ok_and(|b| b.is_empty());
+    let request: RedriveRequest = if empty {
+        RedriveRequest::default()
+    } else {
+        json_typed(&headers, body)?
+    };
+    if let Some(ids) = &request.ids
+        && ids.len() > 10_000
+    {
+        return Err(ApiError::field("ids", "must list at most 10000 ids"));
+    }
+    let filter = RedriveFilter {
+        tenant_id: request.tenant.clone(),
+        message_ids: request.ids.clone(),
+    };
+    let mut redriven = 0;
+    for lane in lanes_of(request.lane) {
+        let ids = state.queue.redrive(lane, &filter).await?;
+        messages::mark_requeued(&state.db.write, &ids).await?;
+        redriven += ids.len();
+    }
+    Ok(Json(RedriveResult { redriven }))
+}
+
+/// Prometheus text exposition of fairlane's metrics.
+#[utoipa::path(
+    get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
+)]
+pub async fn metrics_text(State(state): State<AppState>) -> Response {
+    let body = state.metrics.render();
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,344 @@
+//! Processing one message and acting on the outcome.
+//!
+//! | outcome | queue | status |
+//! |---|---|---|
+//! | sent | delete (batched) | `sent`, `sent_at`, provider id, attempts + 1 |
+//! | already sent (redelivery) | delete, no second send | unchanged |
+//! | tenant paused/disabled | defer `hold_delay_secs`, no attempt | unchanged |
+//! | tenant at in-flight cap | defer `tenant_cap_delay_secs`, no attempt | unchanged |
+//! | provider throttled | defer its Retry-After (or backoff), no attempt | `retrying` |
+//! | transient | defer full-jitter backoff | `retrying`, attempts + 1 |
+//! | permanent, or attempts exhausted | move to DLQ | `dead_lettered`, `last_error` |
+//!
+//! Every queue action that fails leaves the message where it is: it comes
+//! back after its visibility timeout (at-least-once), and the status check
+//! before sending keeps a redelivered, already-sent message from going out
+//! twice.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::Delivery;
+use crate::config::LaneSettings;
+use crate::message::DeliveryPayload;
+use crate::metrics as names;
+use crate::model::{Lane, MessageStatus, TenantStatus};
+use crate::providers::ProviderError;
+use crate::queue::{LaneQueue, ReceivedMessage};
+use crate::store::messages;
+
+/// What a message's processing task needs.
+pub(super) struct Context {
+    pub lane: Lane,
+    pub settings: LaneSettings,
+    pub delivery: Delivery,
+    /// Receipts to delete, batched by [`run_deleter`].
+    pub deletes: mpsc::Sender<String>,
+}
+
+/// Backoff before retry `attempt` (1-based): a uniformly random delay
+/// between zero and `min(max, base × 2^(attempt-1))` ("full jitter").
+pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(30);
+    let ceiling = base.saturating_mul(1u32 << exponent).min(max);
+    let millis = ceiling.as_millis() as u64;
+    Duration::from_millis(if millis == 0 {
+        0
+    } else {
+        rand::rng().random_range(0..=millis)
+    })
+}
+
+pub(super) async fn defer_for_tenant_cap(context: &Context, message: ReceivedMessage) {
+    let delay = Duration::from_secs(context.delivery.consumers.tenant_cap_delay_secs);
+    defer(context, &message, delay, "tenant_cap").await;
+}
+
+async fn defer(
+    context: &Context,
+    message: &ReceivedMessage,
+    delay: Duration,
+    reason: &'static str,
+) {
+    metrics::counter!(names::DEFERRED_TOTAL, "lane" => context.lane.as_str(), "reason" => reason)
+        .increment(1);
+    if let Err(err) = context
+        .delivery
+        .queue
+        .defer(context.lane, message, delay)
+        .await
+    {
+        warn!(message_id = %message.message_id, error = %err, reason, "Could not defer message; it returns after its visibility timeout.");
+    }
+}
+
+async fn dead_letter(
+    context: &Context,
+    message: &ReceivedMessage,
+    channel: &str,
+    error: &str,
+    counted: bool,
+) {
+    if let Err(err) = messages::record_failure(
+        &context.delivery.db.write,
+        &message.message_id,
+        MessageStatus::DeadLettered,
+        error,
+        counted,
+    )
+    .await
+    {
+        warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering.");
+    }
+    match context
+        .delivery
+        .queue
+        .dead_letter(context.lane, &message.receipt)
+        .await
+    {
+        Ok(()) => {
+            metrics::counter!(names::DEAD_LETTERED_TOTAL, "lane" => context.lane.as_str(), "channel" => channel.to_owned()).increment(1);
+            info!(message_id = %message.message_id, tenant = %message.tenant_id, reason = error, "Message dead-lettered.");
+        }
+        Err(err) => {
+            warn!(message_id = %message.message_id, error = %err, "Could not move message to the DLQ; it returns after its visibility timeout.")
+        }
+    }
+}
+
+/// Extends a message's invisibility every half timeout while it is processed.
+fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinHandle<()> {
+    let queue = context.delivery.queue.clone();
+    let lane = context.lane;
+    let receipt = message.receipt.clone();
+    let visibility = Duration::from_secs(context.settings.visibility_timeout_secs);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(visibility / 2).await;
+            match queue
+                .change_visibility_batch(lane, &[(receipt.clone(), visibility)])
+                .await
+            {
+                Ok(results) if results.iter().all(Result::is_ok) => {
+                    debug!(%receipt, "Visibility extended.");
+                }
+                Ok(_) | Err(_) => {
+                    warn!(%receipt, "Could not extend visibility; the message may be delivered again.");
+                    return;
+                }
+            }
+        }
+    })
+}
+
+pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
+    let lane = context.lane;
+    let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
+        Ok(payload) => payload,
+        Err(err) => {
+            let reason = format!("queue entry is not a readable message: {err}");
+            return dead_letter(context, &message, message.channel.as_str(), &reason, false).await;
+        }
+    };
+    let channel = payload.channel.as_str();
+    let Some(tenant) = context.delivery.registry.tenant(&message.tenant_id) else {
+        return dead_letter(context, &message, channel, "tenant was deleted", false).await;
+    };
+    match tenant.status {
+        TenantStatus::Active => {}
+        TenantStatus::Paused | TenantStatus::Disabled => {
+            let delay = Duration::from_secs(context.delivery.consumers.hold_delay_secs);
+            let reason = if tenant.status == TenantStatus::Paused {
+                "paused"
+            } else {
+                "disabled"
+            };
+            return defer(context, &message, delay, reason).await;
+        }
+    }
+    // Idempotent consumer: a redelivered copy of a sent message is deleted.
+    match messages::get(&context.delivery.db.read, &payload.id).await {
+        Ok(Some(record)) if record.status == MessageStatus::Sent => {
+            info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
+            let _ = context.deletes.send(message.receipt.clone()).await;
+            return;
+        }
+        Ok(_) => {}
+        Err(err) => {
+            warn!(message_id = %payload.id, error = %err, "Could not read message status; leaving it for redelivery.");
+            return;
+        }
+    }
+
+    let gated = context.delivery.provider(payload.channel);
+    let beat = heartbeat(context, &message);
+    let waited = gated.gate.acquire(payload.priority).await;
+    metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
+        .record(waited.as_secs_f64());
+    if let Err(err) = messages::mark_sending(&context.delivery.db.write, &payload.id).await {
+        warn!(message_id = %payload.id, error = %err, "Could not mark message as sending.");
+    }
+    let started = Instant::now();
+    let outcome = gated.provider.send(&payload).await;
+    let outcome_label = match &outcome {
+        Ok(_) => "sent",
+        Err(ProviderError::Permanent(_)) => "permanent",
+        Err(ProviderError::Transient(_)) => "transient",
+        Err(ProviderError::Throttled { .. }) => "throttled",
+    };
+    metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => gated.provider.name(), "outcome" => outcome_label)
+        .record(started.elapsed().as_secs_f64());
+    beat.abort();
+
+    let retry = &context.delivery.retry;
+    match outcome {
+        Ok(delivered) => {
+            if let Err(err) = messages::mark_sent(
+                &context.delivery.db.write,
+                &payload.id,
+                &delivered.provider_message_id,
+            )
+            .await
+            {
+                warn!(message_id = %payload.id, error = %err, "Sent, but could not record it.");
+            }
+            let _ = context.deletes.send(message.receipt.clone()).await;
+            metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel).increment(1);
+            debug!(message_id = %payload.id, provider_message_id = %delivered.provider_message_id, "Message sent.");
+        }
+        Err(ProviderError::Throttled {
+            retry_after,
+            detail,
+        }) => {
+            let _ = messages::record_failure(
+                &context.delivery.db.write,
+                &payload.id,
+                MessageStatus::Retrying,
+                &format!("throttled by provider: {detail}"),
+                false,
+            )
+            .await;
+            let delay = retry_after.unwrap_or_else(|| {
+                backoff(
+                    Duration::from_millis(retry.base_delay_ms),
+                    Duration::from_secs(retry.max_delay_secs),
+                    1,
+                )
+            });
+            defer(context, &message, delay, "throttled").await;
+        }
+        Err(ProviderError::Transient(error)) => {
+            let attempts = messages::record_failure(
+                &context.delivery.db.write,
+                &payload.id,
+                MessageStatus::Retrying,
+                &error,
+                true,
+            )
+            .await
+            .unwrap_or(retry.max_attempts);
+            if attempts >= retry.max_attempts {
+                let reason = format!("gave up after {attempts} attempts: {error}");
+                return dead_letter(context, &message, channel, &reason, false).await;
+            }
+            let delay = backoff(
+                Duration::from_millis(retry.base_delay_ms),
+                Duration::from_secs(retry.max_delay_secs),
+                attempts,
+            );
+            metrics::counter!(names::RETRIED_TOTAL, "lane" => lane.as_str(), "channel" => channel)
+                .increment(1);
+            info!(message_id = %payload.id, attempts, delay_ms = delay.as_millis() as u64, error = %error, "Transient failure; retrying later.");
+            if let Err(err) = context.delivery.queue.defer(lane, &message, delay).await {
+                warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
+            }
+        }
+        Err(ProviderError::Permanent(error)) => {
+            dead_letter(context, &message, channel, &error, true).await;
+        }
+    }
+}
+
+/// Returns messages to the queue at once (visibility 0), ten per call.
+pub(super) async fn return_now(queue: &dyn LaneQueue, lane: Lane, messages: &[ReceivedMessage]) {
+    for chunk in messages.chunks(super::RECEIVE_BATCH) {
+        let changes: Vec<(String, Duration)> = chunk
+            .iter()
+            .map(|m| (m.receipt.clone(), Duration::ZERO))
+            .collect();
+        if let Err(err) = queue.change_visibility_batch(lane, &changes).await {
+            warn!(lane = %lane, error = %err, "Could not return buffered messages; they return after their visibility timeout.");
+        }
+    }
+}
+
+/// Deletes receipts in batches of up to ten, flushing after a few
+/// milliseconds so a lone delete is not held back; ends when every sender
+/// is gone and the last batch is flushed.
+pub(super) async fn run_deleter(
+    queue: std::sync::Arc<dyn LaneQueue>,
+    lane: Lane,
+    mut receipts: mpsc::Receiver<String>,
+) {
+    const FLUSH_AFTER: Duration = Duration::from_millis(5);
+    let mut batch = Vec::with_capacity(super::RECEIVE_BATCH);
+    loop {
+        if batch.is_empty() {
+            match receipts.recv().await {
+                Some(receipt) => batch.push(receipt),
+                None => return,
+            }
+        }
+        let deadline = tokio::time::sleep(FLUSH_AFTER);
+        tokio::pin!(deadline);
+        let mut closed = false;
+        while batch.len() < super::RECEIVE_BATCH {
+            tokio::select! {
+                receipt = receipts.recv() => match receipt {
+                    Some(receipt) => batch.push(receipt),
+                    None => { closed = true; break; }
+                },
+                _ = &mut deadline => break,
+            }
+        }
+        match queue.delete_batch(lane, &batch).await {
+            Ok(results) => {
+                for (receipt, result) in batch.iter().zip(results) {
+                    if let Err(reason) = result {
+                        warn!(lane = %lane, %receipt, %reason, "Delete failed; the message may be redelivered (and then skipped as sent).");
+                    }
+                }
+            }
+            Err(err) => {
+                warn!(lane = %lane, error = %err, count = batch.len(), "Delete batch failed; the messages may be redelivered (and then skipped as sent).")
+            }
+        }
+        batch.clear();
+        if closed {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_under_the_growing_ceiling_and_the_cap() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(1);
+        for attempt in 1..=10 {
+            let ceiling = (base * 2u32.pow(attempt - 1)).min(max);
+            for _ in 0..50 {
+                assert!(backoff(base, max, attempt) <= ceiling);
+            }
+        }
+        // Full jitter spreads retries: not every draw is the ceiling.
+        let draws: Vec<_> = (0..50).map(|_| backoff(base, max, 4)).collect();
+        assert!(draws.iter().any(|d| *d < Duration::from_millis(700)));
+    }
+}

@@ -1,0 +1,940 @@
+//! Provider gate: one token bucket per provider (one for email, one for SMS),
+//! shared by every lane's consumer, so that fairlane as a whole never calls a
+//! provider faster than its contract allows. A consumer awaits
+//! [`ProviderGate::acquire`] before each provider call; it returns once the
+//! call may go, with the time spent waiting, for the wait histogram.
+//!
+//! governor's GCRA does the arithmetic: in any window of length t at most
+//! `burst + rate × t` calls pass, and an idle bucket refills to `burst` and no
+//! further. On top of it sits a line of waiters, one FIFO queue per priority.
+//! Only the head of the line (the oldest waiter of the highest priority that
+//! has any) asks the bucket for a token. When the bucket answers "not until
+//! T", the head alone sleeps until T; every other waiter sleeps on its own
+//! [`Notify`] until it becomes the head. A waiter that gets its token leaves
+//! the line and wakes the next head, so under a backlog each grant costs one
+//! wake-up and nothing polls. A new caller takes a token at once only when no
+//! one of its priority or higher is waiting, so a newly arrived high-priority
+//! caller goes ahead of queued normal and low waiters and gets the very next
+//! token, while callers of equal priority keep their order.
+//!
+//! Cancellation is safe: a token is taken only in the poll that returns it, so
+//! dropping an `acquire` future never loses one. The dropped waiter leaves the
+//! line and, if it was the head, wakes the next one.
+//!
+//! Time comes from tokio's clock, so the gate also runs exactly under
+//! `tokio::time::pause`. The tests do not use that, because this crate does
+//! not enable tokio's `test-util` feature. Instead they drive a simulated clock
+//! with a small executor of their own, which runs every ready task before
+//! moving time on, so the checks of windows and rates are exact to the
+//! nanosecond and need no real sleeping.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+use tokio::sync::Notify;
+
+use crate::model::Priority;
+
+/// Number of priorities, indexed by [`Priority::rank`].
+const PRIORITIES: usize = 3;
+
+/// GCRA bucket reading the gate's timeline; instants are nanoseconds since
+/// the gate was built.
+type Bucket = RateLimiter<NotKeyed, InMemoryState, Timeline, NoOpMiddleware<Nanos>>;
+
+/// Paces calls to one provider: a token bucket with waiters served high
+/// priority first, then by arrival.
+///
+/// Build it once per provider and share it as `Arc<ProviderGate>`; `new`
+/// returns the gate itself so the caller chooses how to share it.
+pub struct ProviderGate {
+    /// GCRA state: decides whether a call may go now and, if not, from when.
+    bucket: Bucket,
+    /// Where "now" comes from and how to sleep until a token is due.
+    timeline: Timeline,
+    /// The configured rate, reported as given for metrics and logs (the
+    /// bucket holds it as a whole number of nanoseconds per call).
+    rate_per_second: f64,
+    /// The configured bucket size, reported as given.
+    burst: u32,
+    /// Callers waiting for a token. A std mutex is enough: it is held only
+    /// for a few queue operations and a bucket check, never across an await.
+    line: Mutex<Line>,
+}
+
+impl ProviderGate {
+    /// A gate that allows `rate_per_second` calls per second on average and
+    /// bursts of at most `burst` calls after a quiet spell.
+    ///
+    /// # Panics
+    ///
+    /// If `rate_per_second` is not a positive finite number or `burst` is 0.
+    /// Configuration checking refuses both before a gate is built.
+    pub fn new(rate_per_second: f64, burst: u32) -> Self {
+        Self::with_timeline(rate_per_second, burst, Timeline::tokio())
+    }
+
+    fn with_timeline(rate_per_second: f64, burst: u32, timeline: Timeline) -> Self {
+        assert!(
+            rate_per_second.is_finite() && rate_per_second > 0.0,
+            "provider rate must be a positive number, not {rate_per_second}"
+        );
+        let max_burst = NonZeroU32::new(burst).expect("provider burst must be at least 1");
+        let period = Duration::from_secs_f64(1.0 / rate_per_second).max(Duration::from_nanos(1));
+        let quota = Quota::with_period(period)
+            .expect("period is at least one nanosecond")
+            .allow_burst(max_burst);
+        ProviderGate {
+            bucket: RateLimiter::direct_with_clock(quota, timeline.clone()),
+            timeline,
+            rate_per_second,
+            burst,
+            line: Mutex::new(Line::default()),
+        }
+    }
+
+    /// The configured rate in calls per second.
+    pub fn rate_per_second(&self) -> f64 {
+        self.rate_per_second
+    }
+
+    /// The configured burst: the most calls let through at one instant.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// Callers waiting right now, by priority rank: `[high, normal, low]`.
+    /// Cheap enough for every metrics scrape: one short lock.
+    pub fn waiting(&self) -> [usize; PRIORITIES] {
+        let line = self.line();
+        std::array::from_fn(|rank| line.tiers[rank].len())
+    }
+
+    /// Waits until the caller may make one provider call and returns how long
+    /// it waited.
+    ///
+    /// Waiting callers are served high before normal before low, and in
+    /// arrival order within a priority. Cancel-safe: dropping the future while
+    /// it waits gives up its place in line without losing a token or holding
+    /// up anyone behind it.
+    pub async fn acquire(&self, priority: Priority) -> Duration {
+        let rank = priority.rank();
+        let started = self.timeline.now();
+
+        // Nobody this urgent or more is waiting, so this caller would be the
+        // head of the line: it may take a token straight away if one is free.
+        let place = {
+            let mut line = self.line();
+            if line.is_clear_up_to(rank) && self.bucket.check().is_ok() {
+                return Duration::ZERO;
+            }
+            line.join(self, rank)
+        };
+
+        loop {
+            let due = {
+                let mut line = self.line();
+                if line.head_id() != Some(place.id) {
+                    None
+                } else {
+                    match self.bucket.check() {
+                        Ok(()) => {
+                            // Leave the line in the same poll that takes the
+                            // token, so a cancellation cannot come between.
+                            line.leave(rank, place.id);
+                            place.served();
+                            return self.timeline.elapsed_since(started);
+                        }
+                        Err(not_until) => Some(not_until.earliest_possible()),
+                    }
+                }
+            };
+            match due {
+                // Tokens never come sooner than the bucket says, so the head
+                // needs no other wake-up. If a more urgent caller arrives
+                // meanwhile, it becomes the head and sleeps until the same
+                // instant; this one then finds it is no longer the head.
+                Some(due) => self.timeline.sleep_until(due).await,
+                // Woken when this waiter becomes the head.
+                None => place.wake.notified().await,
+            }
+        }
+    }
+
+    fn line(&self) -> MutexGuard<'_, Line> {
+        // Nothing panics while the lock is held, so a poisoned lock still
+        // guards consistent queues.
+        self.line.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for ProviderGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderGate")
+            .field("rate_per_second", &self.rate_per_second)
+            .field("burst", &self.burst)
+            .field("waiting", &self.waiting())
+            .finish()
+    }
+}
+
+/// The waiters, one FIFO queue per priority rank.
+#[derive(Default)]
+struct Line {
+    /// Waiting callers by priority rank, oldest first.
+    tiers: [VecDeque<Waiter>; PRIORITIES],
+    /// Source of waiter ids, so a waiter can find itself in its queue.
+    next_id: u64,
+}
+
+struct Waiter {
+    id: u64,
+    /// Rung when this waiter becomes the head of the line.
+    wake: Arc<Notify>,
+}
+
+impl Line {
+    fn is_clear_up_to(&self, rank: usize) -> bool {
+        self.tiers[..=rank].iter().all(VecDeque::is_empty)
+    }
+
+    fn head(&self) -> Option<&Waiter> {
+        self.tiers.iter().find_map(VecDeque::front)
+    }
+
+    fn head_id(&self) -> Option<u64> {
+        self.head().map(|waiter| waiter.id)
+    }
+
+    /// Queues a waiter at the back of its priority.
+    fn join<'g>(&mut self, gate: &'g ProviderGate, rank: usize) -> Place<'g> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let wake = Arc::new(Notify::new());
+        self.tiers[rank].push_back(Waiter {
+            id,
+            wake: Arc::clone(&wake),
+        });
+        Place {
+            gate,
+            rank,
+            id,
+            wake,
+            served: false,
+        }
+    }
+
+    /// Removes a waiter; if it was the head, wakes the new head so the next
+    /// token is not left waiting for someone who has gone.
+    fn leave(&mut self, rank: usize, id: u64) {
+        let was_head = self.head_id() == Some(id);
+        if let Some(index) = self.tiers[rank].iter().position(|w| w.id == id) {
+            self.tiers[rank].remove(index);
+        }
+        if let Some(head) = self.head().filter(|_| was_head) {
+            head.wake.notify_one();
+        }
+    }
+}
+
+/// A caller's place in line. Dropping it unserved (the `acquire` future was
+/// cancelled) takes the caller out of the line.
+struct Place<'g> {
+    /// The gate whose line to leave on cancellation.
+    gate: &'g ProviderGate,
+    /// Which queue the caller is in, and its id there.
+    rank: usize,
+    id: u64,
+    /// This caller's end of its [`Waiter::wake`].
+    wake: Arc<Notify>,
+    /// Set once the caller got its token and already left the line.
+    served: bool,
+}
+
+impl Place<'_> {
+    /// Drops the place without touching the line (the caller already left
+    /// it, under the lock the caller still holds).
+    fn served(mut self) {
+        self.served = true;
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if !self.served {
+            self.gate.line().leave(self.rank, self.id);
+        }
+    }
+}
+
+/// The gate's source of time: instants are nanoseconds since the gate was
+/// built, which is what governor's arithmetic wants.
+#[derive(Clone)]
+enum Timeline {
+    /// tokio's clock: real time, or paused time under `tokio::time::pause`.
+    Tokio { origin: tokio::time::Instant },
+    /// The tests' simulated clock.
+    #[cfg(test)]
+    Simulated(Arc<sim::SimClock>),
+}
+
+impl Timeline {
+    fn tokio() -> Self {
+        Timeline::Tokio {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+
+    fn elapsed_since(&self, earlier: Nanos) -> Duration {
+        Duration::from(self.now().saturating_sub(earlier))
+    }
+
+    async fn sleep_until(&self, at: Nanos) {
+        match self {
+            Timeline::Tokio { origin } => {
+                tokio::time::sleep_until(*origin + Duration::from(at)).await;
+            }
+            #[cfg(test)]
+            Timeline::Simulated(clock) => clock.sleep_until(at).await,
+        }
+    }
+}
+
+impl Clock for Timeline {
+    type Instant = Nanos;
+
+    fn now(&self) -> Nanos {
+        match self {
+            Timeline::Tokio { origin } => Nanos::from(origin.elapsed()),
+            #[cfg(test)]
+            Timeline::Simulated(clock) => clock.now(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::sim::{Sim, timeout};
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// `callers` tasks, priorities mixed, each taking tokens back to back for
+    /// `run_for` of simulated time. Returns the grant instants in order and
+    /// the number of task polls the executor made.
+    fn backlog(
+        sim: &Sim,
+        gate: &Arc<ProviderGate>,
+        callers: usize,
+        run_for: Duration,
+    ) -> (Vec<Duration>, u64) {
+        let grants = Rc::new(RefCell::new(Vec::new()));
+        let start = sim.now();
+        let polls_before = sim.polls();
+        let tasks: Vec<_> = (0..callers)
+            .map(|i| {
+                let (sim2, gate, grants) = (sim.clone(), Arc::clone(gate), Rc::clone(&grants));
+                let priority = Priority::ALL[i % Priority::ALL.len()];
+                sim.spawn(async move {
+                    loop {
+                        gate.acquire(priority).await;
+                        grants.borrow_mut().push(sim2.now());
+                    }
+                })
+            })
+            .collect();
+        sim.run_until(start + run_for);
+        for task in tasks {
+            sim.abort(task);
+        }
+        let grants = grants.borrow().clone();
+        (grants, sim.polls() - polls_before)
+    }
+
+    /// Largest excess over `burst + rate × t` in any window between two grants.
+    fn worst_window_excess(grants: &[Duration], rate: f64, burst: u32) -> f64 {
+        let mut worst = f64::NEG_INFINITY;
+        for i in 0..grants.len() {
+            for j in i..grants.len() {
+                let window = (grants[j] - grants[i]).as_secs_f64();
+                let allowed = f64::from(burst) + rate * window;
+                worst = worst.max((j - i + 1) as f64 - allowed);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn no_window_ever_holds_more_than_burst_plus_rate_times_its_length() {
+        for (rate, burst, tick) in [
+            (20.0, 5, MS),
+            (26.67, 10, MS),
+            (26.67, 1, MS),
+            (20.0, 5, 7 * MS),
+        ] {
+            let sim = Sim::new(tick);
+            let gate = sim.gate(rate, burst);
+            let (grants, _) = backlog(&sim, &gate, 50, 30 * SECOND);
+            assert!(
+                grants.len() > 500,
+                "the run made only {} grants",
+                grants.len()
+            );
+            let excess = worst_window_excess(&grants, rate, burst);
+            assert!(
+                excess <= 1e-6,
+                "{rate}/s burst {burst}: a window held {excess} grants too many"
+            );
+        }
+    }
+
+    #[test]
+    fn a_backlog_uses_at_least_99_percent_of_the_configured_rate() {
+        // A timer tick of 7 ms models a late wake-up on a busy machine; a
+        // burst of two or more absorbs lateness shorter than a token interval.
+        for (rate, burst, tick) in [(20.0, 5, MS), (26.67, 10, MS), (26.67, 10, 7 * MS)] {
+            let sim = Sim::new(tick);
+            let gate = sim.gate(rate, burst);
+            let (grants, _) = backlog(&sim, &gate, 50, 30 * SECOND);
+            let after_burst = grants.len() as f64 - f64::from(burst);
+            assert!(
+                after_burst >= 0.99 * rate * 30.0,
+                "{rate}/s burst {burst} tick {tick:?}: only {after_burst} grants after the burst in 30 s"
+            );
+        }
+    }
+
+    #[test]
+    fn after_an_idle_spell_only_burst_callers_pass_at_once_then_the_rate_resumes() {
+        let sim = Sim::new(MS);
+        let gate = sim.gate(20.0, 5);
+        // Empty the bucket first, so a refill beyond `burst` would show.
+        let (drained, _) = backlog(&sim, &gate, 10, 5 * SECOND);
+        assert!(drained.len() > 100);
+        sim.run_until(sim.now() + 10 * SECOND);
+
+        let rush = sim.now();
+        let grants = Rc::new(RefCell::new(Vec::new()));
+        for _ in 0..100 {
+            let (sim2, gate, grants) = (sim.clone(), Arc::clone(&gate), Rc::clone(&grants));
+            sim.spawn(async move {
+                gate.acquire(Priority::Normal).await;
+                grants.borrow_mut().push(sim2.now());
+            });
+        }
+        sim.run_until(rush + SECOND);
+        let grants = grants.borrow();
+        let at_once = grants.iter().filter(|&&at| at == rush).count();
+        assert_eq!(at_once, 5, "grants in the first instant after idling");
+        // Then one every 50 ms: 20 more within the second.
+        assert_eq!(grants.len(), 5 + 20);
+        assert_eq!(grants[5], rush + 50 * MS);
+        assert_eq!(gate.waiting(), [0, 75, 0]);
+    }
+
+    /// Empties a 10/s, burst-1 gate at time 0, so the next token is due at
+    /// 100 ms and one every 100 ms after.
+    fn drained_gate(sim: &Sim) -> Arc<ProviderGate> {
+        let gate = sim.gate(10.0, 1);
+        let first = Arc::clone(&gate);
+        sim.spawn(async move {
+            assert_eq!(first.acquire(Priority::Low).await, Duration::ZERO);
+        });
+        sim.settle();
+        gate
+    }
+
+    type Log = Rc<RefCell<Vec<(String, Duration, Duration)>>>;
+
+    /// Queues a caller named `name` that logs (name, grant time, wait).
+    fn queue(
+        sim: &Sim,
+        gate: &Arc<ProviderGate>,
+        log: &Log,
+        name: &str,
+        priority: Priority,
+    ) -> usize {
+        let (sim2, gate, log, name) = (
+            sim.clone(),
+            Arc::clone(gate),
+            Rc::clone(log),
+            name.to_string(),
+        );
+        let task = sim.spawn(async move {
+            let waited = gate.acquire(priority).await;
+            log.borrow_mut().push((name, sim2.now(), waited));
+        });
+        sim.settle();
+        task
+    }
+
+    fn names(log: &Log) -> Vec<String> {
+        log.borrow()
+            .iter()
+            .map(|(name, _, _)| name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_high_caller_arriving_behind_queued_low_waiters_gets_the_very_next_token() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        for i in 1..=5 {
+            queue(&sim, &gate, &log, &format!("low{i}"), Priority::Low);
+        }
+        sim.run_until(30 * MS);
+        queue(&sim, &gate, &log, "high", Priority::High);
+        assert_eq!(gate.waiting(), [1, 0, 5]);
+
+        sim.run_until(100 * MS);
+        assert_eq!(log.borrow()[..], [("high".to_string(), 100 * MS, 70 * MS)]);
+        sim.run_until(SECOND);
+        assert_eq!(
+            names(&log),
+            ["high", "low1", "low2", "low3", "low4", "low5"]
+        );
+        assert_eq!(log.borrow()[5].1, 600 * MS);
+    }
+
+    #[test]
+    fn normal_waiters_go_before_low_ones_and_each_priority_keeps_arrival_order() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        queue(&sim, &gate, &log, "low1", Priority::Low);
+        queue(&sim, &gate, &log, "normal1", Priority::Normal);
+        queue(&sim, &gate, &log, "low2", Priority::Low);
+        queue(&sim, &gate, &log, "normal2", Priority::Normal);
+        queue(&sim, &gate, &log, "high1", Priority::High);
+        assert_eq!(gate.waiting(), [1, 2, 2]);
+        sim.run_until(SECOND);
+        assert_eq!(names(&log), ["high1", "normal1", "normal2", "low1", "low2"]);
+        let times: Vec<_> = log.borrow().iter().map(|(_, at, _)| *at).collect();
+        assert_eq!(times, [100 * MS, 200 * MS, 300 * MS, 400 * MS, 500 * MS]);
+    }
+
+    #[test]
+    fn a_caller_coming_back_for_another_token_queues_behind_those_already_waiting() {
+        // Timers firing only every 250 ms let two tokens pile up while the
+        // head sleeps, so at the wake-up one is still free when the served
+        // caller asks again.
+        let sim = Sim::new(250 * MS);
+        let gate = sim.gate(10.0, 5);
+        let log = Log::default();
+        for name in ["a", "b", "c"] {
+            let (sim2, gate, log) = (sim.clone(), Arc::clone(&gate), Rc::clone(&log));
+            sim.spawn(async move {
+                loop {
+                    let waited = gate.acquire(Priority::Normal).await;
+                    log.borrow_mut()
+                        .push((name.to_string(), sim2.now(), waited));
+                }
+            });
+        }
+        sim.run_until(SECOND);
+        let served: Vec<_> = names(&log).into_iter().skip(5).take(9).collect();
+        assert_eq!(served, ["a", "b", "c", "a", "b", "c", "a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_cancelled_head_of_line_does_not_swallow_the_next_token() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        queue(&sim, &gate, &log, "low", Priority::Low);
+        let high = queue(&sim, &gate, &log, "high", Priority::High);
+        sim.run_until(50 * MS);
+        sim.abort(high);
+        assert_eq!(gate.waiting(), [0, 0, 1]);
+        sim.run_until(SECOND);
+        assert_eq!(log.borrow()[..], [("low".to_string(), 100 * MS, 100 * MS)]);
+    }
+
+    #[test]
+    fn a_waiter_that_times_out_leaves_the_next_token_to_the_one_behind_it() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        let timed_out = Rc::new(RefCell::new(None));
+        {
+            let (clock, gate, timed_out) = (sim.clock(), Arc::clone(&gate), Rc::clone(&timed_out));
+            sim.spawn(async move {
+                let outcome = timeout(&clock, 50 * MS, gate.acquire(Priority::High)).await;
+                *timed_out.borrow_mut() = Some((outcome, clock.now()));
+            });
+        }
+        queue(&sim, &gate, &log, "normal", Priority::Normal);
+        queue(&sim, &gate, &log, "low", Priority::Low);
+        sim.run_until(SECOND);
+        assert_eq!(*timed_out.borrow(), Some((None, Nanos::from(50 * MS))));
+        assert_eq!(names(&log), ["normal", "low"]);
+        assert_eq!(log.borrow()[0].1, 100 * MS);
+        assert_eq!(log.borrow()[1].1, 200 * MS);
+    }
+
+    #[test]
+    fn a_waiter_cancelled_just_after_being_woken_as_head_passes_the_turn_on() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        let normal = Rc::new(RefCell::new(None));
+        {
+            // The high caller, once served, cancels the normal caller that
+            // its grant just woke, before that caller has run.
+            let (sim2, gate, log, normal) = (
+                sim.clone(),
+                Arc::clone(&gate),
+                Rc::clone(&log),
+                Rc::clone(&normal),
+            );
+            sim.spawn(async move {
+                let waited = gate.acquire(Priority::High).await;
+                log.borrow_mut()
+                    .push(("high".to_string(), sim2.now(), waited));
+                sim2.abort(normal.borrow_mut().take().expect("normal caller queued"));
+            });
+        }
+        *normal.borrow_mut() = Some(queue(&sim, &gate, &log, "normal", Priority::Normal));
+        queue(&sim, &gate, &log, "low", Priority::Low);
+        sim.run_until(SECOND);
+        assert_eq!(names(&log), ["high", "low"]);
+        assert_eq!(log.borrow()[1].1, 200 * MS);
+        assert_eq!(gate.waiting(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn waiting_callers_are_woken_about_once_per_grant_not_once_per_waiter() {
+        let sim = Sim::new(MS);
+        let gate = sim.gate(20.0, 5);
+        let (grants, polls) = backlog(&sim, &gate, 50, 30 * SECOND);
+        // Each grant: the served caller returns and queues again, the next
+        // head wakes and goes to sleep on the clock, the clock wakes it.
+        let per_grant = polls as f64 / grants.len() as f64;
+        assert!(per_grant <= 4.0, "{per_grant} polls per grant");
+    }
+
+    #[tokio::test]
+    async fn on_tokio_time_a_caller_waits_until_its_token_is_due() {
+        let gate = ProviderGate::new(4.0, 1);
+        let start = tokio::time::Instant::now();
+        assert_eq!(gate.acquire(Priority::Normal).await, Duration::ZERO);
+        let waited = gate.acquire(Priority::Normal).await;
+        // Lower bounds only: a busy machine may wake the caller late, never
+        // early. The second token is due 250 ms after the first.
+        assert!(
+            start.elapsed() >= 250 * MS,
+            "granted after {:?}",
+            start.elapsed()
+        );
+        assert!(waited > Duration::ZERO, "the second caller did not wait");
+        assert_eq!(gate.waiting(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn acquire_can_run_on_a_multi_threaded_runtime() {
+        fn assert_send<T: Send>(_: &T) {}
+        let gate = ProviderGate::new(1.0, 1);
+        assert_send(&gate.acquire(Priority::High));
+        fn assert_shareable<T: Send + Sync>() {}
+        assert_shareable::<ProviderGate>();
+    }
+
+    #[test]
+    fn reports_the_rate_achieved_by_a_20_per_second_gate_over_30_seconds() {
+        let sim = Sim::new(MS);
+        let gate = sim.gate(20.0, 5);
+        let (grants, _) = backlog(&sim, &gate, 50, 30 * SECOND);
+        let steady = grants.iter().filter(|&&at| at > Duration::ZERO).count();
+        let achieved = steady as f64 / 30.0;
+        println!(
+            "provider gate at {}/s burst {}: {} grants in 30 s of simulated time \
+             ({} at t=0, {steady} after), {achieved:.3}/s after the burst",
+            gate.rate_per_second(),
+            gate.burst(),
+            grants.len(),
+            grants.len() - steady,
+        );
+        assert_eq!(grants.len() - steady, 5);
+        assert!(achieved >= 0.99 * 20.0);
+    }
+
+    /// Real time, 30 s: `cargo test --lib limits::gate -- --ignored --nocapture`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "takes 30 s of real time"]
+    async fn reports_the_rate_achieved_on_tokio_time() {
+        let gate = Arc::new(ProviderGate::new(20.0, 5));
+        let grants = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let start = tokio::time::Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..50 {
+            let (gate, grants) = (Arc::clone(&gate), Arc::clone(&grants));
+            tasks.spawn(async move {
+                loop {
+                    gate.acquire(Priority::ALL[i % 3]).await;
+                    grants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        tokio::time::sleep_until(start + 30 * SECOND).await;
+        let total = grants.load(std::sync::atomic::Ordering::Relaxed);
+        tasks.abort_all();
+        println!(
+            "provider gate at 20/s burst 5, real time: {total} grants in 30 s, {:.3}/s after the burst",
+            total.saturating_sub(5) as f64 / 30.0
+        );
+        assert!(total as f64 - 5.0 >= 0.99 * 600.0);
+    }
+}
+
+/// A simulated clock and a single-threaded executor for the tests: every
+/// ready task runs before time moves on to the next timer, the way tokio's
+/// paused clock does, and every timer fires on a tick boundary, the way
+/// tokio's millisecond timer wheel does.
+#[cfg(test)]
+mod sim {
+    use std::cell::{Cell, RefCell};
+    use std::collections::{BTreeMap, HashMap, VecDeque};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::rc::Rc;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Duration;
+
+    use governor::nanos::Nanos;
+
+    use super::{ProviderGate, Timeline};
+
+    /// Simulated time in nanoseconds and the timers waiting on it.
+    pub struct SimClock {
+        /// Timers fire on multiples of this many nanoseconds.
+        tick: u64,
+        state: Mutex<ClockState>,
+    }
+
+    #[derive(Default)]
+    struct ClockState {
+        now: u64,
+        next_key: u64,
+        /// Pending timers by (fire time, key).
+        timers: BTreeMap<(u64, u64), Waker>,
+    }
+
+    impl SimClock {
+        pub fn now(&self) -> Nanos {
+            Nanos::from(self.state.lock().unwrap().now)
+        }
+
+        pub fn sleep_until(self: &Arc<Self>, at: Nanos) -> SimSleep {
+            let fire_at = at.as_u64().div_ceil(self.tick) * self.tick;
+            SimSleep {
+                clock: Arc::clone(self),
+                fire_at,
+                key: None,
+            }
+        }
+
+        fn next_timer(&self) -> Option<u64> {
+            let state = self.state.lock().unwrap();
+            state.timers.keys().next().map(|&(at, _)| at)
+        }
+
+        /// Moves time to `to` and wakes the timers due by then.
+        fn advance_to(&self, to: u64) {
+            let mut state = self.state.lock().unwrap();
+            state.now = state.now.max(to);
+            let first_later = (state.now + 1, 0);
+            let later = state.timers.split_off(&first_later);
+            let due = std::mem::replace(&mut state.timers, later);
+            drop(state);
+            due.into_values().for_each(Waker::wake);
+        }
+    }
+
+    pub struct SimSleep {
+        clock: Arc<SimClock>,
+        fire_at: u64,
+        key: Option<(u64, u64)>,
+    }
+
+    impl Future for SimSleep {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let this = self.get_mut();
+            let mut state = this.clock.state.lock().unwrap();
+            if state.now >= this.fire_at {
+                if let Some(key) = this.key.take() {
+                    state.timers.remove(&key);
+                }
+                return Poll::Ready(());
+            }
+            let key = *this.key.get_or_insert_with(|| {
+                state.next_key += 1;
+                (this.fire_at, state.next_key)
+            });
+            state.timers.insert(key, cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    impl Drop for SimSleep {
+        fn drop(&mut self) {
+            if let Some(key) = self.key {
+                self.clock.state.lock().unwrap().timers.remove(&key);
+            }
+        }
+    }
+
+    /// Resolves to `None` if `future` is not done `after` from now.
+    pub async fn timeout<F: Future>(
+        clock: &Arc<SimClock>,
+        after: Duration,
+        future: F,
+    ) -> Option<F::Output> {
+        let mut future = std::pin::pin!(future);
+        let mut sleep = clock.sleep_until(Nanos::from(Duration::from(clock.now()) + after));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(output) = future.as_mut().poll(cx) {
+                return Poll::Ready(Some(output));
+            }
+            Pin::new(&mut sleep).poll(cx).map(|()| None)
+        })
+        .await
+    }
+
+    type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+    /// Polls tasks in the order they were woken; cloning shares it, so a
+    /// task can abort another.
+    #[derive(Clone)]
+    pub struct Sim(Rc<Executor>);
+
+    struct Executor {
+        clock: Arc<SimClock>,
+        tasks: RefCell<HashMap<usize, Task>>,
+        ready: Arc<Mutex<VecDeque<usize>>>,
+        next_id: Cell<usize>,
+        polls: Cell<u64>,
+    }
+
+    struct TaskWaker {
+        id: usize,
+        ready: Arc<Mutex<VecDeque<usize>>>,
+    }
+
+    impl Wake for TaskWaker {
+        fn wake(self: Arc<Self>) {
+            self.ready.lock().unwrap().push_back(self.id);
+        }
+    }
+
+    impl Sim {
+        /// Starts at time zero; timers fire on multiples of `tick`.
+        pub fn new(tick: Duration) -> Self {
+            let clock = SimClock {
+                tick: Nanos::from(tick).as_u64().max(1),
+                state: Mutex::default(),
+            };
+            Sim(Rc::new(Executor {
+                clock: Arc::new(clock),
+                tasks: RefCell::default(),
+                ready: Arc::default(),
+                next_id: Cell::new(0),
+                polls: Cell::new(0),
+            }))
+        }
+
+        pub fn gate(&self, rate_per_second: f64, burst: u32) -> Arc<ProviderGate> {
+            let timeline = Timeline::Simulated(self.clock());
+            Arc::new(ProviderGate::with_timeline(
+                rate_per_second,
+                burst,
+                timeline,
+            ))
+        }
+
+        pub fn clock(&self) -> Arc<SimClock> {
+            Arc::clone(&self.0.clock)
+        }
+
+        pub fn now(&self) -> Duration {
+            Duration::from(self.0.clock.now())
+        }
+
+        /// Task polls so far.
+        pub fn polls(&self) -> u64 {
+            self.0.polls.get()
+        }
+
+        pub fn spawn(&self, task: impl Future<Output = ()> + 'static) -> usize {
+            let id = self.0.next_id.get();
+            self.0.next_id.set(id + 1);
+            self.0.tasks.borrow_mut().insert(id, Box::pin(task));
+            self.0.ready.lock().unwrap().push_back(id);
+            id
+        }
+
+        /// Drops a task's future wherever it is waiting. A task cannot abort
+        /// itself.
+        pub fn abort(&self, id: usize) {
+            let task = self.0.tasks.borrow_mut().remove(&id);
+            drop(task);
+        }
+
+        /// Runs tasks until none is ready, without moving time.
+        pub fn settle(&self) {
+            let mut polls_here = 0u64;
+            loop {
+                let next = self.0.ready.lock().unwrap().pop_front();
+                let Some(id) = next else { return };
+                let task = self.0.tasks.borrow_mut().remove(&id);
+                let Some(mut task) = task else { continue };
+                let waker = Waker::from(Arc::new(TaskWaker {
+                    id,
+                    ready: Arc::clone(&self.0.ready),
+                }));
+                self.0.polls.set(self.0.polls.get() + 1);
+                polls_here += 1;
+                assert!(
+                    polls_here < 1_000_000,
+                    "tasks keep waking each other without time passing"
+                );
+                if task
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+                {
+                    self.0.tasks.borrow_mut().insert(id, task);
+                }
+            }
+        }
+
+        /// Runs tasks and moves time from timer to timer up to `until`.
+        pub fn run_until(&self, until: Duration) {
+            let until = Nanos::from(until).as_u64();
+            loop {
+                self.settle();
+                match self.0.clock.next_timer() {
+                    Some(at) if at <= until => self.0.clock.advance_to(at),
+                    _ => break,
+                }
+            }
+            self.0.clock.advance_to(until);
+            self.settle();
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Prometheus metrics: every name in one place, the recorder installed once
+//! per process, and the text rendered at `/metrics`.
+//!
+//! Names and labels are documented in README.md ("Metrics").
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Messages accepted (202), by `lane`, `channel`.
+pub const ACCEPTED_TOTAL: &str = "fairlane_messages_accepted_total";
+/// Messages the provider accepted, by `lane`, `channel`.
+pub const DELIVERED_TOTAL: &str = "fairlane_messages_delivered_total";
+/// Transient failures scheduled for another attempt, by `lane`, `channel`.
+pub const RETRIED_TOTAL: &str = "fairlane_messages_retried_total";
+/// Messages moved to a dead-letter queue, by `lane`, `channel`.
+pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
+/// Messages returned to the queue without an attempt, by `lane`, `reason`
+/// (`paused`, `disabled`, `tenant_cap`, `throttled`).
+pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
+/// Requests answered 429, by `reason` (`rate`, `quota`, `lane`).
+pub const REJECTED_TOTAL: &str = "fairlane_requests_rejected_total";
+/// Messages waiting in a lane (visible or delayed), by `lane`.
+pub const LANE_DEPTH: &str = "fairlane_lane_depth";
+/// Messages received and not yet deleted, by `lane`.
+pub const LANE_IN_FLIGHT: &str = "fairlane_lane_in_flight";
+/// Age of the oldest message in a lane in seconds, by `lane`.
+pub const LANE_OLDEST_AGE_SECONDS: &str = "fairlane_lane_oldest_message_age_seconds";
+/// Messages in a lane's dead-letter queue, by `lane`.
+pub const LANE_DLQ_DEPTH: &str = "fairlane_lane_dlq_depth";
+/// Provider call latency in seconds, by `provider`, `outcome`
+/// (`sent`, `permanent`, `transient`, `throttled`).
+pub const PROVIDER_CALL_SECONDS: &str = "fairlane_provider_call_seconds";
+/// Time waited at a provider gate in seconds, by `channel`, `priority`.
+pub const GATE_WAIT_SECONDS: &str = "fairlane_provider_gate_wait_seconds";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder (first call) and returns its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .expect("bucket list is not empty");
+            match builder.install_recorder() {
+                Ok(handle) => handle,
+                // Another recorder is already global (a host program's): keep
+                // ours local so /metrics still renders what we record.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}

@@ -1,0 +1,532 @@
+//! Email through Amazon SES v2 `SendEmail` with simple content: subject,
+//! text and optional HTML, all UTF-8, from the configured sender address.
+//!
+//! Credentials and region come from the standard AWS chain (environment,
+//! profile, web identity, IMDS); `region` and `endpoint_url` in the settings
+//! override them, the latter for local SES-compatible servers. The SDK makes a
+//! single attempt per call, bounded by `timeout_ms`: retrying is the
+//! consumer's job, and SDK retries would multiply attempts and hide throttling
+//! from the provider gate. Failures are classified from the SES error code and
+//! the HTTP status of the answer.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_sesv2::config::Region;
+use aws_sdk_sesv2::config::http::HttpResponse;
+use aws_sdk_sesv2::config::retry::RetryConfig;
+use aws_sdk_sesv2::config::timeout::TimeoutConfig;
+use aws_sdk_sesv2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sesv2::operation::send_email::SendEmailError;
+use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message};
+use tracing::debug;
+
+use super::{
+    DEFAULT_TIMEOUT, Delivered, Provider, ProviderError, causes, parse_retry_after, truncate,
+};
+use crate::config::ProviderSettings;
+use crate::message::DeliveryPayload;
+use crate::model::Channel;
+
+/// Longest piece of an SES error message kept in an error.
+const MAX_ANSWER_CHARS: usize = 300;
+
+/// Character set declared for subject and bodies.
+const CHARSET: &str = "UTF-8";
+
+/// SES error codes that mean "slow down", whatever the status says.
+const THROTTLING_CODES: &[&str] = &[
+    "TooManyRequestsException",
+    "LimitExceededException",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "SlowDown",
+];
+
+/// 4xx error codes that a later attempt can outlive (expired credentials are
+/// refreshed by the chain, a request timeout is a timeout).
+const TRANSIENT_CODES: &[&str] = &[
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "IDPCommunicationError",
+];
+
+/// Sends email through SES v2.
+#[derive(Debug, Clone)]
+pub struct SesProvider {
+    /// The SDK client; cheap to clone, shares connections.
+    client: aws_sdk_sesv2::Client,
+    /// `FromEmailAddress` of every message (a verified SES identity).
+    from: String,
+}
+
+impl SesProvider {
+    /// Builds the client from the AWS chain with the settings' overrides.
+    pub async fn from_settings(settings: &ProviderSettings) -> anyhow::Result<Self> {
+        let from = settings
+            .from
+            .clone()
+            .filter(|from| !from.is_empty())
+            .context("providers.email.from is required for SES")?;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(region) = &settings.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint_url) = &settings.endpoint_url {
+            loader = loader.endpoint_url(endpoint_url);
+        }
+        if let (Some(key_id), Some(secret)) = (&settings.access_key_id, &settings.secret_access_key)
+        {
+            use secrecy::ExposeSecret;
+            loader = loader.credentials_provider(aws_sdk_sesv2::config::Credentials::new(
+                key_id.clone(),
+                secret.expose_secret().to_owned(),
+                None,
+                None,
+                "fairlane-config",
+            ));
+        }
+        let sdk_config = loader.load().await;
+        if sdk_config.region().is_none() {
+            anyhow::bail!("no AWS region for SES: set providers.email.region or AWS_REGION");
+        }
+        let timeout = settings
+            .timeout_ms
+            .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        let timeouts = sdk_config
+            .timeout_config()
+            .map_or_else(TimeoutConfig::builder, TimeoutConfig::to_builder)
+            .operation_timeout(timeout)
+            .build();
+        let config = aws_sdk_sesv2::config::Builder::from(&sdk_config)
+            .retry_config(RetryConfig::standard().with_max_attempts(1))
+            .timeout_config(timeouts)
+            .build();
+        Ok(Self::with_client(
+            aws_sdk_sesv2::Client::from_conf(config),
+            from,
+        ))
+    }
+
+    /// Uses a ready client (tests pass static credentials and a local
+    /// endpoint; give it one attempt, as [`Self::from_settings`] does).
+    pub fn with_client(client: aws_sdk_sesv2::Client, from: impl Into<String>) -> Self {
+        Self {
+            client,
+            from: from.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for SesProvider {
+    async fn send(&self, message: &DeliveryPayload) -> Result<Delivered, ProviderError> {
+        if message.channel != Channel::Email {
+            return Err(ProviderError::Permanent(format!(
+                "SES delivers email, not {}",
+                message.channel
+            )));
+        }
+        let Some(subject) = message.subject.as_deref() else {
+            return Err(ProviderError::Permanent("an email needs a subject".into()));
+        };
+        let content = EmailContent::builder().simple(simple_message(
+            subject,
+            &message.text,
+            message.html.as_deref(),
+        )?);
+        let output = self
+            .client
+            .send_email()
+            .from_email_address(&self.from)
+            .destination(Destination::builder().to_addresses(&message.to).build())
+            .content(content.build())
+            .send()
+            .await
+            .map_err(classify)?;
+        // A success without an id: SES has taken the message, so retrying
+        // could send it twice; dead-letter it for an operator instead.
+        let Some(provider_message_id) = output.message_id().filter(|id| !id.is_empty()) else {
+            return Err(ProviderError::Permanent(
+                "SES accepted the request but returned no MessageId; not retried to avoid a duplicate"
+                    .into(),
+            ));
+        };
+        debug!(message_id = %message.id, %provider_message_id, "SES accepted the message.");
+        Ok(Delivered {
+            provider_message_id: provider_message_id.to_owned(),
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "ses"
+    }
+}
+
+fn simple_message(subject: &str, text: &str, html: Option<&str>) -> Result<Message, ProviderError> {
+    let content = |data: &str| {
+        Content::builder()
+            .data(data)
+            .charset(CHARSET)
+            .build()
+            .map_err(|err| ProviderError::Permanent(format!("cannot build SES content: {err}")))
+    };
+    let mut body = Body::builder().text(content(text)?);
+    if let Some(html) = html {
+        body = body.html(content(html)?);
+    }
+    Ok(Message::builder()
+        .subject(content(subject)?)
+        .body(body.build())
+        .build())
+}
+
+/// Classifies a failed `SendEmail` call.
+fn classify(err: SdkError<SendEmailError, HttpResponse>) -> ProviderError {
+    let (status, retry_after, detail) = match &err {
+        SdkError::ServiceError(service) => {
+            let raw = service.raw();
+            let status = raw.status().as_u16();
+            let error = service.err();
+            let mut detail = match error.code() {
+                Some(code) => format!("SES {code} (HTTP {status})"),
+                None => format!("SES answered HTTP {status}"),
+            };
+            if let Some(text) = error.message() {
+                detail.push_str(&format!(": {}", truncate(text, MAX_ANSWER_CHARS)));
+            }
+            if !(200..300).contains(&status) {
+                let retry_after = raw.headers().get("retry-after").and_then(parse_retry_after);
+                return classify_service_error(error, status, retry_after, detail);
+            }
+            (status, None, detail)
+        }
+        SdkError::ResponseError(response) => {
+            let status = response.raw().status().as_u16();
+            let retry_after = response
+                .raw()
+                .headers()
+                .get("retry-after")
+                .and_then(parse_retry_after);
+            let detail = format!("unreadable SES answer (HTTP {status}): {}", causes(&err));
+            (status, retry_after, detail)
+        }
+        SdkError::TimeoutError(_) => {
+            return ProviderError::Transient(format!("SES call timed out: {}", causes(&err)));
+        }
+        SdkError::DispatchFailure(_) => {
+            return ProviderError::Transient(format!("SES call not completed: {}", causes(&err)));
+        }
+        // Construction fails before anything is sent; a later attempt may
+        // succeed, and a lasting misconfiguration still ends in the DLQ once
+        // attempts run out. (Credentials that cannot be resolved surface as
+        // a dispatch failure, above.)
+        _ => return ProviderError::Transient(format!("SES request not sent: {}", causes(&err))),
+    };
+    match status {
+        // SES took the request but we cannot read its answer: retrying could
+        // send the email twice, so leave it to an operator.
+        200..=299 => ProviderError::Permanent(format!(
+            "{detail}; SES accepted the request, not retried to avoid a duplicate"
+        )),
+        429 => ProviderError::Throttled {
+            retry_after,
+            detail,
+        },
+        // A client error we cannot read is still a refusal of this request.
+        400..=499 if status != 408 => ProviderError::Permanent(detail),
+        _ => ProviderError::Transient(detail),
+    }
+}
+
+fn classify_service_error(
+    error: &SendEmailError,
+    status: u16,
+    retry_after: Option<Duration>,
+    detail: String,
+) -> ProviderError {
+    let code = error.code().unwrap_or_default();
+    let throttled = error.is_too_many_requests_exception()
+        || error.is_limit_exceeded_exception()
+        || status == 429
+        || THROTTLING_CODES.contains(&code);
+    if throttled {
+        return ProviderError::Throttled {
+            retry_after,
+            detail,
+        };
+    }
+    let permanent = error.is_message_rejected()
+        || error.is_mail_from_domain_not_verified_exception()
+        || error.is_account_suspended_exception()
+        || error.is_sending_paused_exception()
+        || error.is_bad_request_exception()
+        || error.is_not_found_exception()
+        || ((400..500).contains(&status) && status != 408 && !TRANSIENT_CODES.contains(&code));
+    if permanent {
+        ProviderError::Permanent(detail)
+    } else {
+        ProviderError::Transient(detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::tests::payload;
+    use aws_sdk_sesv2::config::Credentials;
+    use serde_json::json;
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+    const FROM: &str = "noreply@example.com";
+
+    /// An SES client for a local endpoint: static test credentials, one
+    /// attempt, a short timeout.
+    fn local_client(endpoint_url: &str) -> aws_sdk_sesv2::Client {
+        local_client_with_timeout(endpoint_url, Duration::from_secs(5))
+    }
+
+    fn local_client_with_timeout(endpoint_url: &str, timeout: Duration) -> aws_sdk_sesv2::Client {
+        let config = aws_sdk_sesv2::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+            .endpoint_url(endpoint_url)
+            .retry_config(RetryConfig::standard().with_max_attempts(1))
+            .timeout_config(TimeoutConfig::builder().operation_timeout(timeout).build())
+            .build();
+        aws_sdk_sesv2::Client::from_conf(config)
+    }
+
+    async fn provider_answering(template: ResponseTemplate) -> (MockServer, SesProvider) {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v2/email/outbound-emails"))
+            .respond_with(template)
+            .mount(&server)
+            .await;
+        let provider = SesProvider::with_client(local_client(&server.uri()), FROM);
+        (server, provider)
+    }
+
+    fn ses_error(status: u16, code: &str, text: &str) -> ResponseTemplate {
+        ResponseTemplate::new(status)
+            .insert_header("x-amzn-ErrorType", code)
+            .insert_header("content-type", "application/json")
+            .set_body_json(json!({ "message": text }))
+    }
+
+    #[tokio::test]
+    async fn an_accepted_email_returns_the_ses_message_id_and_sends_the_whole_message() {
+        let (server, provider) = provider_answering(
+            ResponseTemplate::new(200).set_body_json(json!({ "MessageId": "ses-0001" })),
+        )
+        .await;
+        let mut message = payload(Channel::Email, "a@example.com");
+        message.html = Some("<p>Your code is 123456</p>".into());
+
+        let delivered = provider.send(&message).await.unwrap();
+
+        assert_eq!(delivered.provider_message_id, "ses-0001");
+        let requests: Vec<Request> = server.received_requests().await.unwrap();
+        assert_eq!(requests.len(), 1);
+        let body: serde_json::Value = requests[0].body_json().unwrap();
+        assert_eq!(body["FromEmailAddress"], FROM);
+        assert_eq!(body["Destination"]["ToAddresses"], json!(["a@example.com"]));
+        let simple = &body["Content"]["Simple"];
+        assert_eq!(simple["Subject"]["Data"], "Your code");
+        assert_eq!(simple["Subject"]["Charset"], "UTF-8");
+        assert_eq!(simple["Body"]["Text"]["Data"], "Your code is 123456");
+        assert_eq!(simple["Body"]["Html"]["Data"], "<p>Your code is 123456</p>");
+        assert!(
+            requests[0].headers.contains_key("authorization"),
+            "the request is signed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rejected_message_is_permanent() {
+        let (_server, provider) = provider_answering(ses_error(
+            400,
+            "MessageRejected",
+            "Email address is not verified.",
+        ))
+        .await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        match err {
+            ProviderError::Permanent(detail) => {
+                assert!(detail.contains("MessageRejected"), "{detail}");
+                assert!(detail.contains("not verified"), "{detail}");
+            }
+            other => panic!("expected Permanent, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unverified_mail_from_domain_is_permanent() {
+        let (_server, provider) =
+            provider_answering(ses_error(400, "MailFromDomainNotVerifiedException", "no")).await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Permanent(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn too_many_requests_is_throttled() {
+        let (_server, provider) = provider_answering(ses_error(
+            429,
+            "TooManyRequestsException",
+            "Maximum sending rate exceeded.",
+        ))
+        .await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        match err {
+            ProviderError::Throttled {
+                retry_after,
+                detail,
+            } => {
+                assert_eq!(retry_after, None);
+                assert!(detail.contains("TooManyRequestsException"), "{detail}");
+            }
+            other => panic!("expected Throttled, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_throttle_with_retry_after_carries_the_delay() {
+        let (_server, provider) = provider_answering(
+            ses_error(429, "TooManyRequestsException", "slow down")
+                .insert_header("Retry-After", "3"),
+        )
+        .await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ProviderError::Throttled { retry_after: Some(d), .. } if d == Duration::from_secs(3)),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_error_is_transient() {
+        let (_server, provider) =
+            provider_answering(ses_error(500, "InternalFailure", "oops")).await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Transient(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_bare_500_without_an_error_type_is_transient() {
+        let (_server, provider) = provider_answering(ResponseTemplate::new(500)).await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Transient(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_client_error_is_permanent() {
+        let (_server, provider) =
+            provider_answering(ses_error(403, "AccessDeniedException", "not allowed")).await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Permanent(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_is_transient() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let provider =
+            SesProvider::with_client(local_client(&format!("http://127.0.0.1:{port}")), FROM);
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Transient(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn an_sms_payload_is_refused_without_a_call() {
+        let (server, provider) = provider_answering(
+            ResponseTemplate::new(200).set_body_json(json!({ "MessageId": "x" })),
+        )
+        .await;
+        let err = provider
+            .send(&payload(Channel::Sms, "+15551234567"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Permanent(_)), "{err:?}");
+        assert!(server.received_requests().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_answer_slower_than_the_timeout_is_transient() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({ "MessageId": "late" }))
+                    .set_delay(Duration::from_secs(5)),
+            )
+            .mount(&server)
+            .await;
+        let client = local_client_with_timeout(&server.uri(), Duration::from_millis(200));
+        let provider = SesProvider::with_client(client, FROM);
+        match provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err()
+        {
+            ProviderError::Transient(detail) => assert!(detail.contains("timed out"), "{detail}"),
+            other => panic!("expected Transient, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_success_without_a_message_id_is_permanent_so_it_is_not_sent_twice() {
+        for template in [
+            ResponseTemplate::new(200).set_body_json(json!({})),
+            ResponseTemplate::new(200).set_body_string("not json"),
+        ] {
+            let (_server, provider) = provider_answering(template).await;
+            match provider
+                .send(&payload(Channel::Email, "a@example.com"))
+                .await
+                .unwrap_err()
+            {
+                ProviderError::Permanent(detail) => {
+                    assert!(detail.contains("avoid a duplicate"), "{detail}");
+                }
+                other => panic!("expected Permanent, got {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! SMS through a Twilio-compatible Messages API (Twilio, SignalWire's
+//! compatibility API, …): `POST {base_url}/2010-04-01/Accounts/{sid}/Messages.json`
+//! with form fields `To`, `From`, `Body` and HTTP Basic auth
+//! `account_sid:auth_token`.
+//!
+//! The answer is classified here: 2xx with a `sid` is success, 429 is
+//! throttling (with `Retry-After` when given), 408, 5xx, timeouts and
+//! connection failures are transient, and every other 4xx is permanent, with
+//! the provider's `code` and `message` kept for `last_error` (e.g. 21211,
+//! invalid `To`). A 2xx without a readable `sid` is permanent: the provider
+//! has most likely taken the message, and retrying could text the recipient
+//! twice, so it goes to the DLQ where an operator decides.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use reqwest::header::RETRY_AFTER;
+use reqwest::{StatusCode, Url};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use tracing::debug;
+
+use super::{
+    DEFAULT_TIMEOUT, Delivered, Provider, ProviderError, causes, parse_retry_after, truncate,
+};
+use crate::config::ProviderSettings;
+use crate::message::DeliveryPayload;
+use crate::model::Channel;
+
+/// Longest piece of an unparseable answer kept in an error.
+const MAX_ANSWER_CHARS: usize = 300;
+
+/// Sends SMS through a Twilio-compatible HTTP API.
+#[derive(Debug)]
+pub struct SmsHttpProvider {
+    /// One client per provider, so connections (and TLS sessions) are reused.
+    client: reqwest::Client,
+    /// The account's Messages resource, built once from `base_url`.
+    messages_url: Url,
+    /// Basic-auth user, and part of the URL.
+    account_sid: String,
+    /// Basic-auth password; exposed only when a request is built.
+    auth_token: SecretString,
+    /// Sender number (or messaging service / alphanumeric id).
+    from: String,
+    /// Bound on one request, reported in timeout errors.
+    timeout: Duration,
+}
+
+/// The fields of a Messages answer we read, success or error.
+#[derive(Debug, Default, Deserialize)]
+struct Answer {
+    sid: Option<String>,
+    code: Option<serde_json::Value>,
+    message: Option<String>,
+}
+
+impl SmsHttpProvider {
+    /// Builds the provider from `providers.sms` (kind `http`).
+    pub fn from_settings(settings: &ProviderSettings) -> anyhow::Result<Self> {
+        let required = |value: &Option<String>, key: &str| {
+            value
+                .clone()
+                .filter(|v| !v.is_empty())
+                .with_context(|| format!("providers.sms.{key} is required for the http provider"))
+        };
+        let base_url = required(&settings.base_url, "base_url")?;
+        let account_sid = required(&settings.account_sid, "account_sid")?;
+        let from = required(&settings.from, "from")?;
+        let auth_token = settings
+            .auth_token
+            .clone()
+            .context("providers.sms.auth_token is required for the http provider")?;
+        let timeout = settings
+            .timeout_ms
+            .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        Self::new(&base_url, account_sid, auth_token, from, timeout)
+    }
+
+    /// Builds the provider from its parts.
+    pub fn new(
+        base_url: &str,
+        account_sid: String,
+        auth_token: SecretString,
+        from: String,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let mut messages_url = Url::parse(base_url)
+            .with_context(|| format!("providers.sms.base_url {base_url:?} is not a URL"))?;
+        messages_url
+            .path_segments_mut()
+            .map_err(|()| {
+                anyhow::anyhow!("providers.sms.base_url {base_url:?} cannot be a base URL")
+            })?
+            .pop_if_empty()
+            .extend(["2010-04-01", "Accounts", &account_sid, "Messages.json"]);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            // A redirect would turn the POST into a GET; report it instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("fairlane/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .context("cannot build the SMS HTTP client")?;
+        Ok(Self {
+            client,
+            messages_url,
+            account_sid,
+            auth_token,
+            from,
+            timeout,
+        })
+    }
+
+    fn transport_error(&self, err: &reqwest::Error) -> ProviderError {
+        let cause = causes(err);
+        if err.is_timeout() {
+            ProviderError::Transient(format!(
+                "SMS provider did not answer within {} ms: {cause}",
+                self.timeout.as_millis()
+            ))
+        } else if err.is_connect() {
+            ProviderError::Transient(format!("cannot connect to the SMS provider: {cause}"))
+        } else {
+            ProviderError::Transient(format!("SMS request failed: {cause}"))
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for SmsHttpProvider {
+    async fn send(&self, message: &DeliveryPayload) -> Result<Delivered, ProviderError> {
+        if message.channel != Channel::Sms {
+            return Err(ProviderError::Permanent(format!(
+                "the SMS provider cannot deliver {}",
+                message.channel
+            )));
+        }
+        let response = self
+            .client
+            .post(self.messages_url.clone())
+            .basic_auth(&self.account_sid, Some(self.auth_token.expose_secret()))
+            .form(&[
+                ("To", message.to.as_str()),
+                ("From", self.from.as_str()),
+                ("Body", message.text.as_str()),
+            ])
+            .send()
+            .await
+            .map_err(|err| self.transport_error(&err))?;
+
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_retry_after);
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let body = match response.text().await {
+            Ok(body) => body,
+            Err(err) if status.is_success() => {
+                return Err(ProviderError::Permanent(format!(
+                    "SMS provider answered HTTP {status} but its body could not be read ({}); \
+                     not retried to avoid a duplicate",
+                    causes(&err)
+                )));
+            }
+            Err(err) => return Err(self.transport_error(&err)),
+        };
+        let answer: Option<Answer> = serde_json::from_str(&body).ok();
+
+        if status.is_success() {
+            return match answer.and_then(|a| a.sid).filter(|sid| !sid.is_empty()) {
+                Some(sid) => {
+                    debug!(message_id = %message.id, provider_message_id = %sid, "SMS provider accepted the message.");
+                    Ok(Delivered {
+                        provider_message_id: sid,
+                    })
+                }
+                None => Err(ProviderError::Permanent(format!(
+                    "SMS provider answered HTTP {status} without a sid ({}); not retried to avoid a duplicate",
+                    truncate(&body, MAX_ANSWER_CHARS)
+                ))),
+            };
+        }
+
+        let detail = describe(status, answer.as_ref(), &body, location.as_deref());
+        Err(match status {
+            StatusCode::TOO_MANY_REQUESTS => ProviderError::Throttled {
+                retry_after,
+                detail,
+            },
+            StatusCode::REQUEST_TIMEOUT => ProviderError::Transient(detail),
+            s if s.is_client_error() || s.is_redirection() => ProviderError::Permanent(detail),
+            _ => ProviderError::Transient(detail),
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "http"
+    }
+}
+
+/// `HTTP 400, code 21211: invalid To`, falling back to the raw answer.
+fn describe(
+    status: StatusCode,
+    answer: Option<&Answer>,
+    body: &str,
+    location: Option<&str>,
+) -> String {
+    let mut detail = format!("SMS provider answered HTTP {}", status.as_u16());
+    let code = answer.and_then(|a| a.code.as_ref()).map(|code| match code {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    });
+    let text = answer.and_then(|a| a.message.as_deref());
+    match (code, text) {
+        (Some(code), Some(text)) => detail.push_str(&format!(
+            ", code {code}: {}",
+            truncate(text, MAX_ANSWER_CHARS)
+        )),
+        (Some(code), None) => detail.push_str(&format!(", code {code}")),
+        (None, Some(text)) => detail.push_str(&format!(": {}", truncate(text, MAX_ANSWER_CHARS))),
+        (None, None) if !body.trim().is_empty() => {
+            detail.push_str(&format!(": {}", truncate(body.trim(), MAX_ANSWER_CHARS)));
+        }
+        (None, None) => {}
+    }
+    if let Some(location) = location.filter(|_| status.is_redirection()) {
+        detail.push_str(&format!(
+            " (redirect to {location}; check providers.sms.base_url)"
+        ));
+    }
+    detail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::tests::payload;
+    use serde_json::json;
+    use wiremock::matchers::{body_string_contains, header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    const SID: &str = "AC123";
+    const TOKEN: &str = "secret-token";
+    /// base64("AC123:secret-token"), written out so the test does not share
+    /// the code under test.
+    const BASIC_AUTH: &str = "Basic QUMxMjM6c2VjcmV0LXRva2Vu";
+    const FROM: &str = "+15550001111";
+    const TO: &str = "+15551234567";
+
+    fn provider(base_url: &str, timeout: Duration) -> SmsHttpProvider {
+        SmsHttpProvider::new(
+            base_url,
+            SID.into(),
+            TOKEN.to_owned().into(),
+            FROM.into(),
+            timeout,
+        )
+        .unwrap()
+    }
+
+    async fn provider_answering(template: ResponseTemplate) -> (MockServer, SmsHttpProvider) {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/2010-04-01/Accounts/AC123/Messages.json"))
+            .respond_with(template)
+            .mount(&server)
+            .await;
+        let provider = provider(&server.uri(), Duration::from_secs(5));
+        (server, provider)
+    }
+
+    async fn send(provider: &SmsHttpProvider) -> Result<Delivered, ProviderError> {
+        provider.send(&payload(Channel::Sms, TO)).await
+    }
+
+    #[tokio::test]
+    async fn a_created_message_returns_its_sid_after_an_authenticated_form_post() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/2010-04-01/Accounts/AC123/Messages.json"))
+            .and(header("authorization", BASIC_AUTH))
+            .and(header("content-type", "application/x-www-form-urlencoded"))
+            .and(body_string_contains("To=%2B15551234567"))
+            .and(body_string_contains("From=%2B15550001111"))
+            .and(body_string_contains("Body=Your+code+is+123456"))
+            .respond_with(
+                ResponseTemplate::new(201)
+                    .set_body_json(json!({ "sid": "SM0001", "status": "queued" })),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        let provider = provider(&server.uri(), Duration::from_secs(5));
+
+        let delivered = send(&provider).await.unwrap();
+
+        assert_eq!(delivered.provider_message_id, "SM0001");
+    }
+
+    #[tokio::test]
+    async fn a_base_url_with_a_path_keeps_it() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/compat/2010-04-01/Accounts/AC123/Messages.json"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "sid": "SM0002" })))
+            .mount(&server)
+            .await;
+        let provider = provider(&format!("{}/compat/", server.uri()), Duration::from_secs(5));
+        assert_eq!(send(&provider).await.unwrap().provider_message_id, "SM0002");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_number_is_permanent_and_names_the_provider_code() {
+        let (_server, provider) = provider_answering(
+            ResponseTemplate::new(400)
+                .set_body_json(json!({ "code": 21211, "message": "invalid To", "status": 400 })),
+        )
+        .await;
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Permanent(detail) => {
+                assert!(detail.contains("21211"), "{detail}");
+                assert!(detail.contains("invalid To"), "{detail}");
+            }
+            other => panic!("expected Permanent, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_credentials_are_permanent() {
+        let (_server, provider) =
+            provider_answering(ResponseTemplate::new(401).set_body_string("Authenticate")).await;
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Permanent(detail) => assert!(detail.contains("401"), "{detail}"),
+            other => panic!("expected Permanent, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn too_many_requests_is_throttled_for_the_retry_after_seconds() {
+        let (_server, provider) = provider_answering(
+            ResponseTemplate::new(429)
+                .insert_header("Retry-After", "7")
+                .set_body_json(json!({ "code": 20429, "message": "Too Many Requests" })),
+        )
+        .await;
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Throttled {
+                retry_after,
+                detail,
+            } => {
+                assert_eq!(retry_after, Some(Duration::from_secs(7)));
+                assert!(detail.contains("20429"), "{detail}");
+            }
+            other => panic!("expected Throttled, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn too_many_requests_without_retry_after_is_throttled_with_no_delay() {
+        let (_server, provider) = provider_answering(ResponseTemplate::new(429)).await;
+        let err = send(&provider).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ProviderError::Throttled {
+                    retry_after: None,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn server_errors_are_transient() {
+        for status in [500, 502, 503] {
+            let (_server, provider) = provider_answering(
+                ResponseTemplate::new(status).set_body_string("upstream trouble"),
+            )
+            .await;
+            match send(&provider).await.unwrap_err() {
+                ProviderError::Transient(detail) => {
+                    assert!(detail.contains(&status.to_string()), "{detail}");
+                }
+                other => panic!("expected Transient for {status}, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_slower_than_the_timeout_is_transient() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(201)
+                    .set_body_json(json!({ "sid": "SM-late" }))
+                    .set_delay(Duration::from_secs(5)),
+            )
+            .mount(&server)
+            .await;
+        let provider = provider(&server.uri(), Duration::from_millis(200));
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Transient(detail) => {
+                assert!(detail.contains("within 200 ms"), "{detail}");
+            }
+            other => panic!("expected Transient, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_transient() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let provider = provider(&format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Transient(detail) => {
+                assert!(detail.contains("cannot connect"), "{detail}");
+            }
+            other => panic!("expected Transient, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_success_without_a_sid_is_permanent_so_it_is_not_sent_twice() {
+        let (_server, provider) =
+            provider_answering(ResponseTemplate::new(201).set_body_string("OK")).await;
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Permanent(detail) => {
+                assert!(detail.contains("without a sid"), "{detail}")
+            }
+            other => panic!("expected Permanent, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_email_payload_is_refused_without_a_call() {
+        let (server, provider) = provider_answering(
+            ResponseTemplate::new(201).set_body_json(json!({ "sid": "SM0003" })),
+        )
+        .await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::Permanent(_)), "{err:?}");
+        assert!(server.received_requests().await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn settings_without_base_url_are_refused_by_name() {
+        let mut settings = crate::providers::tests::settings(crate::config::ProviderKind::Http);
+        settings.account_sid = Some(SID.into());
+        settings.auth_token = Some(TOKEN.to_owned().into());
+        settings.from = Some(FROM.into());
+        let err = SmsHttpProvider::from_settings(&settings).unwrap_err();
+        assert!(err.to_string().contains("base_url"), "{err}");
+    }
+
+    #[test]
+    fn the_auth_token_does_not_print() {
+        let provider = provider("http://127.0.0.1:9", Duration::from_secs(1));
+        assert!(!format!("{provider:?}").contains(TOKEN));
+    }
+}

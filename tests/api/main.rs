@@ -1,0 +1,13 @@
+//! Integration tests: each test starts the whole service on a random port
+//! with its own temporary SQLite file and talks to it over real HTTP.
+
+mod admin;
+mod auth;
+mod crash;
+mod delivery;
+mod idempotency;
+mod limits;
+mod messages;
+mod ops;
+mod restart;
+mod support;

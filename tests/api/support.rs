@@ -1,0 +1,324 @@
+//! Test support: starts a real [`Application`] on a random port with its own
+//! temporary SQLite file, and wraps the requests the tests make (admin calls,
+//! sends, status reads) so each test reads as the behaviour it checks.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use fairlane::api::AppState;
+use fairlane::app::Application;
+use fairlane::config::{DEFAULT_TOML, Settings};
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The admin token every test app is configured with.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// A running app, its database directory and an HTTP client for it.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    /// Shared state of the running app, for looking at queue depths.
+    pub state: AppState,
+    pub client: reqwest::Client,
+    /// Holds the SQLite file; removed when the test ends.
+    dir: Option<TempDir>,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl TestApp {
+    /// Starts an app with the default settings plus `extra` (TOML text that
+    /// must not repeat the `[server]` or `[storage]` tables).
+    pub async fn start(extra: &str) -> TestApp {
+        Self::start_custom(extra, |_| {}).await
+    }
+
+    /// Like [`TestApp::start`], then lets the test change the parsed settings.
+    pub async fn start_custom(extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        Self::start_in(dir, extra, tweak).await
+    }
+
+    /// Starts an app whose database lives in `dir` (a restart keeps it).
+    pub async fn start_in(dir: TempDir, extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        let mut settings = settings_for(dir.path(), extra);
+        tweak(&mut settings);
+        let app = Application::build(settings)
+            .await
+            .expect("application builds");
+        let addr = app.local_addr();
+        let state = app.state();
+        let (shutdown, signal) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let stopped = app
+                .run_until(async move {
+                    let _ = signal.await;
+                })
+                .await;
+            if let Err(err) = stopped {
+                panic!("server failed: {err:#}");
+            }
+        });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("HTTP client");
+        TestApp {
+            addr,
+            state,
+            client,
+            dir: Some(dir),
+            shutdown: Some(shutdown),
+            server: Some(server),
+        }
+    }
+
+    /// Signals shutdown without waiting: the app stops taking connections
+    /// and finishes the requests it has.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+
+    /// Shuts the app down gracefully, waits for it to finish and hands back
+    /// the directory holding its database.
+    pub async fn stop(mut self) -> TempDir {
+        // Idle keep-alive connections must not hold up the graceful shutdown.
+        self.client = reqwest::Client::new();
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(20), server)
+                .await
+                .expect("server stops within 20 s")
+                .expect("server task ends without panicking");
+        }
+        self.dir.take().expect("database directory")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// A request carrying the admin token.
+    pub fn admin(&self, method: Method, path: &str) -> RequestBuilder {
+        self.client
+            .request(method, self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+    }
+
+    /// A request carrying a tenant API key.
+    pub fn tenant(&self, key: &str, method: Method, path: &str) -> RequestBuilder {
+        self.client.request(method, self.url(path)).bearer_auth(key)
+    }
+
+    /// Creates a tenant on `plan`; panics unless the answer is 201.
+    pub async fn create_tenant(&self, id: &str, plan: &str) -> Value {
+        let response = self
+            .admin(Method::POST, "/v1/admin/tenants")
+            .json(&json!({"id": id, "name": format!("Tenant {id}"), "plan": plan}))
+            .send()
+            .await
+            .expect("create tenant");
+        expect_json(response, StatusCode::CREATED).await
+    }
+
+    /// Issues a key for `tenant`; returns `(key id, key)`.
+    pub async fn issue_key(&self, tenant: &str) -> (String, String) {
+        let response = self
+            .admin(Method::POST, &format!("/v1/admin/tenants/{tenant}/keys"))
+            .send()
+            .await
+            .expect("issue key");
+        let body = expect_json(response, StatusCode::CREATED).await;
+        (
+            body["id"].as_str().expect("key id").to_owned(),
+            body["key"].as_str().expect("key").to_owned(),
+        )
+    }
+
+    /// Creates a tenant on `plan` and returns a fresh key for it.
+    pub async fn tenant_with_key(&self, id: &str, plan: &str) -> String {
+        self.create_tenant(id, plan).await;
+        self.issue_key(id).await.1
+    }
+
+    /// Changes a tenant with `PATCH`; panics unless the answer is 200.
+    pub async fn patch_tenant(&self, id: &str, patch: Value) -> Value {
+        let response = self
+            .admin(Method::PATCH, &format!("/v1/admin/tenants/{id}"))
+            .json(&patch)
+            .send()
+            .await
+            .expect("patch tenant");
+        expect_json(response, StatusCode::OK).await
+    }
+
+    /// `POST /v1/messages` with a JSON body.
+    pub async fn send(&self, key: &str, body: &Value) -> Response {
+        self.tenant(key, Method::POST, "/v1/messages")
+            .json(body)
+            .send()
+            .await
+            .expect("send message")
+    }
+
+    /// `POST /v1/messages` with an `Idempotency-Key` header.
+    pub async fn send_idempotent(
+        &self,
+        key: &str,
+        idempotency_key: &str,
+        body: &Value,
+    ) -> Response {
+        self.tenant(key, Method::POST, "/v1/messages")
+            .header("idempotency-key", idempotency_key)
+            .json(body)
+            .send()
+            .await
+            .expect("send message")
+    }
+
+    /// Sends `body` and returns the id of the 202 answer.
+    pub async fn send_accepted(&self, key: &str, body: &Value) -> String {
+        let response = self.send(key, body).await;
+        let accepted = expect_json(response, StatusCode::ACCEPTED).await;
+        accepted["id"].as_str().expect("message id").to_owned()
+    }
+
+    /// `GET /v1/messages/{id}`.
+    pub async fn get_message(&self, key: &str, id: &str) -> Response {
+        self.tenant(key, Method::GET, &format!("/v1/messages/{id}"))
+            .send()
+            .await
+            .expect("get message")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+}
+
+/// Default settings with a random port, a fixed admin token, the database
+/// in `dir`, no lane consumers, and `extra` on top.
+pub fn settings_for(dir: &Path, extra: &str) -> Settings {
+    // These tests look at the accept path, so messages must stay queued:
+    // lane consumers (where this build has them) are turned off.
+    let consumers = if DEFAULT_TOML.contains("[consumers]") && !extra.contains("[consumers]") {
+        "[consumers]\nenabled = false\n"
+    } else {
+        ""
+    };
+    let overlay = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\n\
+         [storage]\nurl = \"sqlite://{}/fairlane.db\"\n\n{consumers}\n{extra}\n",
+        dir.display()
+    );
+    Settings::from_toml_overlay(&overlay).expect("test settings are valid")
+}
+
+/// A valid email send request.
+pub fn email() -> Value {
+    json!({"channel": "email", "to": "a@example.com", "subject": "Hi", "text": "Hello"})
+}
+
+/// A valid SMS send request.
+pub fn sms() -> Value {
+    json!({"channel": "sms", "to": "+15551234567", "text": "Hello"})
+}
+
+/// `body` with `field` set to `value` (or removed when `value` is null).
+pub fn with(mut body: Value, field: &str, value: Value) -> Value {
+    let object = body.as_object_mut().expect("an object");
+    if value.is_null() {
+        object.remove(field);
+    } else {
+        object.insert(field.to_owned(), value);
+    }
+    body
+}
+
+/// The value of a header as text, if present.
+pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A header parsed as a whole number; panics when absent or not a number.
+pub fn header_u64(headers: &HeaderMap, name: &str) -> u64 {
+    let text = header(headers, name).unwrap_or_else(|| panic!("header {name} is missing"));
+    text.parse()
+        .unwrap_or_else(|_| panic!("header {name} is not a number: {text:?}"))
+}
+
+/// Asserts the status and a JSON body; returns the body.
+pub async fn expect_json(response: Response, status: StatusCode) -> Value {
+    let actual = response.status();
+    let text = response.text().await.expect("response body");
+    assert_eq!(actual, status, "unexpected status; body: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|err| panic!("body is not JSON ({err}): {text}"))
+}
+
+/// Asserts an RFC 9457 problem answer with `status`; returns its headers and
+/// body.
+pub async fn expect_problem(response: Response, status: StatusCode) -> (HeaderMap, Value) {
+    let headers = response.headers().clone();
+    let body = expect_json(response, status).await;
+    assert_eq!(
+        header(&headers, CONTENT_TYPE.as_str()),
+        Some("application/problem+json"),
+        "content type of a {status} problem; body: {body}"
+    );
+    assert!(
+        body["type"].as_str().is_some_and(|t| !t.is_empty()),
+        "problem type: {body}"
+    );
+    assert!(
+        body["title"].as_str().is_some_and(|t| !t.is_empty()),
+        "problem title: {body}"
+    );
+    assert!(
+        body["detail"].as_str().is_some_and(|t| !t.is_empty()),
+        "problem detail: {body}"
+    );
+    assert_eq!(
+        body["status"],
+        json!(status.as_u16()),
+        "problem status: {body}"
+    );
+    (headers, body)
+}
+
+/// Asserts a 422 problem whose `errors` names `field`; returns the body.
+pub async fn expect_field_error(response: Response, field: &str) -> Value {
+    let (_, body) = expect_problem(response, StatusCode::UNPROCESSABLE_ENTITY).await;
+    assert!(
+        body["errors"].get(field).and_then(Value::as_str).is_some(),
+        "errors should name {field:?}: {body}"
+    );
+    body
+}
+
+/// Asserts a problem whose `type` contains `kind`; returns headers and body.
+pub async fn expect_problem_kind(
+    response: Response,
+    status: StatusCode,
+    kind: &str,
+) -> (HeaderMap, Value) {
+    let (headers, body) = expect_problem(response, status).await;
+    let actual = body["type"].as_str().unwrap_or_default();
+    assert!(
+        actual.contains(kind),
+        "problem type should contain {kind:?}: {body}"
+    );
+    (headers, body)
+}
