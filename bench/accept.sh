@@ -23,6 +23,7 @@ FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
 FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
 FAIRLANE__STORAGE__FSYNC=${FSYNC:-false} \
 FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
+FAIRLANE__CONSUMERS__ENABLED=false \
 RUST_LOG=warn "$bin" serve >"$work/log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -52,7 +52,7 @@ CREATE TABLE messages (
     sent_at             INTEGER,
     last_error          TEXT,
     provider_message_id TEXT
-);
+) WITHOUT ROWID; -- ids are UUIDv7 (time-ordered): the key is the clustering order
 CREATE INDEX messages_tenant_created ON messages(tenant_id, created_at);
 
 CREATE TABLE idempotency_keys (
@@ -87,4 +87,3 @@ CREATE TABLE queue_messages (
 );
 CREATE INDEX queue_messages_fair ON queue_messages(queue, fair_key);
 CREATE INDEX queue_messages_visible ON queue_messages(queue, visible_at);
-CREATE INDEX queue_messages_message ON queue_messages(message_id);

@@ -40,7 +40,8 @@ pub struct Application {
     state: AppState,
     shutdown: watch::Sender<bool>,
     background: Vec<JoinHandle<()>>,
-    writer_task: JoinHandle<()>,
+    /// Completes once the accept writer has committed all it was given.
+    writer_task: tokio::sync::oneshot::Receiver<()>,
     /// One per lane when `consumers.enabled`; started by `run_until`.
     consumers: Vec<Arc<LaneConsumer>>,
 }
@@ -61,7 +62,7 @@ impl Application {
         let embedded = Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
         let queue: Arc<dyn LaneQueue> = embedded.clone();
         let (writer, writer_task) =
-            AcceptWriter::spawn(db.clone(), embedded, settings.storage.max_group);
+            AcceptWriter::spawn(db.clone(), embedded, settings.storage.max_group)?;
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
 
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -86,6 +87,8 @@ impl Application {
         )));
 
         let consumers = if settings.consumers.enabled {
+            let (status, status_task) = crate::store::status::StatusWriter::spawn(db.clone());
+            background.push(status_task);
             let delivery = Delivery {
                 db: db.clone(),
                 registry: registry.clone(),
@@ -94,6 +97,7 @@ impl Application {
                 sms: gated(&settings.providers.sms, Channel::Sms).await?,
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
+                status,
             };
             Lane::ALL
                 .iter()

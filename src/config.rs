@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Format, Toml};
 use secrecy::SecretString;
 use serde::Deserialize;
 
@@ -91,6 +91,13 @@ pub struct SqsSettings {
     pub queue_prefix: String,
     /// Create missing queues at start-up instead of failing.
     pub create_queues: bool,
+    /// Static access key id, for local SQS-compatible servers; leave unset
+    /// on AWS so the standard credential chain (env, profile, role) is used.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// The secret belonging to `access_key_id`.
+    #[serde(default)]
+    pub secret_access_key: Option<SecretString>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -218,6 +225,27 @@ pub struct PlanSettings {
     pub max_in_flight: u32,
 }
 
+/// Layers `FAIRLANE__SECTION__KEY=value` variables over `figment`. Values
+/// are read as TOML-like scalars (numbers, booleans, text), except that a
+/// value starting with `+` stays text: `FAIRLANE__PROVIDERS__SMS__FROM=+15550001111`
+/// is a phone number, not the integer 15550001111.
+fn merge_env(mut figment: Figment, vars: impl Iterator<Item = (String, String)>) -> Figment {
+    for (name, raw) in vars {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let path = rest.to_ascii_lowercase().replace("__", ".");
+        let value: figment::value::Value = if raw.starts_with('+') {
+            raw.into()
+        } else {
+            raw.parse()
+                .expect("parsing an environment value is infallible")
+        };
+        figment = figment.merge((path, value));
+    }
+    figment
+}
+
 impl Settings {
     /// Loads defaults, then `file` (if given), then the environment.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
@@ -228,8 +256,7 @@ impl Settings {
             }
             figment = figment.merge(Toml::file(path));
         }
-        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
-        Self::from_figment(figment)
+        Self::from_figment(merge_env(figment, std::env::vars()))
     }
 
     /// Loads defaults with `overlay` (TOML text) on top; used by tests and
@@ -297,6 +324,9 @@ impl Settings {
             if provider.burst == 0 {
                 bail!("providers.{name}.burst must be at least 1");
             }
+        }
+        if self.queue.sqs.access_key_id.is_some() != self.queue.sqs.secret_access_key.is_some() {
+            bail!("queue.sqs.access_key_id and secret_access_key must be set together");
         }
         for (name, provider) in [
             ("email", &self.providers.email),
@@ -396,6 +426,32 @@ mod tests {
         assert!(settings.storage.fsync);
         assert_eq!(settings.providers.sms.kind, ProviderKind::Http);
         assert!(settings.plans.contains_key("startup"));
+    }
+
+    #[test]
+    fn environment_variables_override_and_keep_phone_numbers_as_text() {
+        let vars = [
+            ("FAIRLANE__PROVIDERS__SMS__KIND", "http"),
+            ("FAIRLANE__PROVIDERS__SMS__BASE_URL", "http://127.0.0.1:9"),
+            ("FAIRLANE__PROVIDERS__SMS__ACCOUNT_SID", "AC1"),
+            ("FAIRLANE__PROVIDERS__SMS__AUTH_TOKEN", "secret"),
+            ("FAIRLANE__PROVIDERS__SMS__FROM", "+15550001111"),
+            ("FAIRLANE__LANES__FAST__CONCURRENCY", "64"),
+            ("OTHER__LANES__FAST__CONCURRENCY", "1"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
+        let settings = Settings::from_figment(figment).unwrap();
+        assert_eq!(settings.providers.sms.from.as_deref(), Some("+15550001111"));
+        assert_eq!(settings.lanes.fast.concurrency, 64);
+    }
+
+    #[test]
+    fn an_unknown_environment_key_is_rejected_with_its_name() {
+        let vars = [("FAIRLANE__SERVER__LISTN".to_owned(), "x".to_owned())];
+        let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
+        let err = Settings::from_figment(figment).unwrap_err();
+        assert!(format!("{err:#}").contains("listn"), "{err:#}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+
 use utoipa::OpenApi;
 
 #[derive(Parser)]

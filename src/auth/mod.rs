@@ -40,28 +40,21 @@ impl AdminAuth {
                 hash: hash_secret(token.expose_secret()),
             });
         }
-        if let Some(stored) = db.setting(ADMIN_HASH_KEY).await? {
-            let mut hash = [0u8; 32];
-            hex::decode_to_slice(stored.trim(), &mut hash)
-                .map_err(|e| anyhow::anyhow!("stored admin token hash is not valid hex: {e}"))?;
-            return Ok(AdminAuth { hash });
+        if db.setting(ADMIN_HASH_KEY).await?.is_none() {
+            let token = Self::rotate(db).await?;
+            warn!(
+                admin_token = %token,
+                "Generated an admin token because server.admin_token is not set. It is shown only this once; \
+                 keep it, or set FAIRLANE__SERVER__ADMIN_TOKEN, or run `fairlane admin-token --rotate`."
+            );
         }
-        let token = Self::rotate(db).await?;
-        warn!(
-            admin_token = %token,
-            "Generated an admin token because server.admin_token is not set. It is shown only this once; \
-             keep it, or set FAIRLANE__SERVER__ADMIN_TOKEN, or run `fairlane admin-token --rotate`."
-        );
-        Self::init_from_db(db).await
-    }
-
-    async fn init_from_db(db: &Db) -> anyhow::Result<Self> {
         let stored = db
             .setting(ADMIN_HASH_KEY)
             .await?
             .ok_or_else(|| anyhow::anyhow!("admin token hash missing"))?;
         let mut hash = [0u8; 32];
-        hex::decode_to_slice(stored.trim(), &mut hash)?;
+        hex::decode_to_slice(stored.trim(), &mut hash)
+            .map_err(|e| anyhow::anyhow!("stored admin token hash is not valid hex: {e}"))?;
         Ok(AdminAuth { hash })
     }
 

@@ -23,7 +23,13 @@ pub struct TieredBuffer<T> {
     capacity: Arc<Semaphore>,
     /// Wakes the dispatcher when an item arrives.
     arrivals: Notify,
+    /// Total slots, so a batch request never asks for more than exist.
+    total: usize,
 }
+
+/// How long the poller waits for a whole batch of free slots while the
+/// buffer still has work queued, before it takes what is free.
+const BATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl<T> TieredBuffer<T> {
     pub fn new(capacity: usize) -> Self {
@@ -31,12 +37,29 @@ impl<T> TieredBuffer<T> {
             tiers: Mutex::new([VecDeque::new(), VecDeque::new(), VecDeque::new()]),
             capacity: Arc::new(Semaphore::new(capacity.max(1))),
             arrivals: Notify::new(),
+            total: capacity.max(1),
         }
     }
 
-    /// Waits for at least one free slot, then takes up to `max` without
-    /// waiting further.
+    /// Takes up to `max` free slots. While the buffer still holds work, it
+    /// first waits a moment for `max` slots together, so that receives stay
+    /// batched instead of fetching one message per finished send; otherwise
+    /// it waits for one slot and takes whatever else is free.
     pub async fn reserve(&self, max: usize) -> Vec<Slot> {
+        let max = max.clamp(1, self.total);
+        if !self.is_empty()
+            && let Ok(Ok(mut block)) = tokio::time::timeout(
+                BATCH_WAIT,
+                self.capacity.clone().acquire_many_owned(max as u32),
+            )
+            .await
+        {
+            let mut slots = Vec::with_capacity(max);
+            while let Some(one) = block.split(1) {
+                slots.push(Slot(one));
+            }
+            return slots;
+        }
         let first = self
             .capacity
             .clone()

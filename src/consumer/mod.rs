@@ -31,6 +31,7 @@ use crate::model::{Channel, Lane};
 use crate::providers::Provider;
 use crate::queue::{LaneQueue, ReceivedMessage};
 use crate::store::Db;
+use crate::store::status::StatusWriter;
 use crate::tenants::Registry;
 use buffer::TieredBuffer;
 
@@ -57,6 +58,8 @@ pub struct Delivery {
     pub sms: GatedProvider,
     pub retry: RetrySettings,
     pub consumers: ConsumerSettings,
+    /// Batches `sending`/`sent` status changes into shared transactions.
+    pub status: StatusWriter,
 }
 
 impl Delivery {
@@ -120,8 +123,9 @@ pub struct LaneConsumer {
 
 impl LaneConsumer {
     pub fn new(lane: Lane, settings: LaneSettings, delivery: Delivery) -> Arc<Self> {
-        // Room for every worker plus one receive batch waiting behind them.
-        let capacity = settings.concurrency + RECEIVE_BATCH;
+        // Room for every worker plus two receive batches waiting behind them,
+        // so the next batch is fetched while the previous one is still there.
+        let capacity = settings.concurrency + 2 * RECEIVE_BATCH;
         Arc::new(LaneConsumer {
             lane,
             workers: Arc::new(Semaphore::new(settings.concurrency)),
@@ -236,17 +240,23 @@ impl LaneConsumer {
                 settings: self.settings.clone(),
                 delivery: self.delivery.clone(),
                 deletes: deletes.clone(),
+                shutdown: shutdown.clone(),
             };
             running.spawn(async move {
                 match tenant_slot {
                     Some(tenant_slot) => {
-                        process::deliver(&context, message).await;
+                        // `deliver` gives the worker back as soon as the
+                        // provider has answered; recording the outcome
+                        // does not hold up the next send.
+                        process::deliver(&context, message, worker).await;
                         drop(tenant_slot);
                     }
-                    None => process::defer_for_tenant_cap(&context, message).await,
+                    None => {
+                        process::defer_for_tenant_cap(&context, message).await;
+                        drop(worker);
+                    }
                 }
                 drop(slot);
-                drop(worker);
             });
         }
     }

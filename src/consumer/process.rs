@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::Delivery;
@@ -37,6 +37,9 @@ pub(super) struct Context {
     pub delivery: Delivery,
     /// Receipts to delete, batched by [`run_deleter`].
     pub deletes: mpsc::Sender<String>,
+    /// Turns true at shutdown: a message still waiting for a provider token
+    /// goes back to the queue instead of holding shutdown up.
+    pub shutdown: watch::Receiver<bool>,
 }
 
 /// Backoff before retry `attempt` (1-based): a uniformly random delay
@@ -96,7 +99,7 @@ async fn dead_letter(
     match context
         .delivery
         .queue
-        .dead_letter(context.lane, &message.receipt)
+        .dead_letter(context.lane, message)
         .await
     {
         Ok(()) => {
@@ -134,7 +137,11 @@ fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinH
     })
 }
 
-pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
+pub(super) async fn deliver(
+    context: &Context,
+    message: ReceivedMessage,
+    worker: tokio::sync::OwnedSemaphorePermit,
+) {
     let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
         Ok(payload) => payload,
@@ -175,14 +182,21 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
 
     let gated = context.delivery.provider(payload.channel);
     let beat = heartbeat(context, &message);
-    let waited = gated.gate.acquire(payload.priority).await;
+    let mut shutdown = context.shutdown.clone();
+    let waited = tokio::select! {
+        waited = gated.gate.acquire(payload.priority) => waited,
+        () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
+            beat.abort();
+            return_now(context.delivery.queue.as_ref(), lane, std::slice::from_ref(&message)).await;
+            return;
+        }
+    };
     metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
         .record(waited.as_secs_f64());
-    if let Err(err) = messages::mark_sending(&context.delivery.db.write, &payload.id).await {
-        warn!(message_id = %payload.id, error = %err, "Could not mark message as sending.");
-    }
+    context.delivery.status.sending(&payload.id).await;
     let started = Instant::now();
     let outcome = gated.provider.send(&payload).await;
+    drop(worker);
     let outcome_label = match &outcome {
         Ok(_) => "sent",
         Err(ProviderError::Permanent(_)) => "permanent",
@@ -196,14 +210,16 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let retry = &context.delivery.retry;
     match outcome {
         Ok(delivered) => {
-            if let Err(err) = messages::mark_sent(
-                &context.delivery.db.write,
-                &payload.id,
-                &delivered.provider_message_id,
-            )
-            .await
+            if let Err(err) = context
+                .delivery
+                .status
+                .sent(&payload.id, &delivered.provider_message_id)
+                .await
             {
+                // Leave the queue entry: its redelivery finds no `sent` and
+                // sends again (at-least-once) rather than losing the message.
                 warn!(message_id = %payload.id, error = %err, "Sent, but could not record it.");
+                return;
             }
             let _ = context.deletes.send(message.receipt.clone()).await;
             metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel).increment(1);

@@ -123,17 +123,18 @@ impl EmbeddedQueue {
         }
     }
 
-    /// Inserts `messages` into `lane` inside the caller's transaction. The
-    /// accept writer uses this to commit status rows and queue entries
-    /// together; call [`EmbeddedQueue::notify_arrivals`] after the commit.
-    pub async fn insert_in(
+    /// Appends `INSERT` statements (each ending in `;`) putting `messages`
+    /// on `lane` to a multi-statement query. The accept writer uses this to
+    /// commit status rows and queue entries in one transaction; call
+    /// [`EmbeddedQueue::notify_arrivals`] after the commit.
+    pub fn push_insert(
         &self,
-        conn: &mut SqliteConnection,
+        builder: &mut QueryBuilder<Sqlite>,
         lane: Lane,
         messages: &[&OutboundMessage],
-    ) -> sqlx::Result<()> {
+    ) {
         if messages.is_empty() {
-            return Ok(());
+            return;
         }
         let now = now_ms();
         let keys: Vec<i64> = {
@@ -144,7 +145,7 @@ impl EmbeddedQueue {
                 .collect()
         };
         for (chunk, keys) in messages.chunks(3000).zip(keys.chunks(3000)) {
-            let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+            builder.push(
                 "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) ",
             );
             builder.push_values(chunk.iter().zip(keys), |mut row, (message, key)| {
@@ -159,9 +160,8 @@ impl EmbeddedQueue {
                     .push_bind(0i64)
                     .push_bind(now);
             });
-            builder.build().execute(&mut *conn).await?;
+            builder.push(";\n");
         }
-        Ok(())
     }
 
     /// Wakes long-polling receivers of `lane`.
@@ -289,10 +289,15 @@ impl LaneQueue for EmbeddedQueue {
         lane: Lane,
         messages: Vec<OutboundMessage>,
     ) -> anyhow::Result<Vec<EntryResult>> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
         let refs: Vec<&OutboundMessage> = messages.iter().collect();
+        let mut builder = QueryBuilder::new("");
+        self.push_insert(&mut builder, lane, &refs);
         let mut conn = self.db.write.acquire().await?;
         let mut tx = conn.begin().await?;
-        self.insert_in(&mut tx, lane, &refs).await?;
+        builder.build().execute(&mut *tx).await?;
         tx.commit().await?;
         self.notify_arrivals(lane);
         Ok(vec![Ok(()); messages.len()])
@@ -430,7 +435,8 @@ impl LaneQueue for EmbeddedQueue {
         Ok(())
     }
 
-    async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()> {
+    async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()> {
+        let receipt = message.receipt.as_str();
         let (seq, count) =
             parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
         let done = sqlx::query(
@@ -730,7 +736,7 @@ mod tests {
             .await
             .unwrap();
         for got in queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap() {
-            queue.dead_letter(Lane::Fast, &got.receipt).await.unwrap();
+            queue.dead_letter(Lane::Fast, &got).await.unwrap();
         }
         assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 3);
         let by_id = RedriveFilter {

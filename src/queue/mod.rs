@@ -8,6 +8,7 @@
 //! above this module does not care which one runs.
 
 pub mod embedded;
+pub mod sqs;
 
 use std::time::Duration;
 
@@ -128,8 +129,9 @@ pub trait LaneQueue: Send + Sync {
         delay: Duration,
     ) -> anyhow::Result<()>;
 
-    /// Moves a received message to the lane's DLQ at once.
-    async fn dead_letter(&self, lane: Lane, receipt: &str) -> anyhow::Result<()>;
+    /// Moves a received message to the lane's DLQ at once (SQS can only
+    /// move a message by re-sending its content, hence the whole message).
+    async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()>;
 
     async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats>;
 

@@ -2,7 +2,7 @@
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
 /// How long a key is remembered.
 pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -22,12 +22,11 @@ pub struct StoredResponse {
 
 const COLUMNS: usize = 7;
 
-pub async fn insert_many(
-    conn: &mut SqliteConnection,
-    rows: &[&StoredResponse],
-) -> sqlx::Result<()> {
+/// Appends `INSERT OR REPLACE` statements for `rows` (each ending in `;`)
+/// to the accept writer's multi-statement transaction.
+pub fn push_insert(builder: &mut QueryBuilder<Sqlite>, rows: &[&StoredResponse]) {
     for chunk in rows.chunks(32_766 / COLUMNS) {
-        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+        builder.push(
             "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) ",
         );
         builder.push_values(chunk.iter(), |mut row, stored| {
@@ -39,9 +38,8 @@ pub async fn insert_many(
                 .push_bind(stored.message_id.clone())
                 .push_bind(stored.created_at);
         });
-        builder.build().execute(&mut *conn).await?;
+        builder.push(";\n");
     }
-    Ok(())
 }
 
 /// The answer remembered for `key`, if it is younger than 24 hours at `now_ms`.

@@ -1,7 +1,7 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
 use crate::model::{Channel, Lane, MessageStatus, Priority};
 
@@ -30,11 +30,12 @@ pub struct MessageRecord {
 const MESSAGE_COLUMNS: usize = 14;
 const ROWS_PER_STATEMENT: usize = 32_766 / MESSAGE_COLUMNS;
 
-/// Inserts status rows with multi-row statements inside the caller's
-/// transaction.
-pub async fn insert_many(conn: &mut SqliteConnection, rows: &[&MessageRecord]) -> sqlx::Result<()> {
+/// Appends multi-row `INSERT` statements for `rows` (each ending in `;`) to
+/// a multi-statement query; the accept writer sends a whole group's
+/// transaction to SQLite in one call.
+pub fn push_insert(builder: &mut QueryBuilder<Sqlite>, rows: &[&MessageRecord]) {
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+        builder.push(
             "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ",
         );
         builder.push_values(chunk.iter(), |mut row, record| {
@@ -53,9 +54,8 @@ pub async fn insert_many(conn: &mut SqliteConnection, rows: &[&MessageRecord]) -
                 .push_bind(record.last_error.clone())
                 .push_bind(record.provider_message_id.clone());
         });
-        builder.build().execute(&mut *conn).await?;
+        builder.push(";\n");
     }
-    Ok(())
 }
 
 type MessageRow = (
@@ -142,38 +142,6 @@ pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> a
             .fetch_one(pool)
             .await?;
     Ok(count.max(0) as u64)
-}
-
-/// Marks a message as being handed to its provider.
-pub async fn mark_sending(pool: &SqlitePool, id: &str) -> anyhow::Result<()> {
-    sqlx::query(
-        "UPDATE messages SET status = 'sending', updated_at = ? WHERE id = ? AND status <> 'sent'",
-    )
-    .bind(crate::model::now_ms())
-    .bind(id)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// Records a successful provider call.
-pub async fn mark_sent(
-    pool: &SqlitePool,
-    id: &str,
-    provider_message_id: &str,
-) -> anyhow::Result<()> {
-    let now = crate::model::now_ms();
-    sqlx::query(
-        "UPDATE messages SET status = 'sent', attempts = attempts + 1, sent_at = ?, updated_at = ?, \
-         provider_message_id = ?, last_error = NULL WHERE id = ?",
-    )
-    .bind(now)
-    .bind(now)
-    .bind(provider_message_id)
-    .bind(id)
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 /// Records a failed provider call (`counted`: whether it was an attempt)

@@ -8,6 +8,7 @@
 
 pub mod idempotency;
 pub mod messages;
+pub mod status;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 const ADMIN: &str = "crash-test-admin-token-0123";
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -16,24 +16,36 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start(db: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_fairlane"))
-        .arg("serve")
-        .env("FAIRLANE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
-        .env("FAIRLANE__SERVER__ADMIN_TOKEN", ADMIN)
-        .env(
-            "FAIRLANE__STORAGE__URL",
-            format!("sqlite://{}", db.display()),
-        )
-        .env("FAIRLANE__CONSUMERS__ENABLED", "false")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("fairlane binary starts")
+/// A child process that is killed when the test ends, pass or fail.
+pub(crate) struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-async fn wait_ready(client: &reqwest::Client, base: &str) {
+fn start(db: &std::path::Path, port: u16) -> ChildGuard {
+    ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_fairlane"))
+            .arg("serve")
+            .env("FAIRLANE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("FAIRLANE__SERVER__ADMIN_TOKEN", ADMIN)
+            .env(
+                "FAIRLANE__STORAGE__URL",
+                format!("sqlite://{}", db.display()),
+            )
+            .env("FAIRLANE__CONSUMERS__ENABLED", "false")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("fairlane binary starts"),
+    )
+}
+
+pub(crate) async fn wait_ready(client: &reqwest::Client, base: &str) {
     for _ in 0..200 {
         if let Ok(response) = client.get(format!("{base}/readyz")).send().await
             && response.status().is_success()
@@ -43,6 +55,37 @@ async fn wait_ready(client: &reqwest::Client, base: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("fairlane did not become ready at {base}");
+}
+
+/// Creates tenant `acme` on a plan whose limits are out of the way (fast
+/// lane, 64 in flight) through a separately running binary; returns its key.
+pub(crate) async fn unlimited_tenant(client: &reqwest::Client, base: &str, admin: &str) -> String {
+    let plan = client
+        .put(format!("{base}/v1/admin/plans/unlimited"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({"lane":"fast","rate_per_second":1000000.0,"burst":1000000,"daily_quota":1000000000u64,"max_in_flight":64}))
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success());
+    let tenant = client
+        .post(format!("{base}/v1/admin/tenants"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!({"id":"acme","name":"Acme","plan":"unlimited"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenant.status(), 201);
+    let key: serde_json::Value = client
+        .post(format!("{base}/v1/admin/tenants/acme/keys"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    key["key"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,27 +98,7 @@ async fn every_message_answered_202_survives_kill_9() {
     let mut child = start(&db, port);
     wait_ready(&client, &base).await;
 
-    let admin = |request: reqwest::RequestBuilder| request.bearer_auth(ADMIN);
-    let plan = admin(client.put(format!("{base}/v1/admin/plans/unlimited")))
-        .json(&serde_json::json!({"lane":"fast","rate_per_second":1000000.0,"burst":1000000,"daily_quota":1000000000u64,"max_in_flight":8}))
-        .send()
-        .await
-        .unwrap();
-    assert!(plan.status().is_success());
-    let tenant = admin(client.post(format!("{base}/v1/admin/tenants")))
-        .json(&serde_json::json!({"id":"acme","name":"Acme","plan":"unlimited"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(tenant.status(), 201);
-    let key: serde_json::Value = admin(client.post(format!("{base}/v1/admin/tenants/acme/keys")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = key["key"].as_str().unwrap().to_owned();
+    let key = unlimited_tenant(&client, &base, ADMIN).await;
 
     let accepted = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut senders = Vec::new();
@@ -106,8 +129,8 @@ async fn every_message_answered_202_survives_kill_9() {
             break;
         }
     }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
     for sender in senders {
         sender.await.unwrap();
     }
@@ -119,7 +142,7 @@ async fn every_message_answered_202_survives_kill_9() {
     );
 
     // Restart on the same file: every accepted id is still queued.
-    let mut child = start(&db, port);
+    let child = start(&db, port);
     wait_ready(&client, &base).await;
     for id in &accepted {
         let response = client
@@ -136,8 +159,7 @@ async fn every_message_answered_202_survives_kill_9() {
         let body: serde_json::Value = response.json().await.unwrap();
         assert_eq!(body["status"], "queued");
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
         .await

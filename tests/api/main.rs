@@ -10,4 +10,5 @@ mod limits;
 mod messages;
 mod ops;
 mod restart;
+mod shutdown;
 mod support;
