@@ -11,6 +11,8 @@
 #    last delivery, sampling /v1/admin/queues every 0.5 s. Expected ceiling:
 #    concurrency / latency (Little's law).
 # 4. Prints RSS while draining the backlog.
+# DRAIN_SECS=N stops after N seconds of draining (for memory checks on a
+# large backlog); the rate is then computed over what was delivered so far.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-20000}
@@ -74,9 +76,14 @@ while :; do
   rss=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
   [ "$rss" -gt "$rss_max" ] && rss_max=$rss
   [ "$left" -eq 0 ] && break
+  if [ -n "${DRAIN_SECS:-}" ] && [ "$(python3 -c "import time; print(int(time.time() - $t0 >= $DRAIN_SECS))")" = 1 ]; then
+    echo "stopped after ${DRAIN_SECS} s with $left still queued"
+    break
+  fi
   sleep 0.5
 done
 t1=$(date +%s.%N)
+filled=$((filled - left))
 python3 - "$filled" "$t0" "$t1" "$concurrency" "$latency" "$rss_max" "$slow_every" <<'PY'
 import sys
 n, t0, t1, c, l, rss, every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])

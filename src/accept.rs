@@ -163,7 +163,14 @@ async fn commit_group(db: &Db, queue: &EmbeddedQueue, group: &[Job]) -> anyhow::
     idempotency::push_insert(&mut transaction, &remembered);
     transaction.push("COMMIT;");
     let mut conn = db.write.acquire().await?;
-    if let Err(err) = transaction.build().execute(&mut *conn).await {
+    // Not kept in the statement cache: group sizes vary, and every size
+    // would otherwise stay prepared (a large statement each) for good.
+    if let Err(err) = transaction
+        .build()
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+    {
         // A statement failed after BEGIN: undo the group so the connection
         // is clean for the next one (an error before BEGIN makes this a no-op
         // that fails harmlessly).

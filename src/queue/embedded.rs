@@ -211,7 +211,7 @@ impl EmbeddedQueue {
                     list.push_bind(row.0);
                 }
                 update.push(")");
-                update.build().execute(&mut *tx).await?;
+                update.build().persistent(false).execute(&mut *tx).await?;
             }
             let got_fresh = !fresh.is_empty();
             for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
@@ -297,7 +297,7 @@ impl LaneQueue for EmbeddedQueue {
         self.push_insert(&mut builder, lane, &refs);
         let mut conn = self.db.write.acquire().await?;
         let mut tx = conn.begin().await?;
-        builder.build().execute(&mut *tx).await?;
+        builder.build().persistent(false).execute(&mut *tx).await?;
         tx.commit().await?;
         self.notify_arrivals(lane);
         Ok(vec![Ok(()); messages.len()])
@@ -532,7 +532,11 @@ impl LaneQueue for EmbeddedQueue {
             select.push(")");
         }
         select.push(" ORDER BY seq");
-        let rows: Vec<(i64, String, String)> = select.build_query_as().fetch_all(&mut *tx).await?;
+        let rows: Vec<(i64, String, String)> = select
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(&mut *tx)
+            .await?;
         let now = now_ms();
         for (seq, _, tenant_id) in &rows {
             let key = self

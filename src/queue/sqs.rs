@@ -587,6 +587,17 @@ impl SqsQueue {
         if let Some(url) = &settings.endpoint_url {
             loader = loader.endpoint_url(url);
         }
+        if let (Some(key_id), Some(secret)) = (&settings.access_key_id, &settings.secret_access_key)
+        {
+            use secrecy::ExposeSecret;
+            loader = loader.credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                key_id.clone(),
+                secret.expose_secret().to_owned(),
+                None,
+                None,
+                "fairlane-config",
+            ));
+        }
         let sdk_config = loader.load().await;
         Self::connect_with_client(Client::new(&sdk_config), settings, lanes).await
     }

@@ -179,7 +179,7 @@ pub async fn mark_requeued(pool: &SqlitePool, ids: &[String]) -> anyhow::Result<
             list.push_bind(id.clone());
         }
         builder.push(")");
-        builder.build().execute(pool).await?;
+        builder.build().persistent(false).execute(pool).await?;
     }
     Ok(())
 }
@@ -197,7 +197,11 @@ pub async fn get_many(
             list.push_bind(id.clone());
         }
         builder.push(")");
-        let rows: Vec<MessageRow> = builder.build_query_as().fetch_all(pool).await?;
+        let rows: Vec<MessageRow> = builder
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(pool)
+            .await?;
         for row in rows {
             let record = from_row(row)?;
             found.insert(record.id.clone(), record);

@@ -112,7 +112,12 @@ async fn run(db: Db, mut receiver: mpsc::Receiver<Change>) {
         }
         transaction.push("COMMIT;");
         let committed = match db.write.acquire().await {
-            Ok(mut conn) => match transaction.build().execute(&mut *conn).await {
+            Ok(mut conn) => match transaction
+                .build()
+                .persistent(false)
+                .execute(&mut *conn)
+                .await
+            {
                 Ok(_) => true,
                 Err(err) => {
                     let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
