@@ -84,12 +84,26 @@ while :; do
 done
 t1=$(date +%s.%N)
 filled=$((filled - left))
-python3 - "$filled" "$t0" "$t1" "$concurrency" "$latency" "$rss_max" "$slow_every" <<'PY'
+# Mean provider call latency as fairlane saw it (HTTP round trip included).
+measured_ms=$(curl -sf "http://127.0.0.1:$port/metrics" | python3 -c '
+import sys
+s = c = 0.0
+for line in sys.stdin:
+    if line.startswith("fairlane_provider_call_seconds_sum") and "outcome=\"sent\"" in line:
+        s += float(line.split()[-1])
+    if line.startswith("fairlane_provider_call_seconds_count") and "outcome=\"sent\"" in line:
+        c += float(line.split()[-1])
+print(f"{1000 * s / c:.2f}" if c else "0")')
+python3 - "$filled" "$t0" "$t1" "$concurrency" "$latency" "$rss_max" "$slow_every" "$measured_ms" <<'PY'
 import sys
 n, t0, t1, c, l, rss, every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+measured = float(sys.argv[8])
 rate = n / (t1 - t0)
 mean_ms = l if every == 0 else ((every - 1) * l + 2000) / every
 ceiling = c / (mean_ms / 1000)
 print(f"delivered {n} in {t1-t0:.1f} s: {rate:.0f}/s; Little's-law ceiling {c} / {mean_ms:.1f} ms mean latency = {ceiling:.0f}/s; {100*rate/ceiling:.1f} %")
+if measured > 0:
+    real_ceiling = c / (measured / 1000)
+    print(f"measured mean provider call {measured:.2f} ms (round trip): ceiling {real_ceiling:.0f}/s; {100*rate/real_ceiling:.1f} %")
 print(f"max RSS while draining: {rss/1024:.1f} MiB")
 PY

@@ -171,6 +171,10 @@ impl EmbeddedQueue {
 
     /// One non-waiting receive: takes up to `max` visible messages by fair
     /// key, moving any that were received `max_receive_count` times to the DLQ.
+    /// The query names its index: left to itself, SQLite (without ANALYZE
+    /// statistics) picks the `visible_at` index and sorts every visible row
+    /// for each receive, which made a 100,000-message backlog drain at a
+    /// third of the speed of a small one.
     async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
         let settings = self.lanes.get(lane);
         let max_receives = settings.max_receive_count as i64;
@@ -183,7 +187,8 @@ impl EmbeddedQueue {
         while out.len() < max {
             let rows: Vec<QueueRow> = sqlx::query_as(
                 "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
-                 FROM queue_messages WHERE queue = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
+                 FROM queue_messages INDEXED BY queue_messages_fair \
+                 WHERE queue = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
             )
             .bind(queue_name(lane))
             .bind(now)
