@@ -5,6 +5,7 @@ pub mod accept;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod aws;
 pub mod config;
 pub mod consumer;
 pub mod limits;

@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use aws_config::BehaviorVersion;
-use aws_sdk_sesv2::config::Region;
 use aws_sdk_sesv2::config::http::HttpResponse;
 use aws_sdk_sesv2::config::retry::RetryConfig;
 use aws_sdk_sesv2::config::timeout::TimeoutConfig;
@@ -76,24 +74,12 @@ impl SesProvider {
             .clone()
             .filter(|from| !from.is_empty())
             .context("providers.email.from is required for SES")?;
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(region) = &settings.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        if let Some(endpoint_url) = &settings.endpoint_url {
-            loader = loader.endpoint_url(endpoint_url);
-        }
-        if let (Some(key_id), Some(secret)) = (&settings.access_key_id, &settings.secret_access_key)
-        {
-            use secrecy::ExposeSecret;
-            loader = loader.credentials_provider(aws_sdk_sesv2::config::Credentials::new(
-                key_id.clone(),
-                secret.expose_secret().to_owned(),
-                None,
-                None,
-                "fairlane-config",
-            ));
-        }
+        let loader = crate::aws::loader(
+            settings.region.as_deref(),
+            settings.endpoint_url.as_deref(),
+            settings.access_key_id.as_deref(),
+            settings.secret_access_key.as_ref(),
+        );
         let sdk_config = loader.load().await;
         if sdk_config.region().is_none() {
             anyhow::bail!("no AWS region for SES: set providers.email.region or AWS_REGION");
@@ -297,8 +283,8 @@ mod tests {
 
     fn local_client_with_timeout(endpoint_url: &str, timeout: Duration) -> aws_sdk_sesv2::Client {
         let config = aws_sdk_sesv2::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_sdk_sesv2::config::Region::new("us-east-1"))
             .credentials_provider(Credentials::new("test", "test", None, None, "test"))
             .endpoint_url(endpoint_url)
             .retry_config(RetryConfig::standard().with_max_attempts(1))

@@ -33,7 +33,7 @@ use anyhow::{Context, anyhow};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::interceptors::BeforeSerializationInterceptorContextRef;
-use aws_sdk_sqs::config::{BehaviorVersion, ConfigBag, Intercept, Region};
+use aws_sdk_sqs::config::{ConfigBag, Intercept};
 use aws_sdk_sqs::error::{BoxError, DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
@@ -582,22 +582,12 @@ impl SqsQueue {
     /// then creates or looks up the lane queues (see
     /// [`SqsQueue::connect_with_client`]).
     pub async fn connect(settings: &SqsSettings, lanes: LanesSettings) -> anyhow::Result<SqsQueue> {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .region(Region::new(settings.region.clone()));
-        if let Some(url) = &settings.endpoint_url {
-            loader = loader.endpoint_url(url);
-        }
-        if let (Some(key_id), Some(secret)) = (&settings.access_key_id, &settings.secret_access_key)
-        {
-            use secrecy::ExposeSecret;
-            loader = loader.credentials_provider(aws_sdk_sqs::config::Credentials::new(
-                key_id.clone(),
-                secret.expose_secret().to_owned(),
-                None,
-                None,
-                "fairlane-config",
-            ));
-        }
+        let loader = crate::aws::loader(
+            Some(&settings.region),
+            settings.endpoint_url.as_deref(),
+            settings.access_key_id.as_deref(),
+            settings.secret_access_key.as_ref(),
+        );
         let sdk_config = loader.load().await;
         Self::connect_with_client(Client::new(&sdk_config), settings, lanes).await
     }
@@ -1208,8 +1198,8 @@ mod tests {
     /// call so that unimplemented operations fail fast.
     fn test_client(url: &str) -> Client {
         let config = aws_sdk_sqs::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
             .credentials_provider(Credentials::new("test", "test", None, None, "test"))
             .endpoint_url(url)
             .retry_config(RetryConfig::standard().with_max_attempts(1))
