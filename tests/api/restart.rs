@@ -82,19 +82,7 @@ async fn a_send_in_flight_at_shutdown_is_answered_and_kept() {
         .await
         .expect("writer connection");
 
-    let client = app.client.clone();
-    let url = app.url("/v1/messages");
-    let send_key = key.clone();
-    let send = tokio::spawn(async move {
-        let response = client
-            .post(url)
-            .bearer_auth(send_key)
-            .json(&sms())
-            .send()
-            .await
-            .unwrap();
-        expect_json(response, StatusCode::ACCEPTED).await
-    });
+    let send = app.send_in_background(&key, sms());
     // Let the request reach the accept writer, then begin shutting down.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!send.is_finished(), "the send waits for the held writer");
@@ -102,10 +90,11 @@ async fn a_send_in_flight_at_shutdown_is_answered_and_kept() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(writer);
 
-    let accepted = tokio::time::timeout(Duration::from_secs(10), send)
+    let response = tokio::time::timeout(Duration::from_secs(10), send)
         .await
         .expect("the in-flight send is answered")
         .unwrap();
+    let accepted = expect_json(response, StatusCode::ACCEPTED).await;
     let id = accepted["id"].as_str().unwrap().to_owned();
     let dir = app.stop().await;
 
@@ -160,18 +149,7 @@ async fn a_send_held_past_the_request_timeout_is_answered_by_its_commit() {
         .acquire()
         .await
         .expect("writer connection");
-    let client = app.client.clone();
-    let url = app.url("/v1/messages");
-    let send_key = key.clone();
-    let send = tokio::spawn(async move {
-        client
-            .post(url)
-            .bearer_auth(send_key)
-            .json(&email())
-            .send()
-            .await
-            .unwrap()
-    });
+    let send = app.send_in_background(&key, email());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         !send.is_finished(),

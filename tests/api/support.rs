@@ -185,6 +185,13 @@ impl TestApp {
             .expect("send message")
     }
 
+    /// Starts `POST /v1/messages` in a task of its own, for tests that hold
+    /// the store and look at the request while it waits.
+    pub fn send_in_background(&self, key: &str, body: Value) -> JoinHandle<Response> {
+        let request = self.tenant(key, Method::POST, "/v1/messages").json(&body);
+        tokio::spawn(async move { request.send().await.expect("send message") })
+    }
+
     /// Sends `body` and returns the id of the 202 answer.
     pub async fn send_accepted(&self, key: &str, body: &Value) -> String {
         let response = self.send(key, body).await;
