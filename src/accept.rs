@@ -24,7 +24,7 @@ use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
-use crate::model::Lane;
+use crate::model::{Lane, now_ms};
 use crate::queue::OutboundMessage;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Db;
@@ -51,25 +51,54 @@ pub struct NotDurable {
     pub retry_after: Duration,
 }
 
+/// Where the queue entries of a group go.
+pub enum Staging {
+    /// Into the embedded queue, in the group's transaction.
+    Embedded(Arc<EmbeddedQueue>),
+    /// Into the outbox table, in the group's transaction; the request then
+    /// sends to SQS through [`crate::outbox::Outbox`].
+    Outbox,
+}
+
+/// Failures in a row, which set the Retry-After of the next 503: 1 s after
+/// the first, doubling up to 30 s.
+#[derive(Debug, Clone, Default)]
+pub struct FailureStreak(Arc<AtomicU32>);
+
+impl FailureStreak {
+    pub fn succeeded(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a failure; returns the streak length.
+    pub fn failed(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        let failures = self.0.load(Ordering::Relaxed).clamp(1, 6);
+        Duration::from_secs((1u64 << (failures - 1)).min(30))
+    }
+}
+
 /// Handle to the writer task.
 pub struct AcceptWriter {
     jobs: mpsc::Sender<Job>,
-    /// Groups that failed in a row; sets the Retry-After of the next 503.
-    consecutive_failures: Arc<AtomicU32>,
+    failures: FailureStreak,
 }
 
 impl AcceptWriter {
-    /// Starts the writer over `db` and the embedded `queue` on a thread of
-    /// its own; the returned receiver completes when the writer has committed
-    /// everything it was given and every [`AcceptWriter`] is dropped.
+    /// Starts the writer over `db` on a thread of its own; the returned
+    /// receiver completes when the writer has committed everything it was
+    /// given and every [`AcceptWriter`] is dropped.
     pub fn spawn(
         db: Db,
-        queue: Arc<EmbeddedQueue>,
+        staging: Staging,
         max_group: usize,
     ) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
         let (jobs, receiver) = mpsc::channel(max_group * 4);
-        let consecutive_failures = Arc::new(AtomicU32::new(0));
-        let failures = consecutive_failures.clone();
+        let failures = FailureStreak::default();
+        let streak = failures.clone();
         let (finished, done) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -77,16 +106,10 @@ impl AcceptWriter {
         std::thread::Builder::new()
             .name("fairlane-accept-writer".into())
             .spawn(move || {
-                runtime.block_on(run_writer(db, queue, receiver, max_group, failures));
+                runtime.block_on(run_writer(db, staging, receiver, max_group, streak));
                 let _ = finished.send(());
             })?;
-        Ok((
-            AcceptWriter {
-                jobs,
-                consecutive_failures,
-            },
-            done,
-        ))
+        Ok((AcceptWriter { jobs, failures }, done))
     }
 
     /// Makes `entry` durable; returns once its group has committed.
@@ -102,37 +125,35 @@ impl AcceptWriter {
     }
 
     fn not_durable(&self) -> NotDurable {
-        let failures = self
-            .consecutive_failures
-            .load(Ordering::Relaxed)
-            .clamp(1, 6);
         NotDurable {
-            retry_after: Duration::from_secs((1u64 << (failures - 1)).min(30)),
+            retry_after: self.failures.retry_after(),
         }
     }
 }
 
 async fn run_writer(
     db: Db,
-    queue: Arc<EmbeddedQueue>,
+    staging: Staging,
     mut receiver: mpsc::Receiver<Job>,
     max_group: usize,
-    consecutive_failures: Arc<AtomicU32>,
+    streak: FailureStreak,
 ) {
     let mut group = Vec::with_capacity(max_group);
     while receiver.recv_many(&mut group, max_group).await > 0 {
-        let outcome = commit_group(&db, &queue, &group).await;
+        let outcome = commit_group(&db, &staging, &group).await;
         match &outcome {
             Ok(()) => {
-                consecutive_failures.store(0, Ordering::Relaxed);
-                for lane in Lane::ALL {
-                    if group.iter().any(|job| job.entry.lane == *lane) {
-                        queue.notify_arrivals(*lane);
+                streak.succeeded();
+                if let Staging::Embedded(queue) = &staging {
+                    for lane in Lane::ALL {
+                        if group.iter().any(|job| job.entry.lane == *lane) {
+                            queue.notify_arrivals(*lane);
+                        }
                     }
                 }
             }
             Err(err) => {
-                let failures = consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let failures = streak.failed();
                 error!(error = %err, group = group.len(), failures, "Accept group could not be committed; answering 503.");
             }
         }
@@ -144,17 +165,28 @@ async fn run_writer(
     }
 }
 
-async fn commit_group(db: &Db, queue: &EmbeddedQueue, group: &[Job]) -> anyhow::Result<()> {
+async fn commit_group(db: &Db, staging: &Staging, group: &[Job]) -> anyhow::Result<()> {
     let mut transaction: QueryBuilder<Sqlite> = QueryBuilder::new("BEGIN IMMEDIATE;\n");
     let records: Vec<&MessageRecord> = group.iter().map(|job| &job.entry.record).collect();
     messages::push_insert(&mut transaction, &records);
-    for lane in Lane::ALL {
-        let outbound: Vec<&OutboundMessage> = group
-            .iter()
-            .filter(|job| job.entry.lane == *lane)
-            .map(|job| &job.entry.outbound)
-            .collect();
-        queue.push_insert(&mut transaction, *lane, &outbound);
+    match staging {
+        Staging::Embedded(queue) => {
+            for lane in Lane::ALL {
+                let outbound: Vec<&OutboundMessage> = group
+                    .iter()
+                    .filter(|job| job.entry.lane == *lane)
+                    .map(|job| &job.entry.outbound)
+                    .collect();
+                queue.push_insert(&mut transaction, *lane, &outbound);
+            }
+        }
+        Staging::Outbox => {
+            let rows: Vec<(Lane, &OutboundMessage)> = group
+                .iter()
+                .map(|job| (job.entry.lane, &job.entry.outbound))
+                .collect();
+            crate::outbox::push_insert(&mut transaction, &rows, now_ms());
+        }
     }
     let remembered: Vec<&StoredResponse> = group
         .iter()

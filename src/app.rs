@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::accept::AcceptWriter;
+use crate::accept::{AcceptWriter, Staging};
 use crate::api::{self, AppInner, AppState};
 use crate::auth::AdminAuth;
 use crate::config::{QueueBackend, Settings};
@@ -24,8 +24,10 @@ use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
 use crate::limits::tenant::TenantLimits;
 use crate::model::{Channel, Lane};
+use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
+use crate::queue::sqs::SqsQueue;
 use crate::store::{Db, idempotency};
 use crate::tenants::Registry;
 
@@ -44,6 +46,8 @@ pub struct Application {
     writer_task: tokio::sync::oneshot::Receiver<()>,
     /// One per lane when `consumers.enabled`; started by `run_until`.
     consumers: Vec<Arc<LaneConsumer>>,
+    /// SQS mode: completes once the outbox has recorded its last sends.
+    outbox_task: Option<JoinHandle<()>>,
 }
 
 impl Application {
@@ -51,21 +55,41 @@ impl Application {
     /// background tasks. Nothing is served until [`Application::run_until`].
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
-        if settings.queue.backend == QueueBackend::Sqs {
-            anyhow::bail!(
-                "queue.backend = \"sqs\" is not available in this build yet; use \"embedded\""
-            );
-        }
         let db = Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
         let registry = Arc::new(Registry::load(db.clone(), &settings.plans).await?);
         let admin = AdminAuth::init(&db, &settings).await?;
-        let embedded = Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
-        let queue: Arc<dyn LaneQueue> = embedded.clone();
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut background = Vec::new();
+        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) =
+            match settings.queue.backend {
+                QueueBackend::Embedded => {
+                    let embedded =
+                        Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
+                    (embedded.clone(), Staging::Embedded(embedded), None, None)
+                }
+                QueueBackend::Sqs => {
+                    let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
+                        .await
+                        .context("setting up the SQS lane queues")?
+                        .with_status_store(db.clone())
+                        .await?;
+                    let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
+                    let (outbox, tasks) = Outbox::start(
+                        db.clone(),
+                        queue.clone(),
+                        &settings.queue.sqs,
+                        shutdown_rx.clone(),
+                    )
+                    .await
+                    .context("starting the SQS outbox")?;
+                    background.push(tasks.sweeper);
+                    (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+                }
+            };
         let (writer, writer_task) =
-            AcceptWriter::spawn(db.clone(), embedded, settings.storage.max_group)?;
+            AcceptWriter::spawn(db.clone(), staging, settings.storage.max_group)?;
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
 
-        let (shutdown, shutdown_rx) = watch::channel(false);
         // One synchronous sample so the first requests see real depths.
         let mut previous = [
             (
@@ -78,9 +102,9 @@ impl Application {
             ),
         ];
         backpressure.sample(queue.as_ref(), &mut previous).await;
-        let mut background = vec![tokio::spawn(
+        background.push(tokio::spawn(
             backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
-        )];
+        ));
         background.push(tokio::spawn(purge_idempotency_keys(
             db.clone(),
             shutdown_rx,
@@ -119,6 +143,7 @@ impl Application {
             registry,
             queue,
             writer,
+            outbox,
             backpressure,
             admin,
             metrics: crate::metrics::install(),
@@ -131,6 +156,7 @@ impl Application {
             background,
             writer_task,
             consumers,
+            outbox_task,
         })
     }
 
@@ -160,6 +186,7 @@ impl Application {
             background,
             writer_task,
             consumers,
+            outbox_task,
         } = self;
         let db = state.db.clone();
         let consumer_tasks: Vec<_> = consumers
@@ -196,6 +223,16 @@ impl Application {
             .is_err()
         {
             warn!("Accept writer did not finish in time.");
+        }
+        if let Some(task) = outbox_task {
+            if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, task)
+                .await
+                .is_err()
+            {
+                warn!(
+                    "Outbox did not record its last sends in time; the next start re-sends them."
+                );
+            }
         }
         db.close().await;
         info!("Shutdown complete.");

@@ -98,6 +98,18 @@ pub struct SqsSettings {
     /// The secret belonging to `access_key_id`.
     #[serde(default)]
     pub secret_access_key: Option<SecretString>,
+    /// How long the accept path and the consumers' deleter wait for more
+    /// entries before a batch call (SendMessageBatch, DeleteMessageBatch)
+    /// goes out with fewer than ten.
+    pub batch_window_ms: u64,
+    /// Longest wait for one SendMessageBatch on the accept path; after it the
+    /// request answers 503 and the message is marked `rejected`.
+    pub send_timeout_ms: u64,
+    /// Outbox rows older than this (a send whose outcome was never recorded)
+    /// are re-sent by the sweeper; at start-up every row is re-sent.
+    pub outbox_sweep_secs: u64,
+    /// Queue depths (GetQueueAttributes) are refreshed this often.
+    pub stats_interval_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -325,8 +337,20 @@ impl Settings {
                 bail!("providers.{name}.burst must be at least 1");
             }
         }
-        if self.queue.sqs.access_key_id.is_some() != self.queue.sqs.secret_access_key.is_some() {
+        let sqs = &self.queue.sqs;
+        if sqs.access_key_id.is_some() != sqs.secret_access_key.is_some() {
             bail!("queue.sqs.access_key_id and secret_access_key must be set together");
+        }
+        if sqs.batch_window_ms > 1000 {
+            bail!("queue.sqs.batch_window_ms must be at most 1000");
+        }
+        if sqs.send_timeout_ms == 0 || sqs.send_timeout_ms >= sqs.outbox_sweep_secs * 1000 {
+            bail!(
+                "queue.sqs.send_timeout_ms must be above 0 and below outbox_sweep_secs (in ms), or the sweeper would re-send messages whose send is still running"
+            );
+        }
+        if sqs.stats_interval_secs == 0 {
+            bail!("queue.sqs.stats_interval_secs must be at least 1");
         }
         for (name, provider) in [
             ("email", &self.providers.email),
@@ -429,6 +453,16 @@ mod tests {
     }
 
     #[test]
+    fn the_sqs_example_loads() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/sqs.example.toml");
+        let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::file(example));
+        let settings = Settings::from_figment(figment).unwrap();
+        assert_eq!(settings.queue.backend, QueueBackend::Sqs);
+        assert_eq!(settings.providers.email.kind, ProviderKind::Ses);
+        assert_eq!(settings.consumers.receive_wait_secs, 20);
+    }
+
+    #[test]
     fn environment_variables_override_and_keep_phone_numbers_as_text() {
         let vars = [
             ("FAIRLANE__PROVIDERS__SMS__KIND", "http"),
@@ -458,5 +492,15 @@ mod tests {
     fn http_sms_without_base_url_is_rejected() {
         let err = Settings::from_toml_overlay("[providers.sms]\nkind = \"http\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("base_url"));
+    }
+
+    #[test]
+    fn an_sqs_send_timeout_as_long_as_the_sweep_age_is_rejected() {
+        let err = Settings::from_toml_overlay(
+            "[queue.sqs]\nsend_timeout_ms = 60000\noutbox_sweep_secs = 60\n",
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("send_timeout_ms"), "{err:#}");
+        Settings::from_toml_overlay("[queue.sqs]\nsend_timeout_ms = 59000\n").unwrap();
     }
 }

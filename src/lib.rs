@@ -12,6 +12,7 @@ pub mod limits;
 pub mod message;
 pub mod metrics;
 pub mod model;
+pub mod outbox;
 pub mod providers;
 pub mod queue;
 pub mod store;

@@ -18,8 +18,11 @@ pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 /// Messages returned to the queue without an attempt, by `lane`, `reason`
 /// (`paused`, `disabled`, `tenant_cap`, `throttled`).
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
-/// Requests answered 429, by `reason` (`rate`, `quota`, `lane`).
+/// Requests refused, by `reason`: `rate`, `quota`, `lane` (429) or `queue`
+/// (503: SQS did not take the message).
 pub const REJECTED_TOTAL: &str = "fairlane_requests_rejected_total";
+/// SQS API calls started, by `operation` (SQS mode only; what SQS bills).
+pub const SQS_CALLS_TOTAL: &str = "fairlane_sqs_calls_total";
 /// Messages waiting in a lane (visible or delayed), by `lane`.
 pub const LANE_DEPTH: &str = "fairlane_lane_depth";
 /// Messages received and not yet deleted, by `lane`.

@@ -80,6 +80,9 @@ word_enum!(
         Sent => "sent",
         /// Failed permanently or ran out of attempts; listed in the DLQ.
         DeadLettered => "dead_lettered",
+        /// SQS mode only: the queue did not take the message, its request
+        /// was answered 503, and it is never delivered.
+        Rejected => "rejected",
     }
 );
 

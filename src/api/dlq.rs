@@ -197,8 +197,9 @@ pub async fn redrive(
     };
     let mut redriven = 0;
     for lane in lanes_of(request.lane) {
+        let started = crate::model::now_ms();
         let ids = state.queue.redrive(lane, &filter).await?;
-        messages::mark_requeued(&state.db.write, &ids).await?;
+        messages::mark_requeued(&state.db.write, &ids, started).await?;
         redriven += ids.len();
     }
     Ok(Json(RedriveResult { redriven }))

@@ -373,12 +373,27 @@ pub async fn send_message(
             created_at: now,
         }),
     };
+    let to_send = state.outbox.as_ref().map(|_| entry.outbound.clone());
     if let Err(failed) = state.writer.accept(entry).await {
         state.limits.release(tenant_id, &grant);
         return Err(ApiError::Unavailable {
             detail: "The message could not be queued durably; nothing was accepted.".into(),
             retry_after: failed.retry_after,
         });
+    }
+    if let (Some(outbox), Some(outbound)) = (&state.outbox, to_send) {
+        if let Err(failed) = outbox.send(lane, outbound).await {
+            outbox.reject(tenant_id, &id, &failed.reason).await;
+            state.limits.release(tenant_id, &grant);
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
+            return Err(ApiError::Unavailable {
+                detail: format!(
+                    "The queue did not take the message ({}); nothing was accepted.",
+                    failed.reason
+                ),
+                retry_after: failed.retry_after,
+            });
+        }
     }
     state.backpressure.record_accepted(lane, 1);
     metrics::counter!(names::ACCEPTED_TOTAL, "lane" => lane.as_str(), "channel" => message.channel.as_str())

@@ -45,6 +45,8 @@ pub struct AppInner {
     pub registry: Arc<Registry>,
     pub queue: Arc<dyn LaneQueue>,
     pub writer: AcceptWriter,
+    /// SQS mode: sends what the writer committed to the outbox.
+    pub outbox: Option<Arc<crate::outbox::Outbox>>,
     pub limits: TenantLimits,
     pub backpressure: Arc<LaneBackpressure>,
     pub admin: AdminAuth,

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | sent | delete (batched) | `sent`, `sent_at`, provider id, attempts + 1 |
 //! | already sent (redelivery) | delete, no second send | unchanged |
+//! | `rejected` (SQS send answered 503, arrived anyway) | delete, no send | unchanged |
 //! | tenant paused/disabled | defer `hold_delay_secs`, no attempt | unchanged |
 //! | tenant at in-flight cap | defer `tenant_cap_delay_secs`, no attempt | unchanged |
 //! | provider throttled | defer its Retry-After (or backoff), no attempt | `retrying` |
@@ -173,6 +174,11 @@ pub(super) async fn deliver(
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
         }
+        Ok(Some(record)) if record.status == MessageStatus::Rejected => {
+            info!(message_id = %payload.id, "Message was answered 503 when sent (its queue send timed out but arrived); deleting without sending.");
+            let _ = context.deletes.send(message.receipt.clone()).await;
+            return;
+        }
         Ok(_) => {}
         Err(err) => {
             warn!(message_id = %payload.id, error = %err, "Could not read message status; leaving it for redelivery.");
@@ -299,7 +305,7 @@ pub(super) async fn run_deleter(
     lane: Lane,
     mut receipts: mpsc::Receiver<String>,
 ) {
-    const FLUSH_AFTER: Duration = Duration::from_millis(5);
+    let flush_after = queue.batch_window();
     let mut batch = Vec::with_capacity(super::RECEIVE_BATCH);
     loop {
         if batch.is_empty() {
@@ -308,7 +314,7 @@ pub(super) async fn run_deleter(
                 None => return,
             }
         }
-        let deadline = tokio::time::sleep(FLUSH_AFTER);
+        let deadline = tokio::time::sleep(flush_after);
         tokio::pin!(deadline);
         let mut closed = false;
         while batch.len() < super::RECEIVE_BATCH {

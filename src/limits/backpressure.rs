@@ -2,8 +2,9 @@
 //! high-water mark, with a Retry-After estimated from the lane's recent
 //! drain rate.
 //!
-//! The queue is asked for its depth at most once a second by a background
-//! sampler, not on every request. Between samples, accepts made by this
+//! The queue is asked for its depth by a background sampler every
+//! [`LaneQueue::stats_interval`] (a second for the embedded queue,
+//! `queue.sqs.stats_interval_secs` for SQS), not on every request. Between samples, accepts made by this
 //! process are added to the sampled depth, so a burst cannot overshoot the
 //! mark by a second's worth of traffic.
 
@@ -17,9 +18,6 @@ use crate::config::LanesSettings;
 use crate::metrics as names;
 use crate::model::Lane;
 use crate::queue::{LaneQueue, QueueStats};
-
-/// How often the sampler reads queue statistics.
-pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Weight of the newest drain-rate sample in the moving average.
 const DRAIN_SMOOTHING: f64 = 0.3;
@@ -164,7 +162,7 @@ impl LaneBackpressure {
         }
     }
 
-    /// Samples every [`SAMPLE_INTERVAL`] until `shutdown` fires.
+    /// Samples every [`LaneQueue::stats_interval`] until `shutdown` fires.
     pub async fn run(
         self: Arc<Self>,
         queue: Arc<dyn LaneQueue>,
@@ -175,7 +173,7 @@ impl LaneBackpressure {
             (queue.deleted_total(Lane::Fast), start),
             (queue.deleted_total(Lane::Slow), start),
         ];
-        let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+        let mut tick = tokio::time::interval(queue.stats_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

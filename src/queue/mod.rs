@@ -147,4 +147,21 @@ pub trait LaneQueue: Send + Sync {
 
     /// True when the queue backend answers.
     async fn ping(&self) -> bool;
+
+    /// How often [`LaneQueue::stats`] is worth calling: more often only
+    /// returns cached figures.
+    fn stats_interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// API calls made to a remote queue service since start-up (what it
+    /// bills), or `None` for the embedded queue.
+    fn api_calls(&self) -> Option<u64> {
+        None
+    }
+
+    /// How long a caller batching deletes or sends waits for more entries.
+    fn batch_window(&self) -> Duration {
+        Duration::from_millis(5)
+    }
 }

@@ -25,9 +25,9 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use async_trait::async_trait;
@@ -48,6 +48,7 @@ use super::{
 };
 use crate::config::{LanesSettings, SqsSettings};
 use crate::model::{Channel, Lane, Priority};
+use crate::store::Db;
 
 /// Most entries SQS takes in one batch call.
 const MAX_BATCH_ENTRIES: usize = 10;
@@ -59,9 +60,8 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 const MAX_DELAY_SECS: u64 = 900;
 const MAX_WAIT_SECS: u64 = 20;
 const MAX_VISIBILITY_SECS: u64 = 43_200;
-/// Dead letters are kept as long as SQS allows (14 days); they leave only
-/// by redrive.
-const DLQ_RETENTION_SECS: u32 = 1_209_600;
+/// Lane messages and dead letters are kept as long as SQS allows (14 days).
+const MAX_RETENTION_SECS: u32 = 1_209_600;
 /// How long DLQ messages stay hidden while a listing or redrive walks the
 /// DLQ. Long enough to outlast the walk (so no message is seen twice); they
 /// are made visible again as soon as the walk ends, so only a crash mid-walk
@@ -85,7 +85,8 @@ const ATTR_ENQUEUED_AT: &str = "enqueued_at_ms";
 const ATTR_RECEIVE_COUNT: &str = "receive_count";
 
 /// Counts the SQS operations a client starts (one per operation; SDK
-/// retries of the same operation are not counted again).
+/// retries of the same operation are not counted again), in total and in
+/// the `fairlane_sqs_calls_total` metric by operation name.
 #[derive(Debug)]
 struct ApiCallCounter(Arc<AtomicU64>);
 
@@ -97,9 +98,14 @@ impl Intercept for ApiCallCounter {
     fn read_before_execution(
         &self,
         _context: &BeforeSerializationInterceptorContextRef<'_>,
-        _cfg: &mut ConfigBag,
+        cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         self.0.fetch_add(1, Ordering::Relaxed);
+        let operation = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .map(|metadata| metadata.name().to_owned())
+            .unwrap_or_else(|| "unknown".to_owned());
+        metrics::counter!(crate::metrics::SQS_CALLS_TOTAL, "operation" => operation).increment(1);
         Ok(())
     }
 }
@@ -125,6 +131,13 @@ pub struct SqsQueue {
     slow: LaneQueues,
     /// SQS operations started by `client`, for cost measurements.
     api_calls: Arc<AtomicU64>,
+    /// See [`LaneQueue::stats_interval`].
+    stats_interval: Duration,
+    batch_window: Duration,
+    /// The last statistics of each lane (fast, slow) and when they were read.
+    stats_cache: Mutex<[Option<(Instant, QueueStats)>; 2]>,
+    /// Supplies `oldest_age_secs`, which SQS does not report.
+    status_store: Option<Db>,
 }
 
 /// What is sent for one message: the message itself or a copy of one.
@@ -618,6 +631,68 @@ impl SqsQueue {
             fast,
             slow,
             api_calls,
+            stats_interval: Duration::from_secs(settings.stats_interval_secs.max(1)),
+            batch_window: Duration::from_millis(settings.batch_window_ms),
+            stats_cache: Mutex::new([None, None]),
+            status_store: None,
+        })
+    }
+
+    /// Takes the age of a lane's oldest message from the status store (SQS
+    /// has no such attribute), with a partial index on the pending messages
+    /// created for it if missing.
+    pub async fn with_status_store(mut self, db: Db) -> anyhow::Result<SqsQueue> {
+        // The WHERE clause must match the query in `oldest_age_secs` word
+        // for word for SQLite to use this partial index.
+        sqlx::query(
+            "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
+        )
+        .execute(&db.write)
+        .await
+        .context("creating the index of pending messages")?;
+        self.status_store = Some(db);
+        Ok(self)
+    }
+
+    async fn oldest_age_secs(&self, lane: Lane) -> anyhow::Result<Option<f64>> {
+        let Some(db) = &self.status_store else {
+            return Ok(None);
+        };
+        let oldest: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(created_at) FROM messages WHERE lane = ? AND status IN ('queued', 'sending', 'retrying')",
+        )
+        .bind(lane.as_str())
+        .fetch_one(&db.read)
+        .await?;
+        Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
+    }
+
+    /// Two GetQueueAttributes calls (lane and DLQ) and the oldest age.
+    async fn fetch_stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
+        let queues = self.queues(lane);
+        let names = [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ];
+        let (main, dead, oldest_age_secs) = tokio::try_join!(
+            queue_attributes(&self.client, &queues.url, &names),
+            queue_attributes(&self.client, &queues.dlq_url, &names),
+            self.oldest_age_secs(lane),
+        )?;
+        let delayed = count(
+            &main,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        );
+        Ok(QueueStats {
+            depth: count(&main, QueueAttributeName::ApproximateNumberOfMessages) + delayed,
+            in_flight: count(
+                &main,
+                QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            ),
+            delayed,
+            oldest_age_secs,
+            dlq_depth: names.iter().map(|name| count(&dead, name.clone())).sum(),
         })
     }
 
@@ -841,7 +916,7 @@ async fn open_lane(
             &dlq_name,
             HashMap::from([(
                 QueueAttributeName::MessageRetentionPeriod,
-                DLQ_RETENTION_SECS.to_string(),
+                MAX_RETENTION_SECS.to_string(),
             )]),
         )
         .await?;
@@ -864,6 +939,12 @@ async fn open_lane(
                 (
                     QueueAttributeName::VisibilityTimeout,
                     lane_settings.visibility_timeout_secs.to_string(),
+                ),
+                // The SQS maximum rather than its 4-day default: a lane held
+                // for a paused tenant must not lose messages to expiry.
+                (
+                    QueueAttributeName::MessageRetentionPeriod,
+                    MAX_RETENTION_SECS.to_string(),
                 ),
             ]),
         )
@@ -1045,34 +1126,22 @@ impl LaneQueue for SqsQueue {
             .context("the message was copied to the DLQ but could not be deleted from its lane")
     }
 
-    /// Two GetQueueAttributes calls (lane and DLQ). `oldest_age_secs` is
-    /// always `None`: SQS has no attribute for it (CloudWatch has
-    /// ApproximateAgeOfOldestMessage), so the status store has to supply it.
+    /// Cached for a little less than `stats_interval_secs`, so the sampler
+    /// that calls this at that interval gets fresh figures each time and
+    /// other callers (admin, metrics) cost no extra SQS calls. The age of the
+    /// oldest message comes from the status store when one was given
+    /// ([`SqsQueue::with_status_store`]).
     async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
-        let queues = self.queues(lane);
-        let names = [
-            QueueAttributeName::ApproximateNumberOfMessages,
-            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-        ];
-        let (main, dead) = tokio::try_join!(
-            queue_attributes(&self.client, &queues.url, &names),
-            queue_attributes(&self.client, &queues.dlq_url, &names),
-        )?;
-        let delayed = count(
-            &main,
-            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-        );
-        Ok(QueueStats {
-            depth: count(&main, QueueAttributeName::ApproximateNumberOfMessages) + delayed,
-            in_flight: count(
-                &main,
-                QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            ),
-            delayed,
-            oldest_age_secs: None,
-            dlq_depth: names.iter().map(|name| count(&dead, name.clone())).sum(),
-        })
+        let slot = usize::from(lane == Lane::Slow);
+        let fresh_for = self.stats_interval.mul_f64(0.8);
+        if let Some((at, stats)) = &self.stats_cache.lock().expect("stats cache")[slot] {
+            if at.elapsed() < fresh_for {
+                return Ok(stats.clone());
+            }
+        }
+        let stats = self.fetch_stats(lane).await?;
+        self.stats_cache.lock().expect("stats cache")[slot] = Some((Instant::now(), stats.clone()));
+        Ok(stats)
     }
 
     /// Receives up to `limit` visible DLQ messages (hidden for a few seconds
@@ -1165,6 +1234,18 @@ impl LaneQueue for SqsQueue {
         self.queues(lane).deleted.load(Ordering::Relaxed)
     }
 
+    fn stats_interval(&self) -> Duration {
+        self.stats_interval
+    }
+
+    fn api_calls(&self) -> Option<u64> {
+        Some(SqsQueue::api_calls(self))
+    }
+
+    fn batch_window(&self) -> Duration {
+        self.batch_window
+    }
+
     async fn ping(&self) -> bool {
         queue_attributes(
             &self.client,
@@ -1240,13 +1321,15 @@ mod tests {
         let url = server_url()?;
         let prefix = unique_prefix();
         let settings = settings(&url, &prefix, true, max_receive_count);
-        let queue = SqsQueue::connect_with_client(
+        let mut queue = SqsQueue::connect_with_client(
             test_client(&url),
             &settings.queue.sqs,
             settings.lanes.clone(),
         )
         .await
         .unwrap();
+        // Fresh statistics on every call (caching has a test of its own).
+        queue.stats_interval = Duration::ZERO;
         Some(Fixture {
             queue,
             client: test_client(&url),
@@ -1330,7 +1413,11 @@ mod tests {
         assert_eq!(policy["maxReceiveCount"].to_string().trim_matches('"'), "7");
         assert_eq!(
             dlq[&QueueAttributeName::MessageRetentionPeriod],
-            DLQ_RETENTION_SECS.to_string()
+            MAX_RETENTION_SECS.to_string()
+        );
+        assert_eq!(
+            fast[&QueueAttributeName::MessageRetentionPeriod],
+            MAX_RETENTION_SECS.to_string()
         );
         // The slow lane has its own pair.
         queue_url(&client, &format!("{prefix}-slow")).await.unwrap();
@@ -1729,6 +1816,24 @@ mod tests {
         let left = f.queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].message_id, "a-1");
+    }
+
+    #[tokio::test]
+    async fn stats_are_read_from_sqs_once_per_interval() {
+        let Some(mut f) = fixture(5).await else {
+            return;
+        };
+        f.queue.stats_interval = Duration::from_secs(60);
+        let before = f.queue.api_calls();
+        let first = f.queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!(f.queue.api_calls() - before, 2, "lane and DLQ attributes");
+        send(&f.queue, vec![message("acme", 1)]).await;
+        let calls = f.queue.api_calls();
+        assert_eq!(f.queue.stats(Lane::Fast).await.unwrap(), first);
+        assert_eq!(f.queue.api_calls(), calls, "served from the cache");
+        // Each lane has its own entry.
+        f.queue.stats(Lane::Slow).await.unwrap();
+        assert_eq!(f.queue.api_calls() - calls, 2);
     }
 
     #[tokio::test]

@@ -167,13 +167,24 @@ pub async fn record_failure(
     Ok(attempts.unwrap_or(0).max(0) as u32)
 }
 
-/// Puts redriven messages back to `queued` with a fresh attempt budget.
-pub async fn mark_requeued(pool: &SqlitePool, ids: &[String]) -> anyhow::Result<()> {
+/// Puts redriven messages back to `queued` with a fresh attempt budget,
+/// unless a consumer has already taken them up again since `redrive_started`
+/// (ms): a message sent, or dead-lettered once more, in the moment between
+/// its move back to the lane and this update keeps the newer status.
+pub async fn mark_requeued(
+    pool: &SqlitePool,
+    ids: &[String],
+    redrive_started: i64,
+) -> anyhow::Result<()> {
     let now = crate::model::now_ms();
     for chunk in ids.chunks(500) {
         let mut builder: QueryBuilder<Sqlite> =
             QueryBuilder::new("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ");
-        builder.push_bind(now).push(" WHERE id IN (");
+        builder
+            .push_bind(now)
+            .push(" WHERE status = 'dead_lettered' AND updated_at <= ")
+            .push_bind(redrive_started)
+            .push(" AND id IN (");
         let mut list = builder.separated(", ");
         for id in chunk {
             list.push_bind(id.clone());

@@ -13,11 +13,11 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support::{TestApp, expect_json, sms};
 
-const SMS_PATH: &str = "/2010-04-01/Accounts/AC123/Messages.json";
+pub(crate) const SMS_PATH: &str = "/2010-04-01/Accounts/AC123/Messages.json";
 
 /// Settings for delivery through wiremock: consumers on, short delays,
 /// generous gates so tests are not paced by them.
-fn delivery_settings(sms_base: &str, ses_endpoint: &str, extra: &str) -> String {
+pub(crate) fn delivery_settings(sms_base: &str, ses_endpoint: &str, extra: &str) -> String {
     format!(
         "[consumers]\nenabled = true\nreceive_wait_secs = 1\nhold_delay_secs = 1\ntenant_cap_delay_secs = 1\nshutdown_grace_secs = 5\n\n\
          [retry]\nmax_attempts = 3\nbase_delay_ms = 50\nmax_delay_secs = 1\n\n\
@@ -26,7 +26,7 @@ fn delivery_settings(sms_base: &str, ses_endpoint: &str, extra: &str) -> String 
     )
 }
 
-async fn mock_sms_ok(server: &MockServer, sid: &str) {
+pub(crate) async fn mock_sms_ok(server: &MockServer, sid: &str) {
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
         .respond_with(ResponseTemplate::new(201).set_body_json(json!({"sid": sid})))
@@ -35,7 +35,12 @@ async fn mock_sms_ok(server: &MockServer, sid: &str) {
 }
 
 /// Polls the message until `done` holds or 15 s pass; returns the last view.
-async fn wait_for(app: &TestApp, key: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_for(
+    app: &TestApp,
+    key: &str,
+    id: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let view = expect_json(app.get_message(key, id).await, StatusCode::OK).await;
@@ -46,11 +51,11 @@ async fn wait_for(app: &TestApp, key: &str, id: &str, done: impl Fn(&Value) -> b
     }
 }
 
-fn status_is(word: &'static str) -> impl Fn(&Value) -> bool {
+pub(crate) fn status_is(word: &'static str) -> impl Fn(&Value) -> bool {
     move |view| view["status"] == word
 }
 
-async fn sms_requests(server: &MockServer) -> usize {
+pub(crate) async fn sms_requests(server: &MockServer) -> usize {
     server.received_requests().await.map_or(0, |r| r.len())
 }
 

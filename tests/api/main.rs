@@ -3,6 +3,7 @@
 
 mod admin;
 mod auth;
+mod backends;
 mod crash;
 mod delivery;
 mod idempotency;
@@ -11,4 +12,5 @@ mod messages;
 mod ops;
 mod restart;
 mod shutdown;
+mod sqs;
 mod support;

@@ -1,0 +1,414 @@
+//! The outbox: the accept path in SQS mode.
+//!
+//! With SQS, the status row (SQLite) and the queue message (SQS) live in two
+//! systems that cannot share a transaction. The accept writer commits the
+//! status row together with an outbox row holding the queue message; then
+//! the request hands the message to a per-lane batcher, which coalesces
+//! concurrent requests into SendMessageBatch calls (up to ten entries, at
+//! most `queue.sqs.batch_window_ms` of waiting) and answers each request
+//! with its own entry's outcome.
+//!
+//! | what happened | request | status row | outbox row |
+//! |---|---|---|---|
+//! | SQS took the entry | 202 | `queued` | removed (batched) |
+//! | entry failed or timed out | 503 + Retry-After | `rejected` | removed, with the idempotency record |
+//! | process died in between | (no answer) | `queued` | left; the sweeper sends it |
+//!
+//! The sweeper re-sends every row at start-up (a row that survived a restart
+//! belongs to a process that is gone) and afterwards rows older than
+//! `queue.sqs.outbox_sweep_secs`, which is longer than any request waits for
+//! its send. A message that reached SQS twice (the process died after the
+//! send but before its outbox row was removed) is sent to the provider once:
+//! the consumer skips a message whose status is already `sent`. A message
+//! that reached SQS although its request was answered 503 (a send that timed
+//! out on our side but arrived) is `rejected` and the consumer drops it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{QueryBuilder, Sqlite};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::accept::FailureStreak;
+use crate::config::SqsSettings;
+use crate::model::{Channel, Lane, MessageStatus, Priority, now_ms};
+use crate::queue::{EntryResult, LaneQueue, OutboundMessage};
+use crate::store::Db;
+
+/// Entries per SendMessageBatch (the SQS limit).
+const BATCH_ENTRIES: usize = 10;
+
+/// SendMessageBatch calls in flight at once per lane.
+const SENDS_IN_FLIGHT: usize = 16;
+
+/// Outbox rows removed per DELETE.
+const FORGET_BATCH: usize = 256;
+
+/// Rows read per sweep query.
+const SWEEP_PAGE: i64 = 100;
+
+/// Attempts to mark a failed send before giving up (and logging).
+const REJECT_ATTEMPTS: usize = 3;
+
+struct Pending {
+    message: OutboundMessage,
+    reply: oneshot::Sender<EntryResult>,
+}
+
+/// The send could not be confirmed; the request answers 503.
+#[derive(Debug)]
+pub struct SendFailed {
+    pub reason: String,
+    pub retry_after: Duration,
+}
+
+/// Handle used by the accept path; see the module documentation.
+pub struct Outbox {
+    db: Db,
+    queue: Arc<dyn LaneQueue>,
+    fast: mpsc::Sender<Pending>,
+    slow: mpsc::Sender<Pending>,
+    forget: mpsc::Sender<String>,
+    send_timeout: Duration,
+    failures: FailureStreak,
+}
+
+/// Background tasks of the outbox; await them at shutdown.
+pub struct OutboxTasks {
+    /// Ends once every [`Outbox`] handle is gone and the last removals are
+    /// committed.
+    pub forgetter: JoinHandle<()>,
+    /// Ends at shutdown.
+    pub sweeper: JoinHandle<()>,
+}
+
+/// Appends the outbox rows of a group to the accept writer's transaction.
+pub fn push_insert(
+    builder: &mut QueryBuilder<Sqlite>,
+    rows: &[(Lane, &OutboundMessage)],
+    now: i64,
+) {
+    // Seven bound values a row, well under SQLite's 32,766 per statement.
+    for chunk in rows.chunks(1000) {
+        builder.push(
+            "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at) ",
+        );
+        builder.push_values(chunk.iter(), |mut row, (lane, message)| {
+            row.push_bind(message.message_id.clone())
+                .push_bind(lane.as_str())
+                .push_bind(message.tenant_id.clone())
+                .push_bind(message.channel.as_str())
+                .push_bind(message.priority.as_str())
+                .push_bind(message.body.clone())
+                .push_bind(now);
+        });
+        builder.push(";\n");
+    }
+}
+
+impl Outbox {
+    /// Starts the batchers, the row remover and the sweeper. The first sweep
+    /// (every row left by an earlier process) runs before this returns.
+    pub async fn start(
+        db: Db,
+        queue: Arc<dyn LaneQueue>,
+        settings: &SqsSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<(Arc<Outbox>, OutboxTasks)> {
+        let window = Duration::from_millis(settings.batch_window_ms);
+        let mut senders = Vec::new();
+        for lane in Lane::ALL {
+            let (tx, rx) = mpsc::channel(BATCH_ENTRIES * SENDS_IN_FLIGHT * 4);
+            tokio::spawn(run_batcher(queue.clone(), *lane, rx, window));
+            senders.push(tx);
+        }
+        let (forget, forget_rx) = mpsc::channel(FORGET_BATCH * 16);
+        let forgetter = tokio::spawn(run_forgetter(db.clone(), forget_rx, window));
+        let slow = senders.pop().expect("two lanes");
+        let fast = senders.pop().expect("two lanes");
+        let outbox = Arc::new(Outbox {
+            db,
+            queue,
+            fast,
+            slow,
+            forget,
+            send_timeout: Duration::from_millis(settings.send_timeout_ms),
+            failures: FailureStreak::default(),
+        });
+        let resent = outbox.sweep(None).await?;
+        if resent > 0 {
+            info!(resent, "Re-sent outbox messages left by an earlier run.");
+        }
+        let sweeper = tokio::spawn(run_sweeper(
+            outbox.clone(),
+            Duration::from_secs(settings.outbox_sweep_secs),
+            shutdown,
+        ));
+        Ok((outbox, OutboxTasks { forgetter, sweeper }))
+    }
+
+    /// Puts `message` on `lane` through the batcher. `Ok` once SQS has
+    /// confirmed this message's entry.
+    pub async fn send(&self, lane: Lane, message: OutboundMessage) -> Result<(), SendFailed> {
+        let id = message.message_id.clone();
+        let (reply, answer) = oneshot::channel();
+        let batcher = match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        };
+        let outcome = match batcher.send(Pending { message, reply }).await {
+            Err(_) => Err("the SQS batcher has stopped".to_owned()),
+            Ok(()) => match tokio::time::timeout(self.send_timeout, answer).await {
+                Err(_) => Err(format!(
+                    "SQS did not confirm the send within {} ms",
+                    self.send_timeout.as_millis()
+                )),
+                Ok(Err(_)) => Err("the SQS batcher dropped the message".to_owned()),
+                Ok(Ok(result)) => result,
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                self.failures.succeeded();
+                // Losing this only means one redundant re-send by the sweeper.
+                let _ = self.forget.send(id).await;
+                Ok(())
+            }
+            Err(reason) => {
+                self.failures.failed();
+                Err(SendFailed {
+                    reason,
+                    retry_after: self.failures.retry_after(),
+                })
+            }
+        }
+    }
+
+    /// Records that the message's send failed and its request was answered
+    /// 503: removes the outbox row and the idempotency record (a retry with
+    /// the same key is a new attempt) and marks the status row `rejected`
+    /// unless a consumer got to it first.
+    pub async fn reject(&self, tenant_id: &str, message_id: &str, reason: &str) {
+        let detail = format!("not queued: {reason}");
+        for attempt in 1..=REJECT_ATTEMPTS {
+            match self.try_reject(tenant_id, message_id, &detail).await {
+                Ok(()) => return,
+                Err(err) if attempt == REJECT_ATTEMPTS => {
+                    error!(%message_id, error = %err, "Could not mark a message whose send failed; the sweeper may still deliver it.");
+                }
+                Err(err) => {
+                    warn!(%message_id, error = %err, attempt, "Could not mark a message whose send failed; trying again.");
+                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                }
+            }
+        }
+    }
+
+    async fn try_reject(
+        &self,
+        tenant_id: &str,
+        message_id: &str,
+        detail: &str,
+    ) -> anyhow::Result<()> {
+        let mut tx = self.db.write.begin().await?;
+        sqlx::query("DELETE FROM outbox WHERE message_id = ?")
+            .bind(message_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = ? AND message_id = ?")
+            .bind(tenant_id)
+            .bind(message_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE messages SET status = ?, last_error = ?, updated_at = ? WHERE id = ? AND status = ?",
+        )
+        .bind(MessageStatus::Rejected.as_str())
+        .bind(detail)
+        .bind(now_ms())
+        .bind(message_id)
+        .bind(MessageStatus::Queued.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
+    /// `None`) and removes those SQS took. Returns how many were sent.
+    pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
+        let cutoff = cutoff_ms.unwrap_or(i64::MAX);
+        let mut resent = 0;
+        let mut after = String::new();
+        loop {
+            let rows: Vec<(String, String, String, String, String, String)> = sqlx::query_as(
+                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox WHERE created_at <= ? AND message_id > ? ORDER BY message_id LIMIT ?",
+            )
+            .bind(cutoff)
+            .bind(&after)
+            .bind(SWEEP_PAGE)
+            .fetch_all(&self.db.read)
+            .await?;
+            let Some(last) = rows.last() else {
+                return Ok(resent);
+            };
+            after = last.0.clone();
+            let page_len = rows.len();
+            let mut by_lane: [Vec<OutboundMessage>; 2] = [Vec::new(), Vec::new()];
+            for (message_id, lane, tenant_id, channel, priority, body) in rows {
+                let (Ok(lane), Ok(channel), Ok(priority)) = (
+                    lane.parse::<Lane>(),
+                    channel.parse::<Channel>(),
+                    priority.parse::<Priority>(),
+                ) else {
+                    warn!(%message_id, "Outbox row with an unknown lane, channel or priority; left alone.");
+                    continue;
+                };
+                let slot = usize::from(lane == Lane::Slow);
+                by_lane[slot].push(OutboundMessage {
+                    message_id,
+                    tenant_id,
+                    channel,
+                    priority,
+                    body,
+                    delay: Duration::ZERO,
+                });
+            }
+            for (lane, messages) in Lane::ALL.iter().zip(by_lane) {
+                if messages.is_empty() {
+                    continue;
+                }
+                let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
+                let results = self.queue.send_batch(*lane, messages).await?;
+                let sent: Vec<String> = ids
+                    .into_iter()
+                    .zip(results)
+                    .filter_map(|(id, result)| match result {
+                        Ok(()) => Some(id),
+                        Err(reason) => {
+                            warn!(message_id = %id, %reason, "Outbox re-send failed; the next sweep tries again.");
+                            None
+                        }
+                    })
+                    .collect();
+                resent += sent.len();
+                forget_rows(&self.db, &sent).await?;
+            }
+            if (page_len as i64) < SWEEP_PAGE {
+                return Ok(resent);
+            }
+        }
+    }
+}
+
+async fn run_sweeper(outbox: Arc<Outbox>, age: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(age / 2);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let cutoff = now_ms() - age.as_millis() as i64;
+                match outbox.sweep(Some(cutoff)).await {
+                    Ok(0) => {}
+                    Ok(resent) => info!(resent, "Outbox sweeper re-sent messages whose send outcome was unknown."),
+                    Err(err) => warn!(error = %err, "Outbox sweep failed; the next one tries again."),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Collects up to ten messages (waiting at most `window` after the first)
+/// and sends them in one call, several calls in flight at once.
+async fn run_batcher(
+    queue: Arc<dyn LaneQueue>,
+    lane: Lane,
+    mut pending: mpsc::Receiver<Pending>,
+    window: Duration,
+) {
+    let in_flight = Arc::new(Semaphore::new(SENDS_IN_FLIGHT));
+    let mut batch = Vec::with_capacity(BATCH_ENTRIES);
+    while let Some(first) = pending.recv().await {
+        batch.push(first);
+        let deadline = tokio::time::sleep(window);
+        tokio::pin!(deadline);
+        while batch.len() < BATCH_ENTRIES {
+            tokio::select! {
+                next = pending.recv() => match next {
+                    Some(next) => batch.push(next),
+                    None => break,
+                },
+                _ = &mut deadline => break,
+            }
+        }
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let queue = queue.clone();
+        let entries: Vec<Pending> = std::mem::take(&mut batch);
+        tokio::spawn(async move {
+            let (messages, replies): (Vec<_>, Vec<_>) = entries
+                .into_iter()
+                .map(|entry| (entry.message, entry.reply))
+                .unzip();
+            match queue.send_batch(lane, messages).await {
+                Ok(results) => {
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Err(err) => {
+                    let reason = format!("SendMessageBatch failed: {err:#}");
+                    for reply in replies {
+                        let _ = reply.send(Err(reason.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Removes the outbox rows of sent messages in batches.
+async fn run_forgetter(db: Db, mut ids: mpsc::Receiver<String>, window: Duration) {
+    let mut batch = Vec::with_capacity(FORGET_BATCH);
+    loop {
+        if ids.recv_many(&mut batch, FORGET_BATCH).await == 0 {
+            return;
+        }
+        // Let a burst gather so one DELETE covers many rows.
+        tokio::time::sleep(window).await;
+        let room = FORGET_BATCH.saturating_sub(batch.len());
+        if room > 0 {
+            while let Ok(id) = ids.try_recv() {
+                batch.push(id);
+                if batch.len() >= FORGET_BATCH {
+                    break;
+                }
+            }
+        }
+        if let Err(err) = forget_rows(&db, &batch).await {
+            warn!(error = %err, count = batch.len(), "Could not remove sent messages from the outbox; the sweeper will send them again.");
+        }
+        batch.clear();
+    }
+}
+
+async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut query: QueryBuilder<Sqlite> =
+        QueryBuilder::new("DELETE FROM outbox WHERE message_id IN (");
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(id);
+    }
+    query.push(")");
+    query.build().persistent(false).execute(&db.write).await?;
+    Ok(())
+}

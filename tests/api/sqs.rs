@@ -1,0 +1,401 @@
+//! SQS mode only, against moto's server (`FAIRLANE_TEST_SQS_URL`): what SQS
+//! costs per message, what an idle lane costs, the 503 when SQS does not
+//! take a message, and the outbox sweeper after a crash between the status
+//! write and the send. Failures are injected by a small HTTP proxy between
+//! fairlane and moto.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode as HttpStatus};
+use axum::response::{IntoResponse, Response};
+use fairlane::model::Lane;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use wiremock::MockServer;
+
+use crate::backends::{moto_url, sqs_settings, unique_prefix};
+use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
+use crate::delivery::{delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for};
+use crate::support::{TestApp, expect_json, expect_problem, header_u64, sms};
+
+/// What the proxy does with SendMessageBatch calls; every other call is
+/// passed through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sends {
+    Pass,
+    /// Never answered, as if the process died before SQS replied.
+    Hold,
+    /// Answered with a 500 InternalFailure.
+    Fail,
+}
+
+struct ProxyState {
+    upstream: String,
+    client: reqwest::Client,
+    sends: Mutex<Sends>,
+}
+
+/// An HTTP proxy in front of moto.
+struct SqsProxy {
+    url: String,
+    state: Arc<ProxyState>,
+}
+
+impl SqsProxy {
+    async fn start(upstream: &str) -> SqsProxy {
+        let state = Arc::new(ProxyState {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            client: reqwest::Client::new(),
+            sends: Mutex::new(Sends::Pass),
+        });
+        let router = axum::Router::new()
+            .fallback(forward)
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        SqsProxy { url, state }
+    }
+
+    fn set(&self, sends: Sends) {
+        *self.state.sends.lock().unwrap() = sends;
+    }
+}
+
+async fn forward(State(proxy): State<Arc<ProxyState>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let target = parts
+        .headers
+        .get("x-amz-target")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    if target.ends_with(".SendMessageBatch") {
+        let sends = *proxy.sends.lock().unwrap();
+        match sends {
+            Sends::Pass => {}
+            Sends::Hold => std::future::pending::<()>().await,
+            Sends::Fail => {
+                let mut response = (
+                    HttpStatus::INTERNAL_SERVER_ERROR,
+                    r#"{"__type":"InternalFailure","message":"failure injected by the test proxy"}"#,
+                )
+                    .into_response();
+                response.headers_mut().insert(
+                    "content-type",
+                    HeaderValue::from_static("application/x-amz-json-1.0"),
+                );
+                return response;
+            }
+        }
+    }
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let mut upstream = proxy.client.request(
+        parts.method.clone(),
+        format!(
+            "{}{}",
+            proxy.upstream,
+            parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
+        ),
+    );
+    for (name, value) in &parts.headers {
+        if name != "host" && name != "content-length" {
+            upstream = upstream.header(name, value);
+        }
+    }
+    let answer = upstream.body(body).send().await.unwrap();
+    let mut response = Response::builder().status(answer.status().as_u16());
+    for (name, value) in answer.headers() {
+        if name != "content-length" && name != "transfer-encoding" && name != "connection" {
+            response = response.header(name, value);
+        }
+    }
+    response
+        .body(Body::from(answer.bytes().await.unwrap()))
+        .unwrap()
+}
+
+/// Creates plan `bulk` (fast lane, limits out of the way) and tenant `acme`
+/// on it; returns the tenant's key.
+async fn bulk_tenant(app: &TestApp) -> String {
+    let plan = app
+        .admin(Method::PUT, "/v1/admin/plans/bulk")
+        .json(&json!({"lane": "fast", "rate_per_second": 100000.0, "burst": 100000, "daily_quota": 10000000u64, "max_in_flight": 64}))
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success(), "{:?}", plan.status());
+    app.tenant_with_key("acme", "bulk").await
+}
+
+fn api_calls(app: &TestApp) -> u64 {
+    app.state
+        .queue
+        .api_calls()
+        .expect("the SQS backend counts calls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_messages_from_concurrent_clients_cost_at_most_half_an_sqs_call_each() {
+    let Some(moto) = moto_url("SQS calls per message") else {
+        return;
+    };
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-COST").await;
+    let queue = sqs_settings(
+        &moto,
+        "cost",
+        "stats_interval_secs = 30\nbatch_window_ms = 10",
+    );
+    let app = TestApp::start_custom(
+        &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue),
+        |settings| settings.consumers.receive_wait_secs = 20,
+    )
+    .await;
+    let key = bulk_tenant(&app).await;
+    let before = api_calls(&app);
+
+    const CLIENTS: usize = 20;
+    const EACH: usize = 10;
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let requests: Vec<_> = (0..EACH)
+            .map(|n| {
+                app.tenant(&key, Method::POST, "/v1/messages")
+                    .json(&json!({"channel": "sms", "to": "+15551234567", "text": format!("c{client} n{n}")}))
+            })
+            .collect();
+        clients.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for request in requests {
+                let response = request.send().await.unwrap();
+                assert_eq!(response.status(), StatusCode::ACCEPTED);
+                let body: Value = response.json().await.unwrap();
+                ids.push(body["id"].as_str().unwrap().to_owned());
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for client in clients {
+        ids.extend(client.await.unwrap());
+    }
+    for id in &ids {
+        let view = wait_for(&app, &key, id, status_is("sent")).await;
+        assert_eq!(view["status"], "sent", "{view}");
+    }
+    // Let the last delete batch go out.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = api_calls(&app) - before;
+    let per_message = calls as f64 / ids.len() as f64;
+    eprintln!(
+        "SQS calls for {} messages: {calls} ({per_message:.3} per message)",
+        ids.len()
+    );
+    assert_eq!(sms_requests(&sms_api).await, CLIENTS * EACH);
+    assert!(
+        per_message <= 0.5,
+        "{calls} SQS calls for {} messages",
+        ids.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lane_waits_in_long_polls_instead_of_calling_sqs_again_and_again() {
+    let Some(moto) = moto_url("idle SQS lane") else {
+        return;
+    };
+    let queue = sqs_settings(&moto, "idle", "stats_interval_secs = 60");
+    let app = TestApp::start_custom(
+        &format!("[consumers]\nenabled = true\nreceive_wait_secs = 20\n\n{queue}"),
+        |_| {},
+    )
+    .await;
+    // Past start-up (queue set-up, the first statistics, the first polls).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = api_calls(&app);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let calls = api_calls(&app) - before;
+    eprintln!("SQS calls by two idle lanes in 12 s: {calls}");
+    // Each lane's poll started before the window and is still waiting in
+    // it; a poll that returned at once would show as dozens of calls.
+    assert!(calls <= 2, "{calls} SQS calls in 12 idle seconds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_sqs_does_not_take_answers_503_and_the_message_is_marked_rejected() {
+    let Some(moto) = moto_url("SQS send failure") else {
+        return;
+    };
+    let proxy = SqsProxy::start(&moto).await;
+    let app = TestApp::start(&sqs_settings(&proxy.url, "reject", "")).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+
+    proxy.set(Sends::Fail);
+    let refused = app.send_idempotent(&key, "order-17", &sms()).await;
+    let (headers, problem) = expect_problem(refused, StatusCode::SERVICE_UNAVAILABLE).await;
+    assert!(header_u64(&headers, "retry-after") >= 1, "{headers:?}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was accepted"),
+        "{problem}"
+    );
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, last_error FROM messages")
+            .fetch_all(&app.state.db.read)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, "rejected");
+    assert!(rows[0].1.as_deref().unwrap_or("").contains("not queued"));
+    let outbox: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
+        .fetch_one(&app.state.db.read)
+        .await
+        .unwrap();
+    assert_eq!(outbox, 0, "a rejected message must not be swept later");
+
+    // The same Idempotency-Key is a new attempt, not a replay of the 503.
+    proxy.set(Sends::Pass);
+    let accepted = app.send_idempotent(&key, "order-17", &sms()).await;
+    assert!(accepted.headers().get("idempotent-replayed").is_none());
+    let accepted = expect_json(accepted, StatusCode::ACCEPTED).await;
+    let received = app
+        .state
+        .queue
+        .receive(Lane::Fast, 10, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = received.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, vec![accepted["id"].as_str().unwrap()]);
+}
+
+const ADMIN: &str = "sweeper-test-admin-token-0123";
+
+/// Starts the binary with `config`, its log going to `log`.
+fn start_binary(config: &std::path::Path, log: &std::path::Path) -> ChildGuard {
+    let log = std::fs::File::create(log).expect("log file");
+    ChildGuard(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairlane"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("fairlane binary starts"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once() {
+    let Some(moto) = moto_url("outbox sweeper") else {
+        return;
+    };
+    let proxy = SqsProxy::start(&moto).await;
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-SWEPT").await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fairlane.db");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let config = dir.path().join("fairlane.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_token = \"{ADMIN}\"\n\n\
+             [storage]\nurl = \"sqlite://{}\"\n\n\
+             [queue]\nbackend = \"sqs\"\n\n\
+             [queue.sqs]\nendpoint_url = \"{}\"\nregion = \"us-east-1\"\nqueue_prefix = \"{}\"\ncreate_queues = true\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
+             [consumers]\nenabled = true\nreceive_wait_secs = 1\n\n\
+             [providers.sms]\nkind = \"http\"\nbase_url = \"{}\"\naccount_sid = \"AC123\"\nauth_token = \"secret-token\"\nfrom = \"+15550001111\"\nrate_per_second = 100.0\nburst = 10\n",
+            db.display(),
+            proxy.url,
+            unique_prefix("sweep"),
+            sms_api.uri()
+        ),
+    )
+    .unwrap();
+    let client = reqwest::Client::new();
+    let (first_log, second_log) = (dir.path().join("first.log"), dir.path().join("second.log"));
+    let logs = || {
+        format!(
+            "first run:\n{}\nsecond run:\n{}",
+            std::fs::read_to_string(&first_log).unwrap_or_default(),
+            std::fs::read_to_string(&second_log).unwrap_or_default()
+        )
+    };
+    let mut first = start_binary(&config, &first_log);
+    wait_ready(&client, &base).await;
+    let key = unlimited_tenant(&client, &base, ADMIN).await;
+
+    // The status row and outbox row are committed, then the send hangs.
+    proxy.set(Sends::Hold);
+    let request = client
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth(&key)
+        .json(&sms());
+    let pending = tokio::spawn(async move { request.send().await });
+    let store = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", db.display()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        let row: Option<String> = sqlx::query_scalar("SELECT message_id FROM outbox")
+            .fetch_optional(&store)
+            .await
+            .unwrap();
+        if let Some(id) = row {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no outbox row appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the request died with the process"
+    );
+    assert_eq!(sms_requests(&sms_api).await, 0);
+
+    // The dead process's last long poll (1 s) is still open at moto through
+    // the proxy; let it end so it cannot take the swept message out of
+    // sight for a visibility timeout.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.set(Sends::Pass);
+    let _second = start_binary(&config, &second_log);
+    wait_ready(&client, &base).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let view: Value = client
+            .get(format!("{base}/v1/messages/{id}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if view["status"] == "sent" || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(view["status"], "sent", "{view}\n{}", logs());
+    assert_eq!(view["provider_message_id"], "SM-SWEPT");
+    // Longer than a receive wait and the delete window: a second copy
+    // would have been received and sent by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sms_requests(&sms_api).await, 1, "delivered exactly once");
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
+        .fetch_one(&store)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
