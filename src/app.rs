@@ -55,6 +55,8 @@ impl Application {
     /// background tasks. Nothing is served until [`Application::run_until`].
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
+        // First, so that start-up (queue set-up, first samples) is counted.
+        let metrics = crate::metrics::install();
         let db = Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
         let registry = Arc::new(Registry::load(db.clone(), &settings.plans).await?);
         let admin = AdminAuth::init(&db, &settings).await?;
@@ -146,7 +148,7 @@ impl Application {
             outbox,
             backpressure,
             admin,
-            metrics: crate::metrics::install(),
+            metrics,
             idempotency_in_flight: Mutex::new(HashSet::new()),
         });
         Ok(Application {

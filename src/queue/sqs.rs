@@ -33,7 +33,7 @@ use anyhow::{Context, anyhow};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::interceptors::BeforeSerializationInterceptorContextRef;
-use aws_sdk_sqs::config::{ConfigBag, Intercept};
+use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_sqs::error::{BoxError, DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
@@ -95,9 +95,12 @@ impl Intercept for ApiCallCounter {
         "fairlane.sqs.api_call_counter"
     }
 
-    fn read_before_execution(
+    // Not `read_before_execution`: a client interceptor sees that before the
+    // operation's metadata (its name) is in the config bag.
+    fn read_before_serialization(
         &self,
         _context: &BeforeSerializationInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         self.0.fetch_add(1, Ordering::Relaxed);

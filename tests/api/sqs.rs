@@ -195,6 +195,31 @@ async fn two_hundred_messages_from_concurrent_clients_cost_at_most_half_an_sqs_c
         ids.len()
     );
     assert_eq!(sms_requests(&sms_api).await, CLIENTS * EACH);
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Other tests in this binary add to the same global counters; run this
+    // test alone for a clean breakdown.
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("fairlane_sqs_calls_total{"))
+    {
+        eprintln!("{line}");
+    }
+    for operation in ["SendMessageBatch", "ReceiveMessage", "DeleteMessageBatch"] {
+        assert!(
+            metrics.contains(&format!(
+                "fairlane_sqs_calls_total{{operation=\"{operation}\"}}"
+            )),
+            "{operation} missing from /metrics"
+        );
+    }
     assert!(
         per_message <= 0.5,
         "{calls} SQS calls for {} messages",
