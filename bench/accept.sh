@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-20s}
 connections=${2:-64}
-bin=${CARGO_TARGET_DIR:-target}/release/fairlane
+bin=${BIN:-${CARGO_TARGET_DIR:-target}/release/fairlane}
 [ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 

@@ -8,28 +8,35 @@
 //! answers each request. Under load, groups grow by themselves while a
 //! commit is running; when idle, a lone request commits at once.
 //!
-//! Two things keep a group's round trip short, which is what bounds the
-//! accept rate (requests wait for the commit cycle, not for CPU): the whole
-//! transaction (`BEGIN`, the multi-row inserts, `COMMIT`) goes to SQLite as
-//! one multi-statement call, one hand-off to sqlx's connection thread instead
-//! of one per statement; and the writer runs on its own thread with its own
-//! small runtime, so its wake-ups do not queue behind hundreds of HTTP tasks
-//! on the API's workers.
+//! A group's round trip bounds the accept rate (requests wait for the commit
+//! cycle), so the writer is a plain thread with its own SQLite connection
+//! (rusqlite) rather than a task handing statements to sqlx's connection
+//! thread: no hand-off between threads per group, its wake-ups do not queue
+//! behind the HTTP tasks on the API's workers, and each table's insert is one
+//! cached single-row statement run once per row, so no SQL is parsed per
+//! group. The other writers (status updates, admin changes, the embedded
+//! queue's receives) use sqlx's write connection; SQLite serialises the two,
+//! and the writer waits up to [`BUSY_TIMEOUT`] for the other's transaction.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sqlx::{QueryBuilder, Sqlite};
+use anyhow::Context;
+use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::model::{Lane, now_ms};
 use crate::queue::OutboundMessage;
 use crate::queue::embedded::EmbeddedQueue;
-use crate::store::Db;
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages::{self, MessageRecord};
+
+/// How long the writer waits for another connection's write transaction
+/// (the consumers' status and queue updates) before a group fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One message to make durable.
 #[derive(Debug)]
@@ -88,25 +95,27 @@ pub struct AcceptWriter {
 }
 
 impl AcceptWriter {
-    /// Starts the writer over `db` on a thread of its own; the returned
-    /// receiver completes when the writer has committed everything it was
-    /// given and every [`AcceptWriter`] is dropped.
+    /// Opens a connection of its own to the SQLite file at `path` (already
+    /// created and migrated by [`Db::open`](crate::store::Db::open)) and
+    /// starts the writer on a thread of its own; the returned receiver
+    /// completes when the writer has committed everything it was given and
+    /// every [`AcceptWriter`] is dropped.
     pub fn spawn(
-        db: Db,
+        path: &Path,
+        fsync: bool,
         staging: Staging,
         max_group: usize,
     ) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
+        let conn = open_connection(path, fsync)
+            .with_context(|| format!("opening {} for the accept writer", path.display()))?;
         let (jobs, receiver) = mpsc::channel(max_group * 4);
         let failures = FailureStreak::default();
         let streak = failures.clone();
         let (finished, done) = oneshot::channel();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         std::thread::Builder::new()
             .name("fairlane-accept-writer".into())
             .spawn(move || {
-                runtime.block_on(run_writer(db, staging, receiver, max_group, streak));
+                run_writer(conn, staging, receiver, max_group, streak);
                 let _ = finished.send(());
             })?;
         Ok((AcceptWriter { jobs, failures }, done))
@@ -131,16 +140,34 @@ impl AcceptWriter {
     }
 }
 
-async fn run_writer(
-    db: Db,
+/// The writer's connection, with the durability settings of the pools.
+fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "journal_mode", "wal")?;
+    conn.pragma_update(None, "synchronous", if fsync { "full" } else { "normal" })?;
+    conn.set_prepared_statement_cache_capacity(16);
+    Ok(conn)
+}
+
+fn run_writer(
+    mut conn: Connection,
     staging: Staging,
     mut receiver: mpsc::Receiver<Job>,
     max_group: usize,
     streak: FailureStreak,
 ) {
     let mut group = Vec::with_capacity(max_group);
-    while receiver.recv_many(&mut group, max_group).await > 0 {
-        let outcome = commit_group(&db, &staging, &group).await;
+    while let Some(first) = receiver.blocking_recv() {
+        group.push(first);
+        // Everything that queued up during the previous commit joins.
+        while group.len() < max_group {
+            match receiver.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let outcome = commit_group(&mut conn, &staging, &group);
         match &outcome {
             Ok(()) => {
                 streak.succeeded();
@@ -165,10 +192,13 @@ async fn run_writer(
     }
 }
 
-async fn commit_group(db: &Db, staging: &Staging, group: &[Job]) -> anyhow::Result<()> {
-    let mut transaction: QueryBuilder<Sqlite> = QueryBuilder::new("BEGIN IMMEDIATE;\n");
+/// One transaction for the whole group: status rows, queue entries (or
+/// outbox rows) and idempotency records. Dropping the transaction on an
+/// error rolls it back, so the connection is clean for the next group.
+fn commit_group(conn: &mut Connection, staging: &Staging, group: &[Job]) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let records: Vec<&MessageRecord> = group.iter().map(|job| &job.entry.record).collect();
-    messages::push_insert(&mut transaction, &records);
+    messages::insert_rows(&tx, &records)?;
     match staging {
         Staging::Embedded(queue) => {
             for lane in Lane::ALL {
@@ -177,7 +207,7 @@ async fn commit_group(db: &Db, staging: &Staging, group: &[Job]) -> anyhow::Resu
                     .filter(|job| job.entry.lane == *lane)
                     .map(|job| &job.entry.outbound)
                     .collect();
-                queue.push_insert(&mut transaction, *lane, &outbound);
+                queue.insert_rows(&tx, *lane, &outbound)?;
             }
         }
         Staging::Outbox => {
@@ -185,29 +215,13 @@ async fn commit_group(db: &Db, staging: &Staging, group: &[Job]) -> anyhow::Resu
                 .iter()
                 .map(|job| (job.entry.lane, &job.entry.outbound))
                 .collect();
-            crate::outbox::push_insert(&mut transaction, &rows, now_ms());
+            crate::outbox::insert_rows(&tx, &rows, now_ms())?;
         }
     }
     let remembered: Vec<&StoredResponse> = group
         .iter()
         .filter_map(|job| job.entry.idempotency.as_ref())
         .collect();
-    idempotency::push_insert(&mut transaction, &remembered);
-    transaction.push("COMMIT;");
-    let mut conn = db.write.acquire().await?;
-    // Not kept in the statement cache: group sizes vary, and every size
-    // would otherwise stay prepared (a large statement each) for good.
-    if let Err(err) = transaction
-        .build()
-        .persistent(false)
-        .execute(&mut *conn)
-        .await
-    {
-        // A statement failed after BEGIN: undo the group so the connection
-        // is clean for the next one (an error before BEGIN makes this a no-op
-        // that fails harmlessly).
-        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-        return Err(err.into());
-    }
-    Ok(())
+    idempotency::insert_rows(&tx, &remembered)?;
+    tx.commit()
 }

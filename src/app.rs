@@ -88,8 +88,12 @@ impl Application {
                     (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
                 }
             };
-        let (writer, writer_task) =
-            AcceptWriter::spawn(db.clone(), staging, settings.storage.max_group)?;
+        let (writer, writer_task) = AcceptWriter::spawn(
+            &settings.sqlite_path(),
+            settings.storage.fsync,
+            staging,
+            settings.storage.max_group,
+        )?;
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
 
         // One synchronous sample so the first requests see real depths.

@@ -84,28 +84,30 @@ pub struct OutboxTasks {
     pub sweeper: JoinHandle<()>,
 }
 
-/// Appends the outbox rows of a group to the accept writer's transaction.
-pub fn push_insert(
-    builder: &mut QueryBuilder<Sqlite>,
+/// Inserts the outbox rows of a group in the accept writer's transaction.
+pub fn insert_rows(
+    tx: &rusqlite::Transaction,
     rows: &[(Lane, &OutboundMessage)],
     now: i64,
-) {
-    // Seven bound values a row, well under SQLite's 32,766 per statement.
-    for chunk in rows.chunks(1000) {
-        builder.push(
-            "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at) ",
-        );
-        builder.push_values(chunk.iter(), |mut row, (lane, message)| {
-            row.push_bind(message.message_id.clone())
-                .push_bind(lane.as_str())
-                .push_bind(message.tenant_id.clone())
-                .push_bind(message.channel.as_str())
-                .push_bind(message.priority.as_str())
-                .push_bind(message.body.clone())
-                .push_bind(now);
-        });
-        builder.push(";\n");
+) -> rusqlite::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
     }
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for (lane, message) in rows {
+        insert.execute(rusqlite::params![
+            message.message_id,
+            lane.as_str(),
+            message.tenant_id,
+            message.channel.as_str(),
+            message.priority.as_str(),
+            message.body,
+            now,
+        ])?;
+    }
+    Ok(())
 }
 
 impl Outbox {

@@ -68,6 +68,9 @@ pub struct EmbeddedQueue {
     slow: LaneState,
 }
 
+/// The columns every queue insert writes, in binding order.
+const INSERT_INTO: &str = "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) ";
+
 fn queue_name(lane: Lane) -> &'static str {
     lane.as_str()
 }
@@ -123,10 +126,51 @@ impl EmbeddedQueue {
         }
     }
 
-    /// Appends `INSERT` statements (each ending in `;`) putting `messages`
-    /// on `lane` to a multi-statement query. The accept writer uses this to
-    /// commit status rows and queue entries in one transaction; call
+    /// Fair keys for `messages`, in order, as they join `lane`.
+    fn fair_keys(&self, lane: Lane, messages: &[&OutboundMessage]) -> Vec<i64> {
+        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
+        messages
+            .iter()
+            .map(|m| fair.next_key(&m.tenant_id))
+            .collect()
+    }
+
+    /// Puts `messages` on `lane` within the accept writer's transaction
+    /// (status rows and queue entries commit together); call
     /// [`EmbeddedQueue::notify_arrivals`] after the commit.
+    pub fn insert_rows(
+        &self,
+        tx: &rusqlite::Transaction,
+        lane: Lane,
+        messages: &[&OutboundMessage],
+    ) -> rusqlite::Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let keys = self.fair_keys(lane, messages);
+        let mut insert = tx.prepare_cached(&format!(
+            "{INSERT_INTO} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9)"
+        ))?;
+        for (message, key) in messages.iter().zip(keys) {
+            insert.execute(rusqlite::params![
+                queue_name(lane),
+                message.message_id,
+                message.tenant_id,
+                message.channel.as_str(),
+                message.priority.as_str(),
+                message.body,
+                key,
+                now + message.delay.as_millis() as i64,
+                now,
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Appends `INSERT` statements (each ending in `;`) putting `messages`
+    /// on `lane` to a multi-statement query; call
+    /// [`EmbeddedQueue::notify_arrivals`] after it committed.
     pub fn push_insert(
         &self,
         builder: &mut QueryBuilder<Sqlite>,
@@ -137,17 +181,9 @@ impl EmbeddedQueue {
             return;
         }
         let now = now_ms();
-        let keys: Vec<i64> = {
-            let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-            messages
-                .iter()
-                .map(|m| fair.next_key(&m.tenant_id))
-                .collect()
-        };
+        let keys = self.fair_keys(lane, messages);
         for (chunk, keys) in messages.chunks(3000).zip(keys.chunks(3000)) {
-            builder.push(
-                "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) ",
-            );
+            builder.push(INSERT_INTO);
             builder.push_values(chunk.iter().zip(keys), |mut row, (message, key)| {
                 row.push_bind(queue_name(lane))
                     .push_bind(message.message_id.clone())

@@ -2,7 +2,7 @@
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use sqlx::SqlitePool;
 
 /// How long a key is remembered.
 pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -20,26 +20,27 @@ pub struct StoredResponse {
     pub created_at: i64,
 }
 
-const COLUMNS: usize = 7;
-
-/// Appends `INSERT OR REPLACE` statements for `rows` (each ending in `;`)
-/// to the accept writer's multi-statement transaction.
-pub fn push_insert(builder: &mut QueryBuilder<Sqlite>, rows: &[&StoredResponse]) {
-    for chunk in rows.chunks(32_766 / COLUMNS) {
-        builder.push(
-            "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) ",
-        );
-        builder.push_values(chunk.iter(), |mut row, stored| {
-            row.push_bind(stored.tenant_id.clone())
-                .push_bind(stored.key.clone())
-                .push_bind(stored.request_hash.clone())
-                .push_bind(stored.status_code as i64)
-                .push_bind(stored.response_body.clone())
-                .push_bind(stored.message_id.clone())
-                .push_bind(stored.created_at);
-        });
-        builder.push(";\n");
+/// Inserts `rows` in the accept writer's transaction (replacing an
+/// expired answer under the same key).
+pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&StoredResponse]) -> rusqlite::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
     }
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for stored in rows {
+        insert.execute(rusqlite::params![
+            stored.tenant_id,
+            stored.key,
+            stored.request_hash,
+            i64::from(stored.status_code),
+            stored.response_body,
+            stored.message_id,
+            stored.created_at,
+        ])?;
+    }
+    Ok(())
 }
 
 /// The answer remembered for `key`, if it is younger than 24 hours at `now_ms`.

@@ -30,14 +30,41 @@ pub struct MessageRecord {
 const MESSAGE_COLUMNS: usize = 14;
 const ROWS_PER_STATEMENT: usize = 32_766 / MESSAGE_COLUMNS;
 
+/// The columns every insert writes, in binding order.
+const INSERT_INTO: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ";
+
+/// Inserts `rows` in the accept writer's transaction, through one cached
+/// single-row statement.
+pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusqlite::Result<()> {
+    let mut insert = tx.prepare_cached(&format!(
+        "{INSERT_INTO} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    ))?;
+    for record in rows {
+        insert.execute(rusqlite::params![
+            record.id,
+            record.tenant_id,
+            record.channel.as_str(),
+            record.status.as_str(),
+            record.priority.as_str(),
+            record.lane.as_str(),
+            i64::from(record.attempts),
+            record.reference,
+            record.metadata,
+            record.created_at,
+            record.updated_at,
+            record.sent_at,
+            record.last_error,
+            record.provider_message_id,
+        ])?;
+    }
+    Ok(())
+}
+
 /// Appends multi-row `INSERT` statements for `rows` (each ending in `;`) to
-/// a multi-statement query; the accept writer sends a whole group's
-/// transaction to SQLite in one call.
+/// a multi-statement query.
 pub fn push_insert(builder: &mut QueryBuilder<Sqlite>, rows: &[&MessageRecord]) {
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        builder.push(
-            "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ",
-        );
+        builder.push(INSERT_INTO);
         builder.push_values(chunk.iter(), |mut row, record| {
             row.push_bind(record.id.clone())
                 .push_bind(record.tenant_id.clone())

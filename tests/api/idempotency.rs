@@ -134,19 +134,13 @@ async fn concurrent_repeats_get_one_id_or_409_and_queue_one_message() {
     assert_eq!(fast_depth(&app).await, 1, "only one message is queued");
 }
 
-/// While the store's single writer connection is held, a first request with
+/// While SQLite's write lock is held elsewhere, a first request with
 /// a key cannot finish; a second with the same key must get 409 at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeat_while_the_first_is_in_flight_is_a_409_problem() {
     let app = TestApp::start("").await;
     let key = app.tenant_with_key("acme", "pro").await;
-    let writer = app
-        .state
-        .db
-        .write
-        .acquire()
-        .await
-        .expect("writer connection");
+    let writer = app.hold_write_lock().await;
 
     let mut requests = JoinSet::new();
     for _ in 0..2 {
@@ -180,7 +174,7 @@ async fn a_repeat_while_the_first_is_in_flight_is_a_409_problem() {
         "{problem}"
     );
 
-    drop(writer);
+    writer.release().await;
     let (status, body) = requests.join_next().await.unwrap().unwrap();
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let accepted: Value = serde_json::from_str(&body).unwrap();

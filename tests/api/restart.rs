@@ -74,13 +74,7 @@ async fn every_accepted_message_is_still_queued_after_a_restart() {
 async fn a_send_in_flight_at_shutdown_is_answered_and_kept() {
     let mut app = TestApp::start("").await;
     let key = app.tenant_with_key("acme", "pro").await;
-    let writer = app
-        .state
-        .db
-        .write
-        .acquire()
-        .await
-        .expect("writer connection");
+    let writer = app.hold_write_lock().await;
 
     let send = app.send_in_background(&key, sms());
     // Let the request reach the accept writer, then begin shutting down.
@@ -88,7 +82,7 @@ async fn a_send_in_flight_at_shutdown_is_answered_and_kept() {
     assert!(!send.is_finished(), "the send waits for the held writer");
     app.begin_shutdown();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    drop(writer);
+    writer.release().await;
 
     let response = tokio::time::timeout(Duration::from_secs(10), send)
         .await
@@ -142,20 +136,14 @@ async fn admin_changes_survive_a_restart() {
 async fn a_send_held_past_the_request_timeout_is_answered_by_its_commit() {
     let app = TestApp::start_custom("", |settings| settings.server.request_timeout_secs = 1).await;
     let key = app.tenant_with_key("acme", "pro").await;
-    let writer = app
-        .state
-        .db
-        .write
-        .acquire()
-        .await
-        .expect("writer connection");
+    let writer = app.hold_write_lock().await;
     let send = app.send_in_background(&key, email());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         !send.is_finished(),
         "the send was cut off by the request timeout"
     );
-    drop(writer);
+    writer.release().await;
     let response = tokio::time::timeout(Duration::from_secs(10), send)
         .await
         .expect("the send is answered once the store is free")

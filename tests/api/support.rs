@@ -19,6 +19,18 @@ use tokio::task::JoinHandle;
 /// The admin token every test app is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
+/// SQLite's write lock, held by a test.
+pub struct WriteLock(sqlx::pool::PoolConnection<sqlx::Sqlite>);
+
+impl WriteLock {
+    pub async fn release(mut self) {
+        sqlx::query("ROLLBACK")
+            .execute(&mut *self.0)
+            .await
+            .expect("release the write lock");
+    }
+}
+
 /// A running app, its database directory and an HTTP client for it.
 pub struct TestApp {
     pub addr: SocketAddr,
@@ -183,6 +195,24 @@ impl TestApp {
             .send()
             .await
             .expect("send message")
+    }
+
+    /// Takes SQLite's write lock (an open `BEGIN IMMEDIATE` on the store's
+    /// write connection): the accept writer's next commit waits until
+    /// [`WriteLock::release`].
+    pub async fn hold_write_lock(&self) -> WriteLock {
+        let mut conn = self
+            .state
+            .db
+            .write
+            .acquire()
+            .await
+            .expect("writer connection");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .expect("write lock");
+        WriteLock(conn)
     }
 
     /// Starts `POST /v1/messages` in a task of its own, for tests that hold
