@@ -14,7 +14,9 @@ async fn accept(Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
     let channel = body.get("channel").cloned().unwrap_or(Value::Null);
     (
         StatusCode::ACCEPTED,
-        Json(json!({"id": "00000000-0000-0000-0000-000000000000", "status": "queued", "channel": channel})),
+        Json(
+            json!({"id": "00000000-0000-0000-0000-000000000000", "status": "queued", "channel": channel}),
+        ),
     )
 }
 
