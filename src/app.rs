@@ -128,6 +128,7 @@ impl Application {
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
                 status,
+                delivering: Arc::default(),
             };
             Lane::ALL
                 .iter()

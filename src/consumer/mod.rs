@@ -60,6 +60,44 @@ pub struct Delivery {
     pub consumers: ConsumerSettings,
     /// Batches `sending`/`sent` status changes into shared transactions.
     pub status: StatusWriter,
+    /// Ids of the messages being delivered by this process.
+    pub delivering: Arc<Delivering>,
+}
+
+/// The ids of messages this process is delivering right now. A queue may
+/// hold two copies of one message (at-least-once: an outbox re-send after a
+/// crash, a delete that failed after a deferral's copy was sent). The status
+/// check before sending keeps a later copy from going out again; this set
+/// keeps a copy received while the other is still being sent from going out
+/// at the same time.
+#[derive(Debug, Default)]
+pub struct Delivering(Mutex<std::collections::HashSet<String>>);
+
+impl Delivering {
+    /// Claims `id`; `None` while another copy holds it.
+    fn claim(self: &Arc<Self>, id: &str) -> Option<DeliveringGuard> {
+        let fresh = self
+            .0
+            .lock()
+            .expect("delivering lock")
+            .insert(id.to_owned());
+        fresh.then(|| DeliveringGuard {
+            set: self.clone(),
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// Releases its id when dropped.
+struct DeliveringGuard {
+    set: Arc<Delivering>,
+    id: String,
+}
+
+impl Drop for DeliveringGuard {
+    fn drop(&mut self) {
+        self.set.0.lock().expect("delivering lock").remove(&self.id);
+    }
 }
 
 impl Delivery {

@@ -7,6 +7,7 @@
 //! | `rejected` (SQS send answered 503, arrived anyway) | delete, no send | unchanged |
 //! | tenant paused/disabled | defer `hold_delay_secs`, no attempt | unchanged |
 //! | tenant at in-flight cap | defer `tenant_cap_delay_secs`, no attempt | unchanged |
+//! | another copy being sent by this process | defer `tenant_cap_delay_secs`, no attempt | unchanged |
 //! | provider throttled | defer its Retry-After (or backoff), no attempt | `retrying` |
 //! | transient | defer full-jitter backoff | `retrying`, attempts + 1 |
 //! | permanent, or attempts exhausted | move to DLQ | `dead_lettered`, `last_error` |
@@ -167,6 +168,12 @@ pub(super) async fn deliver(
             return defer(context, &message, delay, reason).await;
         }
     }
+    // A second copy of a message another task is sending right now comes
+    // back later, when the status check below settles it.
+    let Some(_delivering) = context.delivery.delivering.claim(&payload.id) else {
+        let delay = Duration::from_secs(context.delivery.consumers.tenant_cap_delay_secs);
+        return defer(context, &message, delay, "duplicate").await;
+    };
     // Idempotent consumer: a redelivered copy of a sent message is deleted.
     match messages::get(&context.delivery.db.read, &payload.id).await {
         Ok(Some(record)) if record.status == MessageStatus::Sent => {

@@ -494,3 +494,54 @@ async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .respond_with(
+            ResponseTemplate::new(201)
+                .set_body_json(json!({"sid": "SM-SLOW"}))
+                .set_delay(Duration::from_secs(1)),
+        )
+        .mount(&sms_api)
+        .await;
+    let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let id = app.send_accepted(&key, &sms()).await;
+
+    // A second copy while the first is with the slow provider, as an outbox
+    // re-send after a crash can leave behind.
+    let payload = json!({"id": id, "tenant_id": "acme", "channel": "sms", "to": "+15551234567", "text": "Hello", "priority": "normal"});
+    app.state
+        .queue
+        .send_batch(
+            Lane::Fast,
+            vec![OutboundMessage {
+                message_id: id.clone(),
+                tenant_id: "acme".into(),
+                channel: Channel::Sms,
+                priority: Priority::Normal,
+                body: payload.to_string(),
+                delay: Duration::ZERO,
+            }],
+        )
+        .await
+        .unwrap();
+    let view = wait_for(&app, &key, &id, status_is("sent")).await;
+    assert_eq!(view["status"], "sent", "{view}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
+        if stats.depth == 0 && stats.in_flight == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copy was never consumed: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sms_requests(&sms_api).await, 1, "both copies were sent");
+}
