@@ -103,6 +103,7 @@ impl AcceptWriter {
     pub fn spawn(
         path: &Path,
         fsync: bool,
+        turn: Arc<tokio::sync::Mutex<()>>,
         staging: Staging,
         max_group: usize,
     ) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
@@ -115,7 +116,7 @@ impl AcceptWriter {
         std::thread::Builder::new()
             .name("fairlane-accept-writer".into())
             .spawn(move || {
-                run_writer(conn, staging, receiver, max_group, streak);
+                run_writer(conn, turn, staging, receiver, max_group, streak);
                 let _ = finished.send(());
             })?;
         Ok((AcceptWriter { jobs, failures }, done))
@@ -152,6 +153,7 @@ fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Connection> {
 
 fn run_writer(
     mut conn: Connection,
+    turn: Arc<tokio::sync::Mutex<()>>,
     staging: Staging,
     mut receiver: mpsc::Receiver<Job>,
     max_group: usize,
@@ -167,7 +169,10 @@ fn run_writer(
                 Err(_) => break,
             }
         }
-        let outcome = commit_group(&mut conn, &staging, &group);
+        let outcome = {
+            let _turn = turn.blocking_lock();
+            commit_group(&mut conn, &staging, &group)
+        };
         match &outcome {
             Ok(()) => {
                 streak.succeeded();

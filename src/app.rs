@@ -91,6 +91,7 @@ impl Application {
         let (writer, writer_task) = AcceptWriter::spawn(
             &settings.sqlite_path(),
             settings.storage.fsync,
+            db.turn.clone(),
             staging,
             settings.storage.max_group,
         )?;

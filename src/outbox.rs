@@ -214,7 +214,8 @@ impl Outbox {
         message_id: &str,
         detail: &str,
     ) -> anyhow::Result<()> {
-        let mut tx = self.db.write.begin().await?;
+        let _turn = self.db.write_turn().await;
+        let mut tx = self.db.write.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("DELETE FROM outbox WHERE message_id = ?")
             .bind(message_id)
             .execute(&mut *tx)
@@ -411,6 +412,7 @@ async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
         list.push_bind(id);
     }
     query.push(")");
+    let _turn = db.write_turn().await;
     query.build().persistent(false).execute(&db.write).await?;
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use sqlx::{Acquire, QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{Connection, QueryBuilder, Sqlite, SqliteConnection};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -215,8 +215,9 @@ impl EmbeddedQueue {
         let settings = self.lanes.get(lane);
         let max_receives = settings.max_receive_count as i64;
         let visibility_ms = (settings.visibility_timeout_secs * 1000) as i64;
+        let _turn = self.db.write_turn().await;
         let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let mut out = Vec::new();
         let mut highest_key = None;
@@ -336,8 +337,9 @@ impl LaneQueue for EmbeddedQueue {
         let refs: Vec<&OutboundMessage> = messages.iter().collect();
         let mut builder = QueryBuilder::new("");
         self.push_insert(&mut builder, lane, &refs);
+        let _turn = self.db.write_turn().await;
         let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         builder.build().persistent(false).execute(&mut *tx).await?;
         tx.commit().await?;
         self.notify_arrivals(lane);
@@ -378,8 +380,9 @@ impl LaneQueue for EmbeddedQueue {
         lane: Lane,
         receipts: &[String],
     ) -> anyhow::Result<Vec<EntryResult>> {
+        let _turn = self.db.write_turn().await;
         let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let mut results = Vec::with_capacity(receipts.len());
         let mut deleted = 0;
         for receipt in receipts {
@@ -414,8 +417,9 @@ impl LaneQueue for EmbeddedQueue {
         lane: Lane,
         changes: &[(String, Duration)],
     ) -> anyhow::Result<Vec<EntryResult>> {
+        let _turn = self.db.write_turn().await;
         let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let mut results = Vec::with_capacity(changes.len());
         let mut returned_any = false;
@@ -455,6 +459,7 @@ impl LaneQueue for EmbeddedQueue {
     ) -> anyhow::Result<()> {
         let (seq, count) = parse_receipt(&message.receipt)
             .with_context(|| format!("receipt {:?} is malformed", message.receipt))?;
+        let _turn = self.db.write_turn().await;
         let done = sqlx::query(
             "UPDATE queue_messages SET visible_at = ?, receive_count = MAX(receive_count - 1, 0) \
              WHERE seq = ? AND queue = ? AND receive_count = ?",
@@ -480,6 +485,7 @@ impl LaneQueue for EmbeddedQueue {
         let receipt = message.receipt.as_str();
         let (seq, count) =
             parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
+        let _turn = self.db.write_turn().await;
         let done = sqlx::query(
             "UPDATE queue_messages SET queue = ?, visible_at = ? WHERE seq = ? AND queue = ? AND receive_count = ?",
         )
@@ -552,8 +558,9 @@ impl LaneQueue for EmbeddedQueue {
     }
 
     async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>> {
+        let _turn = self.db.write_turn().await;
         let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
             "SELECT seq, message_id, tenant_id FROM queue_messages WHERE queue = ",
         );

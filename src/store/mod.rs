@@ -1,10 +1,15 @@
 //! Durable state in one SQLite file: tenants, plans, API keys, message
 //! status, idempotency keys and (on the embedded backend) the queues.
 //!
-//! SQLite allows one writer at a time, so every write goes through a pool of
-//! exactly one connection: writers queue for it in order instead of spinning
-//! on `SQLITE_BUSY`. Reads use a separate pool and, in WAL mode, never wait
-//! for the writer.
+//! SQLite allows one writer at a time. The accept writer (`accept.rs`) has a
+//! connection of its own; every other write goes through a pool of exactly
+//! one connection. The busy paths on both sides (the accept writer's group
+//! commits; the consumers' queue and status writes) first take
+//! [`Db::write_turn`], a FIFO lock, so they alternate in arrival order
+//! instead of polling on `SQLITE_BUSY` with sleeps (which starved one side
+//! or the other). Rare writes (admin changes) rely on the busy timeout.
+//! Take the turn before the pool connection, never while holding it.
+//! Reads use a separate pool and, in WAL mode, never wait for a writer.
 
 pub mod idempotency;
 pub mod messages;
@@ -12,6 +17,7 @@ pub mod status;
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,6 +31,8 @@ pub struct Db {
     pub write: SqlitePool,
     /// Readers; never block behind the writer in WAL mode.
     pub read: SqlitePool,
+    /// Whose turn it is to write; see the module documentation.
+    pub turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Db {
@@ -67,7 +75,11 @@ impl Db {
             .connect_with(base.read_only(true))
             .await
             .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
-        Ok(Db { write, read })
+        Ok(Db {
+            write,
+            read,
+            turn: Arc::default(),
+        })
     }
 
     /// True when both pools answer a trivial query.
@@ -95,6 +107,11 @@ impl Db {
             .execute(&self.write)
             .await?;
         Ok(())
+    }
+
+    /// Waits for this side's turn to write (FIFO with the accept writer).
+    pub async fn write_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.turn.clone().lock_owned().await
     }
 
     pub async fn close(&self) {

@@ -111,6 +111,7 @@ async fn run(db: Db, mut receiver: mpsc::Receiver<Change>) {
             }
         }
         transaction.push("COMMIT;");
+        let _turn = db.write_turn().await;
         let committed = match db.write.acquire().await {
             Ok(mut conn) => match transaction
                 .build()

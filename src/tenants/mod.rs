@@ -427,7 +427,7 @@ impl Registry {
     /// the same id could inherit them. Pause or disable it and let its lane
     /// drain, or redrive/inspect dead letters first.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
-        let mut tx = self.db.write.begin().await?;
+        let mut tx = self.db.write.begin_with("BEGIN IMMEDIATE").await?;
         let pending: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM messages WHERE tenant_id = ? AND status IN ('queued', 'sending', 'retrying')",
         )
