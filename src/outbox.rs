@@ -12,6 +12,7 @@
 //! |---|---|---|---|
 //! | SQS took the entry | 202 | `queued` | removed (batched) |
 //! | entry failed or timed out | 503 + Retry-After | `rejected` | removed, with the idempotency record |
+//! | timed out, but a consumer already took it | 202 | unchanged (being delivered) | removed |
 //! | process died in between | (no answer) | `queued` | left; the sweeper sends it |
 //!
 //! The sweeper re-sends every row at start-up (a row that survived a restart
@@ -22,6 +23,8 @@
 //! the consumer skips a message whose status is already `sent`. A message
 //! that reached SQS although its request was answered 503 (a send that timed
 //! out on our side but arrived) is `rejected` and the consumer drops it.
+//! Every wait is bounded: the request's by `send_timeout_ms` (getting into
+//! the batcher included), each SQS call by the client's attempt timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +65,16 @@ struct Pending {
 pub struct SendFailed {
     pub reason: String,
     pub retry_after: Duration,
+}
+
+/// What [`Outbox::reject`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rejection {
+    /// Marked `rejected`: answer 503.
+    Rejected,
+    /// A consumer already took the message, so SQS had it after all:
+    /// answer 202.
+    InFlight,
 }
 
 /// Handle used by the accept path; see the module documentation.
@@ -139,9 +152,12 @@ impl Outbox {
             send_timeout: Duration::from_millis(settings.send_timeout_ms),
             failures: FailureStreak::default(),
         });
-        let resent = outbox.sweep(None).await?;
-        if resent > 0 {
-            info!(resent, "Re-sent outbox messages left by an earlier run.");
+        match outbox.sweep(None).await {
+            Ok(0) => {}
+            Ok(resent) => info!(resent, "Re-sent outbox messages left by an earlier run."),
+            Err(err) => {
+                warn!(error = %format!("{err:#}"), "Could not re-send the outbox at start-up; the sweeper tries again.")
+            }
         }
         let sweeper = tokio::spawn(run_sweeper(
             outbox.clone(),
@@ -152,7 +168,8 @@ impl Outbox {
     }
 
     /// Puts `message` on `lane` through the batcher. `Ok` once SQS has
-    /// confirmed this message's entry.
+    /// confirmed this message's entry; `Err` when it failed or took longer
+    /// than `send_timeout_ms` in all (waiting for the batcher included).
     pub async fn send(&self, lane: Lane, message: OutboundMessage) -> Result<(), SendFailed> {
         let id = message.message_id.clone();
         let (reply, answer) = oneshot::channel();
@@ -160,22 +177,28 @@ impl Outbox {
             Lane::Fast => &self.fast,
             Lane::Slow => &self.slow,
         };
-        let outcome = match batcher.send(Pending { message, reply }).await {
-            Err(_) => Err("the SQS batcher has stopped".to_owned()),
-            Ok(()) => match tokio::time::timeout(self.send_timeout, answer).await {
-                Err(_) => Err(format!(
-                    "SQS did not confirm the send within {} ms",
-                    self.send_timeout.as_millis()
-                )),
-                Ok(Err(_)) => Err("the SQS batcher dropped the message".to_owned()),
-                Ok(Ok(result)) => result,
-            },
-        };
+        let sent = tokio::time::timeout(self.send_timeout, async {
+            if batcher.send(Pending { message, reply }).await.is_err() {
+                return Err("the SQS batcher has stopped".to_owned());
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| Err("the SQS batcher dropped the message".to_owned()))
+        })
+        .await;
+        let outcome = sent.unwrap_or_else(|_| {
+            Err(format!(
+                "SQS did not confirm the send within {} ms",
+                self.send_timeout.as_millis()
+            ))
+        });
         match outcome {
             Ok(()) => {
                 self.failures.succeeded();
-                // Losing this only means one redundant re-send by the sweeper.
-                let _ = self.forget.send(id).await;
+                // When full, the row stays and the sweeper sends it once more
+                // (a duplicate the consumer absorbs) rather than the request
+                // waiting here.
+                let _ = self.forget.try_send(id);
                 Ok(())
             }
             Err(reason) => {
@@ -188,15 +211,17 @@ impl Outbox {
         }
     }
 
-    /// Records that the message's send failed and its request was answered
-    /// 503: removes the outbox row and the idempotency record (a retry with
-    /// the same key is a new attempt) and marks the status row `rejected`
-    /// unless a consumer got to it first.
-    pub async fn reject(&self, tenant_id: &str, message_id: &str, reason: &str) {
+    /// Records that the message's send failed: removes the outbox row and,
+    /// unless a consumer already has the message (it reached SQS after all,
+    /// and its status moved on from `queued`), marks it `rejected` and
+    /// removes its idempotency record (a retry with the same key is a new
+    /// attempt). Returns [`Rejection::InFlight`] in that case: the request
+    /// should answer 202 after all.
+    pub async fn reject(&self, tenant_id: &str, message_id: &str, reason: &str) -> Rejection {
         let detail = format!("not queued: {reason}");
         for attempt in 1..=REJECT_ATTEMPTS {
             match self.try_reject(tenant_id, message_id, &detail).await {
-                Ok(()) => return,
+                Ok(outcome) => return outcome,
                 Err(err) if attempt == REJECT_ATTEMPTS => {
                     error!(%message_id, error = %err, "Could not mark a message whose send failed; the sweeper may still deliver it.");
                 }
@@ -206,6 +231,7 @@ impl Outbox {
                 }
             }
         }
+        Rejection::Rejected
     }
 
     async fn try_reject(
@@ -213,19 +239,14 @@ impl Outbox {
         tenant_id: &str,
         message_id: &str,
         detail: &str,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Rejection> {
         let _turn = self.db.write_turn().await;
         let mut tx = self.db.write.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("DELETE FROM outbox WHERE message_id = ?")
             .bind(message_id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = ? AND message_id = ?")
-            .bind(tenant_id)
-            .bind(message_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
+        let marked = sqlx::query(
             "UPDATE messages SET status = ?, last_error = ?, updated_at = ? WHERE id = ? AND status = ?",
         )
         .bind(MessageStatus::Rejected.as_str())
@@ -235,8 +256,18 @@ impl Outbox {
         .bind(MessageStatus::Queued.as_str())
         .execute(&mut *tx)
         .await?;
+        let outcome = if marked.rows_affected() == 1 {
+            sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = ? AND message_id = ?")
+                .bind(tenant_id)
+                .bind(message_id)
+                .execute(&mut *tx)
+                .await?;
+            Rejection::Rejected
+        } else {
+            Rejection::InFlight
+        };
         tx.commit().await?;
-        Ok(())
+        Ok(outcome)
     }
 
     /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
@@ -352,7 +383,15 @@ async fn run_batcher(
             return;
         };
         let queue = queue.clone();
-        let entries: Vec<Pending> = std::mem::take(&mut batch);
+        // A request that gave up (timed out) has been answered 503 and its
+        // message marked `rejected`: sending it now would only waste a call.
+        let entries: Vec<Pending> = std::mem::take(&mut batch)
+            .into_iter()
+            .filter(|entry| !entry.reply.is_closed())
+            .collect();
+        if entries.is_empty() {
+            continue;
+        }
         tokio::spawn(async move {
             let (messages, replies): (Vec<_>, Vec<_>) = entries
                 .into_iter()

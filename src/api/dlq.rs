@@ -195,13 +195,20 @@ pub async fn redrive(
         tenant_id: request.tenant.clone(),
         message_ids: request.ids.clone(),
     };
-    let mut redriven = 0;
-    for lane in lanes_of(request.lane) {
-        let started = crate::model::now_ms();
-        let ids = state.queue.redrive(lane, &filter).await?;
-        messages::mark_requeued(&state.db.write, &ids, started).await?;
-        redriven += ids.len();
-    }
+    // In a task of its own: if the request times out during a long walk of
+    // an SQS DLQ, the messages already moved are still marked `queued`.
+    let lanes = lanes_of(request.lane);
+    let work = tokio::spawn(async move {
+        let mut redriven = 0;
+        for lane in lanes {
+            let started = crate::model::now_ms();
+            let ids = state.queue.redrive(lane, &filter).await?;
+            messages::mark_requeued(&state.db.write, &ids, started).await?;
+            redriven += ids.len();
+        }
+        anyhow::Ok(redriven)
+    });
+    let redriven = work.await.map_err(anyhow::Error::from)??;
     Ok(Json(RedriveResult { redriven }))
 }
 

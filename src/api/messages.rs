@@ -382,8 +382,12 @@ pub async fn send_message(
         });
     }
     if let (Some(outbox), Some(outbound)) = (&state.outbox, to_send) {
-        if let Err(failed) = outbox.send(lane, outbound).await {
-            outbox.reject(tenant_id, &id, &failed.reason).await;
+        // A failed send is answered 503 unless a consumer already has the
+        // message (it reached SQS late): then it is delivered, so 202.
+        if let Err(failed) = outbox.send(lane, outbound).await
+            && outbox.reject(tenant_id, &id, &failed.reason).await
+                == crate::outbox::Rejection::Rejected
+        {
             state.limits.release(tenant_id, &grant);
             metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
             return Err(ApiError::Unavailable {

@@ -623,6 +623,14 @@ impl SqsQueue {
                 .config()
                 .to_builder()
                 .interceptor(ApiCallCounter(api_calls.clone()))
+                // Bounds every call (the SDK sets only a connect timeout): a
+                // connection that goes silent must not hang a request, the
+                // sweeper or shutdown. Long enough for a 20 s long poll.
+                .timeout_config(
+                    aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                        .operation_attempt_timeout(Duration::from_secs(MAX_WAIT_SECS + 10))
+                        .build(),
+                )
                 .build(),
         );
         let fast = open_lane(&client, settings, &lanes, Lane::Fast).await?;

@@ -197,7 +197,10 @@ pub async fn record_failure(
 /// Puts redriven messages back to `queued` with a fresh attempt budget,
 /// unless a consumer has already taken them up again since `redrive_started`
 /// (ms): a message sent, or dead-lettered once more, in the moment between
-/// its move back to the lane and this update keeps the newer status.
+/// its move back to the lane and this update keeps the newer status. Any
+/// status but `sent` and `rejected` from before the redrive is reset: a
+/// message SQS's own redrive policy moved to the DLQ still shows the status
+/// it had when it was last received.
 pub async fn mark_requeued(
     pool: &SqlitePool,
     ids: &[String],
@@ -209,7 +212,7 @@ pub async fn mark_requeued(
             QueryBuilder::new("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ");
         builder
             .push_bind(now)
-            .push(" WHERE status = 'dead_lettered' AND updated_at <= ")
+            .push(" WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ")
             .push_bind(redrive_started)
             .push(" AND id IN (");
         let mut list = builder.separated(", ");

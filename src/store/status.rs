@@ -19,6 +19,8 @@ const MAX_GROUP: usize = 256;
 enum Change {
     Sending {
         id: String,
+        /// When the change was asked for (ms).
+        at: i64,
     },
     Sent {
         id: String,
@@ -41,11 +43,16 @@ impl StatusWriter {
     }
 
     /// Marks a message `sending` (best effort: the status is informational
-    /// and is overwritten by the outcome, so this does not wait).
+    /// and is overwritten by the outcome, so this does not wait). Applied
+    /// only to a `queued` or `retrying` message not changed since: an
+    /// outcome written first (a fast failure recorded directly) wins.
     pub async fn sending(&self, id: &str) {
         let _ = self
             .changes
-            .send(Change::Sending { id: id.to_owned() })
+            .send(Change::Sending {
+                id: id.to_owned(),
+                at: now_ms(),
+            })
             .await;
     }
 
@@ -73,23 +80,17 @@ async fn run(db: Db, mut receiver: mpsc::Receiver<Change>) {
     while receiver.recv_many(&mut group, MAX_GROUP).await > 0 {
         let now = now_ms();
         let mut transaction: QueryBuilder<Sqlite> = QueryBuilder::new("BEGIN IMMEDIATE;\n");
-        let sending: Vec<&str> = group
-            .iter()
-            .filter_map(|change| match change {
-                Change::Sending { id } => Some(id.as_str()),
-                Change::Sent { .. } => None,
-            })
-            .collect();
-        if !sending.is_empty() {
-            transaction
-                .push("UPDATE messages SET status = 'sending', updated_at = ")
-                .push_bind(now)
-                .push(" WHERE status <> 'sent' AND id IN (");
-            let mut ids = transaction.separated(", ");
-            for id in sending {
-                ids.push_bind(id.to_owned());
+        for change in &group {
+            if let Change::Sending { id, at } = change {
+                transaction
+                    .push("UPDATE messages SET status = 'sending', updated_at = ")
+                    .push_bind(now)
+                    .push(" WHERE id = ")
+                    .push_bind(id.clone())
+                    .push(" AND status IN ('queued', 'retrying') AND updated_at <= ")
+                    .push_bind(*at)
+                    .push(";\n");
             }
-            transaction.push(");\n");
         }
         for change in &group {
             if let Change::Sent {

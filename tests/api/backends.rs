@@ -235,7 +235,14 @@ async fn a_5xx_dead_letters_after_retries_and_redrive_delivers_it(backend: Backe
     );
     assert_eq!(sms_requests(&flow.sms_api).await, 3);
     // The admin listing reads the lane's DLQ itself (on SQS: the DLQ queue).
-    assert_eq!(flow.dead_letter_ids().await, vec![id.clone()]);
+    // The status is written just before the move, so allow a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut listed = flow.dead_letter_ids().await;
+    while listed.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        listed = flow.dead_letter_ids().await;
+    }
+    assert_eq!(listed, vec![id.clone()]);
 
     flow.sms_api.reset().await;
     mock_sms_ok(&flow.sms_api, "SM-REDRIVEN").await;

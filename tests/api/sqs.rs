@@ -424,3 +424,29 @@ async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once
         .unwrap();
     assert_eq!(left, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_sqs_never_answers_is_a_503_once_send_timeout_passes() {
+    let Some(moto) = moto_url("SQS send that hangs") else {
+        return;
+    };
+    let proxy = SqsProxy::start(&moto).await;
+    let app = TestApp::start(&sqs_settings(&proxy.url, "hang", "send_timeout_ms = 800")).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+
+    proxy.set(Sends::Hold);
+    let started = Instant::now();
+    let refused = app.send(&key, &sms()).await;
+    let waited = started.elapsed();
+    let (headers, _) = expect_problem(refused, StatusCode::SERVICE_UNAVAILABLE).await;
+    assert!(header_u64(&headers, "retry-after") >= 1, "{headers:?}");
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(10),
+        "answered after {waited:?}"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM messages")
+        .fetch_one(&app.state.db.read)
+        .await
+        .unwrap();
+    assert_eq!(status, "rejected");
+}
