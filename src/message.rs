@@ -159,6 +159,15 @@ fn optional_string<'a>(
 ) -> Option<&'a str> {
     match object.get(field) {
         None | Some(Value::Null) => None,
+        // U+FFFE and U+FFFF are valid JSON but not allowed in an SQS
+        // message: refused here rather than failing at the queue.
+        Some(Value::String(s)) if s.contains(['\u{FFFE}', '\u{FFFF}']) => {
+            errors.insert(
+                field.to_owned(),
+                "must not contain the noncharacters U+FFFE or U+FFFF".to_owned(),
+            );
+            None
+        }
         Some(Value::String(s)) => Some(s.as_str()),
         Some(_) => {
             errors.insert(field.to_owned(), "must be a string".to_owned());
@@ -373,6 +382,18 @@ mod tests {
         .unwrap_err();
         assert!(errors["subjet"].starts_with("unknown field"));
         assert_eq!(errors["subject"], "is required");
+    }
+
+    #[test]
+    fn text_an_sqs_message_cannot_carry_is_refused_naming_the_field() {
+        let errors = validate(&json!({
+            "channel": "email", "to": "a@example.com", "subject": "Hi\u{FFFF}", "text": "ok \u{FFFE}"
+        }))
+        .unwrap_err();
+        assert!(errors["subject"].contains("U+FFFF"), "{errors:?}");
+        assert!(errors["text"].contains("U+FFFE"), "{errors:?}");
+        // Other characters outside the BMP are fine.
+        validate(&json!({"channel": "sms", "to": "+15551234567", "text": "ok \u{1F600}"})).unwrap();
     }
 
     #[test]
