@@ -203,7 +203,11 @@ pub async fn redrive(
         for lane in lanes {
             let started = crate::model::now_ms();
             let ids = state.queue.redrive(lane, &filter).await?;
-            messages::mark_requeued(&state.db.write, &ids, started).await?;
+            // The backends mark what they move before moving it; this catches
+            // messages that reached the DLQ by SQS's own redrive policy.
+            let _turn = state.db.write_turn().await;
+            let mut conn = state.db.write.acquire().await?;
+            messages::mark_requeued(&mut conn, &ids, started).await?;
             redriven += ids.len();
         }
         anyhow::Ok(redriven)

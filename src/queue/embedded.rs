@@ -603,9 +603,12 @@ impl LaneQueue for EmbeddedQueue {
             .execute(&mut *tx)
             .await?;
         }
+        let ids: Vec<String> = rows.into_iter().map(|(_, id, _)| id).collect();
+        // Fresh attempt budget in the same transaction as the move.
+        crate::store::messages::mark_requeued(&mut tx, &ids, i64::MAX).await?;
         tx.commit().await?;
         self.notify_arrivals(lane);
-        Ok(rows.into_iter().map(|(_, id, _)| id).collect())
+        Ok(ids)
     }
 
     fn deleted_total(&self, lane: Lane) -> u64 {

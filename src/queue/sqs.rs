@@ -776,6 +776,31 @@ impl SqsQueue {
         ))
     }
 
+    /// Gives messages about to be redriven a fresh attempt budget in the
+    /// status store, if there is one.
+    async fn mark_requeued(&self, ids: &[String]) -> anyhow::Result<()> {
+        if let (Some(db), false) = (&self.status_store, ids.is_empty()) {
+            let _turn = db.write_turn().await;
+            let mut conn = db.write.acquire().await?;
+            crate::store::messages::mark_requeued(&mut conn, ids, i64::MAX).await?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`SqsQueue::mark_requeued`] for messages that stayed in the DLQ.
+    async fn restore_dead_lettered(&self, ids: &[String]) {
+        if let (Some(db), false) = (&self.status_store, ids.is_empty()) {
+            let _turn = db.write_turn().await;
+            let restored = match db.write.acquire().await {
+                Ok(mut conn) => crate::store::messages::restore_dead_lettered(&mut conn, ids).await,
+                Err(err) => Err(err.into()),
+            };
+            if let Err(err) = restored {
+                warn!(error = %format!("{err:#}"), count = ids.len(), "Messages left in the DLQ could not be marked dead_lettered again; they show as queued.");
+            }
+        }
+    }
+
     /// Walks the DLQ, re-sending messages that match `filter` to the lane
     /// and deleting them from the DLQ, and returning the others at the end.
     async fn redrive_by_receiving(
@@ -842,9 +867,19 @@ impl SqsQueue {
                         receive_count: None,
                     })
                     .collect();
-                let sent = send_envelopes(&self.client, &queues.url, &copies).await?;
+                // Fresh attempt budget before the copies can be received.
+                let ids: Vec<String> = matching.iter().map(|p| p.message_id.clone()).collect();
+                self.mark_requeued(&ids).await?;
+                let sent = match send_envelopes(&self.client, &queues.url, &copies).await {
+                    Ok(sent) => sent,
+                    Err(err) => {
+                        self.restore_dead_lettered(&ids).await;
+                        return Err(err);
+                    }
+                };
                 let mut to_delete = Vec::new();
                 let mut to_release = Vec::new();
+                let mut unsent = Vec::new();
                 for (parsed, result) in matching.iter().zip(sent) {
                     match result {
                         Ok(()) => {
@@ -854,9 +889,11 @@ impl SqsQueue {
                         Err(reason) => {
                             warn!(message_id = %parsed.message_id, %reason, "Could not redrive message; it stays in the DLQ.");
                             to_release.push(parsed.receipt.as_str());
+                            unsent.push(parsed.message_id.clone());
                         }
                     }
                 }
+                self.restore_dead_lettered(&unsent).await;
                 if !to_release.is_empty() {
                     release(&self.client, &queues.dlq_url, &to_release).await;
                 }

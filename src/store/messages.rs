@@ -1,7 +1,7 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::model::{Channel, Lane, MessageStatus, Priority};
 
@@ -200,9 +200,11 @@ pub async fn record_failure(
 /// its move back to the lane and this update keeps the newer status. Any
 /// status but `sent` and `rejected` from before the redrive is reset: a
 /// message SQS's own redrive policy moved to the DLQ still shows the status
-/// it had when it was last received.
+/// it had when it was last received. Queue backends that share the status
+/// store call this before moving messages (`redrive_started` = `i64::MAX`),
+/// so a consumer never sees a redriven message with its old budget.
 pub async fn mark_requeued(
-    pool: &SqlitePool,
+    conn: &mut SqliteConnection,
     ids: &[String],
     redrive_started: i64,
 ) -> anyhow::Result<()> {
@@ -220,7 +222,34 @@ pub async fn mark_requeued(
             list.push_bind(id.clone());
         }
         builder.push(")");
-        builder.build().persistent(false).execute(pool).await?;
+        builder
+            .build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Undoes [`mark_requeued`] for messages that could not be moved after all.
+pub async fn restore_dead_lettered(
+    conn: &mut SqliteConnection,
+    ids: &[String],
+) -> anyhow::Result<()> {
+    for chunk in ids.chunks(500) {
+        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id IN (",
+        );
+        let mut list = builder.separated(", ");
+        for id in chunk {
+            list.push_bind(id.clone());
+        }
+        builder.push(")");
+        builder
+            .build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(())
 }

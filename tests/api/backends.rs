@@ -260,6 +260,10 @@ async fn a_5xx_dead_letters_after_retries_and_redrive_delivers_it(backend: Backe
     let view = wait_for(&flow.app, &key, &id, status_is("sent")).await;
     assert_eq!(view["status"], "sent", "{view}");
     assert_eq!(view["provider_message_id"], "SM-REDRIVEN");
+    assert_eq!(
+        view["attempts"], 1,
+        "redrive gives a fresh attempt budget before the message can be received: {view}"
+    );
     assert_eq!(sms_requests(&flow.sms_api).await, 1);
     assert!(flow.dead_letter_ids().await.is_empty());
 }
