@@ -446,11 +446,7 @@ async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     }
     let mut query: QueryBuilder<Sqlite> =
         QueryBuilder::new("DELETE FROM outbox WHERE message_id IN (");
-    let mut list = query.separated(", ");
-    for id in ids {
-        list.push_bind(id);
-    }
-    query.push(")");
+    crate::store::push_id_list(&mut query, ids);
     let _turn = db.write_turn().await;
     query.build().persistent(false).execute(&db.write).await?;
     Ok(())

@@ -25,11 +25,6 @@ pub struct MessageRecord {
     pub provider_message_id: Option<String>,
 }
 
-/// Columns bound per row by [`insert_many`]; SQLite allows 32766 parameters
-/// per statement, so a statement carries at most `32766 / 14` rows.
-const MESSAGE_COLUMNS: usize = 14;
-const ROWS_PER_STATEMENT: usize = 32_766 / MESSAGE_COLUMNS;
-
 /// The columns every insert writes, in binding order.
 const INSERT_INTO: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ";
 
@@ -58,31 +53,6 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusql
         ])?;
     }
     Ok(())
-}
-
-/// Appends multi-row `INSERT` statements for `rows` (each ending in `;`) to
-/// a multi-statement query.
-pub fn push_insert(builder: &mut QueryBuilder<Sqlite>, rows: &[&MessageRecord]) {
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        builder.push(INSERT_INTO);
-        builder.push_values(chunk.iter(), |mut row, record| {
-            row.push_bind(record.id.clone())
-                .push_bind(record.tenant_id.clone())
-                .push_bind(record.channel.as_str())
-                .push_bind(record.status.as_str())
-                .push_bind(record.priority.as_str())
-                .push_bind(record.lane.as_str())
-                .push_bind(record.attempts as i64)
-                .push_bind(record.reference.clone())
-                .push_bind(record.metadata.clone())
-                .push_bind(record.created_at)
-                .push_bind(record.updated_at)
-                .push_bind(record.sent_at)
-                .push_bind(record.last_error.clone())
-                .push_bind(record.provider_message_id.clone());
-        });
-        builder.push(";\n");
-    }
 }
 
 type MessageRow = (
@@ -209,7 +179,7 @@ pub async fn mark_requeued(
     redrive_started: i64,
 ) -> anyhow::Result<()> {
     let now = crate::model::now_ms();
-    for chunk in ids.chunks(500) {
+    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
         let mut builder: QueryBuilder<Sqlite> =
             QueryBuilder::new("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ");
         builder
@@ -217,11 +187,7 @@ pub async fn mark_requeued(
             .push(" WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ")
             .push_bind(redrive_started)
             .push(" AND id IN (");
-        let mut list = builder.separated(", ");
-        for id in chunk {
-            list.push_bind(id.clone());
-        }
-        builder.push(")");
+        super::push_id_list(&mut builder, chunk);
         builder
             .build()
             .persistent(false)
@@ -236,15 +202,11 @@ pub async fn restore_dead_lettered(
     conn: &mut SqliteConnection,
     ids: &[String],
 ) -> anyhow::Result<()> {
-    for chunk in ids.chunks(500) {
+    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
         let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
             "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id IN (",
         );
-        let mut list = builder.separated(", ");
-        for id in chunk {
-            list.push_bind(id.clone());
-        }
-        builder.push(")");
+        super::push_id_list(&mut builder, chunk);
         builder
             .build()
             .persistent(false)
@@ -260,13 +222,9 @@ pub async fn get_many(
     ids: &[String],
 ) -> anyhow::Result<std::collections::HashMap<String, MessageRecord>> {
     let mut found = std::collections::HashMap::new();
-    for chunk in ids.chunks(500) {
+    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
         let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(select_message!("WHERE id IN ("));
-        let mut list = builder.separated(", ");
-        for id in chunk {
-            list.push_bind(id.clone());
-        }
-        builder.push(")");
+        super::push_id_list(&mut builder, chunk);
         let rows: Vec<MessageRow> = builder
             .build_query_as()
             .persistent(false)

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
 /// Handles to the SQLite file.
 #[derive(Clone, Debug)]
@@ -118,4 +118,16 @@ impl Db {
         self.read.close().await;
         self.write.close().await;
     }
+}
+
+/// Ids bound per `IN (…)` list, well under SQLite's parameter limit.
+pub(crate) const IDS_PER_STATEMENT: usize = 500;
+
+/// Appends `?, ?, …)` binding `ids`: the end of an `IN (` list.
+pub(crate) fn push_id_list(builder: &mut QueryBuilder<Sqlite>, ids: &[String]) {
+    let mut list = builder.separated(", ");
+    for id in ids {
+        list.push_bind(id.clone());
+    }
+    builder.push(")");
 }

@@ -166,9 +166,10 @@ mod tests {
             last_error: None,
             provider_message_id: None,
         };
-        let mut insert = QueryBuilder::new("");
-        messages::push_insert(&mut insert, &[&record]);
-        insert.build().execute(&db.write).await.unwrap();
+        let mut conn = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
+        let tx = conn.transaction().unwrap();
+        messages::insert_rows(&tx, &[&record]).unwrap();
+        tx.commit().unwrap();
 
         let (writer, task) = StatusWriter::spawn(db.clone());
         writer.sending("m1").await;

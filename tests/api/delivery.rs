@@ -55,6 +55,43 @@ pub(crate) fn status_is(word: &'static str) -> impl Fn(&Value) -> bool {
     move |view| view["status"] == word
 }
 
+/// Puts a second copy of SMS `id` (tenant `acme`) on the fast lane, as a
+/// queue redelivers or an outbox re-send after a crash leaves behind.
+async fn queue_second_copy(app: &TestApp, id: &str) {
+    let payload = json!({"id": id, "tenant_id": "acme", "channel": "sms", "to": "+15551234567", "text": "Hello", "priority": "normal"});
+    app.state
+        .queue
+        .send_batch(
+            Lane::Fast,
+            vec![OutboundMessage {
+                message_id: id.to_owned(),
+                tenant_id: "acme".into(),
+                channel: Channel::Sms,
+                priority: Priority::Normal,
+                body: payload.to_string(),
+                delay: Duration::ZERO,
+            }],
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits up to 10 s until nothing waits or is in flight in the fast lane.
+async fn wait_until_the_fast_lane_is_empty(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
+        if stats.depth == 0 && stats.in_flight == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a copy was never consumed: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub(crate) async fn sms_requests(server: &MockServer) -> usize {
     server.received_requests().await.map_or(0, |r| r.len())
 }
@@ -253,34 +290,8 @@ async fn a_redelivered_message_that_was_already_sent_is_not_sent_twice() {
 
     // A second copy of the same message, as a queue redelivers after a
     // consumer died between sending and deleting.
-    let payload = json!({"id": id, "tenant_id": "acme", "channel": "sms", "to": "+15551234567", "text": "Hello", "priority": "normal"});
-    app.state
-        .queue
-        .send_batch(
-            Lane::Fast,
-            vec![OutboundMessage {
-                message_id: id.clone(),
-                tenant_id: "acme".into(),
-                channel: Channel::Sms,
-                priority: Priority::Normal,
-                body: payload.to_string(),
-                delay: Duration::ZERO,
-            }],
-        )
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
-        if stats.depth == 0 && stats.in_flight == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the duplicate was never consumed: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    queue_second_copy(&app, &id).await;
+    wait_until_the_fast_lane_is_empty(&app).await;
     assert_eq!(
         sms_requests(&sms_api).await,
         1,
@@ -338,15 +349,7 @@ async fn metrics_count_accepted_and_delivered_messages() {
     let key = app.tenant_with_key("acme", "pro").await;
     let id = app.send_accepted(&key, &sms()).await;
     wait_for(&app, &key, &id, status_is("sent")).await;
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     for name in [
         "fairlane_messages_accepted_total",
         "fairlane_messages_delivered_total",
@@ -513,35 +516,9 @@ async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
 
     // A second copy while the first is with the slow provider, as an outbox
     // re-send after a crash can leave behind.
-    let payload = json!({"id": id, "tenant_id": "acme", "channel": "sms", "to": "+15551234567", "text": "Hello", "priority": "normal"});
-    app.state
-        .queue
-        .send_batch(
-            Lane::Fast,
-            vec![OutboundMessage {
-                message_id: id.clone(),
-                tenant_id: "acme".into(),
-                channel: Channel::Sms,
-                priority: Priority::Normal,
-                body: payload.to_string(),
-                delay: Duration::ZERO,
-            }],
-        )
-        .await
-        .unwrap();
+    queue_second_copy(&app, &id).await;
     let view = wait_for(&app, &key, &id, status_is("sent")).await;
     assert_eq!(view["status"], "sent", "{view}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
-        if stats.depth == 0 && stats.in_flight == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the copy was never consumed: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_the_fast_lane_is_empty(&app).await;
     assert_eq!(sms_requests(&sms_api).await, 1, "both copies were sent");
 }

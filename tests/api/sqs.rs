@@ -195,15 +195,7 @@ async fn two_hundred_messages_from_concurrent_clients_cost_at_most_half_an_sqs_c
         ids.len()
     );
     assert_eq!(sms_requests(&sms_api).await, CLIENTS * EACH);
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     // Other tests in this binary add to the same global counters; run this
     // test alone for a clean breakdown.
     for line in metrics

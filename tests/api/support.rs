@@ -215,6 +215,18 @@ impl TestApp {
         WriteLock(conn)
     }
 
+    /// The `/metrics` page (process-wide counters: other tests add to them).
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// Starts `POST /v1/messages` in a task of its own, for tests that hold
     /// the store and look at the request while it waits.
     pub fn send_in_background(&self, key: &str, body: Value) -> JoinHandle<Response> {
