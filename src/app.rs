@@ -120,12 +120,17 @@ impl Application {
         let consumers = if settings.consumers.enabled {
             let (status, status_task) = crate::store::status::StatusWriter::spawn(db.clone());
             background.push(status_task);
+            let share = settings
+                .lanes
+                .fast
+                .low_priority_share
+                .max(settings.lanes.slow.low_priority_share);
             let delivery = Delivery {
                 db: db.clone(),
                 registry: registry.clone(),
                 queue: queue.clone(),
-                email: gated(&settings.providers.email, Channel::Email).await?,
-                sms: gated(&settings.providers.sms, Channel::Sms).await?,
+                email: gated(&settings.providers.email, Channel::Email, share).await?,
+                sms: gated(&settings.providers.sms, Channel::Sms, share).await?,
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
                 status,
@@ -265,15 +270,24 @@ async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
 }
 
 /// A provider for `channel` with its rate gate.
+///
+/// The gate serves waiting messages high priority first with the lanes'
+/// share rule; it is shared by both lanes, so it gives lower priorities the
+/// larger of the two lanes' `low_priority_share`.
 async fn gated(
     settings: &crate::config::ProviderSettings,
     channel: Channel,
+    low_priority_share: f64,
 ) -> anyhow::Result<GatedProvider> {
     Ok(GatedProvider {
         provider: crate::providers::build(settings, channel)
             .await
             .with_context(|| format!("setting up the {channel} provider"))?,
-        gate: Arc::new(ProviderGate::new(settings.rate_per_second, settings.burst)),
+        gate: Arc::new(ProviderGate::with_share(
+            settings.rate_per_second,
+            settings.burst,
+            low_priority_share,
+        )),
     })
 }
 

@@ -16,7 +16,7 @@ pub const RETRIED_TOTAL: &str = "fairlane_messages_retried_total";
 /// Messages moved to a dead-letter queue, by `lane`, `channel`.
 pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 /// Messages returned to the queue without an attempt, by `lane`, `reason`
-/// (`paused`, `disabled`, `tenant_cap`, `throttled`).
+/// (`paused`, `disabled`, `tenant_cap`, `duplicate`, `throttled`).
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
 /// Requests refused, by `reason`: `rate`, `quota`, `lane` (429) or `queue`
 /// (503: SQS did not take the message).
@@ -36,6 +36,26 @@ pub const LANE_DLQ_DEPTH: &str = "fairlane_lane_dlq_depth";
 pub const PROVIDER_CALL_SECONDS: &str = "fairlane_provider_call_seconds";
 /// Time waited at a provider gate in seconds, by `channel`, `priority`.
 pub const GATE_WAIT_SECONDS: &str = "fairlane_provider_gate_wait_seconds";
+/// Messages a consumer holds that wait, by `lane`, `priority`, `stage`:
+/// `token` (in a provider gate's line) or `parked` (their tenant is at its
+/// `max_in_flight`).
+pub const MESSAGES_WAITING: &str = "fairlane_messages_waiting";
+
+/// Raises a gauge by one for as long as it lives.
+pub struct GaugeHold(metrics::Gauge);
+
+impl GaugeHold {
+    pub fn new(gauge: metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        GaugeHold(gauge)
+    }
+}
+
+impl Drop for GaugeHold {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 

@@ -41,13 +41,14 @@ impl<T> TieredBuffer<T> {
         }
     }
 
-    /// Takes up to `max` free slots. While the buffer still holds work, it
-    /// first waits a moment for `max` slots together, so that receives stay
-    /// batched instead of fetching one message per finished send; otherwise
-    /// it waits for one slot and takes whatever else is free.
+    /// Takes up to `max` free slots. While messages that hold slots are
+    /// still being processed (more slots will free soon), it first waits a
+    /// moment for `max` slots together, so that receives stay batched
+    /// instead of fetching one message per finished send; otherwise it waits
+    /// for one slot and takes whatever else is free.
     pub async fn reserve(&self, max: usize) -> Vec<Slot> {
         let max = max.clamp(1, self.total);
-        if !self.is_empty()
+        if self.available() < max
             && let Ok(Ok(mut block)) = tokio::time::timeout(
                 BATCH_WAIT,
                 self.capacity.clone().acquire_many_owned(max as u32),

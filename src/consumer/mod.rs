@@ -2,31 +2,41 @@
 //!
 //! ```text
 //! poller ──► TieredBuffer ──► dispatcher ──► process (one task per message)
-//! long-poll,   high > normal    semaphore of      tenant check, provider gate,
-//! batches ≤10  > low, bounded   `concurrency`,    provider call, outcome
-//!                               tenant in-flight cap
+//! long-poll,   bounded: a slot   tenant place    tenant check, then the
+//! batches ≤10  is freed when     (or parked at   provider token (gate line:
+//!              processing ends   its cap)        priority, tenant turns),
+//!                                                then a worker for the call
 //! ```
 //!
-//! The poller runs independently of processing and only receives as many
-//! messages as the buffer has free slots; a slot comes back when the message
-//! that took it is finished. The dispatcher starts each message as soon as a
-//! worker slot frees, so one slow provider call never holds up the others.
-//! A tenant at its plan's `max_in_flight` has further messages deferred back
-//! to the queue (not counted as attempts), so no tenant can hold every slot.
+//! Token first: every buffered message is started at once and waits in its
+//! provider gate's line, where high goes before normal before low and the
+//! tenants of one priority take turns. A worker slot (lane `concurrency`) is
+//! taken only once the token is there, for the provider call itself, so a
+//! message that is only waiting for the provider holds no worker, and a
+//! high-priority message that arrives while a hundred lows wait takes the
+//! very next token.
+//!
+//! The poller only receives as many messages as the buffer has free slots;
+//! a slot comes back when the message that took it is finished, so memory
+//! stays bounded. A tenant at its plan's `max_in_flight` gives way: its
+//! further messages are parked outside the buffer (see [`TenantSlots`]) and
+//! take the tenant's next free place, so its backlog never fills the buffer
+//! that another tenant's first message needs.
 
 pub mod buffer;
 mod process;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::config::{ConsumerSettings, LaneSettings, RetrySettings};
 use crate::limits::gate::ProviderGate;
+use crate::metrics::{self as names, GaugeHold};
 use crate::model::{Channel, Lane};
 use crate::providers::Provider;
 use crate::queue::{LaneQueue, ReceivedMessage};
@@ -109,10 +119,58 @@ impl Delivery {
     }
 }
 
-/// Counts messages in flight per tenant for one lane.
-#[derive(Debug, Default)]
+/// Per tenant of one lane: messages in flight (waiting for a provider token
+/// or being sent) and messages parked until one of those finishes.
+///
+/// A tenant at its plan's `max_in_flight` gives way without crowding others
+/// out: its further messages are parked here, outside the shared buffer,
+/// whose slot they give back at once, so the poller fetches other tenants'
+/// messages meanwhile. When one of the tenant's messages finishes, its place
+/// passes straight to the tenant's best parked message (highest priority,
+/// then oldest). Parking is bounded: while `max_parked` messages are
+/// parked, the poller receives nothing more (a place frees at the rate the
+/// parked tenants' messages finish), so nothing is put back and received
+/// again in a loop.
 struct TenantSlots {
-    in_flight: Mutex<HashMap<String, u32>>,
+    state: Mutex<SlotState>,
+    /// Parked messages whose tenant got a place back, for the dispatcher.
+    resume: mpsc::UnboundedSender<Resumed>,
+    /// Parked messages at which the poller stops receiving.
+    max_parked: usize,
+    /// Rung when a parked message leaves, for a poller waiting for room.
+    room: Notify,
+    /// For the `parked` gauge's label.
+    lane: Lane,
+}
+
+#[derive(Default)]
+struct SlotState {
+    in_flight: HashMap<String, u32>,
+    parked: HashMap<String, TieredQueue>,
+    parked_total: usize,
+}
+
+/// A tenant's parked messages: one FIFO per priority rank, each message with
+/// its count in the `parked` gauge and when it was parked.
+#[derive(Default)]
+struct TieredQueue([std::collections::VecDeque<Parked>; 3]);
+
+struct Parked {
+    message: ReceivedMessage,
+    _gauge: GaugeHold,
+    since: Instant,
+}
+
+impl TieredQueue {
+    fn len(&self) -> usize {
+        self.0.iter().map(std::collections::VecDeque::len).sum()
+    }
+
+    fn pop(&mut self) -> Option<Parked> {
+        self.0
+            .iter_mut()
+            .find_map(std::collections::VecDeque::pop_front)
+    }
 }
 
 /// A tenant's place among the in-flight messages; released on drop.
@@ -121,29 +179,133 @@ struct TenantSlot {
     tenant_id: String,
 }
 
+/// What the dispatcher does with a message it took from the buffer.
+enum Admission {
+    /// The tenant had room: process it now.
+    Run(ReceivedMessage, TenantSlot),
+    /// The tenant is at its cap; the message waits for one of its places.
+    Parked,
+}
+
+/// A parked message handed back with its tenant's place, and how long it
+/// was parked.
+type Resumed = (ReceivedMessage, TenantSlot, Duration);
+
 impl TenantSlots {
-    /// Takes a place for `tenant_id` unless it already has `cap` in flight.
-    fn try_enter(self: &Arc<Self>, tenant_id: &str, cap: u32) -> Option<TenantSlot> {
-        let mut in_flight = self.in_flight.lock().expect("tenant slots lock");
-        let count = in_flight.entry(tenant_id.to_owned()).or_insert(0);
-        if *count >= cap {
-            return None;
+    fn new(lane: Lane, max_parked: usize) -> (Arc<Self>, mpsc::UnboundedReceiver<Resumed>) {
+        let (resume, resumed) = mpsc::unbounded_channel();
+        let slots = Arc::new(TenantSlots {
+            state: Mutex::default(),
+            resume,
+            max_parked,
+            room: Notify::new(),
+            lane,
+        });
+        (slots, resumed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a place for the message's tenant unless it already has `cap`
+    /// in flight; then parks the message.
+    fn admit(self: &Arc<Self>, message: ReceivedMessage, cap: u32) -> Admission {
+        let mut state = self.lock();
+        let count = state
+            .in_flight
+            .entry(message.tenant_id.clone())
+            .or_insert(0);
+        if *count < cap {
+            *count += 1;
+            let tenant_id = message.tenant_id.clone();
+            return Admission::Run(
+                message,
+                TenantSlot {
+                    slots: self.clone(),
+                    tenant_id,
+                },
+            );
         }
-        *count += 1;
-        Some(TenantSlot {
-            slots: self.clone(),
-            tenant_id: tenant_id.to_owned(),
-        })
+        state.parked_total += 1;
+        let rank = message.priority.rank();
+        let gauge = GaugeHold::new(
+            metrics::gauge!(names::MESSAGES_WAITING, "lane" => self.lane.as_str(), "priority" => message.priority.as_str(), "stage" => "parked"),
+        );
+        state.parked.entry(message.tenant_id.clone()).or_default().0[rank].push_back(Parked {
+            message,
+            _gauge: gauge,
+            since: Instant::now(),
+        });
+        Admission::Parked
+    }
+
+    /// Waits while `max_parked` or more messages are parked; then returns
+    /// how many more may be parked. The poller receives no more than that,
+    /// so under one tenant's backlog it takes one message per place freed
+    /// and another tenant's message is never more than one receive away.
+    async fn wait_for_room(&self) -> usize {
+        loop {
+            let freed = self.room.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let parked = self.lock().parked_total;
+            if parked < self.max_parked {
+                return self.max_parked - parked;
+            }
+            freed.await;
+        }
+    }
+
+    /// Removes every parked message (shutdown returns them to the queue).
+    fn drain_parked(&self) -> Vec<ReceivedMessage> {
+        let mut state = self.lock();
+        state.parked_total = 0;
+        let parked: Vec<ReceivedMessage> = state
+            .parked
+            .drain()
+            .flat_map(|(_, queue)| queue.0.into_iter().flatten())
+            .map(|parked| parked.message)
+            .collect();
+        self.room.notify_waiters();
+        parked
     }
 }
 
 impl Drop for TenantSlot {
     fn drop(&mut self) {
-        let mut in_flight = self.slots.in_flight.lock().expect("tenant slots lock");
-        if let Some(count) = in_flight.get_mut(&self.tenant_id) {
+        let mut state = self.slots.lock();
+        // The place passes to the tenant's best parked message, if any.
+        let next = match state.parked.get_mut(&self.tenant_id) {
+            Some(queue) => {
+                let next = queue.pop();
+                if queue.len() == 0 {
+                    state.parked.remove(&self.tenant_id);
+                }
+                next
+            }
+            None => None,
+        };
+        if let Some(parked) = next {
+            state.parked_total -= 1;
+            drop(state);
+            self.slots.room.notify_waiters();
+            let slot = TenantSlot {
+                slots: self.slots.clone(),
+                tenant_id: self.tenant_id.clone(),
+            };
+            // If the dispatcher is gone (shutdown), the message is dropped
+            // with its slot and comes back after its visibility timeout.
+            let _ = self
+                .slots
+                .resume
+                .send((parked.message, slot, parked.since.elapsed()));
+            return;
+        }
+        if let Some(count) = state.in_flight.get_mut(&self.tenant_id) {
             *count -= 1;
             if *count == 0 {
-                in_flight.remove(&self.tenant_id);
+                state.in_flight.remove(&self.tenant_id);
             }
         }
     }
@@ -155,8 +317,11 @@ pub struct LaneConsumer {
     settings: LaneSettings,
     delivery: Delivery,
     buffer: TieredBuffer<ReceivedMessage>,
+    /// Provider calls in progress at once; taken after the provider token.
     workers: Arc<Semaphore>,
     tenants: Arc<TenantSlots>,
+    /// Parked messages handed back with a tenant place; read by the dispatcher.
+    resumed: Mutex<Option<mpsc::UnboundedReceiver<Resumed>>>,
 }
 
 impl LaneConsumer {
@@ -164,19 +329,21 @@ impl LaneConsumer {
         // Room for every worker plus two receive batches waiting behind them,
         // so the next batch is fetched while the previous one is still there.
         let capacity = settings.concurrency + 2 * RECEIVE_BATCH;
+        let (tenants, resumed) = TenantSlots::new(lane, capacity);
         Arc::new(LaneConsumer {
             lane,
             workers: Arc::new(Semaphore::new(settings.concurrency)),
             buffer: TieredBuffer::new(capacity),
-            tenants: Arc::new(TenantSlots::default()),
+            tenants,
+            resumed: Mutex::new(Some(resumed)),
             settings,
             delivery,
         })
     }
 
     /// Runs poller and dispatcher until `shutdown` turns true, then returns
-    /// buffered messages to the queue at once and waits (up to the grace
-    /// period) for messages in flight.
+    /// buffered and parked messages to the queue at once and waits (up to
+    /// the grace period) for messages in flight.
     pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
         let lane = self.lane;
         let (deletes, delete_rx) = mpsc::channel(1024);
@@ -189,11 +356,18 @@ impl LaneConsumer {
         let mut running = JoinSet::new();
         self.dispatch(shutdown, &deletes, &mut running).await;
         let _ = poller.await;
+        self.delivery.queue.release_prefetched(lane).await;
 
-        let buffered = self.buffer.drain();
-        if !buffered.is_empty() {
-            process::return_now(self.delivery.queue.as_ref(), lane, &buffered).await;
-            info!(lane = %lane, returned = buffered.len(), "Buffered messages returned to the queue.");
+        let mut held = self.buffer.drain();
+        held.extend(self.tenants.drain_parked());
+        if let Some(resumed) = self.resumed.lock().expect("resumed lock").as_mut() {
+            while let Ok((message, _slot, _)) = resumed.try_recv() {
+                held.push(message);
+            }
+        }
+        if !held.is_empty() {
+            process::return_now(self.delivery.queue.as_ref(), lane, &held).await;
+            info!(lane = %lane, returned = held.len(), "Buffered messages returned to the queue.");
         }
         let grace = Duration::from_secs(self.delivery.consumers.shutdown_grace_secs);
         let drained = tokio::time::timeout(grace, async {
@@ -218,7 +392,10 @@ impl LaneConsumer {
                 return;
             }
             let slots = tokio::select! {
-                slots = self.buffer.reserve(RECEIVE_BATCH) => slots,
+                slots = async {
+                    let room = self.tenants.wait_for_room().await;
+                    self.buffer.reserve(room.min(RECEIVE_BATCH)).await
+                } => slots,
                 _ = shutdown.changed() => return,
             };
             // The embedded receive is cancel-safe at its waiting points;
@@ -248,55 +425,64 @@ impl LaneConsumer {
         }
     }
 
+    /// Starts every buffered message at once: it takes its tenant's place
+    /// (or is parked), then waits for a provider token in the gate's line,
+    /// where the highest priority and the tenant whose turn it is go first.
+    /// A worker is taken only once the token is there, for the call itself.
     async fn dispatch(
         self: &Arc<Self>,
         mut shutdown: watch::Receiver<bool>,
         deletes: &mpsc::Sender<String>,
         running: &mut JoinSet<()>,
     ) {
+        let mut resumed = self
+            .resumed
+            .lock()
+            .expect("resumed lock")
+            .take()
+            .expect("dispatch runs once");
         loop {
-            // Take a worker first, then the best message: a high-priority
-            // message that arrives while all workers are busy is next.
-            let worker = tokio::select! {
-                worker = self.workers.clone().acquire_owned() => worker.expect("worker semaphore is never closed"),
-                _ = shutdown.changed() => return,
-            };
-            let (message, slot) = tokio::select! {
-                entry = self.buffer.pop() => entry,
-                _ = shutdown.changed() => return,
+            let (message, tenant_slot, buffer_slot, parked_for) = tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                Some((message, slot, parked_for)) = resumed.recv() => (message, Some(slot), None, parked_for),
+                (message, slot) = self.buffer.pop() => (message, None, Some(slot), Duration::ZERO),
             };
             while running.try_join_next().is_some() {}
-            let cap = self
-                .delivery
-                .registry
-                .tenant(&message.tenant_id)
-                .and_then(|tenant| self.delivery.registry.plan(&tenant.plan))
-                .map_or(u32::MAX, |plan| plan.max_in_flight);
-            let tenant_slot = self.tenants.try_enter(&message.tenant_id, cap);
             let context = process::Context {
                 lane: self.lane,
                 settings: self.settings.clone(),
                 delivery: self.delivery.clone(),
                 deletes: deletes.clone(),
                 shutdown: shutdown.clone(),
+                workers: self.workers.clone(),
             };
-            running.spawn(async move {
-                match tenant_slot {
-                    Some(tenant_slot) => {
-                        // `deliver` gives the worker back as soon as the
-                        // provider has answered; recording the outcome
-                        // does not hold up the next send.
-                        process::deliver(&context, message, worker).await;
-                        drop(tenant_slot);
-                    }
-                    None => {
-                        process::defer_for_tenant_cap(&context, message).await;
-                        drop(worker);
-                    }
+            let admission = match tenant_slot {
+                Some(slot) => Admission::Run(message, slot),
+                None => {
+                    let cap = self
+                        .delivery
+                        .registry
+                        .tenant(&message.tenant_id)
+                        .and_then(|tenant| self.delivery.registry.plan(&tenant.plan))
+                        .map_or(u32::MAX, |plan| plan.max_in_flight);
+                    self.tenants.admit(message, cap)
                 }
-                drop(slot);
-            });
+            };
+            match admission {
+                Admission::Run(message, tenant_slot) => {
+                    running.spawn(async move {
+                        process::renew_if_parked_long(&context, &message, parked_for).await;
+                        process::deliver(&context, message).await;
+                        drop(tenant_slot);
+                        drop(buffer_slot);
+                    });
+                }
+                // The buffer slot is given back now (dropped here).
+                Admission::Parked => {}
+            }
         }
+        *self.resumed.lock().expect("resumed lock") = Some(resumed);
     }
 }
 
@@ -304,14 +490,86 @@ impl LaneConsumer {
 mod tests {
     use super::*;
 
+    fn received(tenant: &str, id: &str, priority: crate::model::Priority) -> ReceivedMessage {
+        ReceivedMessage {
+            receipt: format!("{id}:1"),
+            message_id: id.to_owned(),
+            tenant_id: tenant.to_owned(),
+            channel: Channel::Sms,
+            priority,
+            body: String::new(),
+            receive_count: 1,
+            enqueued_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_tenant_at_its_cap_parks_messages_and_its_freed_place_goes_to_the_best_parked_one() {
+        use crate::model::Priority;
+        let (slots, mut resumed) = TenantSlots::new(Lane::Fast, 10);
+        let Admission::Run(_, running) = slots.admit(received("a", "a1", Priority::Low), 1) else {
+            panic!("the first message runs");
+        };
+        assert!(matches!(
+            slots.admit(received("a", "a2", Priority::Low), 1),
+            Admission::Parked
+        ));
+        assert!(matches!(
+            slots.admit(received("a", "a3", Priority::High), 1),
+            Admission::Parked
+        ));
+        // Another tenant is not held up by the first one's parked messages.
+        assert!(matches!(
+            slots.admit(received("b", "b1", Priority::Low), 1),
+            Admission::Run(..)
+        ));
+        assert!(resumed.try_recv().is_err());
+        drop(running);
+        let (next, place, _) = resumed.try_recv().expect("a parked message resumes");
+        assert_eq!(next.message_id, "a3", "high before low");
+        // The place passed on: the tenant is still at its cap.
+        assert!(matches!(
+            slots.admit(received("a", "a4", Priority::Low), 1),
+            Admission::Parked
+        ));
+        drop(place);
+        assert_eq!(resumed.try_recv().unwrap().0.message_id, "a2");
+    }
+
+    #[tokio::test]
+    async fn the_poller_waits_while_parking_is_full() {
+        use crate::model::Priority;
+        let (slots, _resumed) = TenantSlots::new(Lane::Fast, 3);
+        let Admission::Run(_, running) = slots.admit(received("a", "first", Priority::Normal), 1)
+        else {
+            panic!("the first message runs");
+        };
+        for n in 0..3 {
+            let parked = slots.admit(received("a", &format!("p{n}"), Priority::Normal), 1);
+            assert!(matches!(parked, Admission::Parked));
+        }
+        let waiting = tokio::time::timeout(Duration::from_millis(50), slots.wait_for_room()).await;
+        assert!(waiting.is_err(), "no room while three are parked");
+        drop(running);
+        let room = tokio::time::timeout(Duration::from_millis(50), slots.wait_for_room()).await;
+        assert!(room.is_ok(), "a resumed message makes room");
+        assert_eq!(slots.drain_parked().len(), 2);
+    }
+
     #[test]
     fn a_tenant_cannot_take_more_than_its_cap_and_gets_slots_back() {
-        let slots = Arc::new(TenantSlots::default());
-        let a1 = slots.try_enter("a", 2).unwrap();
-        let _a2 = slots.try_enter("a", 2).unwrap();
-        assert!(slots.try_enter("a", 2).is_none());
-        assert!(slots.try_enter("b", 2).is_some());
+        use crate::model::Priority;
+        let (slots, mut resumed) = TenantSlots::new(Lane::Fast, 10);
+        let admit = |tenant: &str, id: &str| slots.admit(received(tenant, id, Priority::Normal), 2);
+        let (Admission::Run(_, a1), Admission::Run(_, _a2)) = (admit("a", "a1"), admit("a", "a2"))
+        else {
+            panic!("room for two");
+        };
+        assert!(matches!(admit("a", "a3"), Admission::Parked));
+        assert!(matches!(admit("b", "b1"), Admission::Run(..)));
         drop(a1);
-        assert!(slots.try_enter("a", 2).is_some());
+        let (next, _place, _) = resumed.try_recv().expect("a3 takes a1's place");
+        assert_eq!(next.message_id, "a3");
+        assert!(slots.drain_parked().is_empty());
     }
 }

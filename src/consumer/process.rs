@@ -6,7 +6,6 @@
 //! | already sent (redelivery) | delete, no second send | unchanged |
 //! | `rejected` (SQS send answered 503, arrived anyway) | delete, no send | unchanged |
 //! | tenant paused/disabled | defer `hold_delay_secs`, no attempt | unchanged |
-//! | tenant at in-flight cap | defer `tenant_cap_delay_secs`, no attempt | unchanged |
 //! | another copy being sent by this process | defer `tenant_cap_delay_secs`, no attempt | unchanged |
 //! | provider throttled | defer its Retry-After (or backoff), no attempt | `retrying` |
 //! | transient | defer full-jitter backoff | `retrying`, attempts + 1 |
@@ -42,6 +41,9 @@ pub(super) struct Context {
     /// Turns true at shutdown: a message still waiting for a provider token
     /// goes back to the queue instead of holding shutdown up.
     pub shutdown: watch::Receiver<bool>,
+    /// The lane's provider-call slots (`concurrency`), taken once the
+    /// provider token is there.
+    pub workers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// Backoff before retry `attempt` (1-based): a uniformly random delay
@@ -55,11 +57,6 @@ pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
     } else {
         rand::rng().random_range(0..=millis)
     })
-}
-
-pub(super) async fn defer_for_tenant_cap(context: &Context, message: ReceivedMessage) {
-    let delay = Duration::from_secs(context.delivery.consumers.tenant_cap_delay_secs);
-    defer(context, &message, delay, "tenant_cap").await;
 }
 
 async fn defer(
@@ -114,6 +111,28 @@ async fn dead_letter(
     }
 }
 
+/// A message that was parked for a third of its visibility timeout or more
+/// gets a fresh one before it goes on, so it is not received again by
+/// another consumer while it waits for a provider token.
+pub(super) async fn renew_if_parked_long(
+    context: &Context,
+    message: &ReceivedMessage,
+    parked_for: Duration,
+) {
+    let visibility = Duration::from_secs(context.settings.visibility_timeout_secs);
+    if parked_for < visibility / 3 {
+        return;
+    }
+    let renewed = context
+        .delivery
+        .queue
+        .change_visibility_batch(context.lane, &[(message.receipt.clone(), visibility)])
+        .await;
+    if !matches!(renewed, Ok(results) if results.iter().all(Result::is_ok)) {
+        warn!(message_id = %message.message_id, "Could not renew the visibility of a parked message; it may be delivered again.");
+    }
+}
+
 /// Extends a message's invisibility every half timeout while it is processed.
 fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinHandle<()> {
     let queue = context.delivery.queue.clone();
@@ -139,11 +158,7 @@ fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinH
     })
 }
 
-pub(super) async fn deliver(
-    context: &Context,
-    message: ReceivedMessage,
-    worker: tokio::sync::OwnedSemaphorePermit,
-) {
+pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
         Ok(payload) => payload,
@@ -196,8 +211,26 @@ pub(super) async fn deliver(
     let gated = context.delivery.provider(payload.channel);
     let beat = heartbeat(context, &message);
     let mut shutdown = context.shutdown.clone();
-    let waited = tokio::select! {
-        waited = gated.gate.acquire(payload.priority) => waited,
+    // The token first, in the gate's line by priority and tenant turn, with
+    // no worker held meanwhile; then a worker for the call itself.
+    let token_and_worker = async {
+        let _waiting = names::GaugeHold::new(
+            metrics::gauge!(names::MESSAGES_WAITING, "lane" => lane.as_str(), "priority" => payload.priority.as_str(), "stage" => "token"),
+        );
+        let waited = gated
+            .gate
+            .acquire_for(payload.priority, &message.tenant_id)
+            .await;
+        let worker = context
+            .workers
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("worker semaphore is never closed");
+        (waited, worker)
+    };
+    let (waited, worker) = tokio::select! {
+        got = token_and_worker => got,
         () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
             beat.abort();
             return_now(context.delivery.queue.as_ref(), lane, std::slice::from_ref(&message)).await;

@@ -6,16 +6,20 @@
 //!
 //! governor's GCRA does the arithmetic: in any window of length t at most
 //! `burst + rate × t` calls pass, and an idle bucket refills to `burst` and no
-//! further. On top of it sits a line of waiters, one FIFO queue per priority.
-//! Only the head of the line (the oldest waiter of the highest priority that
-//! has any) asks the bucket for a token. When the bucket answers "not until
+//! further. On top of it sits a line of waiters: per priority, the tenants
+//! with callers waiting take turns, and each tenant's callers keep their
+//! arrival order. Only the head of the line (the next caller of the tenant
+//! whose turn it is, in the highest priority that has any) asks the bucket
+//! for a token. When the bucket answers "not until
 //! T", the head alone sleeps until T; every other waiter sleeps on its own
 //! [`Notify`] until it becomes the head. A waiter that gets its token leaves
 //! the line and wakes the next head, so under a backlog each grant costs one
 //! wake-up and nothing polls. A new caller takes a token at once only when no
 //! one of its priority or higher is waiting, so a newly arrived high-priority
 //! caller goes ahead of queued normal and low waiters and gets the very next
-//! token, while callers of equal priority keep their order.
+//! token, while callers of equal priority and tenant keep their order, and a
+//! tenant's first waiter is at most one turn per waiting tenant away from a
+//! token however many callers another tenant has queued.
 //!
 //! Cancellation is safe: a token is taken only in the poll that returns it, so
 //! dropping an `acquire` future never loses one. The dropped waiter leaves the
@@ -42,6 +46,7 @@ use governor::{Quota, RateLimiter};
 use tokio::sync::Notify;
 
 use crate::model::Priority;
+use crate::queue::priority::ShareCredit;
 
 /// Number of priorities, indexed by [`Priority::rank`].
 const PRIORITIES: usize = 3;
@@ -79,10 +84,28 @@ impl ProviderGate {
     /// If `rate_per_second` is not a positive finite number or `burst` is 0.
     /// Configuration checking refuses both before a gate is built.
     pub fn new(rate_per_second: f64, burst: u32) -> Self {
-        Self::with_timeline(rate_per_second, burst, Timeline::tokio())
+        Self::with_timeline(rate_per_second, burst, 0.0, Timeline::tokio())
     }
 
-    fn with_timeline(rate_per_second: f64, burst: u32, timeline: Timeline) -> Self {
+    /// Like [`ProviderGate::new`], with strict priority softened: while
+    /// lower priorities have callers waiting, they get at least
+    /// `low_priority_share` of the tokens (the lanes' share rule, see
+    /// [`crate::queue::priority`]).
+    pub fn with_share(rate_per_second: f64, burst: u32, low_priority_share: f64) -> Self {
+        Self::with_timeline(
+            rate_per_second,
+            burst,
+            low_priority_share,
+            Timeline::tokio(),
+        )
+    }
+
+    fn with_timeline(
+        rate_per_second: f64,
+        burst: u32,
+        low_priority_share: f64,
+        timeline: Timeline,
+    ) -> Self {
         assert!(
             rate_per_second.is_finite() && rate_per_second > 0.0,
             "provider rate must be a positive number, not {rate_per_second}"
@@ -97,7 +120,7 @@ impl ProviderGate {
             timeline,
             rate_per_second,
             burst,
-            line: Mutex::new(Line::default()),
+            line: Mutex::new(Line::new(low_priority_share)),
         }
     }
 
@@ -115,17 +138,26 @@ impl ProviderGate {
     /// Cheap enough for every metrics scrape: one short lock.
     pub fn waiting(&self) -> [usize; PRIORITIES] {
         let line = self.line();
-        std::array::from_fn(|rank| line.tiers[rank].len())
+        std::array::from_fn(|rank| line.waiting(rank))
     }
 
     /// Waits until the caller may make one provider call and returns how long
     /// it waited.
     ///
     /// Waiting callers are served high before normal before low, and in
-    /// arrival order within a priority. Cancel-safe: dropping the future while
+    /// arrival order within a priority (all such callers count as one
+    /// tenant). Cancel-safe: dropping the future while
     /// it waits gives up its place in line without losing a token or holding
     /// up anyone behind it.
     pub async fn acquire(&self, priority: Priority) -> Duration {
+        self.acquire_for(priority, "").await
+    }
+
+    /// Like [`ProviderGate::acquire`], on behalf of `tenant`: within a
+    /// priority, tenants with callers waiting take the tokens in turn, so
+    /// one tenant's hundred waiting messages do not stand in front of
+    /// another tenant's first.
+    pub async fn acquire_for(&self, priority: Priority, tenant: &str) -> Duration {
         let rank = priority.rank();
         let started = self.timeline.now();
 
@@ -133,10 +165,11 @@ impl ProviderGate {
         // head of the line: it may take a token straight away if one is free.
         let place = {
             let mut line = self.line();
-            if line.is_clear_up_to(rank) && self.bucket.check().is_ok() {
+            if line.would_lead(rank) && self.bucket.check().is_ok() {
+                line.record_grant(rank);
                 return Duration::ZERO;
             }
-            line.join(self, rank)
+            line.join(self, rank, tenant)
         };
 
         loop {
@@ -149,7 +182,7 @@ impl ProviderGate {
                         Ok(()) => {
                             // Leave the line in the same poll that takes the
                             // token, so a cancellation cannot come between.
-                            line.leave(rank, place.id);
+                            line.leave(rank, place.id, true);
                             place.served();
                             return self.timeline.elapsed_since(started);
                         }
@@ -186,13 +219,23 @@ impl fmt::Debug for ProviderGate {
     }
 }
 
-/// The waiters, one FIFO queue per priority rank.
-#[derive(Default)]
+/// The waiters: per priority rank, one FIFO per tenant, and the tenants
+/// taking turns.
 struct Line {
-    /// Waiting callers by priority rank, oldest first.
-    tiers: [VecDeque<Waiter>; PRIORITIES],
+    /// Waiting callers by priority rank, grouped by tenant; the tenants of a
+    /// rank are served in rotation, each tenant's callers in arrival order.
+    tiers: [VecDeque<TenantWaiters>; PRIORITIES],
+    /// Which priority the next token goes to: the highest waiting, except
+    /// that lower priorities keep their share while they have waiters.
+    share: ShareCredit,
     /// Source of waiter ids, so a waiter can find itself in its queue.
     next_id: u64,
+}
+
+/// One tenant's waiters of one priority, oldest first.
+struct TenantWaiters {
+    tenant: Arc<str>,
+    waiters: VecDeque<Waiter>,
 }
 
 struct Waiter {
@@ -202,27 +245,75 @@ struct Waiter {
 }
 
 impl Line {
-    fn is_clear_up_to(&self, rank: usize) -> bool {
-        self.tiers[..=rank].iter().all(VecDeque::is_empty)
+    fn new(low_priority_share: f64) -> Self {
+        Line {
+            tiers: Default::default(),
+            share: ShareCredit::new(low_priority_share),
+            next_id: 0,
+        }
+    }
+
+    fn waiting_ranks(&self) -> [bool; PRIORITIES] {
+        std::array::from_fn(|rank| !self.tiers[rank].is_empty())
+    }
+
+    /// True when a new caller of `rank` would be the head of the line: no
+    /// one of its priority waits and the share rule would serve its
+    /// priority next. It may then take a free token at once.
+    fn would_lead(&self, rank: usize) -> bool {
+        let mut waiting = self.waiting_ranks();
+        if waiting[rank] {
+            return false;
+        }
+        waiting[rank] = true;
+        self.share.pick(waiting) == Some(rank)
+    }
+
+    /// Books a token given to a caller of `rank` who was not waiting.
+    /// Credit may move the head to another priority: that waiter is woken.
+    fn record_grant(&mut self, rank: usize) {
+        let before = self.head_id();
+        let mut waiting = self.waiting_ranks();
+        waiting[rank] = true;
+        self.share.record(rank, waiting);
+        if let Some(head) = self.head().filter(|head| Some(head.id) != before) {
+            head.wake.notify_one();
+        }
     }
 
     fn head(&self) -> Option<&Waiter> {
-        self.tiers.iter().find_map(VecDeque::front)
+        let rank = self.share.pick(self.waiting_ranks())?;
+        self.tiers[rank]
+            .front()
+            .and_then(|turn| turn.waiters.front())
     }
 
     fn head_id(&self) -> Option<u64> {
         self.head().map(|waiter| waiter.id)
     }
 
-    /// Queues a waiter at the back of its priority.
-    fn join<'g>(&mut self, gate: &'g ProviderGate, rank: usize) -> Place<'g> {
+    fn waiting(&self, rank: usize) -> usize {
+        self.tiers[rank].iter().map(|turn| turn.waiters.len()).sum()
+    }
+
+    /// Queues a waiter at the back of its tenant's queue in its priority; a
+    /// tenant with no one waiting there takes the last turn of the rotation.
+    fn join<'g>(&mut self, gate: &'g ProviderGate, rank: usize, tenant: &str) -> Place<'g> {
         let id = self.next_id;
         self.next_id += 1;
         let wake = Arc::new(Notify::new());
-        self.tiers[rank].push_back(Waiter {
+        let waiter = Waiter {
             id,
             wake: Arc::clone(&wake),
-        });
+        };
+        let tier = &mut self.tiers[rank];
+        match tier.iter_mut().find(|turn| &*turn.tenant == tenant) {
+            Some(turn) => turn.waiters.push_back(waiter),
+            None => tier.push_back(TenantWaiters {
+                tenant: Arc::from(tenant),
+                waiters: VecDeque::from([waiter]),
+            }),
+        }
         Place {
             gate,
             rank,
@@ -233,11 +324,25 @@ impl Line {
     }
 
     /// Removes a waiter; if it was the head, wakes the new head so the next
-    /// token is not left waiting for someone who has gone.
-    fn leave(&mut self, rank: usize, id: u64) {
+    /// token is not left waiting for someone who has gone. A tenant whose
+    /// waiter was `served` goes to the back of the rotation.
+    fn leave(&mut self, rank: usize, id: u64, served: bool) {
         let was_head = self.head_id() == Some(id);
-        if let Some(index) = self.tiers[rank].iter().position(|w| w.id == id) {
-            self.tiers[rank].remove(index);
+        if served {
+            self.share.record(rank, self.waiting_ranks());
+        }
+        let tier = &mut self.tiers[rank];
+        if let Some(at) = tier
+            .iter()
+            .position(|turn| turn.waiters.iter().any(|w| w.id == id))
+        {
+            let turn = &mut tier[at];
+            turn.waiters.retain(|w| w.id != id);
+            if turn.waiters.is_empty() {
+                tier.remove(at);
+            } else if served && at == 0 {
+                tier.rotate_left(1);
+            }
         }
         if let Some(head) = self.head().filter(|_| was_head) {
             head.wake.notify_one();
@@ -270,7 +375,7 @@ impl Place<'_> {
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         if !self.served {
-            self.gate.line().leave(self.rank, self.id);
+            self.gate.line().leave(self.rank, self.id, false);
         }
     }
 }
@@ -524,6 +629,100 @@ mod tests {
         assert_eq!(names(&log), ["high1", "normal1", "normal2", "low1", "low2"]);
         let times: Vec<_> = log.borrow().iter().map(|(_, at, _)| *at).collect();
         assert_eq!(times, [100 * MS, 200 * MS, 300 * MS, 400 * MS, 500 * MS]);
+    }
+
+    /// Queues a caller of `tenant` named `name`, logging like [`queue`].
+    fn queue_for(sim: &Sim, gate: &Arc<ProviderGate>, log: &Log, name: &str, tenant: &str) {
+        let (sim2, gate, log, name, tenant) = (
+            sim.clone(),
+            Arc::clone(gate),
+            Rc::clone(log),
+            name.to_string(),
+            tenant.to_string(),
+        );
+        sim.spawn(async move {
+            let waited = gate.acquire_for(Priority::Normal, &tenant).await;
+            log.borrow_mut().push((name, sim2.now(), waited));
+        });
+        sim.settle();
+    }
+
+    #[test]
+    fn tenants_of_one_priority_take_turns_so_a_first_message_is_not_behind_a_backlog() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        for i in 1..=4 {
+            queue_for(&sim, &gate, &log, &format!("big{i}"), "big");
+        }
+        queue_for(&sim, &gate, &log, "small1", "small");
+        queue_for(&sim, &gate, &log, "other1", "other");
+        queue_for(&sim, &gate, &log, "small2", "small");
+        sim.run_until(SECOND);
+        assert_eq!(
+            names(&log),
+            ["big1", "small1", "other1", "big2", "small2", "big3", "big4"]
+        );
+    }
+
+    #[test]
+    fn under_a_flood_of_high_callers_low_ones_still_get_their_share_of_tokens() {
+        let sim = Sim::new(MS);
+        let gate = sim.gate_with_share(100.0, 1, 0.1);
+        let counts = Rc::new(RefCell::new([0usize; 3]));
+        for i in 0..12 {
+            let priority = if i < 10 {
+                Priority::High
+            } else {
+                Priority::Low
+            };
+            let (gate, counts) = (Arc::clone(&gate), Rc::clone(&counts));
+            sim.spawn(async move {
+                loop {
+                    gate.acquire(priority).await;
+                    counts.borrow_mut()[priority.rank()] += 1;
+                }
+            });
+        }
+        sim.run_until(20 * SECOND);
+        let [high, _, low] = *counts.borrow();
+        let share = low as f64 / (high + low) as f64;
+        assert!(
+            (0.085..=0.1).contains(&share),
+            "low got {low} of {} tokens",
+            high + low
+        );
+        // Strict priority (share 0) would give low nothing at all.
+        let strict = Sim::new(MS);
+        let gate = strict.gate(100.0, 1);
+        let low_grants = Rc::new(RefCell::new(0usize));
+        for i in 0..12 {
+            let priority = if i < 10 {
+                Priority::High
+            } else {
+                Priority::Low
+            };
+            let (gate, low_grants) = (Arc::clone(&gate), Rc::clone(&low_grants));
+            strict.spawn(async move {
+                loop {
+                    gate.acquire(priority).await;
+                    if priority == Priority::Low {
+                        *low_grants.borrow_mut() += 1;
+                    }
+                }
+            });
+        }
+        strict.run_until(5 * SECOND);
+        assert!(*low_grants.borrow() <= 2, "low got {}", low_grants.borrow());
+    }
+
+    #[test]
+    fn the_share_rule_keeps_the_gate_within_burst_plus_rate() {
+        let sim = Sim::new(MS);
+        let gate = sim.gate_with_share(50.0, 5, 0.2);
+        let (grants, _) = backlog(&sim, &gate, 30, 10 * SECOND);
+        assert!(worst_window_excess(&grants, 50.0, 5) <= 1e-9);
+        assert!(grants.len() as f64 >= 0.99 * 50.0 * 10.0);
     }
 
     #[test]
@@ -859,10 +1058,20 @@ mod sim {
         }
 
         pub fn gate(&self, rate_per_second: f64, burst: u32) -> Arc<ProviderGate> {
+            self.gate_with_share(rate_per_second, burst, 0.0)
+        }
+
+        pub fn gate_with_share(
+            &self,
+            rate_per_second: f64,
+            burst: u32,
+            share: f64,
+        ) -> Arc<ProviderGate> {
             let timeline = Timeline::Simulated(self.clock());
             Arc::new(ProviderGate::with_timeline(
                 rate_per_second,
                 burst,
+                share,
                 timeline,
             ))
         }

@@ -9,6 +9,15 @@
 //! another tenant's first message lands next to the current receive point and
 //! is served within one round, whatever the first tenant's backlog.
 //!
+//! Priority first: each priority class keeps its own fair keys, and a
+//! receive reads the head of each class through the `(queue, priority,
+//! fair_key)` index (at most one batch of rows per class, whatever the
+//! depth), then fills its batch high before normal before low under the
+//! share rule of [`super::priority`]. A deferred message (retry backoff,
+//! tenant at its cap, tenant paused) takes a fresh key when it is put back,
+//! so it queues behind its tenant's other messages instead of keeping the
+//! front place it had.
+//!
 //! Receipts are `seq:receive_count`: receiving a message again invalidates
 //! the receipt a slower consumer may still hold, as in SQS.
 
@@ -23,11 +32,12 @@ use sqlx::{Connection, QueryBuilder, Sqlite, SqliteConnection};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::priority::{CLASSES, PriorityShare};
 use super::{
     DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
 };
 use crate::config::LanesSettings;
-use crate::model::{Lane, now_ms};
+use crate::model::{Lane, Priority, now_ms};
 use crate::store::Db;
 
 /// Longest single sleep of a long poll between checks, so a clock jump or a
@@ -53,9 +63,12 @@ impl FairState {
 }
 
 /// Per-lane state kept in memory beside the table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LaneState {
-    fair: Mutex<FairState>,
+    /// Fair-queueing state of each priority class, by rank.
+    fair: Mutex<[FairState; CLASSES]>,
+    /// Which classes the next receive serves.
+    share: PriorityShare,
     /// Woken after every commit that makes messages receivable.
     arrivals: Notify,
     deleted: AtomicU64,
@@ -93,28 +106,40 @@ impl EmbeddedQueue {
     /// Opens the queue tables of `db` and rebuilds the fair-queueing state
     /// from what is stored.
     pub async fn open(db: Db, lanes: LanesSettings) -> anyhow::Result<Self> {
+        let lane_state = |lane: Lane| LaneState {
+            fair: Mutex::default(),
+            share: PriorityShare::new(lanes.get(lane).low_priority_share),
+            arrivals: Notify::new(),
+            deleted: AtomicU64::new(0),
+        };
         let queue = EmbeddedQueue {
+            fast: lane_state(Lane::Fast),
+            slow: lane_state(Lane::Slow),
             db,
             lanes,
-            fast: LaneState::default(),
-            slow: LaneState::default(),
         };
         for lane in Lane::ALL {
-            let rows: Vec<(String, i64)> = sqlx::query_as(
-                "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ? GROUP BY tenant_id",
-            )
-            .bind(queue_name(*lane))
-            .fetch_all(&queue.db.write)
-            .await
-            .context("loading embedded queue state")?;
-            let min_key: Option<i64> =
-                sqlx::query_scalar("SELECT MIN(fair_key) FROM queue_messages WHERE queue = ?")
-                    .bind(queue_name(*lane))
-                    .fetch_one(&queue.db.write)
-                    .await?;
-            let mut fair = queue.state(*lane).fair.lock().expect("fair state lock");
-            fair.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
-            fair.last_key = rows.into_iter().collect();
+            for priority in Priority::ALL {
+                let rows: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ? AND priority = ? GROUP BY tenant_id",
+                )
+                .bind(queue_name(*lane))
+                .bind(priority.as_str())
+                .fetch_all(&queue.db.write)
+                .await
+                .context("loading embedded queue state")?;
+                let min_key: Option<i64> = sqlx::query_scalar(
+                    "SELECT MIN(fair_key) FROM queue_messages WHERE queue = ? AND priority = ?",
+                )
+                .bind(queue_name(*lane))
+                .bind(priority.as_str())
+                .fetch_one(&queue.db.write)
+                .await?;
+                let mut fair = queue.state(*lane).fair.lock().expect("fair state lock");
+                let class = &mut fair[priority.rank()];
+                class.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
+                class.last_key = rows.into_iter().collect();
+            }
         }
         Ok(queue)
     }
@@ -131,7 +156,7 @@ impl EmbeddedQueue {
         let mut fair = self.state(lane).fair.lock().expect("fair state lock");
         messages
             .iter()
-            .map(|m| fair.next_key(&m.tenant_id))
+            .map(|m| fair[m.priority.rank()].next_key(&m.tenant_id))
             .collect()
     }
 
@@ -205,12 +230,13 @@ impl EmbeddedQueue {
         self.state(lane).arrivals.notify_waiters();
     }
 
-    /// One non-waiting receive: takes up to `max` visible messages by fair
-    /// key, moving any that were received `max_receive_count` times to the DLQ.
-    /// The query names its index: left to itself, SQLite (without ANALYZE
-    /// statistics) picks the `visible_at` index and sorts every visible row
-    /// for each receive, which made a 100,000-message backlog drain at a
-    /// third of the speed of a small one.
+    /// One non-waiting receive: takes up to `max` visible messages, high
+    /// priority first under the share rule and by fair key within a class,
+    /// moving any that were received `max_receive_count` times to the DLQ.
+    /// Each class is read through its index range, at most `max` rows: the
+    /// query names the index because, left to itself, SQLite (without
+    /// ANALYZE statistics) picks the `visible_at` index and sorts every
+    /// visible row for each receive.
     async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
         let settings = self.lanes.get(lane);
         let max_receives = settings.max_receive_count as i64;
@@ -220,28 +246,41 @@ impl EmbeddedQueue {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         let mut out = Vec::new();
-        let mut highest_key = None;
+        let mut highest_key: [Option<i64>; CLASSES] = [None; CLASSES];
         while out.len() < max {
-            let rows: Vec<QueueRow> = sqlx::query_as(
-                "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
-                 FROM queue_messages INDEXED BY queue_messages_fair \
-                 WHERE queue = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
-            )
-            .bind(queue_name(lane))
-            .bind(now)
-            .bind((max - out.len()) as i64)
-            .fetch_all(&mut *tx)
-            .await?;
-            if rows.is_empty() {
-                break;
+            let want = max - out.len();
+            let mut heads: [Vec<QueueRow>; CLASSES] = Default::default();
+            let mut exhausted = Vec::new();
+            for priority in Priority::ALL {
+                let rows: Vec<QueueRow> = sqlx::query_as(
+                    "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
+                     FROM queue_messages INDEXED BY queue_messages_class \
+                     WHERE queue = ? AND priority = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
+                )
+                .bind(queue_name(lane))
+                .bind(priority.as_str())
+                .bind(now)
+                .bind(want as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+                let (spent, fresh): (Vec<_>, Vec<_>) =
+                    rows.into_iter().partition(|row| row.6 >= max_receives);
+                exhausted.extend(spent.into_iter().map(|row| row.0));
+                heads[priority.rank()] = fresh;
             }
-            let (exhausted, fresh): (Vec<_>, Vec<_>) =
-                rows.into_iter().partition(|row| row.6 >= max_receives);
             if !exhausted.is_empty() {
-                let seqs: Vec<i64> = exhausted.iter().map(|row| row.0).collect();
-                move_to_dlq(&mut tx, lane, &seqs, now).await?;
+                move_to_dlq(&mut tx, lane, &exhausted, now).await?;
             }
-            if !fresh.is_empty() {
+            let split = self
+                .state(lane)
+                .share
+                .split(std::array::from_fn(|rank| heads[rank].len()), want);
+            let taken: Vec<QueueRow> = heads
+                .into_iter()
+                .zip(split)
+                .flat_map(|(rows, count)| rows.into_iter().take(count))
+                .collect();
+            if !taken.is_empty() {
                 let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
                     "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ",
                 );
@@ -249,36 +288,41 @@ impl EmbeddedQueue {
                     .push_bind(now + visibility_ms)
                     .push(" WHERE seq IN (");
                 let mut list = update.separated(", ");
-                for row in &fresh {
+                for row in &taken {
                     list.push_bind(row.0);
                 }
                 update.push(")");
                 update.build().persistent(false).execute(&mut *tx).await?;
             }
-            let got_fresh = !fresh.is_empty();
             for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
-                fresh
+                taken
             {
-                highest_key = highest_key.max(Some(key));
+                let priority: Priority = priority.parse().map_err(anyhow::Error::msg)?;
+                let highest = &mut highest_key[priority.rank()];
+                *highest = (*highest).max(Some(key));
                 out.push(ReceivedMessage {
                     receipt: format!("{seq}:{}", count + 1),
                     message_id,
                     tenant_id,
                     channel: channel.parse().map_err(anyhow::Error::msg)?,
-                    priority: priority.parse().map_err(anyhow::Error::msg)?,
+                    priority,
                     body,
                     receive_count: (count + 1) as u32,
                     enqueued_at_ms: enqueued_at,
                 });
             }
-            if exhausted.is_empty() && got_fresh {
+            // Rows moved to the DLQ left room: look again. Otherwise the
+            // classes had no more than what was taken.
+            if exhausted.is_empty() {
                 break;
             }
         }
         tx.commit().await?;
-        if let Some(key) = highest_key {
-            let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-            fair.virtual_now = fair.virtual_now.max(key);
+        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
+        for (class, key) in fair.iter_mut().zip(highest_key) {
+            if let Some(key) = key {
+                class.virtual_now = class.virtual_now.max(key);
+            }
         }
         Ok(out)
     }
@@ -460,11 +504,15 @@ impl LaneQueue for EmbeddedQueue {
         let (seq, count) = parse_receipt(&message.receipt)
             .with_context(|| format!("receipt {:?} is malformed", message.receipt))?;
         let _turn = self.db.write_turn().await;
+        // A fresh fair key: the message queues behind its tenant's others.
+        let key = self.state(lane).fair.lock().expect("fair state lock")[message.priority.rank()]
+            .next_key(&message.tenant_id);
         let done = sqlx::query(
-            "UPDATE queue_messages SET visible_at = ?, receive_count = MAX(receive_count - 1, 0) \
+            "UPDATE queue_messages SET visible_at = ?, fair_key = ?, receive_count = MAX(receive_count - 1, 0) \
              WHERE seq = ? AND queue = ? AND receive_count = ?",
         )
         .bind(now_ms() + delay.as_millis() as i64)
+        .bind(key)
         .bind(seq)
         .bind(queue_name(lane))
         .bind(count)
@@ -562,7 +610,7 @@ impl LaneQueue for EmbeddedQueue {
         let mut conn = self.db.write.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT seq, message_id, tenant_id FROM queue_messages WHERE queue = ",
+            "SELECT seq, message_id, tenant_id, priority FROM queue_messages WHERE queue = ",
         );
         select.push_bind(dlq_name(lane));
         if let Some(tenant) = &filter.tenant_id {
@@ -580,19 +628,16 @@ impl LaneQueue for EmbeddedQueue {
             select.push(")");
         }
         select.push(" ORDER BY seq");
-        let rows: Vec<(i64, String, String)> = select
+        let rows: Vec<(i64, String, String, String)> = select
             .build_query_as()
             .persistent(false)
             .fetch_all(&mut *tx)
             .await?;
         let now = now_ms();
-        for (seq, _, tenant_id) in &rows {
-            let key = self
-                .state(lane)
-                .fair
-                .lock()
-                .expect("fair state lock")
-                .next_key(tenant_id);
+        for (seq, _, tenant_id, priority) in &rows {
+            let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
+            let key =
+                self.state(lane).fair.lock().expect("fair state lock")[rank].next_key(tenant_id);
             sqlx::query(
                 "UPDATE queue_messages SET queue = ?, visible_at = ?, receive_count = 0, fair_key = ?, last_error = NULL WHERE seq = ?",
             )
@@ -603,7 +648,7 @@ impl LaneQueue for EmbeddedQueue {
             .execute(&mut *tx)
             .await?;
         }
-        let ids: Vec<String> = rows.into_iter().map(|(_, id, _)| id).collect();
+        let ids: Vec<String> = rows.into_iter().map(|(_, id, _, _)| id).collect();
         // Fresh attempt budget in the same transaction as the move.
         crate::store::messages::mark_requeued(&mut tx, &ids, i64::MAX).await?;
         tx.commit().await?;
@@ -880,6 +925,73 @@ mod tests {
             "{:?}",
             got.iter().map(|m| &m.message_id).collect::<Vec<_>>()
         );
+    }
+
+    fn with_priority(mut message: OutboundMessage, priority: Priority) -> OutboundMessage {
+        message.priority = priority;
+        message
+    }
+
+    #[tokio::test]
+    async fn a_high_message_queued_behind_a_low_backlog_is_received_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        let lows = (0..300).map(|n| with_priority(message("a", n), Priority::Low));
+        queue.send_batch(Lane::Fast, lows.collect()).await.unwrap();
+        queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        queue
+            .send_batch(
+                Lane::Fast,
+                vec![
+                    with_priority(message("a", 1000), Priority::Normal),
+                    with_priority(message("a", 1001), Priority::High),
+                ],
+            )
+            .await
+            .unwrap();
+        let next = queue.receive(Lane::Fast, 3, Duration::ZERO).await.unwrap();
+        let ids: Vec<_> = next.iter().map(|m| m.message_id.as_str()).collect();
+        assert_eq!(ids[..2], ["a-1001", "a-1000"], "{ids:?}");
+        assert_eq!(next[2].priority, Priority::Low);
+    }
+
+    #[tokio::test]
+    async fn low_messages_keep_their_share_under_a_flood_of_high_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        let mut flood: Vec<_> = (0..200)
+            .map(|n| with_priority(message("a", n), Priority::High))
+            .collect();
+        flood.extend((200..300).map(|n| with_priority(message("b", n), Priority::Low)));
+        queue.send_batch(Lane::Fast, flood).await.unwrap();
+        let mut lows = 0;
+        for _ in 0..10 {
+            let got = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+            assert_eq!(got.len(), 10);
+            lows += got.iter().filter(|m| m.priority == Priority::Low).count();
+        }
+        // The default share is 0.1: 100 received while high floods, at least
+        // one in eleven of them low.
+        assert!((9..=10).contains(&lows), "{lows} lows of 100");
+    }
+
+    #[tokio::test]
+    async fn a_deferred_message_goes_behind_its_tenants_other_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(Lane::Fast, (0..4).map(|n| message("a", n)).collect())
+            .await
+            .unwrap();
+        let first = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(first[0].message_id, "a-0");
+        queue
+            .defer(Lane::Fast, &first[0], Duration::ZERO)
+            .await
+            .unwrap();
+        let rest = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        let ids: Vec<_> = rest.iter().map(|m| m.message_id.as_str()).collect();
+        assert_eq!(ids, ["a-1", "a-2", "a-3", "a-0"]);
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ mod idempotency;
 mod limits;
 mod messages;
 mod ops;
+mod priority;
 mod restart;
 mod shutdown;
 mod sqs;
