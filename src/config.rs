@@ -169,8 +169,9 @@ pub struct ConsumerSettings {
     /// How long a message of a paused or disabled tenant is put back for
     /// before it is looked at again.
     pub hold_delay_secs: u64,
-    /// How long a message is put back for when its tenant is at its
-    /// plan's `max_in_flight`.
+    /// How long a second copy of a message this process is still sending is
+    /// put back for. (The name is kept from when messages of a tenant at its
+    /// `max_in_flight` were put back too; they are parked now.)
     pub tenant_cap_delay_secs: u64,
     /// How long shutdown waits for sends in flight.
     pub shutdown_grace_secs: u64,
