@@ -5,9 +5,9 @@
 //!
 //! Fills a fresh SQLite file's fast lane with ROWS messages (default
 //! 1,000,000) from TENANTS tenants (default 100), a tenth of them high, the
-//! rest normal and low, then times 200 receives of 10 messages each, deleting
+//! rest normal and low, then times 100 receives of 10 messages each, deleting
 //! what was received so every receive walks to fresh rows. Prints the median
-//! and p99 receive time, and the same at a depth of 1,000 for comparison.
+//! and p99 receive time, and the same at a depth of 10,000 for comparison.
 
 use std::time::{Duration, Instant};
 
@@ -41,8 +41,8 @@ async fn measure(rows: usize, tenants: usize) -> anyhow::Result<(Duration, Durat
         sent += batch.len();
         queue.send_batch(Lane::Fast, batch).await?;
     }
-    let mut times = Vec::with_capacity(200);
-    for _ in 0..200 {
+    let mut times = Vec::with_capacity(100);
+    for _ in 0..100 {
         let started = Instant::now();
         let got = queue.receive(Lane::Fast, 10, Duration::ZERO).await?;
         times.push(started.elapsed());
@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let rows: usize = args.next().unwrap_or_else(|| "1000000".into()).parse()?;
     let tenants: usize = args.next().unwrap_or_else(|| "100".into()).parse()?;
-    for depth in [1_000, rows] {
+    for depth in [10_000, rows] {
         let (p50, p99) = measure(depth, tenants).await?;
         println!(
             "depth {depth:>9}: receive of 10: p50 {:.3} ms, p99 {:.3} ms",
