@@ -139,6 +139,16 @@ pub struct LaneSettings {
     pub visibility_timeout_secs: u64,
     /// Receives before a message moves to the lane's DLQ.
     pub max_receive_count: u32,
+    /// Least share of received messages that goes to lower priority classes
+    /// while they have messages waiting, so a flood of high-priority
+    /// messages slows normal and low ones but never stops them (0 = strict
+    /// priority, 0.5 at most). Default 0.1.
+    #[serde(default = "default_low_priority_share")]
+    pub low_priority_share: f64,
+}
+
+fn default_low_priority_share() -> f64 {
+    0.1
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -312,6 +322,9 @@ impl Settings {
             }
             if lane.visibility_timeout_secs == 0 || lane.visibility_timeout_secs > 43_200 {
                 bail!("lanes.{name}.visibility_timeout_secs must be between 1 and 43200");
+            }
+            if !(0.0..=0.5).contains(&lane.low_priority_share) {
+                bail!("lanes.{name}.low_priority_share must be between 0 and 0.5");
             }
         }
         if self.consumers.receive_wait_secs > 20 {

@@ -8,6 +8,7 @@
 //! above this module does not care which one runs.
 
 pub mod embedded;
+pub mod priority;
 pub mod sqs;
 
 use std::time::Duration;
@@ -159,6 +160,11 @@ pub trait LaneQueue: Send + Sync {
     fn api_calls(&self) -> Option<u64> {
         None
     }
+
+    /// Gives back at once any messages of `lane` the backend received ahead
+    /// of demand and has not handed out yet; the consumer calls it at
+    /// shutdown once it has stopped receiving.
+    async fn release_prefetched(&self, _lane: Lane) {}
 
     /// How long a caller batching deletes or sends waits for more entries.
     fn batch_window(&self) -> Duration {
