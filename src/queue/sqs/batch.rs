@@ -16,6 +16,7 @@ use tracing::warn;
 
 use super::envelope::Envelope;
 use crate::queue::EntryResult;
+use crate::queue::priority::CLASSES;
 
 /// Most entries SQS takes in one batch call.
 pub(super) const MAX_BATCH_ENTRIES: usize = 10;
@@ -240,5 +241,61 @@ pub(super) async fn release(client: &Client, url: &str, receipts: &[&str]) {
         Err(err) => {
             warn!(queue = url, error = %format!("{err:#}"), "Could not return messages; they return after their visibility timeout.");
         }
+    }
+}
+
+/// Runs a batch operation whose entries go to different class queues: one
+/// `call(rank, indexes)` per class that has entries (`classes[i]` is entry
+/// `i`'s class rank, `None` for an entry that has none and fails alone), all
+/// at once, with the results put back in entry order. `Err` as a whole only
+/// when every call failed as a whole, that is when nothing was done.
+pub(super) async fn by_class<F, Fut>(
+    classes: &[Option<usize>],
+    call: F,
+) -> anyhow::Result<Vec<EntryResult>>
+where
+    F: Fn(usize, Vec<usize>) -> Fut,
+    Fut: Future<Output = anyhow::Result<Vec<EntryResult>>>,
+{
+    let groups: [Vec<usize>; CLASSES] = std::array::from_fn(|rank| {
+        (0..classes.len())
+            .filter(|&i| classes[i] == Some(rank))
+            .collect()
+    });
+    let run = |rank: usize| {
+        let call = (!groups[rank].is_empty()).then(|| call(rank, groups[rank].clone()));
+        async move {
+            match call {
+                Some(call) => Some(call.await),
+                None => None,
+            }
+        }
+    };
+    let (high, normal, low) = tokio::join!(run(0), run(1), run(2));
+    let mut results: Vec<EntryResult> =
+        vec![Err("the receipt names no class queue of this lane".to_owned()); classes.len()];
+    let mut done_any = false;
+    let mut first_error = None;
+    for (rank, outcome) in [high, normal, low].into_iter().enumerate() {
+        match outcome {
+            None => {}
+            Some(Ok(part)) => {
+                done_any = true;
+                for (&i, result) in groups[rank].iter().zip(part) {
+                    results[i] = result;
+                }
+            }
+            Some(Err(err)) => {
+                let reason = format!("{err:#}");
+                for &i in &groups[rank] {
+                    results[i] = Err(reason.clone());
+                }
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    match first_error {
+        Some(err) if !done_any => Err(err),
+        _ => Ok(results),
     }
 }

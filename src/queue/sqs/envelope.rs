@@ -22,7 +22,7 @@ pub(super) const ATTR_ENQUEUED_AT: &str = "enqueued_at_ms";
 pub(super) const ATTR_RECEIVE_COUNT: &str = "receive_count";
 
 /// What is sent for one message: the message itself or a copy of one.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Envelope<'a> {
     pub(super) message_id: &'a str,
     pub(super) tenant_id: &'a str,

@@ -11,22 +11,51 @@ use tracing::warn;
 
 use super::batch::sdk_error;
 use crate::config::{LanesSettings, SqsSettings};
-use crate::model::Lane;
+use crate::model::{Lane, Priority};
+use crate::queue::priority::CLASSES;
 
 /// Lane messages and dead letters are kept as long as SQS allows (14 days).
 pub(super) const MAX_RETENTION_SECS: u32 = 1_209_600;
 
-/// The SQS queues of one lane.
+/// The SQS queue of one priority class of a lane.
+#[derive(Debug)]
+pub(super) struct ClassQueue {
+    pub(super) name: String,
+    pub(super) url: String,
+}
+
+/// The SQS queues of one lane: one per priority class and the DLQ they
+/// share.
 #[derive(Debug)]
 pub(super) struct LaneQueues {
-    pub(super) url: String,
-    pub(super) arn: String,
+    /// Indexed by [`Priority::rank`]: high, normal, low.
+    pub(super) classes: [ClassQueue; CLASSES],
     pub(super) dlq_url: String,
-    /// Source of StartMessageMoveTask.
-    pub(super) dlq_arn: String,
-    /// Messages deleted through [`LaneQueue::delete_batch`], for the drain
-    /// rate estimate.
+    /// Messages deleted through [`crate::queue::LaneQueue::delete_batch`],
+    /// for the drain rate estimate.
     pub(super) deleted: AtomicU64,
+}
+
+impl LaneQueues {
+    /// The queue of `priority`'s class.
+    pub(super) fn class(&self, priority: Priority) -> &ClassQueue {
+        &self.classes[priority.rank()]
+    }
+}
+
+/// The name of the queue that holds `lane`'s messages of `priority`. Normal
+/// keeps the lane's original name (`{prefix}-{lane}`), so a deployment from
+/// before priority classes keeps its normal traffic where it was.
+pub(super) fn class_queue_name(prefix: &str, lane: Lane, priority: Priority) -> String {
+    match priority {
+        Priority::Normal => format!("{prefix}-{lane}"),
+        other => format!("{prefix}-{lane}-{other}"),
+    }
+}
+
+/// The name of `lane`'s dead-letter queue, shared by its class queues.
+pub(super) fn dlq_name(prefix: &str, lane: Lane) -> String {
+    format!("{prefix}-{lane}-dlq")
 }
 
 /// CreateQueue (idempotent without attributes), then SetQueueAttributes, so
@@ -104,7 +133,7 @@ pub(super) fn count(
         .unwrap_or(0)
 }
 
-/// Creates or looks up the queue and DLQ of `lane`.
+/// Creates or looks up `lane`'s DLQ and its three class queues.
 pub(super) async fn open_lane(
     client: &Client,
     settings: &SqsSettings,
@@ -112,10 +141,12 @@ pub(super) async fn open_lane(
     lane: Lane,
 ) -> anyhow::Result<LaneQueues> {
     let lane_settings = lanes.get(lane);
-    let name = format!("{}-{}", settings.queue_prefix, lane.as_str());
-    let dlq_name = format!("{name}-dlq");
+    let prefix = &settings.queue_prefix;
+    let names: [String; CLASSES] =
+        std::array::from_fn(|rank| class_queue_name(prefix, lane, Priority::ALL[rank]));
+    let dlq_name = dlq_name(prefix, lane);
     let arn_only = [QueueAttributeName::QueueArn];
-    let (url, dlq_url, dlq_arn) = if settings.create_queues {
+    let (urls, dlq_url) = if settings.create_queues {
         let dlq_url = create_queue(
             client,
             &dlq_name,
@@ -133,60 +164,71 @@ pub(super) async fn open_lane(
             "deadLetterTargetArn": dlq_arn,
             "maxReceiveCount": lane_settings.max_receive_count,
         });
-        let url = create_queue(
-            client,
-            &name,
-            HashMap::from([
-                (
-                    QueueAttributeName::RedrivePolicy,
-                    redrive_policy.to_string(),
-                ),
-                (
-                    QueueAttributeName::VisibilityTimeout,
-                    lane_settings.visibility_timeout_secs.to_string(),
-                ),
-                // The SQS maximum rather than its 4-day default: a lane held
-                // for a paused tenant must not lose messages to expiry.
-                (
-                    QueueAttributeName::MessageRetentionPeriod,
-                    MAX_RETENTION_SECS.to_string(),
-                ),
-            ]),
-        )
-        .await?;
-        (url, dlq_url, dlq_arn)
+        let attributes = HashMap::from([
+            (
+                QueueAttributeName::RedrivePolicy,
+                redrive_policy.to_string(),
+            ),
+            (
+                QueueAttributeName::VisibilityTimeout,
+                lane_settings.visibility_timeout_secs.to_string(),
+            ),
+            // The SQS maximum rather than its 4-day default: a lane held
+            // for a paused tenant must not lose messages to expiry.
+            (
+                QueueAttributeName::MessageRetentionPeriod,
+                MAX_RETENTION_SECS.to_string(),
+            ),
+        ]);
+        let (high, normal, low) = tokio::try_join!(
+            create_queue(client, &names[0], attributes.clone()),
+            create_queue(client, &names[1], attributes.clone()),
+            create_queue(client, &names[2], attributes.clone()),
+        )?;
+        ([high, normal, low], dlq_url)
     } else {
-        let url = queue_url(client, &name).await?;
+        // One at a time, so the error names the first missing queue in a
+        // fixed order (a deployment from before priority classes lacks
+        // the high and low queues).
+        let mut urls = Vec::with_capacity(CLASSES);
+        for name in &names {
+            urls.push(queue_url(client, name).await?);
+        }
         let dlq_url = queue_url(client, &dlq_name).await?;
+        let urls: [String; CLASSES] = urls.try_into().expect("one URL per class");
         let dlq_arn = queue_attributes(client, &dlq_url, &arn_only)
             .await?
             .remove(&QueueAttributeName::QueueArn)
             .with_context(|| format!("SQS queue {dlq_name} has no ARN"))?;
-        (url, dlq_url, dlq_arn)
+        for (name, url) in names.iter().zip(&urls) {
+            let policy = queue_attributes(client, url, &[QueueAttributeName::RedrivePolicy])
+                .await?
+                .remove(&QueueAttributeName::RedrivePolicy)
+                .unwrap_or_default();
+            if !policy.contains(&dlq_arn) {
+                warn!(queue = %name, dlq = %dlq_name, "The class queue does not dead-letter to its lane's DLQ; messages that keep failing will be redelivered until they expire.");
+            }
+        }
+        (urls, dlq_url)
     };
-    let mut attributes = queue_attributes(
-        client,
-        &url,
-        &[
-            QueueAttributeName::QueueArn,
-            QueueAttributeName::RedrivePolicy,
-        ],
-    )
-    .await?;
-    let arn = attributes
-        .remove(&QueueAttributeName::QueueArn)
-        .with_context(|| format!("SQS queue {name} has no ARN"))?;
-    let policy = attributes
-        .remove(&QueueAttributeName::RedrivePolicy)
-        .unwrap_or_default();
-    if !policy.contains(&dlq_arn) {
-        warn!(queue = %name, dlq = %dlq_name, "The lane queue does not dead-letter to its DLQ; messages that keep failing will be redelivered until they expire.");
-    }
+    let [high, normal, low] = urls;
+    let [high_name, normal_name, low_name] = names;
     Ok(LaneQueues {
-        url,
-        arn,
+        classes: [
+            ClassQueue {
+                name: high_name,
+                url: high,
+            },
+            ClassQueue {
+                name: normal_name,
+                url: normal,
+            },
+            ClassQueue {
+                name: low_name,
+                url: low,
+            },
+        ],
         dlq_url,
-        dlq_arn,
         deleted: AtomicU64::new(0),
     })
 }

@@ -25,6 +25,7 @@
 mod batch;
 mod envelope;
 mod lanes;
+mod receiver;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,21 +39,21 @@ use aws_sdk_sqs::config::interceptors::BeforeSerializationInterceptorContextRef;
 use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_sqs::error::BoxError;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use tokio::sync::oneshot;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{
     DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
 };
 use crate::config::{LanesSettings, SqsSettings};
-use crate::model::Lane;
+use crate::model::{Lane, Priority};
 use crate::store::Db;
 use batch::{
-    MAX_BATCH_ENTRIES, ceil_secs, change_visibility, delete_receipts, release, sdk_error,
+    MAX_BATCH_ENTRIES, by_class, ceil_secs, change_visibility, delete_receipts, release, sdk_error,
     send_envelopes,
 };
 use envelope::{Envelope, Parsed};
 use lanes::{LaneQueues, count, open_lane, queue_attributes};
+use receiver::{Receiver, split_receipt};
 
 /// SQS limits, in seconds.
 const MAX_DELAY_SECS: u64 = 900;
@@ -67,10 +68,6 @@ const DLQ_SCAN_VISIBILITY_SECS: i32 = 30;
 /// and may answer empty while a small queue holds messages; a long poll asks
 /// all of them and still returns as soon as something is found.
 const DLQ_SCAN_WAIT_SECS: i32 = 1;
-/// Ids listed before a StartMessageMoveTask redrive, so the caller can mark
-/// them requeued; a deeper DLQ is moved completely, but only this many ids
-/// are returned.
-const MOVE_TASK_ID_LIMIT: usize = 1000;
 
 /// Counts the SQS operations a client starts (one per operation; SDK
 /// retries of the same operation are not counted again), in total and in
@@ -107,6 +104,8 @@ pub struct SqsQueue {
     lanes: LanesSettings,
     fast: LaneQueues,
     slow: LaneQueues,
+    /// Stashes and polls of each lane (fast, slow).
+    receivers: [Arc<Receiver>; 2],
     /// SQS operations started by `client`, for cost measurements.
     api_calls: Arc<AtomicU64>,
     /// See [`LaneQueue::stats_interval`].
@@ -161,12 +160,29 @@ impl SqsQueue {
         );
         let fast = open_lane(&client, settings, &lanes, Lane::Fast).await?;
         let slow = open_lane(&client, settings, &lanes, Lane::Slow).await?;
-        info!(prefix = %settings.queue_prefix, fast = %fast.url, slow = %slow.url, "SQS lane queues ready.");
+        info!(
+            prefix = %settings.queue_prefix,
+            fast = %fast.class(Priority::Normal).name,
+            slow = %slow.class(Priority::Normal).name,
+            "SQS lane queues ready (a high, a normal and a low queue per lane, and its DLQ)."
+        );
+        let receiver = |lane: Lane, queues: &LaneQueues| {
+            let settings = lanes.get(lane);
+            Receiver::new(
+                lane,
+                client.clone(),
+                std::array::from_fn(|rank| queues.classes[rank].url.clone()),
+                settings.low_priority_share,
+                Duration::from_secs(settings.visibility_timeout_secs),
+            )
+        };
+        let receivers = [receiver(Lane::Fast, &fast), receiver(Lane::Slow, &slow)];
         Ok(SqsQueue {
             client,
             lanes,
             fast,
             slow,
+            receivers,
             api_calls,
             stats_interval: Duration::from_secs(settings.stats_interval_secs.max(1)),
             batch_window: Duration::from_millis(settings.batch_window_ms),
@@ -204,7 +220,8 @@ impl SqsQueue {
         Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
     }
 
-    /// Two GetQueueAttributes calls (lane and DLQ) and the oldest age.
+    /// Four GetQueueAttributes calls at once (the class queues and the
+    /// DLQ) and the oldest age.
     async fn fetch_stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
         let queues = self.queues(lane);
         let names = [
@@ -212,21 +229,25 @@ impl SqsQueue {
             QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
             QueueAttributeName::ApproximateNumberOfMessagesDelayed,
         ];
-        let (main, dead, oldest_age_secs) = tokio::try_join!(
-            queue_attributes(&self.client, &queues.url, &names),
+        let (high, normal, low, dead, oldest_age_secs) = tokio::try_join!(
+            queue_attributes(&self.client, &queues.classes[0].url, &names),
+            queue_attributes(&self.client, &queues.classes[1].url, &names),
+            queue_attributes(&self.client, &queues.classes[2].url, &names),
             queue_attributes(&self.client, &queues.dlq_url, &names),
             self.oldest_age_secs(lane),
         )?;
-        let delayed = count(
-            &main,
-            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-        );
+        let classes = [high, normal, low];
+        let sum = |name: QueueAttributeName| -> u64 {
+            classes
+                .iter()
+                .map(|attributes| count(attributes, name.clone()))
+                .sum()
+        };
+        let delayed = sum(QueueAttributeName::ApproximateNumberOfMessagesDelayed);
         Ok(QueueStats {
-            depth: count(&main, QueueAttributeName::ApproximateNumberOfMessages) + delayed,
-            in_flight: count(
-                &main,
-                QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-            ),
+            depth: sum(QueueAttributeName::ApproximateNumberOfMessages) + delayed,
+            // Stashed messages are received, hence counted here.
+            in_flight: sum(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
             delayed,
             oldest_age_secs,
             dlq_depth: names.iter().map(|name| count(&dead, name.clone())).sum(),
@@ -244,6 +265,36 @@ impl SqsQueue {
             Lane::Fast => &self.fast,
             Lane::Slow => &self.slow,
         }
+    }
+
+    fn receiver(&self, lane: Lane) -> &Arc<Receiver> {
+        &self.receivers[usize::from(lane == Lane::Slow)]
+    }
+
+    /// The class queue a handed-out receipt belongs to, and its SQS handle.
+    fn receipt_queue<'r>(&self, lane: Lane, receipt: &'r str) -> anyhow::Result<(&str, &'r str)> {
+        let (priority, raw) = split_receipt(receipt)
+            .with_context(|| format!("{receipt:?} is not a receipt this queue handed out"))?;
+        Ok((&self.queues(lane).class(priority).url, raw))
+    }
+
+    /// SendMessageBatch of `envelopes`, each to the queue of its class.
+    async fn send_by_class(
+        &self,
+        lane: Lane,
+        envelopes: &[Envelope<'_>],
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let queues = self.queues(lane);
+        let classes: Vec<Option<usize>> = envelopes
+            .iter()
+            .map(|envelope| Some(envelope.priority.rank()))
+            .collect();
+        by_class(&classes, |rank, indexes| {
+            let chosen: Vec<Envelope> = indexes.iter().map(|&i| envelopes[i].clone()).collect();
+            let url = &queues.classes[rank].url;
+            async move { send_envelopes(&self.client, url, &chosen).await }
+        })
+        .await
     }
 
     async fn send_copy(&self, url: &str, envelope: &Envelope<'_>) -> anyhow::Result<()> {
@@ -327,8 +378,9 @@ impl SqsQueue {
         }
     }
 
-    /// Walks the DLQ, re-sending messages that match `filter` to the lane
-    /// and deleting them from the DLQ, and returning the others at the end.
+    /// Walks the DLQ, re-sending messages that match `filter` to their class
+    /// queue in the lane and deleting them from the DLQ, and returning the
+    /// others at the end.
     async fn redrive_by_receiving(
         &self,
         lane: Lane,
@@ -396,7 +448,7 @@ impl SqsQueue {
                 // Fresh attempt budget before the copies can be received.
                 let ids: Vec<String> = matching.iter().map(|p| p.message_id.clone()).collect();
                 self.mark_requeued(&ids).await?;
-                let sent = match send_envelopes(&self.client, &queues.url, &copies).await {
+                let sent = match self.send_by_class(lane, &copies).await {
                     Ok(sent) => sent,
                     Err(err) => {
                         self.restore_dead_lettered(&ids).await;
@@ -451,50 +503,27 @@ impl SqsQueue {
         }
         Ok(redriven)
     }
-
-    /// Redrive of the whole DLQ by StartMessageMoveTask, after listing the
-    /// ids it will move (up to [`MOVE_TASK_ID_LIMIT`]).
-    async fn redrive_by_move_task(&self, lane: Lane) -> anyhow::Result<Vec<String>> {
-        let queues = self.queues(lane);
-        let listed = self.list_dead_letters(lane, MOVE_TASK_ID_LIMIT).await?;
-        if listed.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.client
-            .start_message_move_task()
-            .source_arn(&queues.dlq_arn)
-            .destination_arn(&queues.arn)
-            .send()
-            .await
-            .map_err(sdk_error)
-            .context("StartMessageMoveTask failed")?;
-        info!(lane = %lane, listed = listed.len(), "DLQ move task started.");
-        Ok(listed.into_iter().map(|letter| letter.message_id).collect())
-    }
 }
 
 #[async_trait]
 impl LaneQueue for SqsQueue {
-    /// Sends in SendMessageBatch calls of at most ten messages and 256 KiB.
-    /// `Err` as a whole only when the first call fails as a whole (nothing
-    /// was sent); otherwise one result per message.
+    /// Sends each message to the queue of its priority class, in
+    /// SendMessageBatch calls of at most ten messages and 256 KiB (the
+    /// classes at once). `Err` as a whole only when nothing was sent;
+    /// otherwise one result per message.
     async fn send_batch(
         &self,
         lane: Lane,
         messages: Vec<OutboundMessage>,
     ) -> anyhow::Result<Vec<EntryResult>> {
         let envelopes: Vec<Envelope> = messages.iter().map(Envelope::of).collect();
-        send_envelopes(&self.client, &self.queues(lane).url, &envelopes).await
+        self.send_by_class(lane, &envelopes).await
     }
 
-    /// One ReceiveMessage long poll (at most 10 messages, at most 20 s).
-    ///
-    /// The call runs in its own task. If this future is dropped mid-poll
-    /// (shutdown), the task finishes the poll and makes whatever it received
-    /// visible again at once, so no message waits out a visibility timeout
-    /// for a consumer that is gone; their ApproximateReceiveCount has still
-    /// gone up by one. If the runtime stops before that, they return after
-    /// their visibility timeout.
+    /// Hands out up to `max` messages from the lane's class stashes, high
+    /// first with the priority share rule, polling the class queues when
+    /// the stashes are empty (see [`receiver`]). Cancel-safe: messages a
+    /// dropped receive was waiting for stay stashed for the next one.
     ///
     /// Messages without fairlane's attributes are logged and left alone: the
     /// redrive policy moves them to the DLQ after `max_receive_count`.
@@ -504,57 +533,34 @@ impl LaneQueue for SqsQueue {
         max: usize,
         wait: Duration,
     ) -> anyhow::Result<Vec<ReceivedMessage>> {
-        let url = self.queues(lane).url.clone();
-        let request = self
-            .client
-            .receive_message()
-            .queue_url(&url)
-            .max_number_of_messages(max.clamp(1, MAX_BATCH_ENTRIES) as i32)
-            .wait_time_seconds(wait.as_secs().min(MAX_WAIT_SECS) as i32)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
-            .message_attribute_names("All");
-        let (tx, rx) = oneshot::channel();
-        let client = self.client.clone();
-        tokio::spawn(async move {
-            let result = request.send().await;
-            if let Err(Ok(output)) = tx.send(result) {
-                let receipts: Vec<&str> = output
-                    .messages()
-                    .iter()
-                    .filter_map(Message::receipt_handle)
-                    .collect();
-                if !receipts.is_empty() {
-                    debug!(queue = %url, count = receipts.len(), "Receive was abandoned; returning its messages.");
-                    release(&client, &url, &receipts).await;
-                }
-            }
-        });
-        let output = rx
-            .await
-            .context("the receive task ended without an answer")?
-            .map_err(sdk_error)
-            .context("ReceiveMessage failed")?;
-        let mut received = Vec::new();
-        for message in output.messages() {
-            match Parsed::from_sqs(message) {
-                Ok(parsed) => received.push(parsed.into_received()),
-                Err(reason) => {
-                    warn!(lane = %lane, sqs_message_id = message.message_id().unwrap_or_default(), %reason, "Ignoring a queue message fairlane did not write; the redrive policy moves it to the DLQ.");
-                }
-            }
-        }
-        Ok(received)
+        self.receiver(lane).receive(max, wait).await
     }
 
+    /// DeleteMessageBatch per class queue (by the class the receipt
+    /// carries), the classes at once.
     async fn delete_batch(
         &self,
         lane: Lane,
         receipts: &[String],
     ) -> anyhow::Result<Vec<EntryResult>> {
         let queues = self.queues(lane);
-        let refs: Vec<&str> = receipts.iter().map(String::as_str).collect();
-        let results = delete_receipts(&self.client, &queues.url, &refs).await?;
+        let split: Vec<Option<(Priority, &str)>> = receipts
+            .iter()
+            .map(|receipt| split_receipt(receipt))
+            .collect();
+        let classes: Vec<Option<usize>> = split
+            .iter()
+            .map(|entry| entry.map(|(priority, _)| priority.rank()))
+            .collect();
+        let results = by_class(&classes, |rank, indexes| {
+            let raw: Vec<&str> = indexes
+                .iter()
+                .filter_map(|&i| split[i].map(|(_, raw)| raw))
+                .collect();
+            let url = &queues.classes[rank].url;
+            async move { delete_receipts(&self.client, url, &raw).await }
+        })
+        .await?;
         let deleted = results.iter().filter(|result| result.is_ok()).count() as u64;
         queues.deleted.fetch_add(deleted, Ordering::Relaxed);
         Ok(results)
@@ -565,20 +571,33 @@ impl LaneQueue for SqsQueue {
         lane: Lane,
         changes: &[(String, Duration)],
     ) -> anyhow::Result<Vec<EntryResult>> {
-        let secs: Vec<(&str, i32)> = changes
+        let queues = self.queues(lane);
+        let split: Vec<Option<(Priority, &str, i32)>> = changes
             .iter()
             .map(|(receipt, visibility)| {
-                (
-                    receipt.as_str(),
-                    ceil_secs(*visibility, MAX_VISIBILITY_SECS),
-                )
+                split_receipt(receipt).map(|(priority, raw)| {
+                    (priority, raw, ceil_secs(*visibility, MAX_VISIBILITY_SECS))
+                })
             })
             .collect();
-        change_visibility(&self.client, &self.queues(lane).url, &secs).await
+        let classes: Vec<Option<usize>> = split
+            .iter()
+            .map(|entry| entry.map(|(priority, _, _)| priority.rank()))
+            .collect();
+        by_class(&classes, |rank, indexes| {
+            let secs: Vec<(&str, i32)> = indexes
+                .iter()
+                .filter_map(|&i| split[i].map(|(_, raw, secs)| (raw, secs)))
+                .collect();
+            let url = &queues.classes[rank].url;
+            async move { change_visibility(&self.client, url, &secs).await }
+        })
+        .await
     }
 
     /// Sends a copy (same body, attributes, group id and first enqueue time)
-    /// with `delay` (at most 900 s) and, once that succeeded, deletes the
+    /// with `delay` (at most 900 s) to the queue of the message's class and,
+    /// once that succeeded, deletes the
     /// received message, so the copy starts with a receive count of zero.
     /// If the delete fails, the message is delivered twice and the status
     /// store deduplicates.
@@ -588,27 +607,28 @@ impl LaneQueue for SqsQueue {
         message: &ReceivedMessage,
         delay: Duration,
     ) -> anyhow::Result<()> {
-        let queues = self.queues(lane);
-        self.send_copy(&queues.url, &Envelope::copy_of(message, delay))
+        let (from, receipt) = self.receipt_queue(lane, &message.receipt)?;
+        let to = &self.queues(lane).class(message.priority).url;
+        self.send_copy(to, &Envelope::copy_of(message, delay))
             .await
             .context("could not send the deferred copy")?;
-        self.delete_received(&queues.url, &message.receipt)
+        self.delete_received(from, receipt)
             .await
             .context("the deferred copy was sent but the received message could not be deleted")
     }
 
-    /// Sends a copy to the lane's DLQ (with its lane receive count and
+    /// Sends a copy to the lane's DLQ (shared by its class queues, with its lane receive count and
     /// first enqueue time), then deletes the received message. If the delete
     /// fails the message exists in both queues; the lane copy is delivered
     /// again and deduplicated by the status store.
     async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()> {
-        let queues = self.queues(lane);
+        let (from, receipt) = self.receipt_queue(lane, &message.receipt)?;
         let mut envelope = Envelope::copy_of(message, Duration::ZERO);
         envelope.receive_count = Some(message.receive_count);
-        self.send_copy(&queues.dlq_url, &envelope)
+        self.send_copy(&self.queues(lane).dlq_url, &envelope)
             .await
             .context("could not send the message to the DLQ")?;
-        self.delete_received(&queues.url, &message.receipt)
+        self.delete_received(from, receipt)
             .await
             .context("the message was copied to the DLQ but could not be deleted from its lane")
     }
@@ -691,28 +711,20 @@ impl LaneQueue for SqsQueue {
         Ok(letters)
     }
 
-    /// With an empty filter, lists the ids (up to 1000) and starts a
-    /// StartMessageMoveTask from the DLQ to the lane; SQS moves the messages
-    /// in the background, so they may arrive in the lane a little later, and
-    /// of a DLQ deeper than 1000 only 1000 ids are returned although all
-    /// messages move. If the task cannot be started (e.g. moto, missing
-    /// permission, a task already running), and with any filter, the DLQ is
-    /// walked instead: matching messages are re-sent to the lane (fresh
-    /// receive count) and deleted from the DLQ, the others made visible
-    /// again. A walk covers the DLQ's approximate visible count at its
-    /// start; messages dead-lettered meanwhile wait for the next redrive.
-    /// Returns the ids redriven.
+    /// Walks the DLQ: matching messages are re-sent to the queue of their
+    /// class (by their `priority` attribute; fresh receive count) and
+    /// deleted from the DLQ, the others made visible again. A walk covers
+    /// the DLQ's approximate visible count at its start; messages
+    /// dead-lettered meanwhile wait for the next redrive. Returns the ids
+    /// redriven.
+    ///
+    /// Not StartMessageMoveTask: the DLQ is shared by the lane's three
+    /// class queues, and a move task sends everything to one destination
+    /// (or back to the queue SQS moved it from, which messages dead-lettered
+    /// by fairlane itself do not have).
     async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>> {
         if filter.message_ids.as_ref().is_some_and(Vec::is_empty) {
             return Ok(Vec::new());
-        }
-        if filter.tenant_id.is_none() && filter.message_ids.is_none() {
-            match self.redrive_by_move_task(lane).await {
-                Ok(ids) => return Ok(ids),
-                Err(err) => {
-                    info!(lane = %lane, error = %format!("{err:#}"), "DLQ move task unavailable; redriving message by message.");
-                }
-            }
         }
         self.redrive_by_receiving(lane, filter).await
     }
@@ -733,10 +745,16 @@ impl LaneQueue for SqsQueue {
         self.batch_window
     }
 
+    /// Releases the lane's stashes; polls still in flight release what they
+    /// bring (until the next receive).
+    async fn release_prefetched(&self, lane: Lane) {
+        self.receiver(lane).release_all().await;
+    }
+
     async fn ping(&self) -> bool {
         queue_attributes(
             &self.client,
-            &self.fast.url,
+            &self.fast.class(Priority::Normal).url,
             &[QueueAttributeName::ApproximateNumberOfMessages],
         )
         .await

@@ -6,6 +6,7 @@ use super::lanes::{MAX_RETENTION_SECS, queue_url};
 use super::*;
 use crate::config::Settings;
 use crate::model::{Channel, Priority};
+use crate::queue::priority::CLASSES;
 use aws_sdk_sqs::config::Credentials;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::types::BatchResultErrorEntry;
@@ -18,6 +19,17 @@ fn server_url() -> Option<String> {
             eprintln!("skipping: FAIRLANE_TEST_SQS_URL is not set");
             None
         }
+    }
+}
+
+/// The local server for tests that must not be skipped: a clear failure
+/// without one.
+fn required_server_url() -> String {
+    match std::env::var("FAIRLANE_TEST_SQS_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "FAIRLANE_TEST_SQS_URL is not set: start moto_server (see .ci/run) and point it there"
+        ),
     }
 }
 
@@ -35,10 +47,20 @@ fn test_client(url: &str) -> Client {
 }
 
 fn settings(url: &str, prefix: &str, create: bool, max_receive_count: u32) -> Settings {
+    settings_with(url, prefix, create, max_receive_count, 30)
+}
+
+fn settings_with(
+    url: &str,
+    prefix: &str,
+    create: bool,
+    max_receive_count: u32,
+    visibility_timeout_secs: u64,
+) -> Settings {
     Settings::from_toml_overlay(&format!(
         "[queue.sqs]\nendpoint_url = \"{url}\"\nregion = \"us-east-1\"\n\
          queue_prefix = \"{prefix}\"\ncreate_queues = {create}\n\
-         [lanes.fast]\nvisibility_timeout_secs = 30\nmax_receive_count = {max_receive_count}\n"
+         [lanes.fast]\nvisibility_timeout_secs = {visibility_timeout_secs}\nmax_receive_count = {max_receive_count}\n"
     ))
     .unwrap()
 }
@@ -60,13 +82,56 @@ impl Fixture {
             .await
             .unwrap()
     }
+
+    /// Messages visible now in queue `{prefix}-{name}`.
+    async fn visible(&self, name: &str) -> u64 {
+        let url = self.url(name).await;
+        let attributes = queue_attributes(
+            &self.client,
+            &url,
+            &[QueueAttributeName::ApproximateNumberOfMessages],
+        )
+        .await
+        .unwrap();
+        count(&attributes, QueueAttributeName::ApproximateNumberOfMessages)
+    }
+
+    /// Waits until the fast lane's stashes hold `expected` (per class).
+    async fn stashed(&self, expected: [usize; CLASSES]) {
+        let receiver = self.queue.receiver(Lane::Fast);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while receiver.stashed() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "stashes hold {:?}, expected {expected:?}",
+                receiver.stashed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// A queue with fresh lane queues, or `None` without a server.
 async fn fixture(max_receive_count: u32) -> Option<Fixture> {
-    let url = server_url()?;
+    Some(fixture_at(&server_url()?, max_receive_count, 30).await)
+}
+
+/// A queue with fresh lane queues whose fast lane has the given visibility
+/// timeout; fails the test without a server.
+async fn required_fixture(visibility_timeout_secs: u64) -> Fixture {
+    fixture_at(&required_server_url(), 5, visibility_timeout_secs).await
+}
+
+async fn fixture_at(url: &str, max_receive_count: u32, visibility_timeout_secs: u64) -> Fixture {
+    let url = url.to_owned();
     let prefix = unique_prefix();
-    let settings = settings(&url, &prefix, true, max_receive_count);
+    let settings = settings_with(
+        &url,
+        &prefix,
+        true,
+        max_receive_count,
+        visibility_timeout_secs,
+    );
     let mut queue = SqsQueue::connect_with_client(
         test_client(&url),
         &settings.queue.sqs,
@@ -76,19 +141,24 @@ async fn fixture(max_receive_count: u32) -> Option<Fixture> {
     .unwrap();
     // Fresh statistics on every call (caching has a test of its own).
     queue.stats_interval = Duration::ZERO;
-    Some(Fixture {
+    Fixture {
         queue,
         client: test_client(&url),
         prefix,
-    })
+    }
 }
 
+/// A high-priority SMS of `tenant`.
 fn message(tenant: &str, n: usize) -> OutboundMessage {
+    message_of(tenant, n, Priority::High)
+}
+
+fn message_of(tenant: &str, n: usize, priority: Priority) -> OutboundMessage {
     OutboundMessage {
         message_id: format!("{tenant}-{n}"),
         tenant_id: tenant.to_owned(),
         channel: Channel::Sms,
-        priority: Priority::High,
+        priority,
         body: format!("{{\"n\":{n}}}"),
         delay: Duration::ZERO,
     }
@@ -145,31 +215,43 @@ async fn created_queues_get_the_redrive_policy_and_visibility_timeout_also_when_
     let dlq = queue_attributes(&client, &dlq_url, &[QueueAttributeName::All])
         .await
         .unwrap();
-    let fast_url = queue_url(&client, &format!("{prefix}-fast")).await.unwrap();
-    let fast = queue_attributes(&client, &fast_url, &[QueueAttributeName::All])
-        .await
-        .unwrap();
-    assert_eq!(fast[&QueueAttributeName::VisibilityTimeout], "45");
-    let policy: serde_json::Value =
-        serde_json::from_str(&fast[&QueueAttributeName::RedrivePolicy]).unwrap();
-    assert_eq!(
-        policy["deadLetterTargetArn"],
-        dlq[&QueueAttributeName::QueueArn].as_str()
-    );
-    assert_eq!(policy["maxReceiveCount"].to_string().trim_matches('"'), "7");
     assert_eq!(
         dlq[&QueueAttributeName::MessageRetentionPeriod],
         MAX_RETENTION_SECS.to_string()
     );
-    assert_eq!(
-        fast[&QueueAttributeName::MessageRetentionPeriod],
-        MAX_RETENTION_SECS.to_string()
-    );
-    // The slow lane has its own pair.
-    queue_url(&client, &format!("{prefix}-slow")).await.unwrap();
-    queue_url(&client, &format!("{prefix}-slow-dlq"))
-        .await
-        .unwrap();
+    // The three class queues share the lane's DLQ.
+    for name in ["fast-high", "fast", "fast-low"] {
+        let class_url = queue_url(&client, &format!("{prefix}-{name}"))
+            .await
+            .unwrap();
+        let class = queue_attributes(&client, &class_url, &[QueueAttributeName::All])
+            .await
+            .unwrap();
+        assert_eq!(
+            class[&QueueAttributeName::VisibilityTimeout],
+            "45",
+            "{name}"
+        );
+        let policy: serde_json::Value =
+            serde_json::from_str(&class[&QueueAttributeName::RedrivePolicy]).unwrap();
+        assert_eq!(
+            policy["deadLetterTargetArn"],
+            dlq[&QueueAttributeName::QueueArn].as_str(),
+            "{name}"
+        );
+        assert_eq!(policy["maxReceiveCount"].to_string().trim_matches('"'), "7");
+        assert_eq!(
+            class[&QueueAttributeName::MessageRetentionPeriod],
+            MAX_RETENTION_SECS.to_string(),
+            "{name}"
+        );
+    }
+    // The slow lane has its own.
+    for name in ["slow-high", "slow", "slow-low", "slow-dlq"] {
+        queue_url(&client, &format!("{prefix}-{name}"))
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]
@@ -187,8 +269,57 @@ async fn missing_queues_are_an_error_naming_the_queue_when_creation_is_off() {
     .expect("connect must fail without queues");
     let text = format!("{err:#}");
     assert!(
-        text.contains(&format!("SQS queue {prefix}-fast does not exist"))
+        text.contains(&format!("SQS queue {prefix}-fast-high does not exist"))
             && text.contains("queue.sqs.create_queues = true"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_deployment_from_before_priority_classes_is_told_which_class_queue_is_missing() {
+    let url = required_server_url();
+    let prefix = unique_prefix();
+    let client = test_client(&url);
+    // The queues of a deployment with one queue per lane.
+    for name in ["fast", "fast-dlq", "slow", "slow-dlq"] {
+        client
+            .create_queue()
+            .queue_name(format!("{prefix}-{name}"))
+            .send()
+            .await
+            .unwrap();
+    }
+    let settings = settings(&url, &prefix, false, 5);
+    let err = SqsQueue::connect_with_client(
+        test_client(&url),
+        &settings.queue.sqs,
+        settings.lanes.clone(),
+    )
+    .await
+    .err()
+    .expect("connect must fail without the class queues");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains(&format!("SQS queue {prefix}-fast-high does not exist")),
+        "{text}"
+    );
+    client
+        .create_queue()
+        .queue_name(format!("{prefix}-fast-high"))
+        .send()
+        .await
+        .unwrap();
+    let err = SqsQueue::connect_with_client(
+        test_client(&url),
+        &settings.queue.sqs,
+        settings.lanes.clone(),
+    )
+    .await
+    .err()
+    .expect("connect must fail without the low queue");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains(&format!("SQS queue {prefix}-fast-low does not exist")),
         "{text}"
     );
 }
@@ -241,7 +372,8 @@ async fn a_batch_of_fifteen_arrives_with_its_attributes_and_the_tenant_as_group_
         "15 messages take two calls"
     );
 
-    let url = f.url("fast").await;
+    // High-priority messages (see `message`) go to the high queue.
+    let url = f.url("fast-high").await;
     let mut seen = HashMap::new();
     for _ in 0..5 {
         let output = f
@@ -572,14 +704,18 @@ async fn stats_are_read_from_sqs_once_per_interval() {
     f.queue.stats_interval = Duration::from_secs(60);
     let before = f.queue.api_calls();
     let first = f.queue.stats(Lane::Fast).await.unwrap();
-    assert_eq!(f.queue.api_calls() - before, 2, "lane and DLQ attributes");
+    assert_eq!(
+        f.queue.api_calls() - before,
+        4,
+        "attributes of the three class queues and the DLQ"
+    );
     send(&f.queue, vec![message("acme", 1)]).await;
     let calls = f.queue.api_calls();
     assert_eq!(f.queue.stats(Lane::Fast).await.unwrap(), first);
     assert_eq!(f.queue.api_calls(), calls, "served from the cache");
     // Each lane has its own entry.
     f.queue.stats(Lane::Slow).await.unwrap();
-    assert_eq!(f.queue.api_calls() - calls, 2);
+    assert_eq!(f.queue.api_calls() - calls, 4);
 }
 
 #[tokio::test]
@@ -620,34 +756,28 @@ async fn redriving_everything_falls_back_when_the_move_task_fails() {
 }
 
 #[tokio::test]
-async fn stats_count_waiting_in_flight_delayed_and_dead_messages() {
+async fn stats_count_waiting_in_flight_delayed_and_dead_messages_over_the_class_queues() {
     let Some(f) = fixture(5).await else { return };
-    let mut delayed = message("acme", 4);
+    send(&f.queue, vec![message("acme", 1), message("acme", 2)]).await;
+    let got = receive_n(&f.queue, 2).await;
+    assert_eq!(got.len(), 2);
+    f.queue.dead_letter(Lane::Fast, &got[1]).await.unwrap();
+    // Waiting in each class queue, one of them delayed.
+    let mut delayed = message_of("acme", 5, Priority::Normal);
     delayed.delay = Duration::from_secs(60);
     send(
         &f.queue,
         vec![
-            message("acme", 1),
-            message("acme", 2),
             message("acme", 3),
+            message_of("acme", 4, Priority::Low),
             delayed,
         ],
     )
     .await;
-    f.queue
-        .receive(Lane::Fast, 1, Duration::ZERO)
-        .await
-        .unwrap();
-    let doomed = f
-        .queue
-        .receive(Lane::Fast, 1, Duration::ZERO)
-        .await
-        .unwrap();
-    f.queue.dead_letter(Lane::Fast, &doomed[0]).await.unwrap();
     assert_eq!(
         f.queue.stats(Lane::Fast).await.unwrap(),
         QueueStats {
-            depth: 2,
+            depth: 3,
             in_flight: 1,
             delayed: 1,
             oldest_age_secs: None,
@@ -667,18 +797,30 @@ async fn api_calls_counts_each_sqs_call() {
     let start = f.queue.api_calls();
     send(&f.queue, (0..10).map(|n| message("acme", n)).collect()).await;
     assert_eq!(f.queue.api_calls() - start, 1);
+    // A receive with empty stashes polls each class queue once.
     let got = f
         .queue
         .receive(Lane::Fast, 10, Duration::ZERO)
         .await
         .unwrap();
     assert_eq!(got.len(), 10);
-    assert_eq!(f.queue.api_calls() - start, 2);
+    assert_eq!(f.queue.api_calls() - start, 4);
     let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
     f.queue.delete_batch(Lane::Fast, &receipts).await.unwrap();
-    assert_eq!(f.queue.api_calls() - start, 3);
-    f.queue.stats(Lane::Fast).await.unwrap();
     assert_eq!(f.queue.api_calls() - start, 5);
+    // A mixed batch is one call per class.
+    send(
+        &f.queue,
+        vec![
+            message("acme", 10),
+            message_of("acme", 11, Priority::Low),
+            message("acme", 12),
+        ],
+    )
+    .await;
+    assert_eq!(f.queue.api_calls() - start, 7);
+    f.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!(f.queue.api_calls() - start, 11);
 }
 
 #[tokio::test]
@@ -701,6 +843,277 @@ async fn an_abandoned_receive_returns_what_it_received() {
         .unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message_id, "acme-1");
+}
+
+/// Deletes what a test received, keeping moto's queues shallow.
+async fn delete_all(queue: &SqsQueue, messages: &[ReceivedMessage]) {
+    let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
+    let results = queue.delete_batch(Lane::Fast, &receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[tokio::test]
+async fn a_high_sent_after_a_low_backlog_is_handed_out_first() {
+    let f = required_fixture(30).await;
+    send(
+        &f.queue,
+        (0..25)
+            .map(|n| message_of("acme", n, Priority::Low))
+            .collect(),
+    )
+    .await;
+    let wait = Duration::from_secs(2);
+    let first = f.queue.receive(Lane::Fast, 10, wait).await.unwrap();
+    assert_eq!(first.len(), 10);
+    assert!(first.iter().all(|m| m.priority == Priority::Low));
+    delete_all(&f.queue, &first).await;
+    // The receive left a long poll waiting on the high queue, and the low
+    // queue refills its stash meanwhile.
+    send(&f.queue, vec![message("acme", 99)]).await;
+    f.stashed([1, 0, 10]).await;
+    let next = f.queue.receive(Lane::Fast, 10, wait).await.unwrap();
+    assert_eq!(next[0].message_id, "acme-99", "{:?}", ids(&next));
+    assert_eq!(next[0].priority, Priority::High);
+    assert!(next[0].receipt.starts_with("high:"), "{}", next[0].receipt);
+    assert!(next[1..].iter().all(|m| m.priority == Priority::Low));
+    delete_all(&f.queue, &next).await;
+}
+
+#[tokio::test]
+async fn lows_keep_their_share_under_a_continuous_flood_of_highs() {
+    let f = required_fixture(30).await;
+    send(
+        &f.queue,
+        (0..20)
+            .map(|n| message_of("bulk", n, Priority::Low))
+            .collect(),
+    )
+    .await;
+    let mut got = Vec::new();
+    for round in 0..12 {
+        // Ten new highs before every receive: the high queue never empties.
+        send(
+            &f.queue,
+            (0..10).map(|n| message("otp", round * 10 + n)).collect(),
+        )
+        .await;
+        let batch = f
+            .queue
+            .receive(Lane::Fast, 10, Duration::from_secs(1))
+            .await
+            .unwrap();
+        delete_all(&f.queue, &batch).await;
+        got.extend(batch.into_iter().map(|m| m.priority));
+    }
+    let lows = got.iter().filter(|&&p| p == Priority::Low).count();
+    let highs = got.iter().filter(|&&p| p == Priority::High).count();
+    eprintln!("{highs} high and {lows} low of {} received", got.len());
+    // The share rule owes low one turn per ten highs (share 0.1).
+    assert!(lows >= got.len() / 11 - 1, "{highs} high, {lows} low");
+    assert!(lows > 0 && highs > 4 * lows, "{highs} high, {lows} low");
+}
+
+#[tokio::test]
+async fn defer_dead_letter_and_redrive_route_by_class() {
+    let f = required_fixture(30).await;
+    send(
+        &f.queue,
+        vec![message("acme", 1), message_of("acme", 2, Priority::Low)],
+    )
+    .await;
+    let got = receive_n(&f.queue, 2).await;
+    let high = got.iter().find(|m| m.priority == Priority::High).unwrap();
+    let low = got.iter().find(|m| m.priority == Priority::Low).unwrap();
+    assert!(low.receipt.starts_with("low:"), "{}", low.receipt);
+
+    f.queue
+        .defer(Lane::Fast, low, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(f.visible("fast-low").await, 1);
+    f.queue.dead_letter(Lane::Fast, high).await.unwrap();
+    assert_eq!(
+        (f.visible("fast-high").await, f.visible("fast-dlq").await),
+        (0, 1)
+    );
+    let stats = f.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!((stats.depth, stats.in_flight, stats.dlq_depth), (1, 0, 1));
+
+    let redriven = f
+        .queue
+        .redrive(Lane::Fast, &RedriveFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(redriven, vec!["acme-1"]);
+    assert_eq!(
+        (
+            f.visible("fast-high").await,
+            f.visible("fast").await,
+            f.visible("fast-dlq").await
+        ),
+        (1, 0, 0)
+    );
+
+    // A high message left in the normal queue by a deployment from before
+    // priority classes moves to the high queue when deferred.
+    let legacy = message("acme", 3);
+    let normal_url = f.url("fast").await;
+    send_envelopes(&f.client, &normal_url, &[Envelope::of(&legacy)])
+        .await
+        .unwrap();
+    let back = receive_n(&f.queue, 2).await;
+    let old = back.iter().find(|m| m.message_id == "acme-3").unwrap();
+    assert!(old.receipt.starts_with("normal:"), "{}", old.receipt);
+    assert_eq!(old.priority, Priority::High);
+    f.queue
+        .defer(Lane::Fast, old, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        (f.visible("fast-high").await, f.visible("fast").await),
+        (1, 0)
+    );
+}
+
+#[tokio::test]
+async fn an_idle_lane_costs_one_receive_per_class_queue_per_wait() {
+    let f = required_fixture(30).await;
+    let wait = Duration::from_secs(2);
+    let before = f.queue.api_calls();
+    let started = Instant::now();
+    let window = Duration::from_millis(6500);
+    let mut receives = 0;
+    while started.elapsed() < window {
+        let got = f.queue.receive(Lane::Fast, 10, wait).await.unwrap();
+        assert!(got.is_empty());
+        receives += 1;
+    }
+    let calls = f.queue.api_calls() - before;
+    eprintln!("{receives} receives of an idle lane in {window:?}: {calls} SQS calls");
+    // Polls of 2 s started at 0, 2, 4 and 6 s on each of the three class
+    // queues: with the 20 s default, three per queue a minute.
+    let per_queue = window.as_secs_f64() / wait.as_secs_f64();
+    assert!(
+        calls as f64 <= 3.0 * (per_queue.floor() + 1.0),
+        "{calls} calls"
+    );
+    assert!(
+        calls >= 9,
+        "{calls} calls: the class queues were not polled"
+    );
+}
+
+#[tokio::test]
+async fn release_prefetched_gives_back_the_stashes_and_late_polls_give_back_theirs() {
+    let f = required_fixture(30).await;
+    send(
+        &f.queue,
+        (0..5)
+            .map(|n| message_of("acme", n, Priority::Low))
+            .collect(),
+    )
+    .await;
+    let got = f
+        .queue
+        .receive(Lane::Fast, 1, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    f.stashed([0, 0, 4]).await;
+    f.queue.release_prefetched(Lane::Fast).await;
+    f.stashed([0, 0, 0]).await;
+    assert_eq!(f.visible("fast-low").await, 4);
+    // The high queue's poll is still waiting; what it brings goes back.
+    send(&f.queue, vec![message("acme", 9)]).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.visible("fast-high").await == 0 {
+        assert!(Instant::now() < deadline, "the late poll kept its message");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(f.queue.receiver(Lane::Fast).stashed(), [0, 0, 0]);
+}
+
+#[tokio::test]
+async fn stashed_messages_are_extended_while_the_lane_is_received_from_and_released_when_not() {
+    // Visibility 4 s: a stashed message is stale after 2 s.
+    let f = required_fixture(4).await;
+    send(
+        &f.queue,
+        (0..3)
+            .map(|n| message_of("acme", n, Priority::Low))
+            .collect(),
+    )
+    .await;
+    let first = f
+        .queue
+        .receive(Lane::Fast, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    delete_all(&f.queue, &first).await;
+    f.stashed([0, 0, 2]).await;
+    // A receive running past 2 s keeps the lane active: the stash is
+    // extended, not released, so the receive count stays at one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = f
+        .queue
+        .receive(Lane::Fast, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(second[0].receive_count, 1);
+    delete_all(&f.queue, &second).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let third = f
+        .queue
+        .receive(Lane::Fast, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    // 3 s after its receive, past the first 4 s only through the extension.
+    assert_eq!(third.len(), 1);
+    assert_eq!(third[0].receive_count, 1);
+    delete_all(&f.queue, &third).await;
+
+    // Nothing receives: a stashed message goes back to the queue.
+    send(
+        &f.queue,
+        (3..5)
+            .map(|n| message_of("acme", n, Priority::Low))
+            .collect(),
+    )
+    .await;
+    let got = f
+        .queue
+        .receive(Lane::Fast, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    delete_all(&f.queue, &got).await;
+    f.stashed([0, 0, 1]).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while f.visible("fast-low").await == 0 {
+        assert!(Instant::now() < deadline, "the stash was never released");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(f.queue.receiver(Lane::Fast).stashed(), [0, 0, 0]);
+}
+
+#[tokio::test]
+async fn a_send_batch_of_mixed_classes_reports_per_message_in_order() {
+    let f = required_fixture(30).await;
+    let messages = vec![
+        message_of("acme", 1, Priority::Low),
+        message("acme", 2),
+        message_of("acme", 3, Priority::Normal),
+        message_of("acme", 4, Priority::Low),
+    ];
+    let results = f.queue.send_batch(Lane::Fast, messages).await.unwrap();
+    assert_eq!(results, vec![Ok(()); 4]);
+    assert_eq!(
+        (
+            f.visible("fast-high").await,
+            f.visible("fast").await,
+            f.visible("fast-low").await
+        ),
+        (1, 1, 2)
+    );
 }
 
 #[test]
