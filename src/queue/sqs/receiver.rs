@@ -14,8 +14,11 @@
 //! - a class with a backlog (its last poll came back full) gets a short
 //!   poll as soon as its stash is down to half, and a receive that would
 //!   otherwise hand out lower classes in its place waits for that answer;
+//! - before a receive hands out a lower class in place of a higher one
+//!   whose last poll brought messages, a short poll checks the higher queue
+//!   for more, and the receive waits for it;
 //! - otherwise a partly filled stash is drained before it is polled again,
-//!   so every poll asks for at least half a batch.
+//!   so a class with a backlog is read in batches.
 //!
 //! A receive returns as soon as a stash holds something; polls that answer
 //! later fill their stash for the next receive. Each long poll lasts the
@@ -82,8 +85,10 @@ struct State {
     /// Whether the last poll of each class queue came back full: the queue
     /// probably holds more.
     backlog: [bool; CLASSES],
-    /// Whether the poll in flight on each class queue is a refill of a
-    /// backlogged class (a short poll).
+    /// How many messages the last poll of each class queue brought.
+    last_count: [usize; CLASSES],
+    /// Whether the poll in flight on each class queue is a short one (a
+    /// refill), which a receive may wait for.
     refilling: [bool; CLASSES],
     /// Numbers polls.
     polls: u64,
@@ -217,6 +222,7 @@ impl Receiver {
                     mine.extend(self.start_polls(&mut state, poll_wait));
                 }
                 first = false;
+                mine.extend(self.start_guards(&mut state, max));
                 let available: [usize; CLASSES] =
                     std::array::from_fn(|rank| state.stash[rank].len());
                 let timed_out = tokio::time::Instant::now() >= deadline;
@@ -284,17 +290,50 @@ impl Receiver {
             {
                 continue;
             }
-            state.polls += 1;
-            let id = state.polls;
-            state.in_flight[rank] = Some(id);
-            state.refilling[rank] = state.backlog[rank];
-            started.push((rank, id));
-            let asked = MAX_BATCH_ENTRIES - stashed;
             let wait = if state.backlog[rank] { 0 } else { wait_secs };
-            let this = self.clone();
-            tokio::spawn(async move { this.poll(rank, id, asked, wait).await });
+            started.push(self.start_poll(state, rank, wait));
         }
         started
+    }
+
+    /// Before a receive hands out lower classes in place of class `rank`
+    /// (`rank` and the classes above it hold fewer than `max`), a class whose
+    /// last poll brought messages may hold more by now: a short poll asks,
+    /// and the receive waits for its answer.
+    fn start_guards(self: &Arc<Self>, state: &mut State, max: usize) -> Vec<(usize, u64)> {
+        let mut started = Vec::new();
+        let mut above = 0;
+        for rank in 0..CLASSES - 1 {
+            above += state.stash[rank].len();
+            let lower_waiting = state.stash[rank + 1..].iter().any(|s| !s.is_empty());
+            if above < max
+                && lower_waiting
+                && state.in_flight[rank].is_none()
+                && state.last_count[rank] > 0
+            {
+                started.push(self.start_poll(state, rank, 0));
+            }
+        }
+        started
+    }
+
+    /// Starts one poll on class queue `rank`, asking for what fills its
+    /// stash to ten; a short one (`wait_secs` 0) is a refill a receive may
+    /// wait for.
+    fn start_poll(
+        self: &Arc<Self>,
+        state: &mut State,
+        rank: usize,
+        wait_secs: i32,
+    ) -> (usize, u64) {
+        state.polls += 1;
+        let id = state.polls;
+        state.in_flight[rank] = Some(id);
+        state.refilling[rank] = wait_secs == 0;
+        let asked = MAX_BATCH_ENTRIES - state.stash[rank].len();
+        let this = self.clone();
+        tokio::spawn(async move { this.poll(rank, id, asked, wait_secs).await });
+        (rank, id)
     }
 
     /// One ReceiveMessage on class queue `rank`; what it brings goes to the
@@ -323,9 +362,9 @@ impl Receiver {
                 state.in_flight[rank] = None;
                 state.refilling[rank] = false;
             }
-            state.backlog[rank] = result
-                .as_ref()
-                .is_ok_and(|output| output.messages().len() >= asked);
+            let brought = result.as_ref().map_or(0, |output| output.messages().len());
+            state.backlog[rank] = brought >= asked;
+            state.last_count[rank] = brought;
             match result {
                 Ok(output) => {
                     for message in output.messages() {
