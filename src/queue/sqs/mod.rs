@@ -1,13 +1,17 @@
-//! The SQS backend: each lane is an SQS standard queue `{prefix}-{lane}` with
-//! a dead-letter queue `{prefix}-{lane}-dlq`, bound by a `RedrivePolicy` of
+//! The SQS backend. SQS has no priorities, so each lane is three SQS
+//! standard queues, one per priority class (`{prefix}-{lane}-high`,
+//! `{prefix}-{lane}` for normal, `{prefix}-{lane}-low`), sharing the
+//! dead-letter queue `{prefix}-{lane}-dlq` through their `RedrivePolicy` of
 //! the lane's `max_receive_count`, so code above [`LaneQueue`] sees the same
-//! semantics as with the embedded queue.
+//! semantics as with the embedded queue. Messages and their copies go to the
+//! queue of their priority; receives serve the classes by the priority share
+//! rule ([`receiver`]).
 //!
 //! Every message carries `MessageGroupId = tenant id` (SQS fair queues on
 //! standard queues keep one tenant's backlog from delaying the others) and the
 //! message attributes `tenant`, `channel`, `priority` and `message_id`. Copies
 //! made by [`LaneQueue::defer`], [`LaneQueue::dead_letter`] and the redrive
-//! fallback also carry `enqueued_at_ms` (the first enqueue time, which SQS
+//! also carry `enqueued_at_ms` (the first enqueue time, which SQS
 //! would otherwise reset), and dead-letter copies `receive_count` (the
 //! receives the message had in its lane).
 //!
