@@ -87,7 +87,8 @@ pub struct SqsSettings {
     #[serde(default)]
     pub endpoint_url: Option<String>,
     pub region: String,
-    /// Queue names are `{prefix}-{lane}` and `{prefix}-{lane}-dlq`.
+    /// Queue names are `{prefix}-{lane}-high`, `{prefix}-{lane}` (normal),
+    /// `{prefix}-{lane}-low` and their shared `{prefix}-{lane}-dlq`.
     pub queue_prefix: String,
     /// Create missing queues at start-up instead of failing.
     pub create_queues: bool,

@@ -189,10 +189,12 @@ async fn a_quiet_tenant_beside_a_noisy_tenants_backlog_is_served_within_a_turn()
             .iter()
             .position(|body| *body == format!("quiet {n}"))
             .unwrap_or_else(|| panic!("quiet {n} never reached the provider: {order:?}"));
-        // Same priority: the quiet tenant waits one turn of the noisy one at
-        // most, not for the noisy tenant's buffered messages.
+        // Same priority: the quiet tenant waits for a place to free in the
+        // consumer (the noisy tenant's messages hold them), one receive, and
+        // one turn of the noisy tenant at the gate; not for the noisy
+        // tenant's dozens of buffered and parked messages.
         assert!(
-            at <= seen + 3,
+            at <= seen + 5,
             "quiet {n} was call {at}, {seen} calls had been made at its 202"
         );
     }
