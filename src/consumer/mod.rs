@@ -45,9 +45,6 @@ use crate::store::status::StatusWriter;
 use crate::tenants::Registry;
 use buffer::TieredBuffer;
 
-/// Most messages one receive asks for (SQS's batch limit).
-pub const RECEIVE_BATCH: usize = 10;
-
 /// Longest pause after failed receives.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -328,7 +325,7 @@ impl LaneConsumer {
     pub fn new(lane: Lane, settings: LaneSettings, delivery: Delivery) -> Arc<Self> {
         // Room for every worker plus two receive batches waiting behind them,
         // so the next batch is fetched while the previous one is still there.
-        let capacity = settings.concurrency + 2 * RECEIVE_BATCH;
+        let capacity = settings.concurrency + 2 * delivery.queue.max_batch();
         let (tenants, resumed) = TenantSlots::new(lane, capacity);
         Arc::new(LaneConsumer {
             lane,
@@ -394,7 +391,7 @@ impl LaneConsumer {
             let slots = tokio::select! {
                 slots = async {
                     let room = self.tenants.wait_for_room().await;
-                    self.buffer.reserve(room.min(RECEIVE_BATCH)).await
+                    self.buffer.reserve(room.min(self.delivery.queue.max_batch())).await
                 } => slots,
                 _ = shutdown.changed() => return,
             };

@@ -326,7 +326,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
 
 /// Returns messages to the queue at once (visibility 0), ten per call.
 pub(super) async fn return_now(queue: &dyn LaneQueue, lane: Lane, messages: &[ReceivedMessage]) {
-    for chunk in messages.chunks(super::RECEIVE_BATCH) {
+    for chunk in messages.chunks(queue.max_batch()) {
         let changes: Vec<(String, Duration)> = chunk
             .iter()
             .map(|m| (m.receipt.clone(), Duration::ZERO))
@@ -346,7 +346,8 @@ pub(super) async fn run_deleter(
     mut receipts: mpsc::Receiver<String>,
 ) {
     let flush_after = queue.batch_window();
-    let mut batch = Vec::with_capacity(super::RECEIVE_BATCH);
+    let max_batch = queue.max_batch();
+    let mut batch = Vec::with_capacity(max_batch);
     loop {
         if batch.is_empty() {
             match receipts.recv().await {
@@ -357,7 +358,7 @@ pub(super) async fn run_deleter(
         let deadline = tokio::time::sleep(flush_after);
         tokio::pin!(deadline);
         let mut closed = false;
-        while batch.len() < super::RECEIVE_BATCH {
+        while batch.len() < max_batch {
             tokio::select! {
                 receipt = receipts.recv() => match receipt {
                     Some(receipt) => batch.push(receipt),

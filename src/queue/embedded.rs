@@ -40,6 +40,9 @@ use crate::config::LanesSettings;
 use crate::model::{Lane, Priority, now_ms};
 use crate::store::Db;
 
+/// Most messages per receive and per delete batch.
+const EMBEDDED_BATCH: usize = 50;
+
 /// Longest single sleep of a long poll between checks, so a clock jump or a
 /// missed wake-up costs at most this much latency.
 const MAX_POLL_NAP: Duration = Duration::from_millis(500);
@@ -654,6 +657,12 @@ impl LaneQueue for EmbeddedQueue {
         tx.commit().await?;
         self.notify_arrivals(lane);
         Ok(ids)
+    }
+
+    /// Receives and deletes are transactions on the one SQLite file, so
+    /// fewer, larger ones leave more room for the accept writer's.
+    fn max_batch(&self) -> usize {
+        EMBEDDED_BATCH
     }
 
     fn deleted_total(&self, lane: Lane) -> u64 {

@@ -166,6 +166,13 @@ pub trait LaneQueue: Send + Sync {
     /// shutdown once it has stopped receiving.
     async fn release_prefetched(&self, _lane: Lane) {}
 
+    /// Most messages one receive, delete or visibility call takes: SQS's
+    /// limit of ten by default. The embedded queue takes more, so each of
+    /// its transactions carries more messages.
+    fn max_batch(&self) -> usize {
+        10
+    }
+
     /// How long a caller batching deletes or sends waits for more entries.
     fn batch_window(&self) -> Duration {
         Duration::from_millis(5)

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The whole pipeline at once: accepting and delivering (issue 9).
+#
+#   cargo build --release --bin fairlane --examples && bash bench/pipeline.sh [messages] [connections]
+#
+# 1. The ceiling: examples/bare_axum (parse the JSON body, answer 202) under
+#    wrk -t2 -cCONNECTIONS -d10s with bench/send.lua.
+# 2. fairlane serve on a fresh SQLite file, embedded default, consumers on,
+#    the email provider `log` writing to /dev/null with a gate far above any
+#    rate reached (so delivery is limited by fairlane alone), one tenant on a
+#    plan whose limits are out of the way.
+# 3. wrk sends emails on CONNECTIONS connections (default 64) until MESSAGES
+#    (default 100,000) are accepted; meanwhile the script samples RSS and the
+#    delivered counter. Then it waits until every accepted message is sent.
+# Prints: accepts/s and accept p50/p99 (wrk), deliveries/s during the load
+# and after it, the end-to-end rate (first request to last `sent`) and its
+# share of the ceiling, and the peak RSS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+messages=${1:-100000}
+connections=${2:-64}
+target=${CARGO_TARGET_DIR:-target}/release
+bin=${BIN:-$target/fairlane}
+[ -x "$bin" ] && [ -x "$target/examples/bare_axum" ] || { echo "build first: cargo build --release --bin fairlane --examples" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
+
+work=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+admin=bench-admin-token-0123456789
+pid=
+bare=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; [ -n "$bare" ] && kill "$bare" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+# 1. The ceiling, measured in the same run.
+bare_port=$(free_port)
+"$target/examples/bare_axum" "127.0.0.1:$bare_port" & bare=$!
+sleep 0.5
+ceiling=$(KEY=x wrk -t2 -c"$connections" -d10s -s bench/send.lua "http://127.0.0.1:$bare_port/v1/messages" | awk '/Requests\/sec/ {print $2}')
+kill "$bare"; wait "$bare" 2>/dev/null || true; bare=
+echo "ceiling (bare axum): $ceiling requests/s"
+
+# 2. fairlane with consumers on.
+FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
+FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
+FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
+FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
+FAIRLANE__PROVIDERS__EMAIL__KIND=log \
+FAIRLANE__PROVIDERS__EMAIL__LOG_PATH=/dev/null \
+FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=10000000 \
+FAIRLANE__PROVIDERS__EMAIL__BURST=100000 \
+RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
+api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
+  -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":100000}' >/dev/null
+api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
+KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+export KEY
+counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
+rss_max=0
+sample_rss() { local r; r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status); [ "$r" -gt "$rss_max" ] && rss_max=$r; true; }
+
+# 3. The load: wrk until MESSAGES are accepted, then SIGINT (wrk prints its
+# latency figures on SIGINT).
+t0=$(date +%s.%N)
+wrk -t2 -c"$connections" -d600s --latency -s bench/send_email.lua \
+  "http://127.0.0.1:$port/v1/messages" >"$work/wrk.txt" &
+wrk_pid=$!
+while [ "$(counter fairlane_messages_accepted_total)" -lt "$messages" ]; do
+  sample_rss
+  kill -0 "$wrk_pid" 2>/dev/null || { echo "wrk ended early:" >&2; cat "$work/wrk.txt" >&2; exit 1; }
+  sleep 0.1
+done
+kill -INT "$wrk_pid"; wait "$wrk_pid" || true
+t_load=$(date +%s.%N)
+delivered_during=$(counter fairlane_messages_delivered_total)
+accepted=$(counter fairlane_messages_accepted_total)
+while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sample_rss; sleep 0.1; done
+t1=$(date +%s.%N)
+sample_rss
+
+awk '/Latency Distribution|  50%|  99%/' "$work/wrk.txt"
+python3 - "$accepted" "$delivered_during" "$t0" "$t_load" "$t1" "$ceiling" "$rss_max" <<'PY'
+import sys
+accepted, during = int(sys.argv[1]), int(sys.argv[2])
+t0, t_load, t1, ceiling, rss = (float(x) for x in sys.argv[3:8])
+load, drain, total = t_load - t0, t1 - t_load, t1 - t0
+print(f"accepted {accepted} in {load:.1f} s: {accepted/load:.0f}/s")
+print(f"delivered during the load: {during} ({during/load:.0f}/s); the other {accepted-during} in {drain:.1f} s after it"
+      + (f" ({(accepted-during)/drain:.0f}/s)" if drain > 0 else ""))
+rate = accepted / total
+print(f"end to end: {accepted} in {total:.1f} s = {rate:.0f}/s, {100*rate/ceiling:.1f} % of the bare-axum ceiling ({ceiling:.0f}/s)")
+print(f"peak RSS: {rss/1024:.1f} MiB")
+PY
