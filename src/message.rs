@@ -75,12 +75,33 @@ pub struct DeliveryPayload {
     pub reference: Option<String>,
 }
 
+// The channel of each request kind has exactly one value, so exactly one
+// branch of `SendMessageRequest`'s `oneOf` matches a request.
+
+/// `email`
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum EmailChannel {
+    Email,
+}
+
+/// `sms`
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum SmsChannel {
+    Sms,
+}
+
 /// Email send request (documentation schema).
 #[derive(Debug, Serialize, ToSchema)]
 #[allow(dead_code)]
 pub struct SendEmailRequest {
-    /// `email`
-    channel: String,
+    // No doc comment: utoipa would wrap the inlined enum in an `allOf` with
+    // an `object` schema to carry it, which no string satisfies.
+    #[schema(inline)]
+    channel: EmailChannel,
     /// Recipient address, e.g. `a@example.com` (at most 254 characters).
     to: String,
     /// Subject line: 1-998 characters, no line breaks.
@@ -101,8 +122,8 @@ pub struct SendEmailRequest {
 #[derive(Debug, Serialize, ToSchema)]
 #[allow(dead_code)]
 pub struct SendSmsRequest {
-    /// `sms`
-    channel: String,
+    #[schema(inline)]
+    channel: SmsChannel,
     /// Recipient in E.164 form, e.g. `+15551234567`.
     to: String,
     /// Message text, 1-1600 characters.
@@ -116,6 +137,10 @@ pub struct SendSmsRequest {
 /// A send request: an email or an SMS, told apart by `channel`.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(discriminator(property_name = "channel", mapping(
+    ("email" = "#/components/schemas/SendEmailRequest"),
+    ("sms" = "#/components/schemas/SendSmsRequest"),
+)))]
 #[allow(dead_code)]
 pub enum SendMessageRequest {
     Email(SendEmailRequest),

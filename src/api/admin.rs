@@ -14,7 +14,9 @@ use axum::routing::{get, post, put};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::error::{ApiError, Problem};
+use super::error::{
+    AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
+};
 use super::{AppState, json_typed};
 use crate::auth::AdminOnly;
 use crate::model::{Lane, TenantStatus};
@@ -106,12 +108,18 @@ fn created(location: String, body: impl Serialize) -> Response {
 /// A plan written here wins over the configuration file from then on.
 #[utoipa::path(
     put, path = "/v1/admin/plans/{name}", tag = "admin",
-    params(("name" = String, Path)),
+    params(("name" = String, Path, description = "Plan name: 1-64 of `a-z 0-9 _ -`, starting with a letter or digit.")),
     request_body = PlanInput,
     responses(
-        (status = 200, description = "Replaced", body = Plan),
-        (status = 201, description = "Created", body = Plan),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The plan existed and was replaced.", body = Plan),
+        (status = 201, description = "The plan was created.", body = Plan,
+            headers(("Location" = String, description = "/v1/admin/plans/{name}"))),
+        (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "Invalid plan name or fields (named in `errors`): unknown, missing or mistyped fields, figures out of range.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -142,7 +150,11 @@ pub async fn put_plan(
 /// List plans.
 #[utoipa::path(
     get, path = "/v1/admin/plans", tag = "admin",
-    responses((status = 200, body = PlanList)),
+    responses(
+        (status = 200, description = "Every plan, by name.", body = PlanList),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Json<PlanList> {
@@ -154,8 +166,13 @@ pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Jso
 /// Get a plan.
 #[utoipa::path(
     get, path = "/v1/admin/plans/{name}", tag = "admin",
-    params(("name" = String, Path)),
-    responses((status = 200, body = Plan), (status = 404, body = Problem, content_type = "application/problem+json")),
+    params(("name" = String, Path, description = "Plan name.")),
+    responses(
+        (status = 200, description = "The plan.", body = Plan),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No plan of that name.", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn get_plan(
@@ -175,9 +192,15 @@ pub async fn get_plan(
     post, path = "/v1/admin/tenants", tag = "admin",
     request_body = CreateTenant,
     responses(
-        (status = 201, body = Tenant),
-        (status = 409, description = "Id taken", body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "The tenant was created.", body = Tenant,
+            headers(("Location" = String, description = "/v1/admin/tenants/{id}"))),
+        (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 409, description = "A tenant with this id exists.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "Invalid fields (named in `errors`): unknown, missing or mistyped fields, a bad id or name, or no such plan.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -198,7 +221,11 @@ pub async fn create_tenant(
 /// List tenants.
 #[utoipa::path(
     get, path = "/v1/admin/tenants", tag = "admin",
-    responses((status = 200, body = TenantList)),
+    responses(
+        (status = 200, description = "Every tenant, by id.", body = TenantList),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn list_tenants(State(state): State<AppState>, _admin: AdminOnly) -> Json<TenantList> {
@@ -210,8 +237,13 @@ pub async fn list_tenants(State(state): State<AppState>, _admin: AdminOnly) -> J
 /// Get a tenant and its key ids.
 #[utoipa::path(
     get, path = "/v1/admin/tenants/{id}", tag = "admin",
-    params(("id" = String, Path)),
-    responses((status = 200, body = TenantDetail), (status = 404, body = Problem, content_type = "application/problem+json")),
+    params(("id" = String, Path, description = "Tenant id.")),
+    responses(
+        (status = 200, description = "The tenant and its key ids.", body = TenantDetail),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn get_tenant(
@@ -237,12 +269,17 @@ pub async fn get_tenant(
 /// messages are held, not sent.
 #[utoipa::path(
     patch, path = "/v1/admin/tenants/{id}", tag = "admin",
-    params(("id" = String, Path)),
+    params(("id" = String, Path, description = "Tenant id.")),
     request_body = PatchTenant,
     responses(
-        (status = 200, body = Tenant),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The tenant as changed.", body = Tenant),
+        (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "Invalid fields (named in `errors`): unknown or mistyped fields, an unknown status, or no such plan.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -268,11 +305,13 @@ pub async fn patch_tenant(
 /// clean.
 #[utoipa::path(
     delete, path = "/v1/admin/tenants/{id}", tag = "admin",
-    params(("id" = String, Path)),
+    params(("id" = String, Path, description = "Tenant id.")),
     responses(
-        (status = 204),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Undelivered messages remain", body = Problem, content_type = "application/problem+json"),
+        (status = 204, description = "The tenant, its keys and its message history are gone."),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Undelivered messages remain.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -288,8 +327,14 @@ pub async fn delete_tenant(
 /// Issue an API key for a tenant. The key is shown only in this answer.
 #[utoipa::path(
     post, path = "/v1/admin/tenants/{id}/keys", tag = "admin",
-    params(("id" = String, Path)),
-    responses((status = 201, body = IssuedKey), (status = 404, body = Problem, content_type = "application/problem+json")),
+    params(("id" = String, Path, description = "Tenant id.")),
+    responses(
+        (status = 201, description = "The key; `key` is not shown again.", body = IssuedKey,
+            headers(("Location" = String, description = "/v1/admin/tenants/{id}/keys/{key_id}"))),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn issue_key(
@@ -307,8 +352,16 @@ pub async fn issue_key(
 /// Revoke an API key; it stops working at once.
 #[utoipa::path(
     delete, path = "/v1/admin/tenants/{id}/keys/{key_id}", tag = "admin",
-    params(("id" = String, Path), ("key_id" = String, Path)),
-    responses((status = 204), (status = 404, body = Problem, content_type = "application/problem+json")),
+    params(
+        ("id" = String, Path, description = "Tenant id."),
+        ("key_id" = String, Path, description = "Key id, as issued."),
+    ),
+    responses(
+        (status = 204, description = "The key is revoked."),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No such tenant, or no such live key of it.", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn revoke_key(

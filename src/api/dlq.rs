@@ -13,7 +13,9 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::{ApiError, Problem};
+use super::error::{
+    AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
+};
 use super::{AppState, json_typed};
 use crate::auth::AdminOnly;
 use crate::model::{Channel, Lane, Priority, ms_to_rfc3339};
@@ -45,12 +47,18 @@ pub struct QueuesView {
 }
 
 /// Query of `GET /v1/admin/dlq`.
+///
+/// `parameter_in` is spelt out: utoipa infers it only from a bare
+/// `Query<…>` argument, and the handler takes a `Result` to answer a bad
+/// query with a problem document.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DlqQuery {
     /// Only this lane; both when absent.
     pub lane: Option<Lane>,
     /// At most this many per lane (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -105,7 +113,11 @@ fn lanes_of(lane: Option<Lane>) -> Vec<Lane> {
 /// Depth, in-flight, delayed, oldest age and DLQ depth per lane.
 #[utoipa::path(
     get, path = "/v1/admin/queues", tag = "admin",
-    responses((status = 200, body = QueuesView)),
+    responses(
+        (status = 200, description = "Figures for each lane.", body = QueuesView),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn queues(
@@ -124,7 +136,13 @@ pub async fn queues(
 #[utoipa::path(
     get, path = "/v1/admin/dlq", tag = "admin",
     params(DlqQuery),
-    responses((status = 200, body = DeadLetterList), (status = 400, body = Problem, content_type = "application/problem+json")),
+    responses(
+        (status = 200, description = "Dead letters, lane by lane.", body = DeadLetterList),
+        (status = 400, description = "An unknown query parameter, an unknown lane or a `limit` that is not a number.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 422, description = "`limit` is not between 1 and 1000 (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn list_dlq(
@@ -170,8 +188,21 @@ pub async fn list_dlq(
 /// messages get status `queued` and a fresh attempt budget.
 #[utoipa::path(
     post, path = "/v1/admin/dlq/redrive", tag = "admin",
-    request_body = RedriveRequest,
-    responses((status = 200, body = RedriveResult), (status = 422, body = Problem, content_type = "application/problem+json")),
+    // By reference, so the body is optional (an empty body redrives every
+    // dead letter) without `Option` adding a `null` the server refuses.
+    request_body(
+        content = ref("#/components/schemas/RedriveRequest"), content_type = "application/json",
+        description = "Optional: an empty body redrives every dead letter.",
+    ),
+    responses(
+        (status = 200, description = "How many dead letters went back to their lane.", body = RedriveResult),
+        (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "Invalid fields (named in `errors`): unknown or mistyped fields, or more than 10000 ids.", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("admin_token" = []))
 )]
 pub async fn redrive(

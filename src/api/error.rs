@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tracing::error;
-use utoipa::ToSchema;
+use utoipa::{ToResponse, ToSchema};
 
 use crate::limits::retry_after_secs;
 use crate::limits::tenant::RateInfo;
@@ -29,6 +29,34 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<BTreeMap<String, String>>,
 }
+
+// Reusable OpenAPI responses for refusals that read the same on every route
+// that can give them; route-specific ones (400, 404, 409, 422) are described
+// in each route's own annotation.
+
+/// No admin token, a malformed `Authorization` header, or a wrong token.
+#[derive(ToResponse)]
+#[response(
+    content_type = "application/problem+json",
+    headers(("WWW-Authenticate" = String, description = "`Bearer`"))
+)]
+pub struct AdminUnauthorized(pub Problem);
+
+/// A tenant API key was sent: admin routes take only the admin token.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct AdminForbidden(pub Problem);
+
+/// The body is larger than `server.max_body_bytes`.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct PayloadTooLarge(pub Problem);
+
+/// A body was sent without a JSON `Content-Type` (`application/json` or
+/// `application/*+json`).
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct UnsupportedMediaType(pub Problem);
 
 /// Why a request was refused because of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,10 @@ pub struct Health {
 }
 
 /// The process is up.
-#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
+#[utoipa::path(
+    get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "Always `ok` while the process answers.", body = Health))
+)]
 pub async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -38,7 +41,10 @@ pub async fn healthz() -> Json<Health> {
 /// The store and the queue are reachable.
 #[utoipa::path(
     get, path = "/readyz", tag = "ops",
-    responses((status = 200, body = Health), (status = 503, body = Health))
+    responses(
+        (status = 200, description = "Ready: every check is `ok`.", body = Health),
+        (status = 503, description = "Not ready: `checks` names what is unavailable.", body = Health),
+    )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     let word = |ok: bool| if ok { "ok" } else { "unavailable" }.to_owned();

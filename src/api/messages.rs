@@ -211,9 +211,11 @@ fn accepted_response(status: StatusCode, id: &str, body: String) -> Response {
     responses(
         (status = 202, description = "Queued; poll the Location.", body = SendAccepted,
             headers(("Location" = String, description = "/v1/messages/{id}"),
-                    ("RateLimit-Limit" = u32), ("RateLimit-Remaining" = u32), ("RateLimit-Reset" = u64))),
+                    ("RateLimit-Limit" = u32), ("RateLimit-Remaining" = u32), ("RateLimit-Reset" = u64),
+                    ("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with the same Idempotency-Key (then without RateLimit headers)."))),
         (status = 400, description = "Malformed JSON or header.", body = super::error::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or bad API key.", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or bad API key.", body = super::error::Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 403, description = "Tenant disabled.", body = super::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "Same Idempotency-Key still in flight.", body = super::error::Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large.", body = super::error::Problem, content_type = "application/problem+json"),
@@ -414,9 +416,10 @@ pub async fn send_message(
     tag = "messages",
     params(("id" = String, Path, description = "Message id from the 202 answer")),
     responses(
-        (status = 200, body = MessageView),
-        (status = 401, body = super::error::Problem, content_type = "application/problem+json"),
-        (status = 404, body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The message's delivery status.", body = MessageView),
+        (status = 401, description = "No or bad API key.", body = super::error::Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 404, description = "No message with this id for this tenant.", body = super::error::Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
 )]

@@ -270,12 +270,21 @@ impl Modify for SecurityAddon {
         health::healthz,
         health::readyz,
     ),
-    components(schemas(
-        error::Problem,
-        crate::message::SendMessageRequest,
-        crate::message::SendEmailRequest,
-        crate::message::SendSmsRequest,
-    )),
+    components(
+        schemas(
+            error::Problem,
+            crate::message::SendMessageRequest,
+            crate::message::SendEmailRequest,
+            crate::message::SendSmsRequest,
+            dlq::RedriveRequest,
+        ),
+        responses(
+            error::AdminUnauthorized,
+            error::AdminForbidden,
+            error::PayloadTooLarge,
+            error::UnsupportedMediaType,
+        )
+    ),
     modifiers(&SecurityAddon),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),

@@ -9,6 +9,7 @@ mod delivery;
 mod idempotency;
 mod limits;
 mod messages;
+mod openapi;
 mod ops;
 mod priority;
 mod restart;
