@@ -6,8 +6,8 @@
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::error::{
     AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
 };
-use super::{AppState, json_typed};
+use super::{ApiPath, AppState, json_typed};
 use crate::auth::AdminOnly;
 use crate::model::{Lane, TenantStatus};
 use crate::tenants::{KeyInfo, Plan, Tenant};
@@ -126,7 +126,7 @@ fn created(location: String, body: impl Serialize) -> Response {
 pub async fn put_plan(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -168,6 +168,7 @@ pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Jso
     get, path = "/v1/admin/plans/{name}", tag = "admin",
     params(("name" = String, Path, description = "Plan name.")),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The plan.", body = Plan),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
@@ -178,7 +179,7 @@ pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Jso
 pub async fn get_plan(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Plan>, ApiError> {
     state
         .registry
@@ -239,6 +240,7 @@ pub async fn list_tenants(State(state): State<AppState>, _admin: AdminOnly) -> J
     get, path = "/v1/admin/tenants/{id}", tag = "admin",
     params(("id" = String, Path, description = "Tenant id.")),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The tenant and its key ids.", body = TenantDetail),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
@@ -249,7 +251,7 @@ pub async fn list_tenants(State(state): State<AppState>, _admin: AdminOnly) -> J
 pub async fn get_tenant(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<TenantDetail>, ApiError> {
     let tenant = state
         .registry
@@ -286,7 +288,7 @@ pub async fn get_tenant(
 pub async fn patch_tenant(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Tenant>, ApiError> {
@@ -307,6 +309,7 @@ pub async fn patch_tenant(
     delete, path = "/v1/admin/tenants/{id}", tag = "admin",
     params(("id" = String, Path, description = "Tenant id.")),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 204, description = "The tenant, its keys and its message history are gone."),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
@@ -318,7 +321,7 @@ pub async fn patch_tenant(
 pub async fn delete_tenant(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     state.registry.delete_tenant(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -329,6 +332,7 @@ pub async fn delete_tenant(
     post, path = "/v1/admin/tenants/{id}/keys", tag = "admin",
     params(("id" = String, Path, description = "Tenant id.")),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 201, description = "The key; `key` is not shown again.", body = IssuedKey,
             headers(("Location" = String, description = "/v1/admin/tenants/{id}/keys/{key_id}"))),
         (status = 401, response = AdminUnauthorized),
@@ -340,7 +344,7 @@ pub async fn delete_tenant(
 pub async fn issue_key(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let (key_id, key) = state.registry.issue_key(&id).await?;
     Ok(created(
@@ -357,6 +361,7 @@ pub async fn issue_key(
         ("key_id" = String, Path, description = "Key id, as issued."),
     ),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 204, description = "The key is revoked."),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
@@ -367,7 +372,7 @@ pub async fn issue_key(
 pub async fn revoke_key(
     State(state): State<AppState>,
     _admin: AdminOnly,
-    Path((id, key_id)): Path<(String, String)>,
+    ApiPath((id, key_id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     state.registry.revoke_key(&id, &key_id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -7,8 +7,8 @@
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,8 +17,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
-use super::error::{ApiError, LimitReason, insert_rate_headers};
-use super::{AppState, json_value};
+use super::error::{ApiError, LimitReason, Problem, insert_rate_headers};
+use super::{ApiPath, AppState, json_value};
 use crate::accept::AcceptEntry;
 use crate::auth::TenantAuth;
 use crate::limits::tenant::Refusal;
@@ -416,6 +416,7 @@ pub async fn send_message(
     tag = "messages",
     params(("id" = String, Path, description = "Message id from the 202 answer")),
     responses(
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The message's delivery status.", body = MessageView),
         (status = 401, description = "No or bad API key.", body = super::error::Problem, content_type = "application/problem+json",
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
@@ -426,7 +427,7 @@ pub async fn send_message(
 pub async fn get_message(
     State(state): State<AppState>,
     TenantAuth(caller): TenantAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
     let record = messages::get_for_tenant(&state.db.read, &caller.tenant.id, &id)
         .await?

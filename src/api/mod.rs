@@ -16,7 +16,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::FromRequestParts;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 use tower_http::timeout::TimeoutLayer;
@@ -336,5 +337,21 @@ mod tests {
                 "{path} is not documented"
             );
         }
+    }
+}
+
+/// `axum::extract::Path` whose refusals (a segment that is not valid UTF-8,
+/// for instance) answer problem+json like every other error, not axum's
+/// plain-text 400.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::BadRequest(format!(
+            "The URL path is not valid: {}.",
+            rejection.body_text()
+        ))
     }
 }

@@ -379,3 +379,23 @@ async fn a_key_for_an_unknown_tenant_is_not_found() {
         .unwrap();
     expect_problem(response, StatusCode::NOT_FOUND).await;
 }
+
+#[tokio::test]
+async fn a_path_segment_that_is_not_utf8_answers_a_problem_not_plain_text() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    for path in ["/v1/admin/plans/%FF", "/v1/admin/tenants/%C3%28"] {
+        let response = app.admin(Method::GET, path).send().await.unwrap();
+        let (_, body) = expect_problem(response, StatusCode::BAD_REQUEST).await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("UTF-8"),
+            "{path}: {body}"
+        );
+    }
+    let response = app
+        .tenant(&key, Method::GET, "/v1/messages/%FF%FE")
+        .send()
+        .await
+        .unwrap();
+    expect_problem(response, StatusCode::BAD_REQUEST).await;
+}
