@@ -23,7 +23,7 @@ use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
 use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
 use crate::limits::tenant::TenantLimits;
-use crate::model::{Channel, Lane};
+use crate::model::{Channel, Lane, TenantStatus};
 use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
@@ -67,6 +67,15 @@ impl Application {
                 QueueBackend::Embedded => {
                     let embedded =
                         Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
+                    for tenant in registry.tenants() {
+                        if tenant.status != TenantStatus::Active {
+                            embedded.set_tenant_held(&tenant.id, true).await?;
+                        }
+                    }
+                    embedded
+                        .release_unheld()
+                        .await
+                        .context("releasing messages of resumed tenants")?;
                     (embedded.clone(), Staging::Embedded(embedded), None, None)
                 }
                 QueueBackend::Sqs => {

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 use utoipa::ToSchema;
 
 use super::error::{
@@ -297,6 +298,12 @@ pub async fn patch_tenant(
         .registry
         .update_tenant(&id, input.plan.as_deref(), input.status)
         .await?;
+    // A paused or disabled tenant's queued messages are set aside until it
+    // is active again (embedded queue); consumers hold any they still see.
+    let held = tenant.status != TenantStatus::Active;
+    if let Err(err) = state.queue.set_tenant_held(&id, held).await {
+        warn!(tenant = %id, held, error = %err, "Could not move the tenant's queued messages; consumers hold them until it is done at the next start.");
+    }
     Ok(Json(tenant))
 }
 

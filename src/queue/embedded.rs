@@ -18,6 +18,12 @@
 //! so it queues behind its tenant's other messages instead of keeping the
 //! front place it had.
 //!
+//! Held tenants cost nothing: a receive that meets a message of a paused or
+//! disabled tenant moves it to the lane's hold queue (`fast-held`,
+//! `slow-held`) in the same transaction, so each held message is looked at
+//! once, not received and put back every few seconds; releasing the tenant
+//! moves its held messages back with fresh fair keys, in their order.
+//!
 //! Receipts are `seq:receive_count`: receiving a message again invalidates
 //! the receipt a slower consumer may still hold, as in SQS.
 
@@ -80,6 +86,8 @@ struct LaneState {
 pub struct EmbeddedQueue {
     db: Db,
     lanes: LanesSettings,
+    /// Tenants whose messages are set aside (paused or disabled).
+    held: std::sync::RwLock<std::collections::HashSet<String>>,
     fast: LaneState,
     slow: LaneState,
 }
@@ -89,6 +97,13 @@ const INSERT_INTO: &str = "INSERT INTO queue_messages (queue, message_id, tenant
 
 fn queue_name(lane: Lane) -> &'static str {
     lane.as_str()
+}
+
+fn held_name(lane: Lane) -> &'static str {
+    match lane {
+        Lane::Fast => "fast-held",
+        Lane::Slow => "slow-held",
+    }
 }
 
 fn dlq_name(lane: Lane) -> &'static str {
@@ -120,6 +135,7 @@ impl EmbeddedQueue {
             slow: lane_state(Lane::Slow),
             db,
             lanes,
+            held: Default::default(),
         };
         for lane in Lane::ALL {
             for priority in Priority::ALL {
@@ -254,6 +270,7 @@ impl EmbeddedQueue {
             let want = max - out.len();
             let mut heads: [Vec<QueueRow>; CLASSES] = Default::default();
             let mut exhausted = Vec::new();
+            let mut set_aside = Vec::new();
             for priority in Priority::ALL {
                 let rows: Vec<QueueRow> = sqlx::query_as(
                     "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
@@ -269,10 +286,28 @@ impl EmbeddedQueue {
                 let (spent, fresh): (Vec<_>, Vec<_>) =
                     rows.into_iter().partition(|row| row.6 >= max_receives);
                 exhausted.extend(spent.into_iter().map(|row| row.0));
+                let (held, fresh): (Vec<_>, Vec<_>) = {
+                    let held_tenants = self.held.read().expect("held lock");
+                    fresh
+                        .into_iter()
+                        .partition(|row| held_tenants.contains(&row.2))
+                };
+                set_aside.extend(held.into_iter().map(|row| row.0));
                 heads[priority.rank()] = fresh;
             }
             if !exhausted.is_empty() {
                 move_to_dlq(&mut tx, lane, &exhausted, now).await?;
+            }
+            if !set_aside.is_empty() {
+                let mut update: QueryBuilder<Sqlite> =
+                    QueryBuilder::new("UPDATE queue_messages SET queue = ");
+                update.push_bind(held_name(lane)).push(" WHERE seq IN (");
+                let mut list = update.separated(", ");
+                for seq in &set_aside {
+                    list.push_bind(*seq);
+                }
+                update.push(")");
+                update.build().persistent(false).execute(&mut *tx).await?;
             }
             let split = self
                 .state(lane)
@@ -314,9 +349,9 @@ impl EmbeddedQueue {
                     enqueued_at_ms: enqueued_at,
                 });
             }
-            // Rows moved to the DLQ left room: look again. Otherwise the
-            // classes had no more than what was taken.
-            if exhausted.is_empty() {
+            // Rows moved to the DLQ or set aside left room: look again.
+            // Otherwise the classes had no more than what was taken.
+            if exhausted.is_empty() && set_aside.is_empty() {
                 break;
             }
         }
@@ -328,6 +363,85 @@ impl EmbeddedQueue {
             }
         }
         Ok(out)
+    }
+
+    /// Moves `tenant_id`'s set-aside messages of `lane` back into the lane:
+    /// per priority class, in their original order, with fair keys that
+    /// start where the tenant would start now.
+    async fn release_held(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<()> {
+        let _turn = self.db.write_turn().await;
+        let mut conn = self.db.write.acquire().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let counts: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT priority, COUNT(*) FROM queue_messages WHERE queue = ? AND tenant_id = ? GROUP BY priority",
+        )
+        .bind(held_name(lane))
+        .bind(tenant_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        if counts.is_empty() {
+            return Ok(());
+        }
+        // Each class's keys run from the tenant's next key on; the fair
+        // state is advanced past them only once the move has committed.
+        let mut bases = [0i64; CLASSES];
+        let mut lasts = Vec::new();
+        {
+            let fair = self.state(lane).fair.lock().expect("fair state lock");
+            for (priority, count) in &counts {
+                let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
+                let class = &fair[rank];
+                let last = class.last_key.get(tenant_id).copied().unwrap_or(i64::MIN);
+                bases[rank] = last.max(class.virtual_now);
+                lasts.push((rank, bases[rank] + count));
+            }
+        }
+        sqlx::query(
+            "UPDATE queue_messages SET queue = ?1, visible_at = MIN(visible_at, ?2), \
+               fair_key = CASE queue_messages.priority WHEN 'high' THEN ?3 WHEN 'normal' THEN ?4 ELSE ?5 END + ordered.place \
+             FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY priority ORDER BY seq) AS place \
+                   FROM queue_messages WHERE queue = ?6 AND tenant_id = ?7) AS ordered \
+             WHERE queue_messages.seq = ordered.seq",
+        )
+        .bind(queue_name(lane))
+        .bind(now_ms())
+        .bind(bases[Priority::High.rank()])
+        .bind(bases[Priority::Normal.rank()])
+        .bind(bases[Priority::Low.rank()])
+        .bind(held_name(lane))
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
+        for (rank, last) in lasts {
+            let key = fair[rank]
+                .last_key
+                .entry(tenant_id.to_owned())
+                .or_insert(last);
+            *key = (*key).max(last);
+        }
+        drop(fair);
+        self.notify_arrivals(lane);
+        Ok(())
+    }
+
+    /// Releases every set-aside message whose tenant is no longer held (a
+    /// tenant resumed by a process that stopped before moving them back).
+    pub async fn release_unheld(&self) -> anyhow::Result<()> {
+        for lane in Lane::ALL {
+            let tenants: Vec<String> =
+                sqlx::query_scalar("SELECT DISTINCT tenant_id FROM queue_messages WHERE queue = ?")
+                    .bind(held_name(*lane))
+                    .fetch_all(&self.db.read)
+                    .await?;
+            for tenant in tenants {
+                if !self.held.read().expect("held lock").contains(&tenant) {
+                    self.release_held(*lane, &tenant).await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Earliest future instant (ms) at which a message of `lane` becomes visible.
@@ -573,12 +687,17 @@ impl LaneQueue for EmbeddedQueue {
                 .bind(dlq_name(lane))
                 .fetch_one(&self.db.read)
                 .await?;
+        let held: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
+            .bind(held_name(lane))
+            .fetch_one(&self.db.read)
+            .await?;
         Ok(QueueStats {
             depth: (visible + delayed) as u64,
             in_flight: in_flight as u64,
             delayed: delayed as u64,
             oldest_age_secs: oldest.map(|at| (now - at).max(0) as f64 / 1000.0),
             dlq_depth: dlq_depth as u64,
+            held: held as u64,
         })
     }
 
@@ -663,6 +782,24 @@ impl LaneQueue for EmbeddedQueue {
     /// fewer, larger ones leave more room for the accept writer's.
     fn max_batch(&self) -> usize {
         EMBEDDED_BATCH
+    }
+
+    /// Holding only marks the tenant: its messages are set aside as
+    /// receives meet them. Releasing moves the tenant's set-aside messages
+    /// back to their lanes at once, with fresh fair keys in their order.
+    async fn set_tenant_held(&self, tenant_id: &str, held: bool) -> anyhow::Result<()> {
+        if held {
+            self.held
+                .write()
+                .expect("held lock")
+                .insert(tenant_id.to_owned());
+            return Ok(());
+        }
+        self.held.write().expect("held lock").remove(tenant_id);
+        for lane in Lane::ALL {
+            self.release_held(*lane, tenant_id).await?;
+        }
+        Ok(())
     }
 
     fn deleted_total(&self, lane: Lane) -> u64 {
@@ -1001,6 +1138,65 @@ mod tests {
         let rest = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
         let ids: Vec<_> = rest.iter().map(|m| m.message_id.as_str()).collect();
         assert_eq!(ids, ["a-1", "a-2", "a-3", "a-0"]);
+    }
+
+    #[tokio::test]
+    async fn a_held_tenants_messages_are_set_aside_once_and_come_back_in_order_when_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue.set_tenant_held("held", true).await.unwrap();
+        let mut batch: Vec<_> = (0..20).map(|n| message("held", n)).collect();
+        batch.push(with_priority(message("held", 99), Priority::High));
+        batch.extend((0..3).map(|n| message("free", n)));
+        queue.send_batch(Lane::Fast, batch).await.unwrap();
+        let got = queue.receive(Lane::Fast, 50, Duration::ZERO).await.unwrap();
+        assert!(got.iter().all(|m| m.tenant_id == "free"), "{got:?}");
+        assert_eq!(got.len(), 3);
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.held, stats.depth), (21, 0));
+        // Nothing more to hand out, and nothing churns.
+        assert!(
+            queue
+                .receive(Lane::Fast, 50, Duration::ZERO)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // Still held after a restart; released by the next process.
+        queue.db.close().await;
+        let queue = open_queue(&dir, 5).await;
+        assert_eq!(queue.stats(Lane::Fast).await.unwrap().held, 21);
+        queue.release_unheld().await.unwrap();
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.held, stats.depth), (0, 21));
+        let back = queue.receive(Lane::Fast, 50, Duration::ZERO).await.unwrap();
+        let ids: Vec<_> = back.iter().map(|m| m.message_id.as_str()).collect();
+        let mut expected = vec!["held-99".to_owned()];
+        expected.extend((0..20).map(|n| format!("held-{n}")));
+        assert_eq!(ids, expected);
+        assert!(back.iter().all(|m| m.receive_count == 1));
+    }
+
+    #[tokio::test]
+    async fn a_released_tenant_takes_turns_with_others_instead_of_jumping_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue.set_tenant_held("a", true).await.unwrap();
+        queue
+            .send_batch(Lane::Fast, (0..30).map(|n| message("a", n)).collect())
+            .await
+            .unwrap();
+        queue
+            .send_batch(Lane::Fast, (0..30).map(|n| message("b", n)).collect())
+            .await
+            .unwrap();
+        let first = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        assert!(first.iter().all(|m| m.tenant_id == "b"));
+        queue.set_tenant_held("a", false).await.unwrap();
+        let next = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+        let from_a = next.iter().filter(|m| m.tenant_id == "a").count();
+        assert!((4..=6).contains(&from_a), "{next:?}");
     }
 
     #[tokio::test]

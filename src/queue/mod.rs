@@ -63,6 +63,10 @@ pub struct QueueStats {
     pub oldest_age_secs: Option<f64>,
     /// Messages in the lane's dead-letter queue.
     pub dlq_depth: u64,
+    /// Messages of paused or disabled tenants set aside until the tenant
+    /// resumes (embedded queue); not counted in `depth`.
+    #[serde(default)]
+    pub held: u64,
 }
 
 /// A message in a dead-letter queue.
@@ -159,6 +163,15 @@ pub trait LaneQueue: Send + Sync {
     /// bills), or `None` for the embedded queue.
     fn api_calls(&self) -> Option<u64> {
         None
+    }
+
+    /// Tells the queue whether a tenant's messages are held (tenant paused
+    /// or disabled). A queue that can set them aside stops handing them out
+    /// until the tenant is released, and then puts them back in line; the
+    /// default does nothing, and consumers put such messages back for
+    /// `hold_delay_secs` instead.
+    async fn set_tenant_held(&self, _tenant_id: &str, _held: bool) -> anyhow::Result<()> {
+        Ok(())
     }
 
     /// Gives back at once any messages of `lane` the backend received ahead

@@ -522,3 +522,52 @@ async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
     wait_until_the_fast_lane_is_empty(&app).await;
     assert_eq!(sms_requests(&sms_api).await, 1, "both copies were sent");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tenants_backlog_is_set_aside_not_received_again_and_again_then_delivered_in_full()
+{
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-ASIDE").await;
+    let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
+    let paused = app.tenant_with_key("paused", "pro").await;
+    let other = app.tenant_with_key("other", "pro").await;
+    app.patch_tenant("paused", json!({"status": "paused"}))
+        .await;
+    for n in 0..30 {
+        app.send_accepted(
+            &paused,
+            &json!({"channel":"sms","to":"+15551234567","text": format!("held {n}")}),
+        )
+        .await;
+    }
+    let other_id = app.send_accepted(&other, &sms()).await;
+    let view = wait_for(&app, &other, &other_id, status_is("sent")).await;
+    assert_eq!(
+        view["status"], "sent",
+        "the other tenant is not held up: {view}"
+    );
+    // hold_delay_secs is 1 here: a consumer that received and put back the
+    // held messages would have done so twice by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Set aside: not waiting in the lane, not in a consumer's hands.
+    let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!(
+        (stats.held, stats.depth, stats.in_flight),
+        (30, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(sms_requests(&sms_api).await, 1);
+
+    app.patch_tenant("paused", json!({"status": "active"}))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sms_requests(&sms_api).await < 31 {
+        assert!(
+            Instant::now() < deadline,
+            "the set-aside backlog was not delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!(stats.held, 0, "{stats:?}");
+}

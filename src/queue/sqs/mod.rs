@@ -255,6 +255,9 @@ impl SqsQueue {
             delayed,
             oldest_age_secs,
             dlq_depth: names.iter().map(|name| count(&dead, name.clone())).sum(),
+            // SQS has nowhere to set messages aside: held tenants' messages
+            // stay in depth and are put back by the consumer.
+            held: 0,
         })
     }
 

@@ -782,6 +782,7 @@ async fn stats_count_waiting_in_flight_delayed_and_dead_messages_over_the_class_
             delayed: 1,
             oldest_age_secs: None,
             dlq_depth: 1,
+            held: 0,
         }
     );
     assert_eq!(
