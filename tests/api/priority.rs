@@ -68,6 +68,14 @@ async fn wait_for_requests(server: &MockServer, count: usize, within: Duration) 
     }
 }
 
+/// The provider call at which the SMS whose text is `body` arrived.
+fn call_of(order: &[String], body: &str) -> usize {
+    order
+        .iter()
+        .position(|seen| seen == body)
+        .unwrap_or_else(|| panic!("{body:?} never reached the provider: {order:?}"))
+}
+
 fn sms(text: &str, priority: &str) -> serde_json::Value {
     json!({"channel": "sms", "to": "+15551234567", "text": text, "priority": priority})
 }
@@ -92,10 +100,7 @@ async fn a_high_sms_behind_its_own_tenants_low_backlog_reaches_the_provider_next
     }
     let order = wait_for_body(&sms_api, "high 2").await;
     for (n, seen) in seen_at_accept.iter().enumerate() {
-        let at = order
-            .iter()
-            .position(|body| *body == format!("high {n}"))
-            .unwrap_or_else(|| panic!("high {n} never reached the provider: {order:?}"));
+        let at = call_of(&order, &format!("high {n}"));
         // The provider may already have been called for the token granted
         // just before the high arrived, and the tenant is at its cap, so a
         // high waits for one of its own lows to finish; after that the
@@ -185,10 +190,7 @@ async fn a_quiet_tenant_beside_a_noisy_tenants_backlog_is_served_within_a_turn()
     }
     let order = wait_for_body(&sms_api, "quiet 4").await;
     for (n, seen) in seen_at_accept.iter().enumerate() {
-        let at = order
-            .iter()
-            .position(|body| *body == format!("quiet {n}"))
-            .unwrap_or_else(|| panic!("quiet {n} never reached the provider: {order:?}"));
+        let at = call_of(&order, &format!("quiet {n}"));
         // Same priority: the quiet tenant waits for a place to free in the
         // consumer (the noisy tenant's messages hold them), one receive, and
         // one turn of the noisy tenant at the gate; not for the noisy
