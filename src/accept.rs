@@ -142,7 +142,7 @@ impl AcceptWriter {
 }
 
 /// The writer's connection, with the durability settings of the pools.
-fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Connection> {
+pub(crate) fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "wal")?;

@@ -127,8 +127,10 @@ impl Application {
         )));
 
         let consumers = if settings.consumers.enabled {
-            let (status, status_task) = crate::store::status::StatusWriter::spawn(db.clone());
-            background.push(status_task);
+            let (status, status_done) = crate::store::status::StatusWriter::spawn(db.clone())?;
+            background.push(tokio::spawn(async move {
+                let _ = status_done.await;
+            }));
             let share = settings
                 .lanes
                 .fast

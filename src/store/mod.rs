@@ -33,6 +33,10 @@ pub struct Db {
     pub read: SqlitePool,
     /// Whose turn it is to write; see the module documentation.
     pub turn: Arc<tokio::sync::Mutex<()>>,
+    /// The file, for writers on connections of their own (rusqlite).
+    pub path: std::path::PathBuf,
+    /// Whether commits are fsynced (`storage.fsync`).
+    pub fsync: bool,
 }
 
 impl Db {
@@ -79,6 +83,8 @@ impl Db {
             write,
             read,
             turn: Arc::default(),
+            path: path.to_owned(),
+            fsync,
         })
     }
 

@@ -3,10 +3,16 @@
 //! Every delivered message changes its status row twice (`sending` before
 //! the provider call, `sent` after). One transaction each would make the
 //! single SQLite writer the ceiling of delivery throughput, so consumers
-//! hand these changes to one task that applies everything waiting in one
-//! multi-statement transaction, as the accept writer does for new messages.
+//! hand these changes to one writer that applies everything waiting in one
+//! transaction, as the accept writer does for new messages. Like the accept
+//! writer it is a plain thread with its own SQLite connection (rusqlite) and
+//! one cached statement per kind of change, so no SQL is parsed per group and
+//! its turn at the write lock is as short as the writes themselves.
 
-use sqlx::{QueryBuilder, Sqlite};
+use std::sync::Arc;
+
+use anyhow::Context;
+use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
@@ -14,7 +20,7 @@ use super::Db;
 use crate::model::now_ms;
 
 /// Most changes applied in one transaction.
-const MAX_GROUP: usize = 256;
+const MAX_GROUP: usize = 512;
 
 enum Change {
     Sending {
@@ -29,17 +35,28 @@ enum Change {
     },
 }
 
-/// Handle to the status writer task; cheap to clone.
+/// Handle to the status writer; cheap to clone.
 #[derive(Clone)]
 pub struct StatusWriter {
     changes: mpsc::Sender<Change>,
 }
 
 impl StatusWriter {
-    /// Starts the writer task; it ends when every handle is dropped.
-    pub fn spawn(db: Db) -> (Self, tokio::task::JoinHandle<()>) {
+    /// Starts the writer on a thread of its own with its own connection to
+    /// `db`'s file; the returned receiver completes when every handle is
+    /// dropped and the last group is committed.
+    pub fn spawn(db: Db) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
+        let conn = crate::accept::open_connection(&db.path, db.fsync)
+            .with_context(|| format!("opening {} for the status writer", db.path.display()))?;
         let (changes, receiver) = mpsc::channel(MAX_GROUP * 4);
-        (StatusWriter { changes }, tokio::spawn(run(db, receiver)))
+        let (finished, done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("fairlane-status-writer".into())
+            .spawn(move || {
+                run(conn, db.turn, receiver);
+                let _ = finished.send(());
+            })?;
+        Ok((StatusWriter { changes }, done))
     }
 
     /// Marks a message `sending` (best effort: the status is informational
@@ -75,69 +92,66 @@ impl StatusWriter {
     }
 }
 
-async fn run(db: Db, mut receiver: mpsc::Receiver<Change>) {
+fn run(
+    mut conn: Connection,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    mut receiver: mpsc::Receiver<Change>,
+) {
     let mut group = Vec::with_capacity(MAX_GROUP);
-    while receiver.recv_many(&mut group, MAX_GROUP).await > 0 {
-        let now = now_ms();
-        let mut transaction: QueryBuilder<Sqlite> = QueryBuilder::new("BEGIN IMMEDIATE;\n");
-        for change in &group {
-            if let Change::Sending { id, at } = change {
-                transaction
-                    .push("UPDATE messages SET status = 'sending', updated_at = ")
-                    .push_bind(now)
-                    .push(" WHERE id = ")
-                    .push_bind(id.clone())
-                    .push(" AND status IN ('queued', 'retrying') AND updated_at <= ")
-                    .push_bind(*at)
-                    .push(";\n");
+    while let Some(first) = receiver.blocking_recv() {
+        group.push(first);
+        while group.len() < MAX_GROUP {
+            match receiver.try_recv() {
+                Ok(change) => group.push(change),
+                Err(_) => break,
             }
         }
-        for change in &group {
+        let committed = {
+            let _turn = turn.blocking_lock();
+            apply(&mut conn, &group)
+        };
+        if let Err(err) = &committed {
+            error!(error = %err, changes = group.len(), "Status changes could not be committed.");
+        }
+        for change in group.drain(..) {
+            if let Change::Sent { done, .. } = change {
+                let _ = done.send(committed.is_ok());
+            }
+        }
+    }
+}
+
+/// One transaction for the group; `sending` changes first, so a `sent` in
+/// the same group is the one that stays.
+fn apply(conn: &mut Connection, group: &[Change]) -> rusqlite::Result<()> {
+    let now = now_ms();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    {
+        let mut sending = tx.prepare_cached(
+            "UPDATE messages SET status = 'sending', updated_at = ?1 \
+             WHERE id = ?2 AND status IN ('queued', 'retrying') AND updated_at <= ?3",
+        )?;
+        for change in group {
+            if let Change::Sending { id, at } = change {
+                sending.execute(rusqlite::params![now, id, at])?;
+            }
+        }
+        let mut sent = tx.prepare_cached(
+            "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
+             sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3",
+        )?;
+        for change in group {
             if let Change::Sent {
                 id,
                 provider_message_id,
                 ..
             } = change
             {
-                transaction
-                    .push("UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, sent_at = ")
-                    .push_bind(now)
-                    .push(", updated_at = ")
-                    .push_bind(now)
-                    .push(", provider_message_id = ")
-                    .push_bind(provider_message_id.clone())
-                    .push(" WHERE id = ")
-                    .push_bind(id.clone())
-                    .push(";\n");
-            }
-        }
-        transaction.push("COMMIT;");
-        let _turn = db.write_turn().await;
-        let committed = match db.write.acquire().await {
-            Ok(mut conn) => match transaction
-                .build()
-                .persistent(false)
-                .execute(&mut *conn)
-                .await
-            {
-                Ok(_) => true,
-                Err(err) => {
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    error!(error = %err, changes = group.len(), "Status changes could not be committed.");
-                    false
-                }
-            },
-            Err(err) => {
-                error!(error = %err, "No database connection for status changes.");
-                false
-            }
-        };
-        for change in group.drain(..) {
-            if let Change::Sent { done, .. } = change {
-                let _ = done.send(committed);
+                sent.execute(rusqlite::params![now, provider_message_id, id])?;
             }
         }
     }
+    tx.commit()
 }
 
 #[cfg(test)]
@@ -171,13 +185,13 @@ mod tests {
         messages::insert_rows(&tx, &[&record]).unwrap();
         tx.commit().unwrap();
 
-        let (writer, task) = StatusWriter::spawn(db.clone());
+        let (writer, finished) = StatusWriter::spawn(db.clone()).unwrap();
         writer.sending("m1").await;
         writer.sent("m1", "SM1").await.unwrap();
         // A late `sending` never overwrites `sent`.
         writer.sending("m1").await;
         drop(writer);
-        task.await.unwrap();
+        finished.await.unwrap();
         let stored = messages::get(&db.read, "m1").await.unwrap().unwrap();
         assert_eq!(stored.status, MessageStatus::Sent);
         assert_eq!(stored.attempts, 1);
