@@ -12,6 +12,7 @@
 # 3. wrk sends emails on CONNECTIONS connections (default 64) until MESSAGES
 #    (default 100,000) are accepted; meanwhile the script samples RSS and the
 #    delivered counter. Then it waits until every accepted message is sent.
+# PAUSED_BACKLOG=N first gives a paused tenant N messages (see below).
 # Prints: accepts/s and accept p50/p99 (wrk), deliveries/s during the load
 # and after it, the end-to-end rate (first request to last `sent`) and its
 # share of the ceiling, and the peak RSS.
@@ -63,8 +64,25 @@ counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "
 rss_max=0
 sample_rss() { local r; r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status); [ "$r" -gt "$rss_max" ] && rss_max=$r; true; }
 
+# With PAUSED_BACKLOG=N, a second tenant is paused first and given N
+# messages, which must cost the load below nothing (they are set aside).
+paused_backlog=${PAUSED_BACKLOG:-0}
+if [ "$paused_backlog" -gt 0 ]; then
+  api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"held","name":"Held","plan":"bench"}' >/dev/null
+  api -X PATCH "http://127.0.0.1:$port/v1/admin/tenants/held" -d '{"status":"paused"}' >/dev/null
+  held_key=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/held/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+  KEY=$held_key wrk -t2 -c"$connections" -d600s -s bench/send_email.lua "http://127.0.0.1:$port/v1/messages" >/dev/null &
+  fill_pid=$!
+  while [ "$(counter fairlane_messages_accepted_total)" -lt "$paused_backlog" ]; do sleep 0.2; done
+  kill -INT "$fill_pid"; wait "$fill_pid" || true
+  sleep 2
+  echo "paused tenant's backlog: $(api "http://127.0.0.1:$port/v1/admin/queues" | python3 -c 'import json,sys; l=json.load(sys.stdin)["lanes"][0]; print(l["held"], "held,", l["depth"], "in depth")')"
+  messages=$((messages + $(counter fairlane_messages_accepted_total)))
+fi
+
 # 3. The load: wrk until MESSAGES are accepted, then SIGINT (wrk prints its
 # latency figures on SIGINT).
+before_load=$(counter fairlane_messages_accepted_total)
 t0=$(date +%s.%N)
 wrk -t2 -c"$connections" -d600s --latency -s bench/send_email.lua \
   "http://127.0.0.1:$port/v1/messages" >"$work/wrk.txt" &
@@ -78,6 +96,7 @@ kill -INT "$wrk_pid"; wait "$wrk_pid" || true
 t_load=$(date +%s.%N)
 delivered_during=$(counter fairlane_messages_delivered_total)
 accepted=$(counter fairlane_messages_accepted_total)
+accepted=$((accepted - before_load))
 while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sample_rss; sleep 0.1; done
 t1=$(date +%s.%N)
 sample_rss

@@ -28,13 +28,13 @@
 //! the receipt a slower consumer may still hold, as in SQS.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use sqlx::{Connection, QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{Connection, QueryBuilder, Sqlite};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -87,9 +87,14 @@ pub struct EmbeddedQueue {
     db: Db,
     lanes: LanesSettings,
     /// Tenants whose messages are set aside (paused or disabled).
-    held: std::sync::RwLock<std::collections::HashSet<String>>,
-    fast: LaneState,
-    slow: LaneState,
+    held: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
+    fast: Arc<LaneState>,
+    slow: Arc<LaneState>,
+    /// The connection of the hot path (receives and deletes): rusqlite with
+    /// cached statements, used on a blocking thread while holding the write
+    /// turn, so no SQL is parsed per receive and the turn is held only for
+    /// the writes themselves.
+    hot: Arc<std::sync::Mutex<rusqlite::Connection>>,
 }
 
 /// The columns every queue insert writes, in binding order.
@@ -131,8 +136,12 @@ impl EmbeddedQueue {
             deleted: AtomicU64::new(0),
         };
         let queue = EmbeddedQueue {
-            fast: lane_state(Lane::Fast),
-            slow: lane_state(Lane::Slow),
+            fast: Arc::new(lane_state(Lane::Fast)),
+            slow: Arc::new(lane_state(Lane::Slow)),
+            hot: Arc::new(std::sync::Mutex::new(
+                crate::accept::open_connection(&db.path, db.fsync)
+                    .with_context(|| format!("opening {} for the queue", db.path.display()))?,
+            )),
             db,
             lanes,
             held: Default::default(),
@@ -163,7 +172,7 @@ impl EmbeddedQueue {
         Ok(queue)
     }
 
-    fn state(&self, lane: Lane) -> &LaneState {
+    fn state(&self, lane: Lane) -> &Arc<LaneState> {
         match lane {
             Lane::Fast => &self.fast,
             Lane::Slow => &self.slow,
@@ -251,118 +260,29 @@ impl EmbeddedQueue {
 
     /// One non-waiting receive: takes up to `max` visible messages, high
     /// priority first under the share rule and by fair key within a class,
-    /// moving any that were received `max_receive_count` times to the DLQ.
-    /// Each class is read through its index range, at most `max` rows: the
-    /// query names the index because, left to itself, SQLite (without
-    /// ANALYZE statistics) picks the `visible_at` index and sorts every
-    /// visible row for each receive.
+    /// moving any that were received `max_receive_count` times to the DLQ
+    /// and setting aside those of held tenants. Runs on a blocking thread
+    /// with the hot connection while holding the write turn.
     async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
         let settings = self.lanes.get(lane);
-        let max_receives = settings.max_receive_count as i64;
-        let visibility_ms = (settings.visibility_timeout_secs * 1000) as i64;
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_ms();
-        let mut out = Vec::new();
-        let mut highest_key: [Option<i64>; CLASSES] = [None; CLASSES];
-        while out.len() < max {
-            let want = max - out.len();
-            let mut heads: [Vec<QueueRow>; CLASSES] = Default::default();
-            let mut exhausted = Vec::new();
-            let mut set_aside = Vec::new();
-            for priority in Priority::ALL {
-                let rows: Vec<QueueRow> = sqlx::query_as(
-                    "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
-                     FROM queue_messages INDEXED BY queue_messages_class \
-                     WHERE queue = ? AND priority = ? AND visible_at <= ? ORDER BY fair_key, seq LIMIT ?",
-                )
-                .bind(queue_name(lane))
-                .bind(priority.as_str())
-                .bind(now)
-                .bind(want as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-                let (spent, fresh): (Vec<_>, Vec<_>) =
-                    rows.into_iter().partition(|row| row.6 >= max_receives);
-                exhausted.extend(spent.into_iter().map(|row| row.0));
-                let (held, fresh): (Vec<_>, Vec<_>) = {
-                    let held_tenants = self.held.read().expect("held lock");
-                    fresh
-                        .into_iter()
-                        .partition(|row| held_tenants.contains(&row.2))
-                };
-                set_aside.extend(held.into_iter().map(|row| row.0));
-                heads[priority.rank()] = fresh;
-            }
-            if !exhausted.is_empty() {
-                move_to_dlq(&mut tx, lane, &exhausted, now).await?;
-            }
-            if !set_aside.is_empty() {
-                let mut update: QueryBuilder<Sqlite> =
-                    QueryBuilder::new("UPDATE queue_messages SET queue = ");
-                update.push_bind(held_name(lane)).push(" WHERE seq IN (");
-                let mut list = update.separated(", ");
-                for seq in &set_aside {
-                    list.push_bind(*seq);
-                }
-                update.push(")");
-                update.build().persistent(false).execute(&mut *tx).await?;
-            }
-            let split = self
-                .state(lane)
-                .share
-                .split(std::array::from_fn(|rank| heads[rank].len()), want);
-            let taken: Vec<QueueRow> = heads
-                .into_iter()
-                .zip(split)
-                .flat_map(|(rows, count)| rows.into_iter().take(count))
-                .collect();
-            if !taken.is_empty() {
-                let mut update: QueryBuilder<Sqlite> = QueryBuilder::new(
-                    "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ",
-                );
-                update
-                    .push_bind(now + visibility_ms)
-                    .push(" WHERE seq IN (");
-                let mut list = update.separated(", ");
-                for row in &taken {
-                    list.push_bind(row.0);
-                }
-                update.push(")");
-                update.build().persistent(false).execute(&mut *tx).await?;
-            }
-            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
-                taken
-            {
-                let priority: Priority = priority.parse().map_err(anyhow::Error::msg)?;
-                let highest = &mut highest_key[priority.rank()];
-                *highest = (*highest).max(Some(key));
-                out.push(ReceivedMessage {
-                    receipt: format!("{seq}:{}", count + 1),
-                    message_id,
-                    tenant_id,
-                    channel: channel.parse().map_err(anyhow::Error::msg)?,
-                    priority,
-                    body,
-                    receive_count: (count + 1) as u32,
-                    enqueued_at_ms: enqueued_at,
-                });
-            }
-            // Rows moved to the DLQ or set aside left room: look again.
-            // Otherwise the classes had no more than what was taken.
-            if exhausted.is_empty() && set_aside.is_empty() {
-                break;
-            }
-        }
-        tx.commit().await?;
-        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-        for (class, key) in fair.iter_mut().zip(highest_key) {
-            if let Some(key) = key {
-                class.virtual_now = class.virtual_now.max(key);
-            }
-        }
-        Ok(out)
+        let limits = (
+            settings.max_receive_count as i64,
+            (settings.visibility_timeout_secs * 1000) as i64,
+        );
+        let turn = self.db.write_turn().await;
+        let (hot, state, held) = (
+            self.hot.clone(),
+            self.state(lane).clone(),
+            self.held.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let mut conn = hot.lock().unwrap_or_else(|e| e.into_inner());
+            let held = held.read().expect("held lock");
+            receive_rows(&mut conn, lane, max, &state, &held, limits)
+        })
+        .await
+        .context("the receive thread failed")?
     }
 
     /// Moves `tenant_id`'s set-aside messages of `lane` back into the lane:
@@ -456,33 +376,147 @@ impl EmbeddedQueue {
     }
 }
 
-/// Moves rows to their lane's DLQ and marks their status rows dead-lettered
-/// (the status table shares the file, so both change in one transaction).
-async fn move_to_dlq(
-    conn: &mut SqliteConnection,
+/// The receive itself, in one transaction on `conn` (see
+/// [`EmbeddedQueue::receive_now`]). `limits` is `(max_receive_count,
+/// visibility in ms)`.
+fn receive_rows(
+    conn: &mut rusqlite::Connection,
     lane: Lane,
-    seqs: &[i64],
-    now: i64,
-) -> sqlx::Result<()> {
-    for seq in seqs {
-        sqlx::query("UPDATE queue_messages SET queue = ?, visible_at = ?, last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?")
-            .bind(dlq_name(lane))
-            .bind(now)
-            .bind(seq)
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query(
-            "UPDATE messages SET status = 'dead_lettered', updated_at = ?, \
-             last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?), last_error) \
-             WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?) AND status <> 'sent'",
-        )
-        .bind(now)
-        .bind(seq)
-        .bind(seq)
-        .execute(&mut *conn)
-        .await?;
+    max: usize,
+    state: &LaneState,
+    held: &std::collections::HashSet<String>,
+    (max_receives, visibility_ms): (i64, i64),
+) -> anyhow::Result<Vec<ReceivedMessage>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let now = now_ms();
+    let mut out = Vec::new();
+    let mut highest_key: [Option<i64>; CLASSES] = [None; CLASSES];
+    {
+        let mut heads_of = tx.prepare_cached(
+            "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
+             FROM queue_messages INDEXED BY queue_messages_class \
+             WHERE queue = ?1 AND priority = ?2 AND visible_at <= ?3 ORDER BY fair_key, seq LIMIT ?4",
+        )?;
+        let mut lease = tx.prepare_cached(
+            "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ?1 WHERE seq = ?2",
+        )?;
+        let mut set_aside =
+            tx.prepare_cached("UPDATE queue_messages SET queue = ?1 WHERE seq = ?2")?;
+        let mut to_dlq = tx.prepare_cached(
+            "UPDATE queue_messages SET queue = ?1, visible_at = ?2, last_error = COALESCE(last_error, \
+             'received max_receive_count times without being deleted') WHERE seq = ?3",
+        )?;
+        let mut mark_dead = tx.prepare_cached(
+            "UPDATE messages SET status = 'dead_lettered', updated_at = ?1, \
+             last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?2), last_error) \
+             WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?2) AND status <> 'sent'",
+        )?;
+        while out.len() < max {
+            let want = max - out.len();
+            let mut heads: [Vec<QueueRow>; CLASSES] = Default::default();
+            let mut moved = 0;
+            for priority in Priority::ALL {
+                let rows = heads_of
+                    .query_map(
+                        rusqlite::params![queue_name(lane), priority.as_str(), now, want as i64],
+                        |row| {
+                            Ok((
+                                row.get(0)?,
+                                row.get(1)?,
+                                row.get(2)?,
+                                row.get(3)?,
+                                row.get(4)?,
+                                row.get(5)?,
+                                row.get(6)?,
+                                row.get(7)?,
+                                row.get(8)?,
+                            ))
+                        },
+                    )?
+                    .collect::<rusqlite::Result<Vec<QueueRow>>>()?;
+                for row in rows {
+                    if row.6 >= max_receives {
+                        to_dlq.execute(rusqlite::params![dlq_name(lane), now, row.0])?;
+                        mark_dead.execute(rusqlite::params![now, row.0])?;
+                        moved += 1;
+                    } else if held.contains(&row.2) {
+                        set_aside.execute(rusqlite::params![held_name(lane), row.0])?;
+                        moved += 1;
+                    } else {
+                        heads[priority.rank()].push(row);
+                    }
+                }
+            }
+            let split = state
+                .share
+                .split(std::array::from_fn(|rank| heads[rank].len()), want);
+            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
+                heads
+                    .into_iter()
+                    .zip(split)
+                    .flat_map(|(rows, count)| rows.into_iter().take(count))
+            {
+                lease.execute(rusqlite::params![now + visibility_ms, seq])?;
+                let priority: Priority = priority.parse().map_err(anyhow::Error::msg)?;
+                let highest = &mut highest_key[priority.rank()];
+                *highest = (*highest).max(Some(key));
+                out.push(ReceivedMessage {
+                    receipt: format!("{seq}:{}", count + 1),
+                    message_id,
+                    tenant_id,
+                    channel: channel.parse().map_err(anyhow::Error::msg)?,
+                    priority,
+                    body,
+                    receive_count: (count + 1) as u32,
+                    enqueued_at_ms: enqueued_at,
+                });
+            }
+            // Rows moved to the DLQ or set aside left room: look again.
+            // Otherwise the classes had no more than what was taken.
+            if moved == 0 {
+                break;
+            }
+        }
     }
-    Ok(())
+    tx.commit()?;
+    let mut fair = state.fair.lock().expect("fair state lock");
+    for (class, key) in fair.iter_mut().zip(highest_key) {
+        if let Some(key) = key {
+            class.virtual_now = class.virtual_now.max(key);
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes received messages in one transaction on `conn`; one result per
+/// receipt, and how many were deleted.
+fn delete_rows(
+    conn: &mut rusqlite::Connection,
+    lane: Lane,
+    receipts: &[String],
+) -> rusqlite::Result<(Vec<EntryResult>, u64)> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(receipts.len());
+    let mut deleted = 0;
+    {
+        let mut delete = tx.prepare_cached(
+            "DELETE FROM queue_messages WHERE seq = ?1 AND queue = ?2 AND receive_count = ?3",
+        )?;
+        for receipt in receipts {
+            let Some((seq, count)) = parse_receipt(receipt) else {
+                results.push(Err(format!("receipt {receipt:?} is malformed")));
+                continue;
+            };
+            if delete.execute(rusqlite::params![seq, queue_name(lane), count])? == 1 {
+                deleted += 1;
+                results.push(Ok(()));
+            } else {
+                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
+            }
+        }
+    }
+    tx.commit()?;
+    Ok((results, deleted))
 }
 
 #[async_trait]
@@ -541,32 +575,16 @@ impl LaneQueue for EmbeddedQueue {
         lane: Lane,
         receipts: &[String],
     ) -> anyhow::Result<Vec<EntryResult>> {
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let mut results = Vec::with_capacity(receipts.len());
-        let mut deleted = 0;
-        for receipt in receipts {
-            let Some((seq, count)) = parse_receipt(receipt) else {
-                results.push(Err(format!("receipt {receipt:?} is malformed")));
-                continue;
-            };
-            let done = sqlx::query(
-                "DELETE FROM queue_messages WHERE seq = ? AND queue = ? AND receive_count = ?",
-            )
-            .bind(seq)
-            .bind(queue_name(lane))
-            .bind(count)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 1 {
-                deleted += 1;
-                results.push(Ok(()));
-            } else {
-                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
-            }
-        }
-        tx.commit().await?;
+        let turn = self.db.write_turn().await;
+        let hot = self.hot.clone();
+        let receipts = receipts.to_vec();
+        let (results, deleted) = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let mut conn = hot.lock().unwrap_or_else(|e| e.into_inner());
+            delete_rows(&mut conn, lane, &receipts)
+        })
+        .await
+        .context("the delete thread failed")??;
         self.state(lane)
             .deleted
             .fetch_add(deleted, Ordering::Relaxed);
