@@ -497,6 +497,7 @@ mod tests {
             body: String::new(),
             receive_count: 1,
             enqueued_at_ms: 0,
+            status_at_receive: None,
         }
     }
 

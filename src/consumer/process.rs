@@ -190,13 +190,23 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         return defer(context, &message, delay, "duplicate").await;
     };
     // Idempotent consumer: a redelivered copy of a sent message is deleted.
-    match messages::get(&context.delivery.db.read, &payload.id).await {
-        Ok(Some(record)) if record.status == MessageStatus::Sent => {
+    // The status read in the receive's own transaction (embedded queue) is
+    // enough while nobody had started sending the message: the embedded
+    // queue holds one row per message, so no other copy can have been sent
+    // since. Any other status is read again now, after the claim above.
+    let status = match message.status_at_receive {
+        Some(status @ (MessageStatus::Queued | MessageStatus::Retrying)) => Ok(Some(status)),
+        _ => messages::get(&context.delivery.db.read, &payload.id)
+            .await
+            .map(|record| record.map(|record| record.status)),
+    };
+    match status {
+        Ok(Some(MessageStatus::Sent)) => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
         }
-        Ok(Some(record)) if record.status == MessageStatus::Rejected => {
+        Ok(Some(MessageStatus::Rejected)) => {
             info!(message_id = %payload.id, "Message was answered 503 when sent (its queue send timed out but arrived); deleting without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
+use rusqlite::OptionalExtension;
 use sqlx::{Connection, QueryBuilder, Sqlite};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -397,6 +398,7 @@ fn receive_rows(
              FROM queue_messages INDEXED BY queue_messages_class \
              WHERE queue = ?1 AND priority = ?2 AND visible_at <= ?3 ORDER BY fair_key, seq LIMIT ?4",
         )?;
+        let mut status_of = tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?;
         let mut lease = tx.prepare_cached(
             "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ?1 WHERE seq = ?2",
         )?;
@@ -457,6 +459,9 @@ fn receive_rows(
                     .flat_map(|(rows, count)| rows.into_iter().take(count))
             {
                 lease.execute(rusqlite::params![now + visibility_ms, seq])?;
+                let status: Option<String> = status_of
+                    .query_row([&message_id], |row| row.get(0))
+                    .optional()?;
                 let priority: Priority = priority.parse().map_err(anyhow::Error::msg)?;
                 let highest = &mut highest_key[priority.rank()];
                 *highest = (*highest).max(Some(key));
@@ -469,6 +474,7 @@ fn receive_rows(
                     body,
                     receive_count: (count + 1) as u32,
                     enqueued_at_ms: enqueued_at,
+                    status_at_receive: status.and_then(|word| word.parse().ok()),
                 });
             }
             // Rows moved to the DLQ or set aside left room: look again.

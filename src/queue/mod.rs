@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::model::{Channel, Lane, Priority};
+use crate::model::{Channel, Lane, MessageStatus, Priority};
 
 /// A message to put on a lane.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +48,10 @@ pub struct ReceivedMessage {
     pub receive_count: u32,
     /// When the message was first enqueued (ms since epoch).
     pub enqueued_at_ms: i64,
+    /// The message's status row as read in the receive's own transaction,
+    /// where the backend shares the status store's file (embedded queue);
+    /// `None` where it does not (SQS), and the consumer reads it itself.
+    pub status_at_receive: Option<MessageStatus>,
 }
 
 /// Point-in-time figures for one lane.

@@ -175,6 +175,7 @@ impl Parsed {
             body: self.body,
             receive_count: self.receive_count,
             enqueued_at_ms: self.enqueued_at_ms,
+            status_at_receive: None,
         }
     }
 }
