@@ -38,6 +38,7 @@ use rusqlite::OptionalExtension;
 use sqlx::{Connection, QueryBuilder, Sqlite};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::warn;
 
 use super::priority::{CLASSES, PriorityShare};
 use super::{
@@ -276,14 +277,27 @@ impl EmbeddedQueue {
             self.state(lane).clone(),
             self.held.clone(),
         );
+        // If this future is dropped while the thread works (a consumer
+        // shutting down mid-poll), the thread gives what it leased back at
+        // once instead of leaving it invisible for a visibility timeout.
+        let (answer, answered) = tokio::sync::oneshot::channel();
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
             let mut conn = hot.lock().unwrap_or_else(|e| e.into_inner());
-            let held = held.read().expect("held lock");
-            receive_rows(&mut conn, lane, max, &state, &held, limits)
-        })
-        .await
-        .context("the receive thread failed")?
+            let got = {
+                let held = held.read().expect("held lock");
+                receive_rows(&mut conn, lane, max, &state, &held, limits)
+            };
+            if let Err(Ok(unwanted)) = answer.send(got) {
+                match unlease_rows(&mut conn, &unwanted) {
+                    Ok(()) => state.arrivals.notify_waiters(),
+                    Err(err) => {
+                        warn!(lane = %lane, error = %err, "Could not give back an abandoned receive; its messages return after their visibility timeout.")
+                    }
+                }
+            }
+        });
+        answered.await.context("the receive thread failed")?
     }
 
     /// Moves `tenant_id`'s set-aside messages of `lane` back into the lane:
@@ -492,6 +506,28 @@ fn receive_rows(
         }
     }
     Ok(out)
+}
+
+/// Makes received messages visible again at once, as if they had not been
+/// received (their receive count goes back down).
+fn unlease_rows(
+    conn: &mut rusqlite::Connection,
+    messages: &[ReceivedMessage],
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    {
+        let mut unlease = tx.prepare_cached(
+            "UPDATE queue_messages SET visible_at = ?1, receive_count = receive_count - 1 \
+             WHERE seq = ?2 AND receive_count = ?3",
+        )?;
+        let now = now_ms();
+        for message in messages {
+            if let Some((seq, count)) = parse_receipt(&message.receipt) {
+                unlease.execute(rusqlite::params![now, seq, count])?;
+            }
+        }
+    }
+    tx.commit()
 }
 
 /// Deletes received messages in one transaction on `conn`; one result per
@@ -1221,6 +1257,32 @@ mod tests {
         let next = queue.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
         let from_a = next.iter().filter(|m| m.tenant_id == "a").count();
         assert!((4..=6).contains(&from_a), "{next:?}");
+    }
+
+    // Holding the connection's lock across the abandoned receive is the point.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn a_receive_abandoned_while_its_thread_works_gives_its_messages_back_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 5).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+        // Hold the hot connection so the receive's thread waits for it, then
+        // abandon the receive, as a consumer shutting down mid-poll does.
+        let busy = queue.hot.lock().unwrap();
+        let abandoned =
+            tokio::time::timeout(Duration::from_millis(50), queue.receive_now(Lane::Fast, 10))
+                .await;
+        assert!(abandoned.is_err());
+        drop(busy);
+        let again = queue
+            .receive(Lane::Fast, 10, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 1, "the abandoned lease was not given back");
+        assert_eq!(again[0].receive_count, 1);
     }
 
     #[tokio::test]
