@@ -504,6 +504,18 @@ mod tests {
     }
 
     #[test]
+    fn a_low_priority_share_outside_0_to_0_5_is_rejected_with_its_name() {
+        let err = Settings::from_toml_overlay("[lanes.slow]\nconcurrency = 8\nhigh_water_mark = 10\nvisibility_timeout_secs = 60\nmax_receive_count = 5\nlow_priority_share = 0.7\n")
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("lanes.slow.low_priority_share"),
+            "{err:#}"
+        );
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert_eq!(settings.lanes.fast.low_priority_share, 0.1);
+    }
+
+    #[test]
     fn http_sms_without_base_url_is_rejected() {
         let err = Settings::from_toml_overlay("[providers.sms]\nkind = \"http\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("base_url"));
