@@ -16,7 +16,9 @@ pub const RETRIED_TOTAL: &str = "fairlane_messages_retried_total";
 /// Messages moved to a dead-letter queue, by `lane`, `channel`.
 pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 /// Messages returned to the queue without an attempt, by `lane`, `reason`
-/// (`paused`, `disabled`, `tenant_cap`, `duplicate`, `throttled`).
+/// (`paused`, `disabled`, `duplicate`: another copy is being sent,
+/// `throttled`). A tenant at its cap parks messages instead (see
+/// [`MESSAGES_WAITING`]).
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
 /// Requests refused, by `reason`: `rate`, `quota`, `lane` (429) or `queue`
 /// (503: SQS did not take the message).

@@ -159,8 +159,8 @@ struct Parked {
 }
 
 impl TieredQueue {
-    fn len(&self) -> usize {
-        self.0.iter().map(std::collections::VecDeque::len).sum()
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(std::collections::VecDeque::is_empty)
     }
 
     fn pop(&mut self) -> Option<Parked> {
@@ -276,7 +276,7 @@ impl Drop for TenantSlot {
         let next = match state.parked.get_mut(&self.tenant_id) {
             Some(queue) => {
                 let next = queue.pop();
-                if queue.len() == 0 {
+                if queue.is_empty() {
                     state.parked.remove(&self.tenant_id);
                 }
                 next

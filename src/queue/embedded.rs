@@ -742,15 +742,14 @@ impl LaneQueue for EmbeddedQueue {
         .bind(queue_name(lane))
         .fetch_one(&self.db.read)
         .await?;
-        let dlq_depth: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
-                .bind(dlq_name(lane))
-                .fetch_one(&self.db.read)
-                .await?;
-        let held: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
-            .bind(held_name(lane))
-            .fetch_one(&self.db.read)
-            .await?;
+        let (dlq_depth, held): (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(SUM(queue = ?1), 0), COALESCE(SUM(queue = ?2), 0) \
+             FROM queue_messages WHERE queue IN (?1, ?2)",
+        )
+        .bind(dlq_name(lane))
+        .bind(held_name(lane))
+        .fetch_one(&self.db.read)
+        .await?;
         Ok(QueueStats {
             depth: (visible + delayed) as u64,
             in_flight: in_flight as u64,
