@@ -16,12 +16,14 @@ use fairlane::model::{Channel, Lane, Priority};
 use fairlane::queue::embedded::EmbeddedQueue;
 use fairlane::queue::{LaneQueue, OutboundMessage};
 use fairlane::store::Db;
+use fairlane::store::writer::StoreWriter;
 
 async fn measure(rows: usize, tenants: usize) -> anyhow::Result<(Duration, Duration)> {
     let dir = tempfile::tempdir()?;
     let db = Db::open(&dir.path().join("depth.db"), false).await?;
     let lanes = Settings::from_toml_overlay("")?.lanes;
-    let queue = EmbeddedQueue::open(db, lanes).await?;
+    let (writer, _stopped) = StoreWriter::spawn(&db, 512)?;
+    let queue = EmbeddedQueue::open(db, lanes, writer).await?;
     let mut sent = 0;
     while sent < rows {
         let batch: Vec<OutboundMessage> = (sent..(sent + 5000).min(rows))

@@ -1,5 +1,5 @@
 //! Builds the whole service from [`Settings`] and runs it: the API, the
-//! accept writer and the background samplers, under one shutdown signal.
+//! store writer and the background samplers, under one shutdown signal.
 //!
 //! Tests build an [`Application`] on port 0 with a temporary database and
 //! drive it over real HTTP.
@@ -28,6 +28,7 @@ use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::queue::sqs::SqsQueue;
+use crate::store::writer::StoreWriter;
 use crate::store::{Db, idempotency};
 use crate::tenants::Registry;
 
@@ -42,7 +43,9 @@ pub struct Application {
     state: AppState,
     shutdown: watch::Sender<bool>,
     background: Vec<JoinHandle<()>>,
-    /// Completes once the accept writer has committed all it was given.
+    /// The store's one writer, stopped last.
+    store_writer: StoreWriter,
+    /// Completes once the store writer has committed all it was given.
     writer_task: tokio::sync::oneshot::Receiver<()>,
     /// One per lane when `consumers.enabled`; started by `run_until`.
     consumers: Vec<Arc<LaneConsumer>>,
@@ -62,48 +65,47 @@ impl Application {
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut background = Vec::new();
-        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) =
-            match settings.queue.backend {
-                QueueBackend::Embedded => {
-                    let embedded =
-                        Arc::new(EmbeddedQueue::open(db.clone(), settings.lanes.clone()).await?);
-                    for tenant in registry.tenants() {
-                        if tenant.status != TenantStatus::Active {
-                            embedded.set_tenant_held(&tenant.id, true).await?;
-                        }
+        let (store_writer, writer_task) = StoreWriter::spawn(&db, settings.storage.max_group)?;
+        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) = match settings
+            .queue
+            .backend
+        {
+            QueueBackend::Embedded => {
+                let embedded = Arc::new(
+                    EmbeddedQueue::open(db.clone(), settings.lanes.clone(), store_writer.clone())
+                        .await?,
+                );
+                for tenant in registry.tenants() {
+                    if tenant.status != TenantStatus::Active {
+                        embedded.set_tenant_held(&tenant.id, true).await?;
                     }
-                    embedded
-                        .release_unheld()
-                        .await
-                        .context("releasing messages of resumed tenants")?;
-                    (embedded.clone(), Staging::Embedded(embedded), None, None)
                 }
-                QueueBackend::Sqs => {
-                    let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
-                        .await
-                        .context("setting up the SQS lane queues")?
-                        .with_status_store(db.clone())
-                        .await?;
-                    let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
-                    let (outbox, tasks) = Outbox::start(
-                        db.clone(),
-                        queue.clone(),
-                        &settings.queue.sqs,
-                        shutdown_rx.clone(),
-                    )
+                embedded
+                    .release_unheld()
                     .await
-                    .context("starting the SQS outbox")?;
-                    background.push(tasks.sweeper);
-                    (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
-                }
-            };
-        let (writer, writer_task) = AcceptWriter::spawn(
-            &settings.sqlite_path(),
-            settings.storage.fsync,
-            db.turn.clone(),
-            staging,
-            settings.storage.max_group,
-        )?;
+                    .context("releasing messages of resumed tenants")?;
+                (embedded.clone(), Staging::Embedded(embedded), None, None)
+            }
+            QueueBackend::Sqs => {
+                let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
+                    .await
+                    .context("setting up the SQS lane queues")?
+                    .with_status_store(db.clone())
+                    .await?;
+                let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
+                let (outbox, tasks) = Outbox::start(
+                    db.clone(),
+                    queue.clone(),
+                    &settings.queue.sqs,
+                    shutdown_rx.clone(),
+                )
+                .await
+                .context("starting the SQS outbox")?;
+                background.push(tasks.sweeper);
+                (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+            }
+        };
+        let writer = AcceptWriter::new(store_writer.clone(), staging);
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
 
         // One synchronous sample so the first requests see real depths.
@@ -127,10 +129,7 @@ impl Application {
         )));
 
         let consumers = if settings.consumers.enabled {
-            let (status, status_done) = crate::store::status::StatusWriter::spawn(db.clone())?;
-            background.push(tokio::spawn(async move {
-                let _ = status_done.await;
-            }));
+            let status = crate::store::status::StatusWriter::new(store_writer.clone());
             let share = settings
                 .lanes
                 .fast
@@ -178,6 +177,7 @@ impl Application {
             state,
             shutdown,
             background,
+            store_writer,
             writer_task,
             consumers,
             outbox_task,
@@ -208,6 +208,7 @@ impl Application {
             state,
             shutdown,
             background,
+            store_writer,
             writer_task,
             consumers,
             outbox_task,
@@ -240,13 +241,14 @@ impl Application {
         for task in background {
             let _ = task.await;
         }
-        // The router (and with it the last handle to the writer) is gone, so
-        // the writer ends once it has committed everything it was given.
+        // Requests and consumers are done: the store writer commits what it
+        // holds and stops; anything later is refused, not lost silently.
+        store_writer.stop().await;
         if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, writer_task)
             .await
             .is_err()
         {
-            warn!("Accept writer did not finish in time.");
+            warn!("Store writer did not finish in time.");
         }
         if let Some(task) = outbox_task {
             if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, task)

@@ -84,14 +84,16 @@ async fn dead_letter(
     error: &str,
     counted: bool,
 ) {
-    if let Err(err) = messages::record_failure(
-        &context.delivery.db.write,
-        &message.message_id,
-        MessageStatus::DeadLettered,
-        error,
-        counted,
-    )
-    .await
+    if let Err(err) = context
+        .delivery
+        .status
+        .failure(
+            &message.message_id,
+            MessageStatus::DeadLettered,
+            error,
+            counted,
+        )
+        .await
     {
         warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering.");
     }
@@ -285,14 +287,16 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             retry_after,
             detail,
         }) => {
-            let _ = messages::record_failure(
-                &context.delivery.db.write,
-                &payload.id,
-                MessageStatus::Retrying,
-                &format!("throttled by provider: {detail}"),
-                false,
-            )
-            .await;
+            let _ = context
+                .delivery
+                .status
+                .failure(
+                    &payload.id,
+                    MessageStatus::Retrying,
+                    &format!("throttled by provider: {detail}"),
+                    false,
+                )
+                .await;
             let delay = retry_after.unwrap_or_else(|| {
                 backoff(
                     Duration::from_millis(retry.base_delay_ms),
@@ -303,15 +307,12 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             defer(context, &message, delay, "throttled").await;
         }
         Err(ProviderError::Transient(error)) => {
-            let attempts = messages::record_failure(
-                &context.delivery.db.write,
-                &payload.id,
-                MessageStatus::Retrying,
-                &error,
-                true,
-            )
-            .await
-            .unwrap_or(retry.max_attempts);
+            let attempts = context
+                .delivery
+                .status
+                .failure(&payload.id, MessageStatus::Retrying, &error, true)
+                .await
+                .unwrap_or(retry.max_attempts);
             if attempts >= retry.max_attempts {
                 let reason = format!("gave up after {attempts} attempts: {error}");
                 return dead_letter(context, &message, channel, &reason, false).await;

@@ -1,6 +1,21 @@
 //! The embedded queue: SQS semantics on a table of the SQLite file, so a
 //! single box needs no other server and a 202 survives `kill -9`.
 //!
+//! Every change to the table is a piece of work for the store's one writer
+//! ([`StoreWriter`]): inserts ride in the accept path's groups, and
+//! receives, deletes, deferrals and DLQ moves share groups with them, so one
+//! transaction carries the work of many messages.
+//!
+//! Leases live in memory. A receive writes nothing for a message received
+//! for the first time: which messages are in flight, and until when, is kept
+//! in [`Book::leases`], and visibility changes (heartbeats, giving messages
+//! back) only touch that map. A lease lost in a crash only makes its message
+//! visible again, which at-least-once delivery already allows. Receive
+//! counts are what must survive: a message received again (its lease ran
+//! out) has its count written in the receive's own transaction, so after a
+//! crash a message is received at most once more than `max_receive_count`
+//! before it moves to the DLQ (the one unwritten first receive).
+//!
 //! Fair dequeue: each entry gets a `fair_key`, a virtual finish time in the
 //! style of start-time fair queueing. A tenant's next key is one past the
 //! larger of its own last key and the key of the last message received from
@@ -11,12 +26,11 @@
 //!
 //! Priority first: each priority class keeps its own fair keys, and a
 //! receive reads the head of each class through the `(queue, priority,
-//! fair_key)` index (at most one batch of rows per class, whatever the
-//! depth), then fills its batch high before normal before low under the
-//! share rule of [`super::priority`]. A deferred message (retry backoff,
-//! tenant at its cap, tenant paused) takes a fresh key when it is put back,
-//! so it queues behind its tenant's other messages instead of keeping the
-//! front place it had.
+//! fair_key)` index, then fills its batch high before normal before low
+//! under the share rule of [`super::priority`]. A deferred message (retry
+//! backoff, tenant at its cap, tenant paused) takes a fresh key when it is
+//! put back, so it queues behind its tenant's other messages instead of
+//! keeping the front place it had.
 //!
 //! Held tenants cost nothing: a receive that meets a message of a paused or
 //! disabled tenant moves it to the lane's hold queue (`fast-held`,
@@ -24,21 +38,23 @@
 //! once, not received and put back every few seconds; releasing the tenant
 //! moves its held messages back with fresh fair keys, in their order.
 //!
+//! Statistics come from counters kept with the writes (rows per lane, DLQ
+//! and hold queues, delayed messages by due time, leases), plus one index
+//! probe for the oldest message: nothing scans the lane.
+//!
 //! Receipts are `seq:receive_count`: receiving a message again invalidates
 //! the receipt a slower consumer may still hold, as in SQS.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use rusqlite::OptionalExtension;
-use sqlx::{Connection, QueryBuilder, Sqlite};
-use tokio::sync::Notify;
+use rusqlite::{OptionalExtension, Transaction};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
-use tracing::warn;
 
 use super::priority::{CLASSES, PriorityShare};
 use super::{
@@ -47,6 +63,7 @@ use super::{
 use crate::config::LanesSettings;
 use crate::model::{Lane, Priority, now_ms};
 use crate::store::Db;
+use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
 /// Most messages per receive and per delete batch.
 const EMBEDDED_BATCH: usize = 50;
@@ -68,14 +85,84 @@ impl FairState {
     fn next_key(&mut self, tenant_id: &str) -> i64 {
         let last = self.last_key.get(tenant_id).copied().unwrap_or(i64::MIN);
         let key = last.max(self.virtual_now) + 1;
-        self.last_key.insert(tenant_id.to_owned(), key);
+        match self.last_key.get_mut(tenant_id) {
+            Some(slot) => *slot = key,
+            None => {
+                self.last_key.insert(tenant_id.to_owned(), key);
+            }
+        }
         key
     }
 }
 
+/// A received message's lease, with its true receive count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Lease {
+    /// Receives so far, the latest included. The row may hold one less: a
+    /// first receive is not written.
+    count: u32,
+    /// Not receivable again before this instant (ms).
+    until: i64,
+}
+
+/// What one lane keeps in memory beside its rows, changed with the writes
+/// that change the rows.
+#[derive(Debug, Default)]
+struct Book {
+    /// Messages received and not yet deleted, deferred or moved, by `seq`.
+    /// An entry outlives its lease (`until` passed) so the receive count
+    /// stays known until the message is received again.
+    leases: HashMap<i64, Lease>,
+    /// Rows in the lane: visible, delayed and in flight.
+    rows: u64,
+    /// Rows in the lane's DLQ.
+    dlq: u64,
+    /// Rows of held tenants set aside.
+    held: u64,
+    /// Rows written with a due time still to come, by due time (ms).
+    delayed: BTreeMap<i64, u64>,
+}
+
+impl Book {
+    fn add_delayed(&mut self, at: i64, now: i64) {
+        if at > now {
+            *self.delayed.entry(at).or_default() += 1;
+        }
+    }
+
+    /// Forgets due times that have passed; returns how many are to come.
+    fn delayed_now(&mut self, now: i64) -> u64 {
+        self.delayed = self.delayed.split_off(&(now + 1));
+        self.delayed.values().sum()
+    }
+
+    fn in_flight(&self, now: i64) -> usize {
+        self.leases
+            .values()
+            .filter(|lease| lease.until > now)
+            .count()
+    }
+
+    /// The next instant after `now` (ms) at which a message may become
+    /// receivable: a due time or a lease running out.
+    fn next_due(&self, now: i64) -> Option<i64> {
+        let delayed = self.delayed.range(now + 1..).next().map(|(at, _)| *at);
+        let lease = self
+            .leases
+            .values()
+            .map(|lease| lease.until)
+            .filter(|until| *until > now)
+            .min();
+        match (delayed, lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// Per-lane state kept in memory beside the table.
-#[derive(Debug)]
 struct LaneState {
+    lane: Lane,
     /// Fair-queueing state of each priority class, by rank.
     fair: Mutex<[FairState; CLASSES]>,
     /// Which classes the next receive serves.
@@ -83,24 +170,37 @@ struct LaneState {
     /// Woken after every commit that makes messages receivable.
     arrivals: Notify,
     deleted: AtomicU64,
+    book: Mutex<Book>,
+    /// Receives after which a message moves to the DLQ.
+    max_receives: u32,
+    visibility_ms: i64,
 }
+
+impl LaneState {
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fair(&self) -> MutexGuard<'_, [FairState; CLASSES]> {
+        self.fair.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Tenants whose messages are set aside (paused or disabled).
+type HeldTenants = Arc<RwLock<HashSet<String>>>;
 
 pub struct EmbeddedQueue {
     db: Db,
-    lanes: LanesSettings,
-    /// Tenants whose messages are set aside (paused or disabled).
-    held: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
+    /// Every change to the queue table goes through it.
+    writer: StoreWriter,
+    held: HeldTenants,
     fast: Arc<LaneState>,
     slow: Arc<LaneState>,
-    /// The connection of the hot path (receives and deletes): rusqlite with
-    /// cached statements, used on a blocking thread while holding the write
-    /// turn, so no SQL is parsed per receive and the turn is held only for
-    /// the writes themselves.
-    hot: Arc<std::sync::Mutex<rusqlite::Connection>>,
 }
 
-/// The columns every queue insert writes, in binding order.
-const INSERT_INTO: &str = "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) ";
+/// One queue row, every column bound in order.
+const INSERT_ROW: &str = "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9)";
 
 fn queue_name(lane: Lane) -> &'static str {
     lane.as_str()
@@ -120,35 +220,84 @@ fn dlq_name(lane: Lane) -> &'static str {
     }
 }
 
-fn parse_receipt(receipt: &str) -> Option<(i64, i64)> {
+fn parse_receipt(receipt: &str) -> Option<(i64, u32)> {
     let (seq, count) = receipt.split_once(':')?;
     Some((seq.parse().ok()?, count.parse().ok()?))
 }
 
-type QueueRow = (i64, String, String, String, String, String, i64, i64, i64);
+/// What an insert put on a lane, for the lane's book once committed.
+#[derive(Debug, Default)]
+pub struct Inserted {
+    count: [u64; 2],
+    /// Due times (ms) of delayed messages, by lane.
+    delayed: [Vec<i64>; 2],
+}
+
+fn lane_index(lane: Lane) -> usize {
+    match lane {
+        Lane::Fast => 0,
+        Lane::Slow => 1,
+    }
+}
 
 impl EmbeddedQueue {
-    /// Opens the queue tables of `db` and rebuilds the fair-queueing state
-    /// from what is stored.
-    pub async fn open(db: Db, lanes: LanesSettings) -> anyhow::Result<Self> {
-        let lane_state = |lane: Lane| LaneState {
-            fair: Mutex::default(),
-            share: PriorityShare::new(lanes.get(lane).low_priority_share),
-            arrivals: Notify::new(),
-            deleted: AtomicU64::new(0),
+    /// Opens the queue tables of `db`, whose changes go through `writer`,
+    /// and rebuilds the fair-queueing state and the counters from what is
+    /// stored (the one time the table is scanned).
+    pub async fn open(db: Db, lanes: LanesSettings, writer: StoreWriter) -> anyhow::Result<Self> {
+        let lane_state = |lane: Lane| {
+            let settings = lanes.get(lane);
+            Arc::new(LaneState {
+                lane,
+                fair: Mutex::default(),
+                share: PriorityShare::new(settings.low_priority_share),
+                arrivals: Notify::new(),
+                deleted: AtomicU64::new(0),
+                book: Mutex::default(),
+                max_receives: settings.max_receive_count,
+                visibility_ms: (settings.visibility_timeout_secs * 1000) as i64,
+            })
         };
         let queue = EmbeddedQueue {
-            fast: Arc::new(lane_state(Lane::Fast)),
-            slow: Arc::new(lane_state(Lane::Slow)),
-            hot: Arc::new(std::sync::Mutex::new(
-                crate::accept::open_connection(&db.path, db.fsync)
-                    .with_context(|| format!("opening {} for the queue", db.path.display()))?,
-            )),
+            fast: lane_state(Lane::Fast),
+            slow: lane_state(Lane::Slow),
             db,
-            lanes,
-            held: Default::default(),
+            writer,
+            held: HeldTenants::default(),
         };
+        let now = now_ms();
+        let counts: Vec<(String, i64)> =
+            sqlx::query_as("SELECT queue, COUNT(*) FROM queue_messages GROUP BY queue")
+                .fetch_all(&queue.db.write)
+                .await
+                .context("counting embedded queue rows")?;
+        let delayed: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT queue, visible_at, COUNT(*) FROM queue_messages WHERE visible_at > ? GROUP BY queue, visible_at",
+        )
+        .bind(now)
+        .fetch_all(&queue.db.write)
+        .await
+        .context("loading delayed embedded queue rows")?;
         for lane in Lane::ALL {
+            let state = queue.state(*lane);
+            {
+                let mut book = state.book();
+                for (name, count) in &counts {
+                    let count = *count as u64;
+                    if name == queue_name(*lane) {
+                        book.rows = count;
+                    } else if name == dlq_name(*lane) {
+                        book.dlq = count;
+                    } else if name == held_name(*lane) {
+                        book.held = count;
+                    }
+                }
+                for (name, at, count) in &delayed {
+                    if name == queue_name(*lane) {
+                        *book.delayed.entry(*at).or_default() += *count as u64;
+                    }
+                }
+            }
             for priority in Priority::ALL {
                 let rows: Vec<(String, i64)> = sqlx::query_as(
                     "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ? AND priority = ? GROUP BY tenant_id",
@@ -165,7 +314,7 @@ impl EmbeddedQueue {
                 .bind(priority.as_str())
                 .fetch_one(&queue.db.write)
                 .await?;
-                let mut fair = queue.state(*lane).fair.lock().expect("fair state lock");
+                let mut fair = state.fair();
                 let class = &mut fair[priority.rank()];
                 class.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
                 class.last_key = rows.into_iter().collect();
@@ -181,33 +330,26 @@ impl EmbeddedQueue {
         }
     }
 
-    /// Fair keys for `messages`, in order, as they join `lane`.
-    fn fair_keys(&self, lane: Lane, messages: &[&OutboundMessage]) -> Vec<i64> {
-        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-        messages
-            .iter()
-            .map(|m| fair[m.priority.rank()].next_key(&m.tenant_id))
-            .collect()
-    }
-
-    /// Puts `messages` on `lane` within the accept writer's transaction
-    /// (status rows and queue entries commit together); call
-    /// [`EmbeddedQueue::notify_arrivals`] after the commit.
+    /// Puts `messages` on `lane` within a writer transaction (the accept
+    /// path's: status rows and queue entries commit together), noting in
+    /// `inserted` what to book; call [`EmbeddedQueue::inserted`] with it
+    /// once committed.
     pub fn insert_rows(
         &self,
-        tx: &rusqlite::Transaction,
+        tx: &Transaction,
         lane: Lane,
         messages: &[&OutboundMessage],
+        inserted: &mut Inserted,
     ) -> rusqlite::Result<()> {
         if messages.is_empty() {
             return Ok(());
         }
         let now = now_ms();
-        let keys = self.fair_keys(lane, messages);
-        let mut insert = tx.prepare_cached(&format!(
-            "{INSERT_INTO} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9)"
-        ))?;
-        for (message, key) in messages.iter().zip(keys) {
+        let mut insert = tx.prepare_cached(INSERT_ROW)?;
+        let state = self.state(lane);
+        for message in messages {
+            let key = state.fair()[message.priority.rank()].next_key(&message.tenant_id);
+            let visible_at = now + message.delay.as_millis() as i64;
             insert.execute(rusqlite::params![
                 queue_name(lane),
                 message.message_id,
@@ -216,149 +358,82 @@ impl EmbeddedQueue {
                 message.priority.as_str(),
                 message.body,
                 key,
-                now + message.delay.as_millis() as i64,
+                visible_at,
                 now,
             ])?;
+            inserted.count[lane_index(lane)] += 1;
+            if visible_at > now {
+                inserted.delayed[lane_index(lane)].push(visible_at);
+            }
         }
         Ok(())
     }
 
-    /// Appends `INSERT` statements (each ending in `;`) putting `messages`
-    /// on `lane` to a multi-statement query; call
-    /// [`EmbeddedQueue::notify_arrivals`] after it committed.
-    pub fn push_insert(
-        &self,
-        builder: &mut QueryBuilder<Sqlite>,
-        lane: Lane,
-        messages: &[&OutboundMessage],
-    ) {
-        if messages.is_empty() {
-            return;
-        }
+    /// Books committed inserts and wakes the lanes' long-polling receivers.
+    pub fn inserted(&self, inserted: &Inserted) {
         let now = now_ms();
-        let keys = self.fair_keys(lane, messages);
-        for (chunk, keys) in messages.chunks(3000).zip(keys.chunks(3000)) {
-            builder.push(INSERT_INTO);
-            builder.push_values(chunk.iter().zip(keys), |mut row, (message, key)| {
-                row.push_bind(queue_name(lane))
-                    .push_bind(message.message_id.clone())
-                    .push_bind(message.tenant_id.clone())
-                    .push_bind(message.channel.as_str())
-                    .push_bind(message.priority.as_str())
-                    .push_bind(message.body.clone())
-                    .push_bind(*key)
-                    .push_bind(now + message.delay.as_millis() as i64)
-                    .push_bind(0i64)
-                    .push_bind(now);
-            });
-            builder.push(";\n");
-        }
-    }
-
-    /// Wakes long-polling receivers of `lane`.
-    pub fn notify_arrivals(&self, lane: Lane) {
-        self.state(lane).arrivals.notify_waiters();
-    }
-
-    /// One non-waiting receive: takes up to `max` visible messages, high
-    /// priority first under the share rule and by fair key within a class,
-    /// moving any that were received `max_receive_count` times to the DLQ
-    /// and setting aside those of held tenants. Runs on a blocking thread
-    /// with the hot connection while holding the write turn.
-    async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
-        let settings = self.lanes.get(lane);
-        let limits = (
-            settings.max_receive_count as i64,
-            (settings.visibility_timeout_secs * 1000) as i64,
-        );
-        let turn = self.db.write_turn().await;
-        let (hot, state, held) = (
-            self.hot.clone(),
-            self.state(lane).clone(),
-            self.held.clone(),
-        );
-        // If this future is dropped while the thread works (a consumer
-        // shutting down mid-poll), the thread gives what it leased back at
-        // once instead of leaving it invisible for a visibility timeout.
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let mut conn = hot.lock().unwrap_or_else(|e| e.into_inner());
-            let got = {
-                let held = held.read().expect("held lock");
-                receive_rows(&mut conn, lane, max, &state, &held, limits)
-            };
-            if let Err(Ok(unwanted)) = answer.send(got) {
-                match unlease_rows(&mut conn, &unwanted) {
-                    Ok(()) => state.arrivals.notify_waiters(),
-                    Err(err) => {
-                        warn!(lane = %lane, error = %err, "Could not give back an abandoned receive; its messages return after their visibility timeout.")
-                    }
+        for lane in Lane::ALL {
+            let index = lane_index(*lane);
+            if inserted.count[index] == 0 {
+                continue;
+            }
+            let state = self.state(*lane);
+            {
+                let mut book = state.book();
+                book.rows += inserted.count[index];
+                for at in &inserted.delayed[index] {
+                    book.add_delayed(*at, now);
                 }
             }
-        });
-        answered.await.context("the receive thread failed")?
+            state.arrivals.notify_waiters();
+        }
+    }
+
+    /// One non-waiting receive through the writer.
+    async fn receive_now(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .submit(Box::new(ReceiveWork {
+                state: self.state(lane).clone(),
+                held: self.held.clone(),
+                max,
+                out: Vec::new(),
+                taken: Vec::new(),
+                moved: Vec::new(),
+                highest: [None; CLASSES],
+                reply: Some(reply),
+            }))
+            .await;
+        answer.await.context("the store writer dropped a receive")?
+    }
+
+    /// Runs `work` in the writer and waits for its answer.
+    async fn through_writer<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(oneshot::Sender<anyhow::Result<T>>) -> Box<dyn Work>,
+    ) -> anyhow::Result<T> {
+        let (reply, answer) = oneshot::channel();
+        self.writer.submit(work(reply)).await;
+        answer
+            .await
+            .context("the store writer dropped a piece of work")?
     }
 
     /// Moves `tenant_id`'s set-aside messages of `lane` back into the lane:
     /// per priority class, in their original order, with fair keys that
     /// start where the tenant would start now.
     async fn release_held(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<()> {
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let counts: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT priority, COUNT(*) FROM queue_messages WHERE queue = ? AND tenant_id = ? GROUP BY priority",
-        )
-        .bind(held_name(lane))
-        .bind(tenant_id)
-        .fetch_all(&mut *tx)
-        .await?;
-        if counts.is_empty() {
-            return Ok(());
-        }
-        // Each class's keys run from the tenant's next key on; the fair
-        // state is advanced past them only once the move has committed.
-        let mut bases = [0i64; CLASSES];
-        let mut lasts = Vec::new();
-        {
-            let fair = self.state(lane).fair.lock().expect("fair state lock");
-            for (priority, count) in &counts {
-                let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
-                let class = &fair[rank];
-                let last = class.last_key.get(tenant_id).copied().unwrap_or(i64::MIN);
-                bases[rank] = last.max(class.virtual_now);
-                lasts.push((rank, bases[rank] + count));
-            }
-        }
-        sqlx::query(
-            "UPDATE queue_messages SET queue = ?1, visible_at = MIN(visible_at, ?2), \
-               fair_key = CASE queue_messages.priority WHEN 'high' THEN ?3 WHEN 'normal' THEN ?4 ELSE ?5 END + ordered.place \
-             FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY priority ORDER BY seq) AS place \
-                   FROM queue_messages WHERE queue = ?6 AND tenant_id = ?7) AS ordered \
-             WHERE queue_messages.seq = ordered.seq",
-        )
-        .bind(queue_name(lane))
-        .bind(now_ms())
-        .bind(bases[Priority::High.rank()])
-        .bind(bases[Priority::Normal.rank()])
-        .bind(bases[Priority::Low.rank()])
-        .bind(held_name(lane))
-        .bind(tenant_id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let mut fair = self.state(lane).fair.lock().expect("fair state lock");
-        for (rank, last) in lasts {
-            let key = fair[rank]
-                .last_key
-                .entry(tenant_id.to_owned())
-                .or_insert(last);
-            *key = (*key).max(last);
-        }
-        drop(fair);
-        self.notify_arrivals(lane);
-        Ok(())
+        let state = self.state(lane).clone();
+        self.through_writer(|reply| {
+            Box::new(ReleaseWork {
+                state,
+                tenant_id: tenant_id.to_owned(),
+                moved: 0,
+                lasts: Vec::new(),
+                reply: Some(reply),
+            })
+        })
+        .await
     }
 
     /// Releases every set-aside message whose tenant is no longer held (a
@@ -378,118 +453,160 @@ impl EmbeddedQueue {
         }
         Ok(())
     }
+}
 
-    /// Earliest future instant (ms) at which a message of `lane` becomes visible.
-    async fn next_visible_at(&self, lane: Lane) -> anyhow::Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT MIN(visible_at) FROM queue_messages WHERE queue = ? AND visible_at > ?",
-        )
-        .bind(queue_name(lane))
-        .bind(now_ms())
-        .fetch_one(&self.db.read)
-        .await?)
+/// Answers a waiting caller; `Err` only when the caller has gone away.
+type Reply<T> = Option<oneshot::Sender<anyhow::Result<T>>>;
+
+fn answer<T>(reply: &mut Reply<T>, value: anyhow::Result<T>) -> Result<(), anyhow::Result<T>> {
+    match reply.take() {
+        Some(reply) => reply.send(value),
+        None => Ok(()),
     }
 }
 
-/// The receive itself, in one transaction on `conn` (see
-/// [`EmbeddedQueue::receive_now`]). `limits` is `(max_receive_count,
-/// visibility in ms)`.
-fn receive_rows(
-    conn: &mut rusqlite::Connection,
-    lane: Lane,
+fn failed<T>(reply: &mut Reply<T>, failure: WriteFailed) {
+    let _ = answer(reply, Err(anyhow::Error::new(failure)));
+}
+
+/// A candidate row at the head of a class: `(seq, tenant, receives so far)`.
+type Head = (i64, String, u32);
+
+/// What a receive moved out of the lane, for the book.
+enum Moved {
+    Dlq(i64),
+    Held(i64),
+}
+
+/// One receive: takes up to `max` visible messages, high priority first
+/// under the share rule and by fair key within a class, moving any that
+/// were received `max_receive_count` times to the DLQ and setting aside
+/// those of held tenants. Leases are taken in the book as the rows are
+/// chosen (so a receive later in the same group skips them) and given back
+/// if the group rolls back.
+struct ReceiveWork {
+    state: Arc<LaneState>,
+    held: HeldTenants,
     max: usize,
-    state: &LaneState,
-    held: &std::collections::HashSet<String>,
-    (max_receives, visibility_ms): (i64, i64),
-) -> anyhow::Result<Vec<ReceivedMessage>> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let now = now_ms();
-    let mut out = Vec::new();
-    let mut highest_key: [Option<i64>; CLASSES] = [None; CLASSES];
-    {
+    out: Vec<ReceivedMessage>,
+    /// Leases taken, with what the book held before.
+    taken: Vec<(i64, Option<Lease>)>,
+    moved: Vec<Moved>,
+    /// Largest fair key handed out per class: the class's clock after it.
+    highest: [Option<i64>; CLASSES],
+    reply: Reply<Vec<ReceivedMessage>>,
+}
+
+impl Work for ReceiveWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        let lane = self.state.lane;
+        let now = now_ms();
+        let max_receives = self.state.max_receives;
         let mut heads_of = tx.prepare_cached(
-            "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
-             FROM queue_messages INDEXED BY queue_messages_class \
+            "SELECT seq, tenant_id, receive_count FROM queue_messages INDEXED BY queue_messages_class \
              WHERE queue = ?1 AND priority = ?2 AND visible_at <= ?3 ORDER BY fair_key, seq LIMIT ?4",
         )?;
-        let mut status_of = tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?;
-        let mut lease = tx.prepare_cached(
-            "UPDATE queue_messages SET receive_count = receive_count + 1, visible_at = ?1 WHERE seq = ?2",
+        let mut row_of = tx.prepare_cached(
+            "SELECT message_id, channel, body, enqueued_at, fair_key FROM queue_messages WHERE seq = ?1",
         )?;
-        let mut set_aside =
-            tx.prepare_cached("UPDATE queue_messages SET queue = ?1 WHERE seq = ?2")?;
+        let mut status_of = tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?;
+        let mut count_receive =
+            tx.prepare_cached("UPDATE queue_messages SET receive_count = ?1 WHERE seq = ?2")?;
+        let mut set_aside = tx.prepare_cached(
+            "UPDATE queue_messages SET queue = ?1, receive_count = MAX(receive_count, ?2) WHERE seq = ?3",
+        )?;
         let mut to_dlq = tx.prepare_cached(
-            "UPDATE queue_messages SET queue = ?1, visible_at = ?2, last_error = COALESCE(last_error, \
-             'received max_receive_count times without being deleted') WHERE seq = ?3",
+            "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = MAX(receive_count, ?3), \
+             last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?4",
         )?;
         let mut mark_dead = tx.prepare_cached(
             "UPDATE messages SET status = 'dead_lettered', updated_at = ?1, \
              last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?2), last_error) \
              WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?2) AND status <> 'sent'",
         )?;
-        while out.len() < max {
-            let want = max - out.len();
-            let mut heads: [Vec<QueueRow>; CLASSES] = Default::default();
+        let mut book = self.state.book();
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        while self.out.len() < self.max {
+            let want = self.max - self.out.len();
+            // Rows in flight sit among the heads; read past them.
+            let limit = want + book.in_flight(now);
+            let mut heads: [Vec<Head>; CLASSES] = Default::default();
             let mut moved = 0;
             for priority in Priority::ALL {
                 let rows = heads_of
                     .query_map(
-                        rusqlite::params![queue_name(lane), priority.as_str(), now, want as i64],
-                        |row| {
-                            Ok((
-                                row.get(0)?,
-                                row.get(1)?,
-                                row.get(2)?,
-                                row.get(3)?,
-                                row.get(4)?,
-                                row.get(5)?,
-                                row.get(6)?,
-                                row.get(7)?,
-                                row.get(8)?,
-                            ))
-                        },
+                        rusqlite::params![queue_name(lane), priority.as_str(), now, limit as i64],
+                        |row| Ok((row.get(0)?, row.get(1)?, row.get::<_, i64>(2)?)),
                     )?
-                    .collect::<rusqlite::Result<Vec<QueueRow>>>()?;
-                for row in rows {
-                    if row.6 >= max_receives {
-                        to_dlq.execute(rusqlite::params![dlq_name(lane), now, row.0])?;
-                        mark_dead.execute(rusqlite::params![now, row.0])?;
+                    .collect::<rusqlite::Result<Vec<(i64, String, i64)>>>()?;
+                for (seq, tenant_id, stored) in rows {
+                    let lease = book.leases.get(&seq).copied();
+                    if lease.is_some_and(|lease| lease.until > now) {
+                        continue;
+                    }
+                    let prior = lease.map_or(0, |l| l.count).max(stored.max(0) as u32);
+                    if prior >= max_receives {
+                        to_dlq.execute(rusqlite::params![dlq_name(lane), now, prior, seq])?;
+                        mark_dead.execute(rusqlite::params![now, seq])?;
+                        self.moved.push(Moved::Dlq(seq));
                         moved += 1;
-                    } else if held.contains(&row.2) {
-                        set_aside.execute(rusqlite::params![held_name(lane), row.0])?;
+                    } else if held.contains(&tenant_id) {
+                        set_aside.execute(rusqlite::params![held_name(lane), prior, seq])?;
+                        self.moved.push(Moved::Held(seq));
                         moved += 1;
-                    } else {
-                        heads[priority.rank()].push(row);
+                    } else if heads[priority.rank()].len() < want {
+                        heads[priority.rank()].push((seq, tenant_id, prior));
                     }
                 }
             }
-            let split = state
+            let split = self
+                .state
                 .share
                 .split(std::array::from_fn(|rank| heads[rank].len()), want);
-            for (seq, message_id, tenant_id, channel, priority, body, count, enqueued_at, key) in
-                heads
-                    .into_iter()
-                    .zip(split)
-                    .flat_map(|(rows, count)| rows.into_iter().take(count))
-            {
-                lease.execute(rusqlite::params![now + visibility_ms, seq])?;
-                let status: Option<String> = status_of
-                    .query_row([&message_id], |row| row.get(0))
-                    .optional()?;
-                let priority: Priority = priority.parse().map_err(anyhow::Error::msg)?;
-                let highest = &mut highest_key[priority.rank()];
-                *highest = (*highest).max(Some(key));
-                out.push(ReceivedMessage {
-                    receipt: format!("{seq}:{}", count + 1),
-                    message_id,
-                    tenant_id,
-                    channel: channel.parse().map_err(anyhow::Error::msg)?,
-                    priority,
-                    body,
-                    receive_count: (count + 1) as u32,
-                    enqueued_at_ms: enqueued_at,
-                    status_at_receive: status.and_then(|word| word.parse().ok()),
-                });
+            for (rank, (rows, take)) in heads.into_iter().zip(split).enumerate() {
+                for (seq, tenant_id, prior) in rows.into_iter().take(take) {
+                    let count = prior + 1;
+                    // A first receive is not written; any later one is, so
+                    // a crash forgets at most one receive.
+                    if count >= 2 {
+                        count_receive.execute(rusqlite::params![count, seq])?;
+                    }
+                    let (message_id, channel, body, enqueued_at, key): (
+                        String,
+                        String,
+                        String,
+                        i64,
+                        i64,
+                    ) = row_of.query_row([seq], |row| {
+                        Ok((
+                            row.get(0)?,
+                            row.get(1)?,
+                            row.get(2)?,
+                            row.get(3)?,
+                            row.get(4)?,
+                        ))
+                    })?;
+                    let status: Option<String> = status_of
+                        .query_row([&message_id], |row| row.get(0))
+                        .optional()?;
+                    let lease = Lease {
+                        count,
+                        until: now + self.state.visibility_ms,
+                    };
+                    self.taken.push((seq, book.leases.insert(seq, lease)));
+                    self.highest[rank] = self.highest[rank].max(Some(key));
+                    self.out.push(ReceivedMessage {
+                        receipt: format!("{seq}:{count}"),
+                        message_id,
+                        tenant_id,
+                        channel: channel.parse().map_err(anyhow::Error::msg)?,
+                        priority: Priority::ALL[rank],
+                        body,
+                        receive_count: count,
+                        enqueued_at_ms: enqueued_at,
+                        status_at_receive: status.and_then(|word| word.parse().ok()),
+                    });
+                }
             }
             // Rows moved to the DLQ or set aside left room: look again.
             // Otherwise the classes had no more than what was taken.
@@ -497,68 +614,463 @@ fn receive_rows(
                 break;
             }
         }
+        Ok(())
     }
-    tx.commit()?;
-    let mut fair = state.fair.lock().expect("fair state lock");
-    for (class, key) in fair.iter_mut().zip(highest_key) {
-        if let Some(key) = key {
-            class.virtual_now = class.virtual_now.max(key);
-        }
-    }
-    Ok(out)
-}
 
-/// Makes received messages visible again at once, as if they had not been
-/// received (their receive count goes back down).
-fn unlease_rows(
-    conn: &mut rusqlite::Connection,
-    messages: &[ReceivedMessage],
-) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    {
-        let mut unlease = tx.prepare_cached(
-            "UPDATE queue_messages SET visible_at = ?1, receive_count = receive_count - 1 \
-             WHERE seq = ?2 AND receive_count = ?3",
-        )?;
-        let now = now_ms();
-        for message in messages {
-            if let Some((seq, count)) = parse_receipt(&message.receipt) {
-                unlease.execute(rusqlite::params![now, seq, count])?;
+    fn rolled_back(&mut self) {
+        let mut book = self.state.book();
+        for (seq, before) in self.taken.drain(..).rev() {
+            match before {
+                Some(lease) => book.leases.insert(seq, lease),
+                None => book.leases.remove(&seq),
+            };
+        }
+        self.out.clear();
+        self.moved.clear();
+        self.highest = [None; CLASSES];
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        {
+            let mut book = self.state.book();
+            for moved in &self.moved {
+                match moved {
+                    Moved::Dlq(seq) => {
+                        book.leases.remove(seq);
+                        book.rows = book.rows.saturating_sub(1);
+                        book.dlq += 1;
+                    }
+                    Moved::Held(seq) => {
+                        book.leases.remove(seq);
+                        book.rows = book.rows.saturating_sub(1);
+                        book.held += 1;
+                    }
+                }
             }
         }
+        // Each class's clock moves to the largest key handed out.
+        {
+            let mut fair = self.state.fair();
+            for (class, key) in fair.iter_mut().zip(self.highest) {
+                if let Some(key) = key {
+                    class.virtual_now = class.virtual_now.max(key);
+                }
+            }
+        }
+        let out = std::mem::take(&mut self.out);
+        if let Err(Ok(unwanted)) = answer(&mut self.reply, Ok(out)) {
+            // The receiver went away (a consumer shutting down mid-poll):
+            // give the leases back at once instead of after a timeout.
+            let mut book = self.state.book();
+            for message in &unwanted {
+                if let Some((seq, count)) = parse_receipt(&message.receipt)
+                    && let Some(lease) = book.leases.get_mut(&seq)
+                    && lease.count == count
+                {
+                    lease.count -= 1;
+                    lease.until = 0;
+                    if lease.count == 0 {
+                        book.leases.remove(&seq);
+                    }
+                }
+            }
+            drop(book);
+            self.state.arrivals.notify_waiters();
+        }
     }
-    tx.commit()
 }
 
-/// Deletes received messages in one transaction on `conn`; one result per
-/// receipt, and how many were deleted.
-fn delete_rows(
-    conn: &mut rusqlite::Connection,
-    lane: Lane,
-    receipts: &[String],
-) -> rusqlite::Result<(Vec<EntryResult>, u64)> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let mut results = Vec::with_capacity(receipts.len());
-    let mut deleted = 0;
-    {
-        let mut delete = tx.prepare_cached(
-            "DELETE FROM queue_messages WHERE seq = ?1 AND queue = ?2 AND receive_count = ?3",
-        )?;
-        for receipt in receipts {
+/// Deletes received messages; one result per receipt.
+struct DeleteWork {
+    state: Arc<LaneState>,
+    receipts: Vec<String>,
+    results: Vec<EntryResult>,
+    deleted: Vec<i64>,
+    reply: Reply<Vec<EntryResult>>,
+}
+
+impl Work for DeleteWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        let lane = self.state.lane;
+        let mut delete =
+            tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1 AND queue = ?2")?;
+        let book = self.state.book();
+        for receipt in &self.receipts {
             let Some((seq, count)) = parse_receipt(receipt) else {
-                results.push(Err(format!("receipt {receipt:?} is malformed")));
+                self.results
+                    .push(Err(format!("receipt {receipt:?} is malformed")));
                 continue;
             };
-            if delete.execute(rusqlite::params![seq, queue_name(lane), count])? == 1 {
-                deleted += 1;
-                results.push(Ok(()));
+            let current = book.leases.get(&seq).is_some_and(|l| l.count == count);
+            if current && delete.execute(rusqlite::params![seq, queue_name(lane)])? == 1 {
+                self.deleted.push(seq);
+                self.results.push(Ok(()));
             } else {
-                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
+                self.results
+                    .push(Err(format!("receipt {receipt:?} is no longer valid")));
             }
         }
+        Ok(())
     }
-    tx.commit()?;
-    Ok((results, deleted))
+
+    fn rolled_back(&mut self) {
+        self.results.clear();
+        self.deleted.clear();
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        {
+            let mut book = self.state.book();
+            for seq in &self.deleted {
+                book.leases.remove(seq);
+            }
+            book.rows = book.rows.saturating_sub(self.deleted.len() as u64);
+        }
+        self.state
+            .deleted
+            .fetch_add(self.deleted.len() as u64, Ordering::Relaxed);
+        let results = std::mem::take(&mut self.results);
+        let _ = answer(&mut self.reply, Ok(results));
+    }
+}
+
+/// What a received message is turned into by [`MoveWork`].
+#[derive(Debug, Clone, Copy)]
+enum Destination {
+    /// Back into the lane after `delay`, with a fresh fair key, the receive
+    /// not counted.
+    Deferred { delay: Duration },
+    /// Into the lane's DLQ.
+    DeadLettered,
+}
+
+/// Moves one received message: a deferral or a move to the DLQ.
+struct MoveWork {
+    state: Arc<LaneState>,
+    receipt: String,
+    tenant_id: String,
+    priority: Priority,
+    to: Destination,
+    /// When the deferred message is due (ms), once applied.
+    due: Option<i64>,
+    reply: Reply<()>,
+}
+
+impl Work for MoveWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        let lane = self.state.lane;
+        let receipt = self.receipt.as_str();
+        let (seq, count) =
+            parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
+        let current = self
+            .state
+            .book()
+            .leases
+            .get(&seq)
+            .is_some_and(|l| l.count == count);
+        let now = now_ms();
+        let done = current
+            && match self.to {
+                Destination::Deferred { delay } => {
+                    // A fresh fair key: the message queues behind its
+                    // tenant's others. The receive is not counted.
+                    let key = self.state.fair()[self.priority.rank()].next_key(&self.tenant_id);
+                    let due = now + delay.as_millis() as i64;
+                    self.due = Some(due);
+                    tx.prepare_cached(
+                        "UPDATE queue_messages SET visible_at = ?1, fair_key = ?2, receive_count = ?3 \
+                         WHERE seq = ?4 AND queue = ?5",
+                    )?
+                    .execute(rusqlite::params![
+                        due,
+                        key,
+                        count.saturating_sub(1),
+                        seq,
+                        queue_name(lane)
+                    ])? == 1
+                }
+                Destination::DeadLettered => {
+                    tx.prepare_cached(
+                        "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = ?3 \
+                         WHERE seq = ?4 AND queue = ?5",
+                    )?
+                    .execute(rusqlite::params![
+                        dlq_name(lane),
+                        now,
+                        count,
+                        seq,
+                        queue_name(lane)
+                    ])? == 1
+                }
+            };
+        if !done {
+            // Not a failure of the group: only this receipt is stale.
+            self.due = None;
+            let _ = answer(
+                &mut self.reply,
+                Err(anyhow::anyhow!("receipt {receipt:?} is no longer valid")),
+            );
+        }
+        Ok(())
+    }
+
+    fn rolled_back(&mut self) {
+        self.due = None;
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        if self.reply.is_none() {
+            return; // answered as stale in apply
+        }
+        let Some((seq, _)) = parse_receipt(&self.receipt) else {
+            return;
+        };
+        let now = now_ms();
+        let mut book = self.state.book();
+        book.leases.remove(&seq);
+        match self.to {
+            Destination::Deferred { .. } => {
+                if let Some(due) = self.due {
+                    book.add_delayed(due, now);
+                    if due <= now {
+                        drop(book);
+                        self.state.arrivals.notify_waiters();
+                    }
+                }
+            }
+            Destination::DeadLettered => {
+                book.rows = book.rows.saturating_sub(1);
+                book.dlq += 1;
+            }
+        }
+        let _ = answer(&mut self.reply, Ok(()));
+    }
+}
+
+/// Puts messages on a lane outside the accept path.
+struct InsertWork {
+    queue_state: Arc<LaneState>,
+    messages: Vec<OutboundMessage>,
+    inserted: Inserted,
+    reply: Reply<usize>,
+}
+
+impl Work for InsertWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        self.inserted = Inserted::default();
+        let lane = self.queue_state.lane;
+        let now = now_ms();
+        let mut insert = tx.prepare_cached(INSERT_ROW)?;
+        for message in &self.messages {
+            let key = self.queue_state.fair()[message.priority.rank()].next_key(&message.tenant_id);
+            let visible_at = now + message.delay.as_millis() as i64;
+            insert.execute(rusqlite::params![
+                queue_name(lane),
+                message.message_id,
+                message.tenant_id,
+                message.channel.as_str(),
+                message.priority.as_str(),
+                message.body,
+                key,
+                visible_at,
+                now,
+            ])?;
+            self.inserted.count[lane_index(lane)] += 1;
+            if visible_at > now {
+                self.inserted.delayed[lane_index(lane)].push(visible_at);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        let lane = self.queue_state.lane;
+        let now = now_ms();
+        {
+            let mut book = self.queue_state.book();
+            book.rows += self.inserted.count[lane_index(lane)];
+            for at in &self.inserted.delayed[lane_index(lane)] {
+                book.add_delayed(*at, now);
+            }
+        }
+        self.queue_state.arrivals.notify_waiters();
+        let _ = answer(&mut self.reply, Ok(self.messages.len()));
+    }
+}
+
+/// Moves a released tenant's set-aside messages back into the lane.
+struct ReleaseWork {
+    state: Arc<LaneState>,
+    tenant_id: String,
+    moved: u64,
+    /// The tenant's last fair key per class after the move.
+    lasts: Vec<(usize, i64)>,
+    reply: Reply<()>,
+}
+
+impl Work for ReleaseWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        let lane = self.state.lane;
+        self.lasts.clear();
+        self.moved = 0;
+        let counts: Vec<(String, i64)> = tx
+            .prepare_cached(
+                "SELECT priority, COUNT(*) FROM queue_messages WHERE queue = ?1 AND tenant_id = ?2 GROUP BY priority",
+            )?
+            .query_map(rusqlite::params![held_name(lane), self.tenant_id], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        if counts.is_empty() {
+            return Ok(());
+        }
+        // Each class's keys run from the tenant's next key on; the fair
+        // state is advanced past them only once the move has committed.
+        let mut bases = [0i64; CLASSES];
+        {
+            let fair = self.state.fair();
+            for (priority, count) in &counts {
+                let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
+                let class = &fair[rank];
+                let last = class
+                    .last_key
+                    .get(&self.tenant_id)
+                    .copied()
+                    .unwrap_or(i64::MIN);
+                bases[rank] = last.max(class.virtual_now);
+                self.lasts.push((rank, bases[rank] + count));
+            }
+        }
+        self.moved = tx
+            .prepare_cached(
+                "UPDATE queue_messages SET queue = ?1, visible_at = MIN(visible_at, ?2), \
+                   fair_key = CASE queue_messages.priority WHEN 'high' THEN ?3 WHEN 'normal' THEN ?4 ELSE ?5 END + ordered.place \
+                 FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY priority ORDER BY seq) AS place \
+                       FROM queue_messages WHERE queue = ?6 AND tenant_id = ?7) AS ordered \
+                 WHERE queue_messages.seq = ordered.seq",
+            )?
+            .execute(rusqlite::params![
+                queue_name(lane),
+                now_ms(),
+                bases[Priority::High.rank()],
+                bases[Priority::Normal.rank()],
+                bases[Priority::Low.rank()],
+                held_name(lane),
+                self.tenant_id,
+            ])? as u64;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        if self.moved > 0 {
+            {
+                let mut book = self.state.book();
+                book.held = book.held.saturating_sub(self.moved);
+                book.rows += self.moved;
+            }
+            let mut fair = self.state.fair();
+            for (rank, last) in &self.lasts {
+                let key = fair[*rank]
+                    .last_key
+                    .entry(self.tenant_id.clone())
+                    .or_insert(*last);
+                *key = (*key).max(*last);
+            }
+            drop(fair);
+            self.state.arrivals.notify_waiters();
+        }
+        let _ = answer(&mut self.reply, Ok(()));
+    }
+}
+
+/// Moves matching dead letters back into the lane with fresh fair keys
+/// and, in the same transaction, a fresh attempt budget.
+struct RedriveWork {
+    state: Arc<LaneState>,
+    filter: RedriveFilter,
+    ids: Vec<String>,
+    reply: Reply<Vec<String>>,
+}
+
+impl Work for RedriveWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        let lane = self.state.lane;
+        self.ids.clear();
+        let wanted: Option<HashSet<&String>> = self
+            .filter
+            .message_ids
+            .as_ref()
+            .map(|ids| ids.iter().collect());
+        let rows: Vec<(i64, String, String, String)> = tx
+            .prepare_cached(
+                "SELECT seq, message_id, tenant_id, priority FROM queue_messages \
+                 WHERE queue = ?1 AND (?2 IS NULL OR tenant_id = ?2) ORDER BY seq",
+            )?
+            .query_map(
+                rusqlite::params![dlq_name(lane), self.filter.tenant_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        let now = now_ms();
+        let mut move_back = tx.prepare_cached(
+            "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = 0, fair_key = ?3, \
+             last_error = NULL WHERE seq = ?4",
+        )?;
+        let mut requeue = tx.prepare_cached(
+            "UPDATE messages SET status = 'queued', attempts = 0, updated_at = ?1 \
+             WHERE id = ?2 AND status NOT IN ('sent', 'rejected')",
+        )?;
+        for (seq, message_id, tenant_id, priority) in rows {
+            if wanted
+                .as_ref()
+                .is_some_and(|ids| !ids.contains(&message_id))
+            {
+                continue;
+            }
+            let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
+            let key = self.state.fair()[rank].next_key(&tenant_id);
+            move_back.execute(rusqlite::params![queue_name(lane), now, key, seq])?;
+            requeue.execute(rusqlite::params![now, message_id])?;
+            self.ids.push(message_id);
+        }
+        Ok(())
+    }
+
+    fn rolled_back(&mut self) {
+        self.ids.clear();
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        let moved = self.ids.len() as u64;
+        if moved > 0 {
+            {
+                let mut book = self.state.book();
+                book.dlq = book.dlq.saturating_sub(moved);
+                book.rows += moved;
+            }
+            self.state.arrivals.notify_waiters();
+        }
+        let ids = std::mem::take(&mut self.ids);
+        let _ = answer(&mut self.reply, Ok(ids));
+    }
 }
 
 #[async_trait]
@@ -571,16 +1083,18 @@ impl LaneQueue for EmbeddedQueue {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let refs: Vec<&OutboundMessage> = messages.iter().collect();
-        let mut builder = QueryBuilder::new("");
-        self.push_insert(&mut builder, lane, &refs);
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        builder.build().persistent(false).execute(&mut *tx).await?;
-        tx.commit().await?;
-        self.notify_arrivals(lane);
-        Ok(vec![Ok(()); messages.len()])
+        let queue_state = self.state(lane).clone();
+        let sent = self
+            .through_writer(|reply| {
+                Box::new(InsertWork {
+                    queue_state,
+                    messages,
+                    inserted: Inserted::default(),
+                    reply: Some(reply),
+                })
+            })
+            .await?;
+        Ok(vec![Ok(()); sent])
     }
 
     async fn receive(
@@ -590,9 +1104,9 @@ impl LaneQueue for EmbeddedQueue {
         wait: Duration,
     ) -> anyhow::Result<Vec<ReceivedMessage>> {
         let deadline = Instant::now() + wait;
-        let arrivals = &self.state(lane).arrivals;
+        let state = self.state(lane);
         loop {
-            let notified = arrivals.notified();
+            let notified = state.arrivals.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let got = self.receive_now(lane, max.max(1)).await?;
@@ -601,9 +1115,9 @@ impl LaneQueue for EmbeddedQueue {
                 return Ok(got);
             }
             let mut wake = deadline.min(now + MAX_POLL_NAP);
-            if let Some(at) = self.next_visible_at(lane).await? {
-                let in_ms = (at - now_ms()).max(0) as u64;
-                wake = wake.min(now + Duration::from_millis(in_ms));
+            let wall = now_ms();
+            if let Some(at) = state.book().next_due(wall) {
+                wake = wake.min(now + Duration::from_millis((at - wall).max(0) as u64));
             }
             tokio::select! {
                 _ = &mut notified => {}
@@ -617,57 +1131,50 @@ impl LaneQueue for EmbeddedQueue {
         lane: Lane,
         receipts: &[String],
     ) -> anyhow::Result<Vec<EntryResult>> {
-        let turn = self.db.write_turn().await;
-        let hot = self.hot.clone();
+        let state = self.state(lane).clone();
         let receipts = receipts.to_vec();
-        let (results, deleted) = tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let mut conn = hot.lock().unwrap_or_else(|e| e.into_inner());
-            delete_rows(&mut conn, lane, &receipts)
+        self.through_writer(|reply| {
+            Box::new(DeleteWork {
+                state,
+                results: Vec::with_capacity(receipts.len()),
+                receipts,
+                deleted: Vec::new(),
+                reply: Some(reply),
+            })
         })
         .await
-        .context("the delete thread failed")??;
-        self.state(lane)
-            .deleted
-            .fetch_add(deleted, Ordering::Relaxed);
-        Ok(results)
     }
 
+    /// Leases live in memory, so a visibility change writes nothing.
     async fn change_visibility_batch(
         &self,
         lane: Lane,
         changes: &[(String, Duration)],
     ) -> anyhow::Result<Vec<EntryResult>> {
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let state = self.state(lane);
         let now = now_ms();
-        let mut results = Vec::with_capacity(changes.len());
         let mut returned_any = false;
-        for (receipt, visibility) in changes {
-            let Some((seq, count)) = parse_receipt(receipt) else {
-                results.push(Err(format!("receipt {receipt:?} is malformed")));
-                continue;
-            };
-            let done = sqlx::query(
-                "UPDATE queue_messages SET visible_at = ? WHERE seq = ? AND queue = ? AND receive_count = ?",
-            )
-            .bind(now + visibility.as_millis() as i64)
-            .bind(seq)
-            .bind(queue_name(lane))
-            .bind(count)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 1 {
-                returned_any |= visibility.is_zero();
-                results.push(Ok(()));
-            } else {
-                results.push(Err(format!("receipt {receipt:?} is no longer valid")));
-            }
-        }
-        tx.commit().await?;
+        let results = {
+            let mut book = state.book();
+            changes
+                .iter()
+                .map(|(receipt, visibility)| {
+                    let Some((seq, count)) = parse_receipt(receipt) else {
+                        return Err(format!("receipt {receipt:?} is malformed"));
+                    };
+                    match book.leases.get_mut(&seq) {
+                        Some(lease) if lease.count == count => {
+                            lease.until = now + visibility.as_millis() as i64;
+                            returned_any |= visibility.is_zero();
+                            Ok(())
+                        }
+                        _ => Err(format!("receipt {receipt:?} is no longer valid")),
+                    }
+                })
+                .collect()
+        };
         if returned_any {
-            self.notify_arrivals(lane);
+            state.arrivals.notify_waiters();
         }
         Ok(results)
     }
@@ -678,91 +1185,51 @@ impl LaneQueue for EmbeddedQueue {
         message: &ReceivedMessage,
         delay: Duration,
     ) -> anyhow::Result<()> {
-        let (seq, count) = parse_receipt(&message.receipt)
-            .with_context(|| format!("receipt {:?} is malformed", message.receipt))?;
-        let _turn = self.db.write_turn().await;
-        // A fresh fair key: the message queues behind its tenant's others.
-        let key = self.state(lane).fair.lock().expect("fair state lock")[message.priority.rank()]
-            .next_key(&message.tenant_id);
-        let done = sqlx::query(
-            "UPDATE queue_messages SET visible_at = ?, fair_key = ?, receive_count = MAX(receive_count - 1, 0) \
-             WHERE seq = ? AND queue = ? AND receive_count = ?",
-        )
-        .bind(now_ms() + delay.as_millis() as i64)
-        .bind(key)
-        .bind(seq)
-        .bind(queue_name(lane))
-        .bind(count)
-        .execute(&self.db.write)
-        .await?;
-        anyhow::ensure!(
-            done.rows_affected() == 1,
-            "receipt {:?} is no longer valid",
-            message.receipt
-        );
-        if delay.is_zero() {
-            self.notify_arrivals(lane);
-        }
-        Ok(())
+        self.move_received(lane, message, Destination::Deferred { delay })
+            .await
     }
 
     async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()> {
-        let receipt = message.receipt.as_str();
-        let (seq, count) =
-            parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
-        let _turn = self.db.write_turn().await;
-        let done = sqlx::query(
-            "UPDATE queue_messages SET queue = ?, visible_at = ? WHERE seq = ? AND queue = ? AND receive_count = ?",
-        )
-        .bind(dlq_name(lane))
-        .bind(now_ms())
-        .bind(seq)
-        .bind(queue_name(lane))
-        .bind(count)
-        .execute(&self.db.write)
-        .await?;
-        anyhow::ensure!(
-            done.rows_affected() == 1,
-            "receipt {receipt:?} is no longer valid"
-        );
-        Ok(())
+        self.move_received(lane, message, Destination::DeadLettered)
+            .await
     }
 
     async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
         let now = now_ms();
-        let (visible, delayed, in_flight, oldest): (i64, i64, i64, Option<i64>) = sqlx::query_as(
-            "SELECT \
-               COALESCE(SUM(visible_at <= ?1), 0), \
-               COALESCE(SUM(visible_at > ?1 AND receive_count = 0), 0), \
-               COALESCE(SUM(visible_at > ?1 AND receive_count > 0), 0), \
-               MIN(enqueued_at) \
-             FROM queue_messages WHERE queue = ?2",
+        let (rows, in_flight, delayed, dlq_depth, held) = {
+            let mut book = self.state(lane).book();
+            let delayed = book.delayed_now(now);
+            (
+                book.rows,
+                book.in_flight(now) as u64,
+                delayed,
+                book.dlq,
+                book.held,
+            )
+        };
+        // Rows come in `seq` order, so the lane's first row by the
+        // `(queue)` index is its oldest: one index probe.
+        let oldest: Option<i64> = sqlx::query_scalar(
+            "SELECT enqueued_at FROM queue_messages INDEXED BY queue_messages_queue \
+             WHERE queue = ? ORDER BY seq LIMIT 1",
         )
-        .bind(now)
         .bind(queue_name(lane))
-        .fetch_one(&self.db.read)
-        .await?;
-        let (dlq_depth, held): (i64, i64) = sqlx::query_as(
-            "SELECT COALESCE(SUM(queue = ?1), 0), COALESCE(SUM(queue = ?2), 0) \
-             FROM queue_messages WHERE queue IN (?1, ?2)",
-        )
-        .bind(dlq_name(lane))
-        .bind(held_name(lane))
-        .fetch_one(&self.db.read)
+        .fetch_optional(&self.db.read)
         .await?;
         Ok(QueueStats {
-            depth: (visible + delayed) as u64,
-            in_flight: in_flight as u64,
-            delayed: delayed as u64,
+            depth: rows.saturating_sub(in_flight),
+            in_flight,
+            delayed,
             oldest_age_secs: oldest.map(|at| (now - at).max(0) as f64 / 1000.0),
-            dlq_depth: dlq_depth as u64,
-            held: held as u64,
+            dlq_depth,
+            held,
         })
     }
 
     async fn list_dead_letters(&self, lane: Lane, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
-        let rows: Vec<QueueRow> = sqlx::query_as(
-            "SELECT seq, message_id, tenant_id, channel, priority, body, receive_count, enqueued_at, fair_key \
+        type Row = (String, String, String, String, i64, i64, String);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
              FROM queue_messages WHERE queue = ? ORDER BY seq LIMIT ?",
         )
         .bind(dlq_name(lane))
@@ -771,13 +1238,13 @@ impl LaneQueue for EmbeddedQueue {
         .await?;
         rows.into_iter()
             .map(
-                |(_, message_id, tenant_id, channel, priority, body, count, enqueued_at, _)| {
+                |(message_id, tenant_id, channel, priority, count, enqueued_at, body)| {
                     Ok(DeadLetter {
                         message_id,
                         tenant_id,
                         channel: channel.parse().map_err(anyhow::Error::msg)?,
                         priority: priority.parse().map_err(anyhow::Error::msg)?,
-                        receive_count: count as u32,
+                        receive_count: count.max(0) as u32,
                         enqueued_at_ms: enqueued_at,
                         body,
                     })
@@ -787,58 +1254,24 @@ impl LaneQueue for EmbeddedQueue {
     }
 
     async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>> {
-        let _turn = self.db.write_turn().await;
-        let mut conn = self.db.write.acquire().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT seq, message_id, tenant_id, priority FROM queue_messages WHERE queue = ",
-        );
-        select.push_bind(dlq_name(lane));
-        if let Some(tenant) = &filter.tenant_id {
-            select.push(" AND tenant_id = ").push_bind(tenant.clone());
+        if filter.message_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(Vec::new());
         }
-        if let Some(ids) = &filter.message_ids {
-            if ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            select.push(" AND message_id IN (");
-            let mut list = select.separated(", ");
-            for id in ids {
-                list.push_bind(id.clone());
-            }
-            select.push(")");
-        }
-        select.push(" ORDER BY seq");
-        let rows: Vec<(i64, String, String, String)> = select
-            .build_query_as()
-            .persistent(false)
-            .fetch_all(&mut *tx)
-            .await?;
-        let now = now_ms();
-        for (seq, _, tenant_id, priority) in &rows {
-            let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
-            let key =
-                self.state(lane).fair.lock().expect("fair state lock")[rank].next_key(tenant_id);
-            sqlx::query(
-                "UPDATE queue_messages SET queue = ?, visible_at = ?, receive_count = 0, fair_key = ?, last_error = NULL WHERE seq = ?",
-            )
-            .bind(queue_name(lane))
-            .bind(now)
-            .bind(key)
-            .bind(seq)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let ids: Vec<String> = rows.into_iter().map(|(_, id, _, _)| id).collect();
-        // Fresh attempt budget in the same transaction as the move.
-        crate::store::messages::mark_requeued(&mut tx, &ids, i64::MAX).await?;
-        tx.commit().await?;
-        self.notify_arrivals(lane);
-        Ok(ids)
+        let state = self.state(lane).clone();
+        let filter = filter.clone();
+        self.through_writer(|reply| {
+            Box::new(RedriveWork {
+                state,
+                filter,
+                ids: Vec::new(),
+                reply: Some(reply),
+            })
+        })
+        .await
     }
 
-    /// Receives and deletes are transactions on the one SQLite file, so
-    /// fewer, larger ones leave more room for the accept writer's.
+    /// Receives and deletes share the writer's groups with the accept
+    /// path, so larger batches mean fewer pieces of work per message.
     fn max_batch(&self) -> usize {
         EMBEDDED_BATCH
     }
@@ -870,6 +1303,34 @@ impl LaneQueue for EmbeddedQueue {
     }
 }
 
+impl EmbeddedQueue {
+    async fn move_received(
+        &self,
+        lane: Lane,
+        message: &ReceivedMessage,
+        to: Destination,
+    ) -> anyhow::Result<()> {
+        let state = self.state(lane).clone();
+        let (receipt, tenant_id, priority) = (
+            message.receipt.clone(),
+            message.tenant_id.clone(),
+            message.priority,
+        );
+        self.through_writer(|reply| {
+            Box::new(MoveWork {
+                state,
+                receipt,
+                tenant_id,
+                priority,
+                to,
+                due: None,
+                reply: Some(reply),
+            })
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -881,7 +1342,8 @@ mod tests {
         let mut lanes = Settings::from_toml_overlay("").unwrap().lanes;
         lanes.fast.visibility_timeout_secs = 1;
         lanes.fast.max_receive_count = max_receive_count;
-        EmbeddedQueue::open(db, lanes).await.unwrap()
+        let (writer, _stopped) = StoreWriter::spawn(&db, 512).unwrap();
+        EmbeddedQueue::open(db, lanes, writer).await.unwrap()
     }
 
     fn message(tenant: &str, n: usize) -> OutboundMessage {
@@ -1211,6 +1673,8 @@ mod tests {
         let got = queue.receive(Lane::Fast, 50, Duration::ZERO).await.unwrap();
         assert!(got.iter().all(|m| m.tenant_id == "free"), "{got:?}");
         assert_eq!(got.len(), 3);
+        let receipts: Vec<String> = got.into_iter().map(|m| m.receipt).collect();
+        queue.delete_batch(Lane::Fast, &receipts).await.unwrap();
         let stats = queue.stats(Lane::Fast).await.unwrap();
         assert_eq!((stats.held, stats.depth), (21, 0));
         // Nothing more to hand out, and nothing churns.
@@ -1258,19 +1722,18 @@ mod tests {
         assert!((4..=6).contains(&from_a), "{next:?}");
     }
 
-    // Holding the connection's lock across the abandoned receive is the point.
-    #[allow(clippy::await_holding_lock)]
     #[tokio::test]
-    async fn a_receive_abandoned_while_its_thread_works_gives_its_messages_back_at_once() {
+    async fn a_receive_abandoned_while_the_writer_works_gives_its_messages_back_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let queue = open_queue(&dir, 5).await;
         queue
             .send_batch(Lane::Fast, vec![message("a", 1)])
             .await
             .unwrap();
-        // Hold the hot connection so the receive's thread waits for it, then
-        // abandon the receive, as a consumer shutting down mid-poll does.
-        let busy = queue.hot.lock().unwrap();
+        // Hold the write turn so the writer waits for it with the receive
+        // in hand, then abandon the receive, as a consumer shutting down
+        // mid-poll does.
+        let busy = queue.db.write_turn().await;
         let abandoned =
             tokio::time::timeout(Duration::from_millis(50), queue.receive_now(Lane::Fast, 10))
                 .await;
@@ -1282,6 +1745,147 @@ mod tests {
             .unwrap();
         assert_eq!(again.len(), 1, "the abandoned lease was not given back");
         assert_eq!(again[0].receive_count, 1);
+    }
+
+    /// The lane's figures as a scan of the table sees them, to check the
+    /// counters kept with the writes.
+    async fn scanned(queue: &EmbeddedQueue) -> (u64, u64, u64) {
+        let count = |name: &'static str| {
+            let read = queue.db.read.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
+                    .bind(name)
+                    .fetch_one(&read)
+                    .await
+                    .unwrap() as u64
+            }
+        };
+        (
+            count("fast").await,
+            count("fast-dlq").await,
+            count("fast-held").await,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_first_receive_writes_nothing_and_a_crash_forgets_at_most_one_receive() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 2).await;
+        queue
+            .send_batch(Lane::Fast, vec![message("a", 1)])
+            .await
+            .unwrap();
+        let stored = |queue: &EmbeddedQueue| {
+            let read = queue.db.read.clone();
+            async move {
+                sqlx::query_as::<_, (i64, i64)>(
+                    "SELECT receive_count, visible_at FROM queue_messages WHERE message_id = 'a-1'",
+                )
+                .fetch_one(&read)
+                .await
+                .unwrap()
+            }
+        };
+        let before = stored(&queue).await;
+        let first = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(first[0].receive_count, 1);
+        assert_eq!(
+            stored(&queue).await,
+            before,
+            "a first receive is not written"
+        );
+
+        // A crash (a new process on the file) loses the lease and the
+        // unwritten first receive: the message is received as a first time.
+        let queue = open_queue(&dir, 2).await;
+        let again = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(again[0].receive_count, 1);
+        queue
+            .change_visibility_batch(Lane::Fast, &[(again[0].receipt.clone(), Duration::ZERO)])
+            .await
+            .unwrap();
+        let second = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(second[0].receive_count, 2);
+        assert_eq!(
+            stored(&queue).await.0,
+            2,
+            "a receive after the first is written"
+        );
+
+        // After another crash the written count holds: the message is
+        // exhausted and moves to the DLQ, one receive later than without
+        // the crashes, never more.
+        let queue = open_queue(&dir, 2).await;
+        assert!(
+            queue
+                .receive(Lane::Fast, 1, Duration::ZERO)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.depth, stats.dlq_depth), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn the_counters_kept_with_the_writes_match_a_scan_of_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open_queue(&dir, 2).await;
+        queue.set_tenant_held("held", true).await.unwrap();
+        let mut batch: Vec<_> = (0..30).map(|n| message("a", n)).collect();
+        batch.extend((0..5).map(|n| message("held", n)));
+        let mut later = message("a", 100);
+        later.delay = Duration::from_secs(60);
+        batch.push(later);
+        queue.send_batch(Lane::Fast, batch).await.unwrap();
+
+        let got = queue.receive(Lane::Fast, 20, Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), 20);
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!(
+            (stats.in_flight, stats.delayed, stats.held),
+            (20, 1, 5),
+            "{stats:?}"
+        );
+        let (deleted, rest) = got.split_at(10);
+        let receipts: Vec<String> = deleted.iter().map(|m| m.receipt.clone()).collect();
+        queue.delete_batch(Lane::Fast, &receipts).await.unwrap();
+        queue.dead_letter(Lane::Fast, &rest[0]).await.unwrap();
+        queue.dead_letter(Lane::Fast, &rest[1]).await.unwrap();
+        queue
+            .defer(Lane::Fast, &rest[2], Duration::from_secs(30))
+            .await
+            .unwrap();
+        queue
+            .defer(Lane::Fast, &rest[3], Duration::ZERO)
+            .await
+            .unwrap();
+        queue
+            .redrive(
+                Lane::Fast,
+                &RedriveFilter {
+                    tenant_id: None,
+                    message_ids: Some(vec![rest[0].message_id.clone()]),
+                },
+            )
+            .await
+            .unwrap();
+        queue.set_tenant_held("held", false).await.unwrap();
+
+        let stats = queue.stats(Lane::Fast).await.unwrap();
+        let (rows, dlq, held) = scanned(&queue).await;
+        assert_eq!(stats.depth + stats.in_flight, rows, "{stats:?}");
+        assert_eq!((stats.dlq_depth, stats.held), (dlq, held));
+        assert_eq!((dlq, held), (1, 0));
+        assert_eq!(stats.in_flight, 6, "{stats:?}");
+        assert_eq!(stats.delayed, 2, "the delayed send and the 30 s deferral");
+        assert!(stats.oldest_age_secs.is_some());
+
+        // A new process counts the same from the table.
+        let reopened = open_queue(&dir, 2).await;
+        let fresh = reopened.stats(Lane::Fast).await.unwrap();
+        assert_eq!(fresh.depth, rows, "leases do not survive a restart");
+        assert_eq!((fresh.dlq_depth, fresh.held, fresh.delayed), (1, 0, 2));
     }
 
     #[tokio::test]

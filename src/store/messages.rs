@@ -25,15 +25,14 @@ pub struct MessageRecord {
     pub provider_message_id: Option<String>,
 }
 
-/// The columns every insert writes, in binding order.
-const INSERT_INTO: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) ";
+/// One status row, every column bound in order.
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
 
 /// Inserts `rows` in the accept writer's transaction, through one cached
 /// single-row statement.
 pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusqlite::Result<()> {
-    let mut insert = tx.prepare_cached(&format!(
-        "{INSERT_INTO} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
-    ))?;
+    let mut insert = tx.prepare_cached(INSERT_ROW)?;
     for record in rows {
         insert.execute(rusqlite::params![
             record.id,
@@ -139,29 +138,6 @@ pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> a
             .fetch_one(pool)
             .await?;
     Ok(count.max(0) as u64)
-}
-
-/// Records a failed provider call (`counted`: whether it was an attempt)
-/// and the state the message moves to; returns the attempts made so far.
-pub async fn record_failure(
-    pool: &SqlitePool,
-    id: &str,
-    status: MessageStatus,
-    error: &str,
-    counted: bool,
-) -> anyhow::Result<u32> {
-    let attempts: Option<i64> = sqlx::query_scalar(
-        "UPDATE messages SET status = ?, attempts = attempts + ?, last_error = ?, updated_at = ? \
-         WHERE id = ? RETURNING attempts",
-    )
-    .bind(status.as_str())
-    .bind(i64::from(counted))
-    .bind(error)
-    .bind(crate::model::now_ms())
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    Ok(attempts.unwrap_or(0).max(0) as u32)
 }
 
 /// Puts redriven messages back to `queued` with a fresh attempt budget,

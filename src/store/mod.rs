@@ -1,19 +1,21 @@
 //! Durable state in one SQLite file: tenants, plans, API keys, message
 //! status, idempotency keys and (on the embedded backend) the queues.
 //!
-//! SQLite allows one writer at a time. The accept writer (`accept.rs`) has a
-//! connection of its own; every other write goes through a pool of exactly
-//! one connection. The busy paths on both sides (the accept writer's group
-//! commits; the consumers' queue and status writes) first take
-//! [`Db::write_turn`], a FIFO lock, so they alternate in arrival order
-//! instead of polling on `SQLITE_BUSY` with sleeps (which starved one side
-//! or the other). Rare writes (admin changes) rely on the busy timeout.
-//! Take the turn before the pool connection, never while holding it.
-//! Reads use a separate pool and, in WAL mode, never wait for a writer.
+//! SQLite allows one writer at a time. Every hot write (accepts, the
+//! embedded queue's receives, deletes, deferrals and DLQ moves, status
+//! changes) goes through the one store writer ([`writer::StoreWriter`]),
+//! a thread with a connection of its own that commits them in groups. Rare
+//! writes (admin changes, the outbox's bookkeeping) use sqlx's pool of
+//! exactly one write connection; the store writer takes [`Db::write_turn`],
+//! a FIFO lock, for each group, and so do the rare writers that would
+//! otherwise wait on `SQLITE_BUSY`. Take the turn before the pool
+//! connection, never while holding it. Reads use a separate pool and, in
+//! WAL mode, never wait for a writer.
 
 pub mod idempotency;
 pub mod messages;
 pub mod status;
+pub mod writer;
 
 use std::path::Path;
 use std::str::FromStr;

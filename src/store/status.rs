@@ -1,75 +1,35 @@
-//! Group commit for the delivery path's status changes.
-//!
-//! Every delivered message changes its status row twice (`sending` before
-//! the provider call, `sent` after). One transaction each would make the
-//! single SQLite writer the ceiling of delivery throughput, so consumers
-//! hand these changes to one writer that applies everything waiting in one
-//! transaction, as the accept writer does for new messages. Like the accept
-//! writer it is a plain thread with its own SQLite connection (rusqlite) and
-//! one cached statement per kind of change, so no SQL is parsed per group and
-//! its turn at the write lock is as short as the writes themselves.
+//! The delivery path's status changes, as pieces of work for the store's
+//! one writer ([`StoreWriter`]): every delivered message changes its status
+//! row twice (`sending` before the provider call, `sent` after), and these
+//! ride in the same groups as accepts, receives and deletes instead of
+//! taking transactions of their own.
 
-use std::sync::Arc;
+use tokio::sync::oneshot;
 
-use anyhow::Context;
-use rusqlite::{Connection, TransactionBehavior};
-use tokio::sync::{mpsc, oneshot};
-use tracing::error;
+use crate::model::{MessageStatus, now_ms};
+use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
-use super::Db;
-use crate::model::now_ms;
-
-/// Most changes applied in one transaction.
-const MAX_GROUP: usize = 512;
-
-enum Change {
-    Sending {
-        id: String,
-        /// When the change was asked for (ms).
-        at: i64,
-    },
-    Sent {
-        id: String,
-        provider_message_id: String,
-        done: oneshot::Sender<bool>,
-    },
-}
-
-/// Handle to the status writer; cheap to clone.
+/// Handle for status changes; cheap to clone.
 #[derive(Clone)]
 pub struct StatusWriter {
-    changes: mpsc::Sender<Change>,
+    writer: StoreWriter,
 }
 
 impl StatusWriter {
-    /// Starts the writer on a thread of its own with its own connection to
-    /// `db`'s file; the returned receiver completes when every handle is
-    /// dropped and the last group is committed.
-    pub fn spawn(db: Db) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
-        let conn = crate::accept::open_connection(&db.path, db.fsync)
-            .with_context(|| format!("opening {} for the status writer", db.path.display()))?;
-        let (changes, receiver) = mpsc::channel(MAX_GROUP * 4);
-        let (finished, done) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("fairlane-status-writer".into())
-            .spawn(move || {
-                run(conn, db.turn, receiver);
-                let _ = finished.send(());
-            })?;
-        Ok((StatusWriter { changes }, done))
+    pub fn new(writer: StoreWriter) -> Self {
+        StatusWriter { writer }
     }
 
     /// Marks a message `sending` (best effort: the status is informational
     /// and is overwritten by the outcome, so this does not wait). Applied
     /// only to a `queued` or `retrying` message not changed since: an
-    /// outcome written first (a fast failure recorded directly) wins.
+    /// outcome written first wins.
     pub async fn sending(&self, id: &str) {
-        let _ = self
-            .changes
-            .send(Change::Sending {
+        self.writer
+            .submit(Box::new(Sending {
                 id: id.to_owned(),
                 at: now_ms(),
-            })
+            }))
             .await;
     }
 
@@ -77,87 +37,103 @@ impl StatusWriter {
     /// deletes the queue entry only then, so a redelivery finds `sent`).
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
         let (done, committed) = oneshot::channel();
-        self.changes
-            .send(Change::Sent {
+        self.writer
+            .submit(Box::new(Sent {
                 id: id.to_owned(),
                 provider_message_id: provider_message_id.to_owned(),
-                done,
-            })
-            .await
-            .map_err(|_| anyhow::anyhow!("status writer has stopped"))?;
+                done: Some(done),
+            }))
+            .await;
         match committed.await {
             Ok(true) => Ok(()),
             _ => anyhow::bail!("status change could not be committed"),
         }
     }
-}
 
-fn run(
-    mut conn: Connection,
-    turn: Arc<tokio::sync::Mutex<()>>,
-    mut receiver: mpsc::Receiver<Change>,
-) {
-    let mut group = Vec::with_capacity(MAX_GROUP);
-    while let Some(first) = receiver.blocking_recv() {
-        group.push(first);
-        while group.len() < MAX_GROUP {
-            match receiver.try_recv() {
-                Ok(change) => group.push(change),
-                Err(_) => break,
-            }
-        }
-        let committed = {
-            let _turn = turn.blocking_lock();
-            apply(&mut conn, &group)
-        };
-        if let Err(err) = &committed {
-            error!(error = %err, changes = group.len(), "Status changes could not be committed.");
-        }
-        for change in group.drain(..) {
-            if let Change::Sent { done, .. } = change {
-                let _ = done.send(committed.is_ok());
-            }
-        }
+    /// Records a failed provider call (`counted`: whether it was an
+    /// attempt) and the state the message moves to; returns the attempts
+    /// made so far.
+    pub async fn failure(
+        &self,
+        id: &str,
+        status: MessageStatus,
+        error: &str,
+        counted: bool,
+    ) -> anyhow::Result<u32> {
+        let (id, error) = (id.to_owned(), error.to_owned());
+        self.writer
+            .run(move |tx| {
+                let attempts: Option<i64> = tx
+                    .prepare_cached(
+                        "UPDATE messages SET status = ?1, attempts = attempts + ?2, last_error = ?3, \
+                         updated_at = ?4 WHERE id = ?5 RETURNING attempts",
+                    )?
+                    .query_row(
+                        rusqlite::params![status.as_str(), i64::from(counted), error, now_ms(), id],
+                        |row| row.get(0),
+                    )
+                    .map(Some)
+                    .or_else(|err| match err {
+                        rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                        err => Err(err),
+                    })?;
+                Ok(attempts.unwrap_or(0).max(0) as u32)
+            })
+            .await
     }
 }
 
-/// One transaction for the group; `sending` changes first, so a `sent` in
-/// the same group is the one that stays.
-fn apply(conn: &mut Connection, group: &[Change]) -> rusqlite::Result<()> {
-    let now = now_ms();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    {
-        let mut sending = tx.prepare_cached(
+struct Sending {
+    id: String,
+    /// When the change was asked for (ms).
+    at: i64,
+}
+
+impl Work for Sending {
+    fn apply(&mut self, tx: &rusqlite::Transaction) -> anyhow::Result<()> {
+        tx.prepare_cached(
             "UPDATE messages SET status = 'sending', updated_at = ?1 \
              WHERE id = ?2 AND status IN ('queued', 'retrying') AND updated_at <= ?3",
-        )?;
-        for change in group {
-            if let Change::Sending { id, at } = change {
-                sending.execute(rusqlite::params![now, id, at])?;
-            }
-        }
-        let mut sent = tx.prepare_cached(
+        )?
+        .execute(rusqlite::params![now_ms(), self.id, self.at])?;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _outcome: Result<(), WriteFailed>) {}
+}
+
+struct Sent {
+    id: String,
+    provider_message_id: String,
+    done: Option<oneshot::Sender<bool>>,
+}
+
+impl Work for Sent {
+    fn apply(&mut self, tx: &rusqlite::Transaction) -> anyhow::Result<()> {
+        tx.prepare_cached(
             "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
              sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3",
-        )?;
-        for change in group {
-            if let Change::Sent {
-                id,
-                provider_message_id,
-                ..
-            } = change
-            {
-                sent.execute(rusqlite::params![now, provider_message_id, id])?;
-            }
+        )?
+        .execute(rusqlite::params![
+            now_ms(),
+            self.provider_message_id,
+            self.id
+        ])?;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(outcome.is_ok());
         }
     }
-    tx.commit()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Channel, Lane, MessageStatus, Priority};
+    use crate::model::{Channel, Lane, Priority};
+    use crate::store::Db;
     use crate::store::messages::{self, MessageRecord};
 
     #[tokio::test]
@@ -180,17 +156,23 @@ mod tests {
             last_error: None,
             provider_message_id: None,
         };
-        let mut conn = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
-        let tx = conn.transaction().unwrap();
-        messages::insert_rows(&tx, &[&record]).unwrap();
-        tx.commit().unwrap();
-
-        let (writer, finished) = StatusWriter::spawn(db.clone()).unwrap();
+        let (store, finished) = StoreWriter::spawn(&db, 64).unwrap();
+        let inserted = record.clone();
+        store
+            .run(move |tx| Ok(messages::insert_rows(tx, &[&inserted])?))
+            .await
+            .unwrap();
+        let writer = StatusWriter::new(store.clone());
         writer.sending("m1").await;
         writer.sent("m1", "SM1").await.unwrap();
         // A late `sending` never overwrites `sent`.
         writer.sending("m1").await;
-        drop(writer);
+        let attempts = writer
+            .failure("nope", MessageStatus::Retrying, "x", true)
+            .await
+            .unwrap();
+        assert_eq!(attempts, 0, "an unknown id changes nothing");
+        store.stop().await;
         finished.await.unwrap();
         let stored = messages::get(&db.read, "m1").await.unwrap().unwrap();
         assert_eq!(stored.status, MessageStatus::Sent);

@@ -1,0 +1,381 @@
+//! The one write path of the SQLite store: every hot mutation is a piece of
+//! [`Work`] handed to one writer thread, which applies everything waiting in
+//! one transaction and commits once (group commit).
+//!
+//! SQLite has one writer at a time, so what bounds throughput is how many
+//! commits it makes and how long each holds the lock, not how many threads
+//! ask. Accept inserts, embedded-queue receives (with the leases they take in
+//! memory), deferrals, deletes, DLQ moves and status changes all arrive here
+//! from many tasks; under load each transaction carries the work of hundreds
+//! of messages, and when idle a lone piece commits at once. The thread owns a
+//! rusqlite connection with cached prepared statements, so no SQL is parsed
+//! per transaction.
+//!
+//! Every piece learns its outcome only after its group committed (or
+//! failed): a 202 is answered, a delivery recorded, a lease handed out only
+//! once durable. If one piece fails to apply (a constraint, a bad row), the
+//! group is rolled back and each piece is applied again in a transaction of
+//! its own, so one bad piece fails alone and never leaves half a record. A
+//! failed commit (disk full, I/O error) fails the whole group.
+//!
+//! Rare writes (admin changes, tenant and plan edits) stay on sqlx's write
+//! connection; they and this thread take turns through [`Db::write_turn`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+use tokio::sync::{mpsc, oneshot};
+use tracing::error;
+
+use super::Db;
+
+/// How long the writer waits for another connection's write transaction
+/// (a rare admin write on sqlx's connection) before a group fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One piece of work for the writer.
+pub trait Work: Send + 'static {
+    /// Applies the piece in the group's transaction. Called again, in a
+    /// transaction of its own, if another piece of the group failed; so any
+    /// state kept outside the database is changed tentatively here and
+    /// undone in [`Work::rolled_back`], or changed only in [`Work::finish`].
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()>;
+
+    /// Undoes what [`Work::apply`] changed outside the database when its
+    /// transaction is rolled back.
+    fn rolled_back(&mut self) {}
+
+    /// Called once, after the piece's transaction committed (`Ok`) or
+    /// failed for good.
+    fn finish(self: Box<Self>, outcome: Result<(), WriteFailed>);
+}
+
+/// Why a piece of work did not commit.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct WriteFailed(pub Arc<str>);
+
+impl WriteFailed {
+    fn from_error(err: &anyhow::Error) -> Self {
+        WriteFailed(format!("{err:#}").into())
+    }
+}
+
+/// Failures in a row, which set the Retry-After of the next 503: 1 s after
+/// the first, doubling up to 30 s.
+#[derive(Debug, Clone, Default)]
+pub struct FailureStreak(Arc<AtomicU32>);
+
+impl FailureStreak {
+    pub fn succeeded(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a failure; returns the streak length.
+    pub fn failed(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        let failures = self.0.load(Ordering::Relaxed).clamp(1, 6);
+        Duration::from_secs((1u64 << (failures - 1)).min(30))
+    }
+}
+
+enum Command {
+    Work(Box<dyn Work>),
+    /// Commit what is queued, then stop taking work.
+    Stop,
+}
+
+/// Handle to the writer thread; cheap to clone.
+#[derive(Clone)]
+pub struct StoreWriter {
+    commands: mpsc::Sender<Command>,
+    failures: FailureStreak,
+}
+
+impl StoreWriter {
+    /// Opens a connection of its own to `db`'s file (already created and
+    /// migrated by [`Db::open`]) and starts the writer thread; the returned
+    /// receiver completes once the writer has stopped (see
+    /// [`StoreWriter::stop`]) with everything it was given committed.
+    pub fn spawn(db: &Db, max_group: usize) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
+        let conn = open_connection(&db.path, db.fsync)
+            .with_context(|| format!("opening {} for the store writer", db.path.display()))?;
+        let (commands, receiver) = mpsc::channel(max_group.max(1) * 8);
+        let failures = FailureStreak::default();
+        let streak = failures.clone();
+        let turn = db.turn.clone();
+        let (finished, done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("fairlane-store-writer".into())
+            .spawn(move || {
+                run(conn, turn, receiver, max_group.max(1), streak);
+                let _ = finished.send(());
+            })?;
+        Ok((StoreWriter { commands, failures }, done))
+    }
+
+    /// Hands `work` to the writer without waiting; its
+    /// [`Work::finish`] says how it went. A stopped writer finishes it at
+    /// once with a failure.
+    pub async fn submit(&self, work: Box<dyn Work>) {
+        if let Err(mpsc::error::SendError(Command::Work(work))) =
+            self.commands.send(Command::Work(work)).await
+        {
+            work.finish(Err(WriteFailed("the store writer has stopped".into())));
+        }
+    }
+
+    /// Runs `apply` in the writer's next group and returns its value once
+    /// the group has committed.
+    pub async fn run<T, F>(&self, apply: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Transaction) -> anyhow::Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Box::new(Closure {
+            apply,
+            value: None,
+            reply,
+        }))
+        .await;
+        answer
+            .await
+            .context("the store writer dropped a piece of work")?
+    }
+
+    /// The Retry-After to give when a write could not be made durable.
+    pub fn retry_after(&self) -> Duration {
+        self.failures.retry_after()
+    }
+
+    /// Asks the writer to commit what it holds and stop; later work fails.
+    pub async fn stop(&self) {
+        let _ = self.commands.send(Command::Stop).await;
+    }
+}
+
+/// A closure as a piece of work, answering its value after the commit.
+struct Closure<T, F> {
+    apply: F,
+    value: Option<T>,
+    reply: oneshot::Sender<anyhow::Result<T>>,
+}
+
+impl<T, F> Work for Closure<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&Transaction) -> anyhow::Result<T> + Send + 'static,
+{
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        self.value = Some((self.apply)(tx)?);
+        Ok(())
+    }
+
+    fn rolled_back(&mut self) {
+        self.value = None;
+    }
+
+    fn finish(self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        let answer = match (outcome, self.value) {
+            (Ok(()), Some(value)) => Ok(value),
+            (Ok(()), None) => Err(anyhow::anyhow!("work committed without a value")),
+            (Err(failed), _) => Err(anyhow::Error::new(failed)),
+        };
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// A connection with the durability settings of the pools.
+pub(crate) fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "journal_mode", "wal")?;
+    conn.pragma_update(None, "synchronous", if fsync { "full" } else { "normal" })?;
+    conn.pragma_update(None, "foreign_keys", "on")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn run(
+    mut conn: Connection,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    mut receiver: mpsc::Receiver<Command>,
+    max_group: usize,
+    streak: FailureStreak,
+) {
+    let mut group: Vec<Box<dyn Work>> = Vec::with_capacity(max_group);
+    let mut stopping = false;
+    loop {
+        if group.is_empty() {
+            match receiver.blocking_recv() {
+                Some(Command::Work(work)) => group.push(work),
+                Some(Command::Stop) => stopping = true,
+                None => break,
+            }
+        }
+        // Everything that queued up during the previous commit joins.
+        while group.len() < max_group {
+            match receiver.try_recv() {
+                Ok(Command::Work(work)) => group.push(work),
+                Ok(Command::Stop) => stopping = true,
+                Err(_) => break,
+            }
+        }
+        if stopping {
+            receiver.close();
+        }
+        if !group.is_empty() {
+            let committed = {
+                let _turn = turn.blocking_lock();
+                commit_group(&mut conn, &mut group)
+            };
+            match committed {
+                Ok(()) => {
+                    streak.succeeded();
+                    for work in group.drain(..) {
+                        work.finish(Ok(()));
+                    }
+                }
+                Err(failure) => {
+                    let failures = streak.failed();
+                    error!(error = %failure, pieces = group.len(), failures, "A write group could not be committed.");
+                    for work in group.drain(..) {
+                        work.finish(Err(failure.clone()));
+                    }
+                }
+            }
+        }
+        if stopping && receiver.is_empty() {
+            // Finish what raced with the stop, then end.
+            while let Ok(command) = receiver.try_recv() {
+                if let Command::Work(work) = command {
+                    work.finish(Err(WriteFailed("the store writer has stopped".into())));
+                }
+            }
+            break;
+        }
+    }
+}
+
+/// One transaction for the whole group. If a piece fails to apply, the
+/// group is rolled back and every piece applied alone (its failure kept to
+/// itself); the pieces that fail alone are finished here and removed, so
+/// what remains in `group` has committed.
+fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Result<(), WriteFailed> {
+    let applied = (|| -> anyhow::Result<Option<usize>> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for (index, work) in group.iter_mut().enumerate() {
+            if let Err(err) = work.apply(&tx) {
+                tracing::debug!(error = %err, "A write failed; applying the group piece by piece.");
+                return Ok(Some(index));
+            }
+        }
+        tx.commit()?;
+        Ok(None)
+    })();
+    match applied {
+        Ok(None) => Ok(()),
+        Ok(Some(failed_at)) => {
+            for work in group.iter_mut().take(failed_at + 1) {
+                work.rolled_back();
+            }
+            one_by_one(conn, group);
+            Ok(())
+        }
+        Err(err) => {
+            for work in group.iter_mut() {
+                work.rolled_back();
+            }
+            Err(WriteFailed::from_error(&err))
+        }
+    }
+}
+
+/// Applies each piece in a transaction of its own; finishes and removes the
+/// ones that fail.
+fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) {
+    let mut kept = Vec::with_capacity(group.len());
+    for mut work in group.drain(..) {
+        let outcome = (|| -> anyhow::Result<()> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            work.apply(&tx)?;
+            tx.commit()?;
+            Ok(())
+        })();
+        match outcome {
+            Ok(()) => kept.push(work),
+            Err(err) => {
+                work.rolled_back();
+                error!(error = %format!("{err:#}"), "A write could not be committed.");
+                work.finish(Err(WriteFailed::from_error(&err)));
+            }
+        }
+    }
+    *group = kept;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn open(dir: &tempfile::TempDir) -> (Db, StoreWriter, oneshot::Receiver<()>) {
+        let db = Db::open(&dir.path().join("w.db"), false).await.unwrap();
+        let (writer, done) = StoreWriter::spawn(&db, 64).unwrap();
+        (db, writer, done)
+    }
+
+    #[tokio::test]
+    async fn a_failing_piece_fails_alone_and_the_rest_of_its_group_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, writer, done) = open(&dir).await;
+        let insert = |key: &'static str| {
+            let writer = writer.clone();
+            async move {
+                writer
+                    .run(move |tx| {
+                        tx.execute("INSERT INTO settings(key, value) VALUES (?1, 'v')", [key])?;
+                        Ok(())
+                    })
+                    .await
+            }
+        };
+        // Submitted together, so they share a group; "b" twice breaks the
+        // primary key.
+        let (a, b1, b2, c) = tokio::join!(insert("a"), insert("b"), insert("b"), insert("c"));
+        assert!(a.is_ok() && c.is_ok());
+        assert!(
+            b1.is_ok() != b2.is_ok(),
+            "exactly one of the two b's commits"
+        );
+        for key in ["a", "b", "c"] {
+            assert_eq!(db.setting(key).await.unwrap().as_deref(), Some("v"));
+        }
+        writer.stop().await;
+        done.await.unwrap();
+        assert!(insert("d").await.is_err(), "a stopped writer refuses work");
+    }
+
+    #[tokio::test]
+    async fn a_value_is_answered_only_after_its_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, writer, _done) = open(&dir).await;
+        let n = writer
+            .run(|tx| {
+                tx.execute("INSERT INTO settings(key, value) VALUES ('k', '7')", [])?;
+                Ok(7)
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 7);
+        // A reader on another connection sees it at once.
+        assert_eq!(db.setting("k").await.unwrap().as_deref(), Some("7"));
+    }
+}
