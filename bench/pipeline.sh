@@ -62,6 +62,9 @@ KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3
 export KEY
 counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
 rss_max=0
+# CPU time (user + system, seconds) fairlane has used so far: per message,
+# a figure that stays comparable when other work shares the machine.
+cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$pid/stat; }
 sample_rss() { local r; r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status); [ "$r" -gt "$rss_max" ] && rss_max=$r; true; }
 
 # With PAUSED_BACKLOG=N, a second tenant is paused first and given N
@@ -83,6 +86,7 @@ fi
 # 3. The load: wrk until MESSAGES are accepted, then SIGINT (wrk prints its
 # latency figures on SIGINT).
 before_load=$(counter fairlane_messages_accepted_total)
+cpu0=$(cpu_secs)
 t0=$(date +%s.%N)
 wrk -t2 -c"$connections" -d600s --latency -s bench/send_email.lua \
   "http://127.0.0.1:$port/v1/messages" >"$work/wrk.txt" &
@@ -99,13 +103,14 @@ accepted=$(counter fairlane_messages_accepted_total)
 accepted=$((accepted - before_load))
 while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sample_rss; sleep 0.1; done
 t1=$(date +%s.%N)
+cpu1=$(cpu_secs)
 sample_rss
 
 awk '/Latency Distribution|  50%|  99%/' "$work/wrk.txt"
-python3 - "$accepted" "$delivered_during" "$t0" "$t_load" "$t1" "$ceiling" "$rss_max" <<'PY'
+python3 - "$accepted" "$delivered_during" "$t0" "$t_load" "$t1" "$ceiling" "$rss_max" "$cpu0" "$cpu1" <<'PY'
 import sys
 accepted, during = int(sys.argv[1]), int(sys.argv[2])
-t0, t_load, t1, ceiling, rss = (float(x) for x in sys.argv[3:8])
+t0, t_load, t1, ceiling, rss, cpu0, cpu1 = (float(x) for x in sys.argv[3:10])
 load, drain, total = t_load - t0, t1 - t_load, t1 - t0
 print(f"accepted {accepted} in {load:.1f} s: {accepted/load:.0f}/s")
 print(f"delivered during the load: {during} ({during/load:.0f}/s); the other {accepted-during} in {drain:.1f} s after it"
@@ -113,4 +118,5 @@ print(f"delivered during the load: {during} ({during/load:.0f}/s); the other {ac
 rate = accepted / total
 print(f"end to end: {accepted} in {total:.1f} s = {rate:.0f}/s, {100*rate/ceiling:.1f} % of the bare-axum ceiling ({ceiling:.0f}/s)")
 print(f"peak RSS: {rss/1024:.1f} MiB")
+print(f"fairlane CPU: {cpu1-cpu0:.2f} s, {1e6*(cpu1-cpu0)/accepted:.0f} µs per message accepted and delivered")
 PY

@@ -20,6 +20,12 @@
 //!
 //! Rare writes (admin changes, tenant and plan edits) stay on sqlx's write
 //! connection; they and this thread take turns through [`Db::write_turn`].
+//!
+//! Checkpoints (copying the write-ahead log back into the database file,
+//! with its fsyncs) run on a thread of their own every
+//! [`CHECKPOINT_INTERVAL`] instead of inside whichever commit crosses
+//! SQLite's automatic threshold, so no group waits for one: a passive
+//! checkpoint never blocks the writer.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,6 +42,9 @@ use super::Db;
 /// How long the writer waits for another connection's write transaction
 /// (a rare admin write on sqlx's connection) before a group fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the checkpoint thread copies the log into the database file.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// One piece of work for the writer.
 pub trait Work: Send + 'static {
@@ -107,15 +116,24 @@ impl StoreWriter {
     pub fn spawn(db: &Db, max_group: usize) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
         let conn = open_connection(&db.path, db.fsync)
             .with_context(|| format!("opening {} for the store writer", db.path.display()))?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let checkpoints = open_connection(&db.path, db.fsync)
+            .with_context(|| format!("opening {} for checkpoints", db.path.display()))?;
         let (commands, receiver) = mpsc::channel(max_group.max(1) * 8);
         let failures = FailureStreak::default();
         let streak = failures.clone();
         let turn = db.turn.clone();
         let (finished, done) = oneshot::channel();
+        let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+        let checkpointer = std::thread::Builder::new()
+            .name("fairlane-checkpoint".into())
+            .spawn(move || checkpoint_until(checkpoints, stopped))?;
         std::thread::Builder::new()
             .name("fairlane-store-writer".into())
             .spawn(move || {
                 run(conn, turn, receiver, max_group.max(1), streak);
+                drop(stop_checkpoints);
+                let _ = checkpointer.join();
                 let _ = finished.send(());
             })?;
         Ok((StoreWriter { commands, failures }, done))
@@ -202,6 +220,22 @@ pub(crate) fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Conn
     conn.pragma_update(None, "foreign_keys", "on")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// Passive checkpoints every [`CHECKPOINT_INTERVAL`] until `stop` closes;
+/// then one more, so a clean shutdown leaves a short log.
+fn checkpoint_until(conn: Connection, stop: std::sync::mpsc::Receiver<()>) {
+    let checkpoint = || {
+        if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %err, "Checkpoint failed; the next one tries again.");
+        }
+    };
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+        stop.recv_timeout(CHECKPOINT_INTERVAL)
+    {
+        checkpoint();
+    }
+    checkpoint();
 }
 
 fn run(
