@@ -401,6 +401,7 @@ impl EmbeddedQueue {
                 taken: Vec::new(),
                 moved: Vec::new(),
                 highest: [None; CLASSES],
+                settled: false,
                 reply: Some(reply),
             }))
             .await;
@@ -494,11 +495,30 @@ struct ReceiveWork {
     moved: Vec<Moved>,
     /// Largest fair key handed out per class: the class's clock after it.
     highest: [Option<i64>; CLASSES],
+    /// Answered before the commit (it wrote nothing); the rest is a no-op.
+    settled: bool,
     reply: Reply<Vec<ReceivedMessage>>,
 }
 
 impl Work for ReceiveWork {
+    fn reads_first(&self) -> bool {
+        true
+    }
+
+    /// A receive that wrote nothing (only first receives, nothing moved)
+    /// read committed rows and took its leases in memory: it is answered
+    /// now, without waiting for the group's commit.
+    fn settle_early(&mut self) {
+        if self.moved.is_empty() {
+            self.settled = true;
+            self.hand_out();
+        }
+    }
+
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        if self.settled {
+            return Ok(());
+        }
         let lane = self.state.lane;
         let now = now_ms();
         let max_receives = self.state.max_receives;
@@ -618,6 +638,9 @@ impl Work for ReceiveWork {
     }
 
     fn rolled_back(&mut self) {
+        if self.settled {
+            return;
+        }
         let mut book = self.state.book();
         for (seq, before) in self.taken.drain(..).rev() {
             match before {
@@ -631,6 +654,9 @@ impl Work for ReceiveWork {
     }
 
     fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if self.settled {
+            return;
+        }
         if let Err(failure) = outcome {
             return failed(&mut self.reply, failure);
         }
@@ -651,6 +677,14 @@ impl Work for ReceiveWork {
                 }
             }
         }
+        self.hand_out();
+    }
+}
+
+impl ReceiveWork {
+    /// Moves the classes' clocks and answers the receive; gives the leases
+    /// back at once if the receiver has gone away.
+    fn hand_out(&mut self) {
         // Each class's clock moves to the largest key handed out.
         {
             let mut fair = self.state.fair();

@@ -58,6 +58,19 @@ pub trait Work: Send + 'static {
     /// transaction is rolled back.
     fn rolled_back(&mut self) {}
 
+    /// Whether the piece would rather run before the group's writes: a
+    /// read that then may be answered at once (see [`Work::settle_early`]).
+    fn reads_first(&self) -> bool {
+        false
+    }
+
+    /// Called right after [`Work::apply`] when nothing in the transaction
+    /// has been written yet, this piece included: what it read was
+    /// committed data, so it may answer now instead of after the commit.
+    /// A piece that settles must then ignore the rest (a later apply, a
+    /// rollback, its finish).
+    fn settle_early(&mut self) {}
+
     /// Called once, after the piece's transaction committed (`Ok`) or
     /// failed for good.
     fn finish(self: Box<Self>, outcome: Result<(), WriteFailed>);
@@ -255,7 +268,9 @@ fn run(
                 None => break,
             }
         }
-        // Everything that queued up during the previous commit joins.
+        // The turn first: what queues up while another writer holds it, or
+        // during the previous commit, joins this group.
+        let my_turn = turn.blocking_lock();
         while group.len() < max_group {
             match receiver.try_recv() {
                 Ok(Command::Work(work)) => group.push(work),
@@ -267,10 +282,8 @@ fn run(
             receiver.close();
         }
         if !group.is_empty() {
-            let committed = {
-                let _turn = turn.blocking_lock();
-                commit_group(&mut conn, &mut group)
-            };
+            let committed = commit_group(&mut conn, &mut group);
+            drop(my_turn);
             match committed {
                 Ok(()) => {
                     streak.succeeded();
@@ -304,12 +317,19 @@ fn run(
 /// itself); the pieces that fail alone are finished here and removed, so
 /// what remains in `group` has committed.
 fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Result<(), WriteFailed> {
+    // Reads go first, so that those which write nothing read only
+    // committed data and can be answered before the commit.
+    group.sort_by_key(|work| !work.reads_first());
     let applied = (|| -> anyhow::Result<Option<usize>> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let unwritten = tx.total_changes();
         for (index, work) in group.iter_mut().enumerate() {
             if let Err(err) = work.apply(&tx) {
                 tracing::debug!(error = %err, "A write failed; applying the group piece by piece.");
                 return Ok(Some(index));
+            }
+            if tx.total_changes() == unwritten {
+                work.settle_early();
             }
         }
         tx.commit()?;
@@ -395,6 +415,60 @@ mod tests {
         writer.stop().await;
         done.await.unwrap();
         assert!(insert("d").await.is_err(), "a stopped writer refuses work");
+    }
+
+    /// A read that settles early: answers from `settle_early`.
+    struct EarlyRead(Option<oneshot::Sender<()>>);
+
+    impl Work for EarlyRead {
+        fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+            tx.query_row("SELECT COUNT(*) FROM settings", [], |_| Ok(()))?;
+            Ok(())
+        }
+        fn reads_first(&self) -> bool {
+            true
+        }
+        fn settle_early(&mut self) {
+            if let Some(reply) = self.0.take() {
+                let _ = reply.send(());
+            }
+        }
+        fn finish(self: Box<Self>, _outcome: Result<(), WriteFailed>) {}
+    }
+
+    #[tokio::test]
+    async fn a_read_that_writes_nothing_is_answered_before_the_writes_of_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, writer, _done) = open(&dir).await;
+        // Hold the writer's turn so that both pieces land in one group.
+        let turn = _db.write_turn().await;
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .run(move |tx| {
+                        tx.execute("INSERT INTO settings(key, value) VALUES ('slow', 'v')", [])?;
+                        // Goes on only once the read has been answered.
+                        released.recv_timeout(Duration::from_secs(10))?;
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (reply, answered) = oneshot::channel();
+        writer.submit(Box::new(EarlyRead(Some(reply)))).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(turn);
+        // Submitted after the write, yet answered while the write's group
+        // is still being applied: the read went first.
+        tokio::time::timeout(Duration::from_secs(5), answered)
+            .await
+            .expect("the read was not answered before the group's writes")
+            .unwrap();
+        release.send(()).unwrap();
+        slow.await.unwrap().unwrap();
     }
 
     #[tokio::test]
