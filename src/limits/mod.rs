@@ -12,6 +12,9 @@ pub mod redis;
 pub mod tenant;
 mod tenant_redis;
 
+#[cfg(test)]
+mod redis_tests;
+
 use std::time::Duration;
 
 /// Whole seconds for a `Retry-After` header: rounded up, at least 1.
