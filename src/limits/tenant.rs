@@ -301,6 +301,16 @@ impl LocalLimits {
             .collect()
     }
 
+    /// Forgets the counts with nothing to hand over (a tenant only refused,
+    /// or whose sends were all handed over), so the next outage starts from
+    /// the count Redis reports by then, not from this one's.
+    pub(crate) fn forget_settled(&self) {
+        self.days
+            .lock()
+            .expect("days lock")
+            .retain(|_, c| c.count > c.seeded);
+    }
+
     /// Records that `sends` of `tenant`'s day were handed over elsewhere;
     /// a count with nothing left to hand over is forgotten, so the next
     /// outage starts from fresher figures.
@@ -314,5 +324,65 @@ impl LocalLimits {
                 days.remove(tenant);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Lane;
+
+    fn plan(burst: u32) -> Plan {
+        Plan {
+            name: "p".into(),
+            lane: Lane::Fast,
+            rate_per_second: 0.01,
+            burst,
+            daily_quota: 100,
+            max_in_flight: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_beyond_a_seed_are_handed_over_once_and_settled_ones_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("f.db"), false).await.unwrap();
+        let limits = LocalLimits::new(db);
+        // "sender" is admitted twice on top of a reported count of 5;
+        // "refused" was reported at its quota and only meets refusals.
+        for _ in 0..2 {
+            assert!(
+                limits
+                    .admit("sender", &plan(2), |_| Some(5))
+                    .await
+                    .unwrap()
+                    .is_ok()
+            );
+        }
+        assert!(
+            limits
+                .admit("sender", &plan(2), |_| Some(5))
+                .await
+                .unwrap()
+                .is_err()
+        );
+        let refusal = limits
+            .admit("refused", &plan(2), |_| Some(100))
+            .await
+            .unwrap();
+        assert!(matches!(refusal, Err(Refusal::Quota { .. })), "{refusal:?}");
+        assert_eq!(limits.days.lock().unwrap().len(), 2);
+
+        let owed = limits.admitted_beyond_seed();
+        assert_eq!(owed.len(), 1);
+        let (tenant, day, sends) = owed[0].clone();
+        assert_eq!((tenant.as_str(), sends), ("sender", 2));
+        limits.handed_over(&tenant, day, sends);
+        limits.forget_settled();
+        assert!(limits.admitted_beyond_seed().is_empty());
+        assert!(
+            limits.days.lock().unwrap().is_empty(),
+            "nothing left to remember"
+        );
     }
 }

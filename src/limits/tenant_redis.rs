@@ -177,6 +177,7 @@ impl RedisTenantLimits {
             }
             self.fallback.handed_over(&tenant, day, sends);
         }
+        self.fallback.forget_settled();
     }
 }
 
