@@ -18,10 +18,11 @@ use tracing::{info, warn};
 use crate::accept::{AcceptWriter, Staging};
 use crate::api::{self, AppInner, AppState};
 use crate::auth::AdminAuth;
-use crate::config::{QueueBackend, Settings};
+use crate::config::{LimitsBackend, QueueBackend, Settings};
 use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
 use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
+use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::TenantLimits;
 use crate::model::{Channel, Lane, TenantStatus};
 use crate::outbox::Outbox;
@@ -107,6 +108,17 @@ impl Application {
         };
         let writer = AcceptWriter::new(store_writer.clone(), staging);
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
+        let redis = match settings.limits.backend {
+            LimitsBackend::Local => {
+                metrics::gauge!(crate::metrics::LIMITS_BACKEND_UP).set(1.0);
+                None
+            }
+            LimitsBackend::Redis => {
+                let redis = RedisLimits::connect(&settings.limits).await?;
+                background.push(redis.spawn_heartbeat(shutdown_rx.clone()));
+                Some(redis)
+            }
+        };
 
         // One synchronous sample so the first requests see real depths.
         let mut previous = [
@@ -139,8 +151,14 @@ impl Application {
                 db: db.clone(),
                 registry: registry.clone(),
                 queue: queue.clone(),
-                email: gated(&settings.providers.email, Channel::Email, share).await?,
-                sms: gated(&settings.providers.sms, Channel::Sms, share).await?,
+                email: gated(
+                    &settings.providers.email,
+                    Channel::Email,
+                    share,
+                    redis.clone(),
+                )
+                .await?,
+                sms: gated(&settings.providers.sms, Channel::Sms, share, redis.clone()).await?,
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
                 status,
@@ -160,7 +178,10 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
         let state = AppState::new(AppInner {
-            limits: TenantLimits::new(db.clone()),
+            limits: match redis {
+                Some(redis) => TenantLimits::with_redis(db.clone(), redis),
+                None => TenantLimits::new(db.clone()),
+            },
             settings,
             db,
             registry,
@@ -286,21 +307,25 @@ async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
 ///
 /// The gate serves waiting messages high priority first with the lanes'
 /// share rule; it is shared by both lanes, so it gives lower priorities the
-/// larger of the two lanes' `low_priority_share`.
+/// larger of the two lanes' `low_priority_share`. With `redis`, its tokens
+/// come from the provider's fleet-wide bucket.
 async fn gated(
     settings: &crate::config::ProviderSettings,
     channel: Channel,
     low_priority_share: f64,
+    redis: Option<Arc<RedisLimits>>,
 ) -> anyhow::Result<GatedProvider> {
+    let gate =
+        ProviderGate::with_share(settings.rate_per_second, settings.burst, low_priority_share);
+    let gate = match redis {
+        Some(redis) => gate.with_global_bucket(redis, channel.as_str()),
+        None => gate,
+    };
     Ok(GatedProvider {
         provider: crate::providers::build(settings, channel)
             .await
             .with_context(|| format!("setting up the {channel} provider"))?,
-        gate: Arc::new(ProviderGate::with_share(
-            settings.rate_per_second,
-            settings.burst,
-            low_priority_share,
-        )),
+        gate: Arc::new(gate),
     })
 }
 

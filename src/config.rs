@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use figment::Figment;
 use figment::providers::{Format, Toml};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::model::Lane;
@@ -34,6 +34,10 @@ pub struct Settings {
     pub retry: RetrySettings,
     pub consumers: ConsumerSettings,
     pub providers: ProvidersSettings,
+    /// Where tenant limits and provider rates are counted: in this process,
+    /// or in Redis for every instance together.
+    #[serde(default)]
+    pub limits: LimitsSettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
     #[serde(default)]
@@ -239,6 +243,58 @@ pub struct ProviderSettings {
     pub log_path: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitsBackend {
+    /// Each instance counts on its own (one instance, or tests).
+    #[default]
+    Local,
+    /// Counted in Redis, so several instances behind a load balancer share
+    /// each tenant's rate and quota and each provider's rate.
+    Redis,
+}
+
+/// `[limits]`: where tenant rates, daily quotas and provider token buckets
+/// are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSettings {
+    /// `local` (default) or `redis`.
+    #[serde(default)]
+    pub backend: LimitsBackend,
+    /// `redis://[:password@]host:port[/db]`; required with `backend = "redis"`.
+    /// Kept secret because the URL may carry a password.
+    #[serde(default)]
+    pub redis_url: Option<SecretString>,
+    /// Every key fairlane writes starts with `{key_prefix}:`, so several
+    /// deployments (or tests) can share one Redis.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// Longest wait for one Redis call; a slower answer counts as Redis
+    /// being down, so a dead connection never holds up a request for long.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+impl Default for LimitsSettings {
+    fn default() -> Self {
+        LimitsSettings {
+            backend: LimitsBackend::Local,
+            redis_url: None,
+            key_prefix: default_key_prefix(),
+            timeout_ms: default_redis_timeout_ms(),
+        }
+    }
+}
+
+fn default_key_prefix() -> String {
+    "fairlane".to_owned()
+}
+
+fn default_redis_timeout_ms() -> u64 {
+    250
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSettings {
@@ -409,6 +465,7 @@ impl Settings {
             }
             ProviderKind::Log => {}
         }
+        self.validate_limits()?;
         for (name, plan) in &self.plans {
             crate::tenants::validate_plan_figures(
                 plan.rate_per_second,
@@ -416,6 +473,29 @@ impl Settings {
                 plan.max_in_flight,
             )
             .with_context(|| format!("plans.{name}"))?;
+        }
+        Ok(())
+    }
+
+    fn validate_limits(&self) -> anyhow::Result<()> {
+        let limits = &self.limits;
+        if limits.key_prefix.is_empty() {
+            bail!("limits.key_prefix must not be empty");
+        }
+        if limits.timeout_ms == 0 || limits.timeout_ms > 10_000 {
+            bail!("limits.timeout_ms must be between 1 and 10000");
+        }
+        match (limits.backend, &limits.redis_url) {
+            (LimitsBackend::Local, _) => {}
+            (LimitsBackend::Redis, None) => bail!(
+                "limits.redis_url is required when limits.backend = \"redis\" (e.g. redis://127.0.0.1:6379)"
+            ),
+            (LimitsBackend::Redis, Some(url)) => {
+                // Parsing only: whether Redis answers is checked at start-up,
+                // where an unreachable Redis means starting on local shares.
+                redis::Client::open(url.expose_secret())
+                    .map_err(|err| anyhow::anyhow!("limits.redis_url is not a Redis URL: {err}"))?;
+            }
         }
         Ok(())
     }
@@ -513,6 +593,36 @@ mod tests {
         );
         let settings = Settings::from_toml_overlay("").unwrap();
         assert_eq!(settings.lanes.fast.low_priority_share, 0.1);
+    }
+
+    #[test]
+    fn the_limits_backend_is_local_by_default_and_redis_needs_a_url() {
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert_eq!(settings.limits.backend, LimitsBackend::Local);
+        assert_eq!(settings.limits.key_prefix, "fairlane");
+        assert_eq!(settings.limits.timeout_ms, 250);
+
+        let err = Settings::from_toml_overlay("[limits]\nbackend = \"redis\"\n").unwrap_err();
+        assert!(
+            format!("{err:#}").contains("limits.redis_url is required"),
+            "{err:#}"
+        );
+
+        let err = Settings::from_toml_overlay(
+            "[limits]\nbackend = \"redis\"\nredis_url = \"http://127.0.0.1:6379\"\n",
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("limits.redis_url"), "{err:#}");
+
+        let err = Settings::from_toml_overlay("[limits]\nbakend = \"redis\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("bakend"), "{err:#}");
+
+        let settings = Settings::from_toml_overlay(
+            "[limits]\nbackend = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\nkey_prefix = \"eu1\"\n",
+        )
+        .unwrap();
+        assert_eq!(settings.limits.backend, LimitsBackend::Redis);
+        assert_eq!(settings.limits.key_prefix, "eu1");
     }
 
     #[test]

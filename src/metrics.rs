@@ -43,6 +43,18 @@ pub const GATE_WAIT_SECONDS: &str = "fairlane_provider_gate_wait_seconds";
 /// `max_in_flight`).
 pub const MESSAGES_WAITING: &str = "fairlane_messages_waiting";
 
+/// 1 while tenant limits and provider gates are counted where configured
+/// (always with `limits.backend = "local"`; with `redis`, while Redis
+/// answers), 0 while an instance runs on its local share because Redis is
+/// unreachable.
+pub const LIMITS_BACKEND_UP: &str = "fairlane_limits_backend_up";
+/// Redis calls of the limits that failed or timed out, by `operation`
+/// (`admit`, `seed`, `release`, `reconcile`, `gate`, `heartbeat`).
+pub const REDIS_ERRORS_TOTAL: &str = "fairlane_redis_errors_total";
+/// Instances with a fresh heartbeat in Redis, as this instance last saw it
+/// (`limits.backend = "redis"` only); the divisor of the local shares.
+pub const LIMITS_LIVE_INSTANCES: &str = "fairlane_limits_live_instances";
+
 /// Raises a gauge by one for as long as it lives.
 pub struct GaugeHold(metrics::Gauge);
 

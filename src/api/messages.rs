@@ -1,9 +1,10 @@
 //! `POST /v1/messages` (the accept path) and `GET /v1/messages/{id}`.
 //!
 //! The accept path does no per-request I/O except the group commit: the
-//! caller, tenant and plan come from memory, limits are in-memory buckets,
-//! lane depth is a cached sample, and the status row, queue entry and
-//! idempotency record are written together by the accept writer.
+//! caller, tenant and plan come from memory, limits are in-memory buckets
+//! (or one Redis script call with `limits.backend = "redis"`), lane depth is
+//! a cached sample, and the status row, queue entry and idempotency record
+//! are written together by the accept writer.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -377,7 +378,7 @@ pub async fn send_message(
     };
     let to_send = state.outbox.as_ref().map(|_| entry.outbound.clone());
     if let Err(failed) = state.writer.accept(entry).await {
-        state.limits.release(tenant_id, &grant);
+        state.limits.release(tenant_id, &grant).await;
         return Err(ApiError::Unavailable {
             detail: "The message could not be queued durably; nothing was accepted.".into(),
             retry_after: failed.retry_after,
@@ -390,7 +391,7 @@ pub async fn send_message(
             && outbox.reject(tenant_id, &id, &failed.reason).await
                 == crate::outbox::Rejection::Rejected
         {
-            state.limits.release(tenant_id, &grant);
+            state.limits.release(tenant_id, &grant).await;
             metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
             return Err(ApiError::Unavailable {
                 detail: format!(

@@ -25,6 +25,22 @@
 //! dropping an `acquire` future never loses one. The dropped waiter leaves the
 //! line and, if it was the head, wakes the next one.
 //!
+//! Fleet-wide (`limits.backend = "redis"`, [`ProviderGate::with_global_bucket`]):
+//! the line stays local and orders this instance's waiters exactly as above,
+//! but the head must take its token from the provider's bucket in Redis,
+//! which every instance draws on, so the fleet together keeps within
+//! `burst + rate × t`. It asks for one token when it would use it (never
+//! ahead), and when Redis answers "not until T" it sleeps until T. The local
+//! bucket is not consulted then: an instance's calls are a subset of the
+//! fleet's, so the global bucket bounds them already, and a second bucket on
+//! the instance's own clock would refuse tokens the global one granted
+//! whenever network delay bunches two grants together. While Redis is
+//! unreachable, the head takes from a local bucket of this instance's share
+//! instead (rate and burst divided by the live instances, burst at least 1),
+//! built empty at the start of each outage so the switch adds no burst. A
+//! caller cancelled while its Redis call is under way may waste that token:
+//! the fleet then sends less, never more.
+//!
 //! Time comes from tokio's clock, so the gate also runs exactly under
 //! `tokio::time::pause`. The tests do not use that, because this crate does
 //! not enable tokio's `test-util` feature. Instead they drive a simulated clock
@@ -45,6 +61,7 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use tokio::sync::Notify;
 
+use super::redis::{RedisLimits, period_micros};
 use crate::model::Priority;
 use crate::queue::priority::ShareCredit;
 
@@ -73,6 +90,28 @@ pub struct ProviderGate {
     /// Callers waiting for a token. A std mutex is enough: it is held only
     /// for a few queue operations and a bucket check, never across an await.
     line: Mutex<Line>,
+    /// With `limits.backend = "redis"`: the fleet-wide bucket the head of
+    /// the line takes its tokens from instead of `bucket`.
+    global: Option<GlobalBucket>,
+}
+
+/// A provider's bucket in Redis, shared by every instance, and this
+/// instance's share of it for when Redis cannot be reached.
+struct GlobalBucket {
+    redis: Arc<RedisLimits>,
+    /// The provider's name in the key, `{prefix}:gate:{provider}`.
+    provider: String,
+    /// The gate's rate as whole microseconds per call, rounded up.
+    period_us: u64,
+    /// The local share, built afresh for each outage.
+    share: Mutex<Option<ShareBucket>>,
+}
+
+/// This instance's share of a provider's rate during one outage.
+struct ShareBucket {
+    /// Which outage it was built for ([`RedisLimits`] counts them).
+    outage: u64,
+    bucket: Arc<Bucket>,
 }
 
 impl ProviderGate {
@@ -121,7 +160,23 @@ impl ProviderGate {
             rate_per_second,
             burst,
             line: Mutex::new(Line::new(low_priority_share)),
+            global: None,
         }
+    }
+
+    /// Makes the gate fleet-wide: the head of the line takes its tokens from
+    /// the bucket `{prefix}:gate:{provider}` in Redis, which every instance
+    /// with this prefix shares, so together they keep the gate's rate and
+    /// burst. While Redis is unreachable, this instance paces its calls at
+    /// its share of both (see the module documentation).
+    pub fn with_global_bucket(mut self, redis: Arc<RedisLimits>, provider: &str) -> Self {
+        self.global = Some(GlobalBucket {
+            redis,
+            provider: provider.to_owned(),
+            period_us: period_micros(self.rate_per_second),
+            share: Mutex::new(None),
+        });
+        self
     }
 
     /// The configured rate in calls per second.
@@ -159,6 +214,9 @@ impl ProviderGate {
     /// another tenant's first.
     pub async fn acquire_for(&self, priority: Priority, tenant: &str) -> Duration {
         let rank = priority.rank();
+        if let Some(global) = &self.global {
+            return self.acquire_global(global, rank, tenant).await;
+        }
         let started = self.timeline.now();
 
         // Nobody this urgent or more is waiting, so this caller would be the
@@ -202,6 +260,60 @@ impl ProviderGate {
         }
     }
 
+    /// [`ProviderGate::acquire_for`] with a fleet-wide bucket: the same line,
+    /// but the head takes its token from Redis, or from this instance's
+    /// share while Redis is down. Every caller queues first (no fast path),
+    /// because the Redis call cannot be made under the line's lock; a caller
+    /// that finds the line empty is its head at once, so it costs nothing
+    /// but the queue operations.
+    async fn acquire_global(&self, global: &GlobalBucket, rank: usize, tenant: &str) -> Duration {
+        let started = self.timeline.now();
+        let place = self.line().join(self, rank, tenant);
+        loop {
+            if self.line().head_id() != Some(place.id) {
+                place.wake.notified().await;
+                continue;
+            }
+            if global.redis.is_up() {
+                match global
+                    .redis
+                    .take_gate_token(&global.provider, global.period_us, self.burst)
+                    .await
+                {
+                    Ok(None) => {
+                        self.line().leave(rank, place.id, true);
+                        place.served();
+                        return self.timeline.elapsed_since(started);
+                    }
+                    Ok(Some(wait)) => {
+                        let due = Nanos::from(Duration::from(self.timeline.now()) + wait);
+                        self.timeline.sleep_until(due).await;
+                    }
+                    // Redis is marked down now: the next round takes from
+                    // this instance's share.
+                    Err(_) => {}
+                }
+                continue;
+            }
+            let share = global.share(self);
+            let due = {
+                let mut line = self.line();
+                if line.head_id() != Some(place.id) {
+                    continue;
+                }
+                match share.check() {
+                    Ok(()) => {
+                        line.leave(rank, place.id, true);
+                        place.served();
+                        return self.timeline.elapsed_since(started);
+                    }
+                    Err(not_until) => not_until.earliest_possible(),
+                }
+            };
+            self.timeline.sleep_until(due).await;
+        }
+    }
+
     fn line(&self) -> MutexGuard<'_, Line> {
         // Nothing panics while the lock is held, so a poisoned lock still
         // guards consistent queues.
@@ -215,7 +327,40 @@ impl fmt::Debug for ProviderGate {
             .field("rate_per_second", &self.rate_per_second)
             .field("burst", &self.burst)
             .field("waiting", &self.waiting())
+            .field(
+                "global",
+                &self.global.as_ref().map(|global| &global.provider),
+            )
             .finish()
+    }
+}
+
+impl GlobalBucket {
+    /// This instance's share of `gate` for the current outage: rate and
+    /// burst divided by the live instances last counted (the burst at least
+    /// one). It starts empty, so that the fleet's switch to shares adds no
+    /// burst on top of the tokens just taken from Redis.
+    fn share(&self, gate: &ProviderGate) -> Arc<Bucket> {
+        let outage = self.redis.outages();
+        let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(current) = share.as_ref().filter(|s| s.outage == outage) {
+            return Arc::clone(&current.bucket);
+        }
+        let instances = self.redis.live_instances().max(1);
+        let rate = gate.rate_per_second / f64::from(instances);
+        let burst = NonZeroU32::new((gate.burst / instances).max(1)).expect("at least 1");
+        let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
+        let quota = Quota::with_period(period)
+            .expect("period is at least one nanosecond")
+            .allow_burst(burst);
+        let bucket = RateLimiter::direct_with_clock(quota, gate.timeline.clone());
+        let _ = bucket.check_n(burst);
+        let bucket = Arc::new(bucket);
+        *share = Some(ShareBucket {
+            outage,
+            bucket: Arc::clone(&bucket),
+        });
+        bucket
     }
 }
 

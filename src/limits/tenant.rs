@@ -1,6 +1,12 @@
-//! Per-tenant admission: a token bucket per tenant (governor's GCRA, one
-//! keyed limiter per plan so every tenant of a plan shares its figures) and
-//! a daily quota counted per UTC day.
+//! Per-tenant admission: a token bucket per tenant (GCRA, one bucket per
+//! tenant with its plan's figures) and a daily quota counted per UTC day.
+//!
+//! Two backends behind one [`TenantLimits`]: `local` keeps the buckets in
+//! this process (governor, one keyed limiter per plan so every tenant of a
+//! plan shares its figures); `redis` keeps them in Redis for every instance
+//! together ([`super::tenant_redis`]), and falls back to this process's
+//! share while Redis is unreachable. Both answer with the same [`Grant`] and
+//! [`Refusal`] figures.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -12,7 +18,9 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
+use super::redis::RedisLimits;
 use super::retry_after_secs;
+use super::tenant_redis::RedisTenantLimits;
 use crate::store::Db;
 use crate::tenants::Plan;
 
@@ -38,6 +46,28 @@ pub struct RateInfo {
     pub reset_secs: u64,
 }
 
+impl RateInfo {
+    /// The figures of a granted send that left `remaining` in a bucket of
+    /// `plan.burst`.
+    pub(crate) fn granted(plan: &Plan, remaining: u32) -> Self {
+        let missing = plan.burst.saturating_sub(remaining) as f64;
+        RateInfo {
+            limit: plan.burst,
+            remaining,
+            reset_secs: (missing / plan.rate_per_second).ceil() as u64,
+        }
+    }
+
+    /// The figures of a send refused for `wait`.
+    pub(crate) fn refused(plan: &Plan, wait: Duration) -> Self {
+        RateInfo {
+            limit: plan.burst,
+            remaining: 0,
+            reset_secs: retry_after_secs(wait),
+        }
+    }
+}
+
 /// Why a send was refused.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
@@ -55,7 +85,67 @@ pub enum Refusal {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
     pub info: RateInfo,
-    day: i64,
+    pub(crate) day: i64,
+    /// Which counter charged it, so a release goes back to the same one.
+    pub(crate) via: Via,
+}
+
+/// Where a grant's quota was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// This process's counter (`local` backend, or `redis` while down).
+    Local,
+    /// The day's counter in Redis.
+    Redis,
+}
+
+/// Admission limits of every tenant, in the configured backend.
+pub struct TenantLimits {
+    backend: Backend,
+}
+
+enum Backend {
+    Local(LocalLimits),
+    Redis(Arc<RedisTenantLimits>),
+}
+
+impl TenantLimits {
+    /// Limits counted in this process.
+    pub fn new(db: Db) -> Self {
+        TenantLimits {
+            backend: Backend::Local(LocalLimits::new(db)),
+        }
+    }
+
+    /// Limits counted in Redis for every instance that shares its key
+    /// prefix, with this instance's share as fallback.
+    pub fn with_redis(db: Db, redis: Arc<RedisLimits>) -> Self {
+        TenantLimits {
+            backend: Backend::Redis(RedisTenantLimits::start(db, redis)),
+        }
+    }
+
+    /// Takes one send from `tenant_id`'s bucket and quota, or says why not.
+    /// The quota is looked at first, so a tenant whose day is used up does
+    /// not also drain its bucket; a refusal takes nothing from either.
+    pub async fn admit(
+        &self,
+        tenant_id: &str,
+        plan: &Plan,
+    ) -> anyhow::Result<Result<Grant, Refusal>> {
+        match &self.backend {
+            Backend::Local(local) => local.admit(tenant_id, plan, |_| None).await,
+            Backend::Redis(redis) => redis.admit(tenant_id, plan).await,
+        }
+    }
+
+    /// Gives back the quota of a grant whose send was not accepted.
+    pub async fn release(&self, tenant_id: &str, grant: &Grant) {
+        match &self.backend {
+            Backend::Local(local) => local.release(tenant_id, grant),
+            Backend::Redis(redis) => redis.release(tenant_id, grant).await,
+        }
+    }
 }
 
 /// Sends counted today for one tenant.
@@ -63,11 +153,16 @@ pub struct Grant {
 struct DayCount {
     day: i64,
     count: u64,
+    /// What `count` started from (the store's count, or the count Redis
+    /// last reported): `count - seeded` is what this process admitted.
+    seeded: u64,
 }
 
-const DAY_MS: i64 = 86_400_000;
+/// Milliseconds in a UTC day.
+pub(crate) const DAY_MS: i64 = 86_400_000;
 
-pub struct TenantLimits {
+/// Buckets and day counts kept in this process.
+pub(crate) struct LocalLimits {
     db: Db,
     buckets: RwLock<HashMap<String, PlanBucket>>,
     days: Mutex<HashMap<String, DayCount>>,
@@ -81,9 +176,9 @@ fn quota_for(plan: &Plan) -> Quota {
         .allow_burst(burst)
 }
 
-impl TenantLimits {
-    pub fn new(db: Db) -> Self {
-        TenantLimits {
+impl LocalLimits {
+    pub(crate) fn new(db: Db) -> Self {
+        LocalLimits {
             db,
             buckets: RwLock::new(HashMap::new()),
             days: Mutex::new(HashMap::new()),
@@ -111,31 +206,34 @@ impl TenantLimits {
         limiter
     }
 
-    /// Takes one send from `tenant_id`'s bucket and quota, or says why not.
-    /// The quota is looked at first, so a tenant whose day is used up does
-    /// not also drain its bucket; a refusal takes nothing from either.
-    pub async fn admit(
+    /// See [`TenantLimits::admit`]. A tenant's first count of the day
+    /// starts from `seed(today)` when it has one, else from the store.
+    pub(crate) async fn admit(
         &self,
         tenant_id: &str,
         plan: &Plan,
+        seed: impl FnOnce(i64) -> Option<u64>,
     ) -> anyhow::Result<Result<Grant, Refusal>> {
         let now = crate::model::now_ms();
         let today = now.div_euclid(DAY_MS);
         let known = self.days.lock().expect("days lock").get(tenant_id).copied();
         if known.is_none_or(|c| c.day != today) {
-            let counted =
-                crate::store::messages::count_since(&self.db.read, tenant_id, today * DAY_MS)
-                    .await?;
+            let counted = match seed(today) {
+                Some(count) => count,
+                None => {
+                    crate::store::messages::count_since(&self.db.read, tenant_id, today * DAY_MS)
+                        .await?
+                }
+            };
             let mut days = self.days.lock().expect("days lock");
-            let entry = days.entry(tenant_id.to_owned()).or_insert(DayCount {
+            let fresh = DayCount {
                 day: today,
                 count: counted,
-            });
+                seeded: counted,
+            };
+            let entry = days.entry(tenant_id.to_owned()).or_insert(fresh);
             if entry.day != today {
-                *entry = DayCount {
-                    day: today,
-                    count: counted,
-                };
+                *entry = fresh;
             }
         }
         let quota_refusal = || Refusal::Quota {
@@ -155,25 +253,12 @@ impl TenantLimits {
         let limiter = self.limiter(plan);
         let key = tenant_id.to_owned();
         let info = match limiter.check_key(&key) {
-            Ok(snapshot) => {
-                let remaining = snapshot.remaining_burst_capacity();
-                let missing = plan.burst.saturating_sub(remaining) as f64;
-                RateInfo {
-                    limit: plan.burst,
-                    remaining,
-                    reset_secs: (missing / plan.rate_per_second).ceil() as u64,
-                }
-            }
+            Ok(snapshot) => RateInfo::granted(plan, snapshot.remaining_burst_capacity()),
             Err(not_until) => {
                 let wait = not_until.wait_time_from(limiter.clock().now());
-                let info = RateInfo {
-                    limit: plan.burst,
-                    remaining: 0,
-                    reset_secs: retry_after_secs(wait),
-                };
                 return Ok(Err(Refusal::Rate {
                     retry_after: wait,
-                    info,
+                    info: RateInfo::refused(plan, wait),
                 }));
             }
         };
@@ -182,21 +267,122 @@ impl TenantLimits {
         let entry = days.entry(tenant_id.to_owned()).or_insert(DayCount {
             day: today,
             count: 0,
+            seeded: 0,
         });
         if entry.day == today && entry.count >= plan.daily_quota {
             // Another request took the last of the quota meanwhile.
             return Ok(Err(quota_refusal()));
         }
         entry.count += 1;
-        Ok(Ok(Grant { info, day: today }))
+        Ok(Ok(Grant {
+            info,
+            day: today,
+            via: Via::Local,
+        }))
     }
 
     /// Gives back the quota of a grant whose send was not accepted.
-    pub fn release(&self, tenant_id: &str, grant: &Grant) {
+    pub(crate) fn release(&self, tenant_id: &str, grant: &Grant) {
         if let Some(entry) = self.days.lock().expect("days lock").get_mut(tenant_id)
             && entry.day == grant.day
         {
             entry.count = entry.count.saturating_sub(1);
         }
+    }
+
+    /// Sends admitted here beyond each tenant's seed: `(tenant, day, sends)`.
+    pub(crate) fn admitted_beyond_seed(&self) -> Vec<(String, i64, u64)> {
+        self.days
+            .lock()
+            .expect("days lock")
+            .iter()
+            .filter(|(_, c)| c.count > c.seeded)
+            .map(|(tenant, c)| (tenant.clone(), c.day, c.count - c.seeded))
+            .collect()
+    }
+
+    /// Forgets the counts with nothing to hand over (a tenant only refused,
+    /// or whose sends were all handed over), so the next outage starts from
+    /// the count Redis reports by then, not from this one's.
+    pub(crate) fn forget_settled(&self) {
+        self.days
+            .lock()
+            .expect("days lock")
+            .retain(|_, c| c.count > c.seeded);
+    }
+
+    /// Records that `sends` of `tenant`'s day were handed over elsewhere;
+    /// a count with nothing left to hand over is forgotten, so the next
+    /// outage starts from fresher figures.
+    pub(crate) fn handed_over(&self, tenant: &str, day: i64, sends: u64) {
+        let mut days = self.days.lock().expect("days lock");
+        if let Some(entry) = days.get_mut(tenant)
+            && entry.day == day
+        {
+            entry.seeded = (entry.seeded + sends).min(entry.count);
+            if entry.seeded == entry.count {
+                days.remove(tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Lane;
+
+    fn plan(burst: u32) -> Plan {
+        Plan {
+            name: "p".into(),
+            lane: Lane::Fast,
+            rate_per_second: 0.01,
+            burst,
+            daily_quota: 100,
+            max_in_flight: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_beyond_a_seed_are_handed_over_once_and_settled_ones_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("f.db"), false).await.unwrap();
+        let limits = LocalLimits::new(db);
+        // "sender" is admitted twice on top of a reported count of 5;
+        // "refused" was reported at its quota and only meets refusals.
+        for _ in 0..2 {
+            assert!(
+                limits
+                    .admit("sender", &plan(2), |_| Some(5))
+                    .await
+                    .unwrap()
+                    .is_ok()
+            );
+        }
+        assert!(
+            limits
+                .admit("sender", &plan(2), |_| Some(5))
+                .await
+                .unwrap()
+                .is_err()
+        );
+        let refusal = limits
+            .admit("refused", &plan(2), |_| Some(100))
+            .await
+            .unwrap();
+        assert!(matches!(refusal, Err(Refusal::Quota { .. })), "{refusal:?}");
+        assert_eq!(limits.days.lock().unwrap().len(), 2);
+
+        let owed = limits.admitted_beyond_seed();
+        assert_eq!(owed.len(), 1);
+        let (tenant, day, sends) = owed[0].clone();
+        assert_eq!((tenant.as_str(), sends), ("sender", 2));
+        limits.handed_over(&tenant, day, sends);
+        limits.forget_settled();
+        assert!(limits.admitted_beyond_seed().is_empty());
+        assert!(
+            limits.days.lock().unwrap().is_empty(),
+            "nothing left to remember"
+        );
     }
 }

@@ -12,6 +12,7 @@ mod messages;
 mod openapi;
 mod ops;
 mod priority;
+mod redis_limits;
 mod restart;
 mod shutdown;
 mod sqs;

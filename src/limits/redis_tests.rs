@@ -1,0 +1,626 @@
+//! The Redis backend of the limits against a real Redis: two instances (two
+//! `RedisLimits`, two `TenantLimits`, two `ProviderGate`s) sharing one key
+//! prefix, and outages of a Redis server the test starts and kills itself.
+//!
+//! The shared Redis comes from `FAIRLANE_TEST_REDIS_URL` (default
+//! `redis://127.0.0.1:6379`); outage tests start `redis-server` (or
+//! `FAIRLANE_TEST_REDIS_SERVER`) on a free port and stop it by its PID.
+//! Without either, the tests fail saying so. Each test uses a random key
+//! prefix and deletes its keys at the end.
+//!
+//! These run on real time, so they assert only bounds that a slow machine
+//! cannot break: never more than `burst + rate × elapsed + 1`, and at least
+//! a generous fraction of it.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tokio::sync::watch;
+
+use super::gate::ProviderGate;
+use super::redis::RedisLimits;
+use super::tenant::{Grant, Refusal, TenantLimits};
+use crate::model::{Lane, Priority};
+use crate::store::Db;
+use crate::tenants::Plan;
+
+const CALL_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn shared_redis_url() -> String {
+    std::env::var("FAIRLANE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn plan(rate_per_second: f64, burst: u32, daily_quota: u64) -> Plan {
+    Plan {
+        name: "test".into(),
+        lane: Lane::Fast,
+        rate_per_second,
+        burst,
+        daily_quota,
+        max_in_flight: 1,
+    }
+}
+
+/// A random key prefix whose keys are deleted when this is dropped, even
+/// when the test fails.
+struct Prefix {
+    url: String,
+    name: String,
+}
+
+impl Prefix {
+    fn new(url: &str) -> Self {
+        Prefix {
+            url: url.to_owned(),
+            name: format!("fairlane-test-{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    /// Keys under this prefix right now.
+    fn keys(&self) -> Vec<String> {
+        let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        else {
+            return Vec::new();
+        };
+        redis::cmd("KEYS")
+            .arg(format!("{}:*", self.name))
+            .query(&mut conn)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        let keys = self.keys();
+        if keys.is_empty() {
+            return;
+        }
+        if let Ok(mut conn) =
+            redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
+/// One fairlane instance's limits: its own store, its own Redis
+/// connection and heartbeat, the shared prefix.
+struct Instance {
+    redis: Arc<RedisLimits>,
+    tenants: TenantLimits,
+    /// Held for the store's temporary file.
+    _dir: TempDir,
+    /// Stops the heartbeat when dropped.
+    _stop: watch::Sender<bool>,
+}
+
+impl Instance {
+    async fn start(url: &str, prefix: &Prefix) -> Instance {
+        let redis = RedisLimits::connect_to(url, &prefix.name, CALL_TIMEOUT)
+            .await
+            .expect("a well-formed Redis URL");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let db = Db::open(&dir.path().join("fairlane.db"), false)
+            .await
+            .expect("store opens");
+        let (stop, stopped) = watch::channel(false);
+        redis.spawn_heartbeat(stopped);
+        Instance {
+            tenants: TenantLimits::with_redis(db, Arc::clone(&redis)),
+            redis,
+            _dir: dir,
+            _stop: stop,
+        }
+    }
+
+    /// An instance on the machine's shared Redis; fails the test when that
+    /// Redis does not answer.
+    async fn on_shared_redis(prefix: &Prefix) -> Instance {
+        let instance = Self::start(&prefix.url, prefix).await;
+        assert!(
+            instance.redis.is_up(),
+            "no Redis answers at {} (FAIRLANE_TEST_REDIS_URL): these tests need a real Redis; \
+             start one with `redis-server` or point the variable at one",
+            prefix.url
+        );
+        instance
+    }
+
+    fn gate(&self, rate_per_second: f64, burst: u32) -> Arc<ProviderGate> {
+        Arc::new(
+            ProviderGate::new(rate_per_second, burst)
+                .with_global_bucket(Arc::clone(&self.redis), "email"),
+        )
+    }
+
+    async fn admit(&self, tenant: &str, plan: &Plan) -> Result<Grant, Refusal> {
+        self.tenants
+            .admit(tenant, plan)
+            .await
+            .expect("admission answers without an error")
+    }
+}
+
+/// Waits until `check` holds, up to `within`; false if it never did.
+async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+/// Largest excess over `burst + rate × t` in any window between two of the
+/// (sorted) grant instants.
+fn worst_window_excess(grants: &[Instant], rate: f64, burst: u32) -> f64 {
+    let mut worst = f64::NEG_INFINITY;
+    for i in 0..grants.len() {
+        for j in i..grants.len() {
+            let window = (grants[j] - grants[i]).as_secs_f64();
+            worst = worst.max((j - i + 1) as f64 - f64::from(burst) - rate * window);
+        }
+    }
+    worst
+}
+
+/// Runs `callers` tasks per gate, each taking tokens back to back, for
+/// `run_for`; returns every grant's instant, sorted.
+async fn hammer_gates(
+    gates: &[Arc<ProviderGate>],
+    callers: usize,
+    run_for: Duration,
+) -> Vec<Instant> {
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for gate in gates {
+        for i in 0..callers {
+            let (gate, grants) = (Arc::clone(gate), Arc::clone(&grants));
+            tasks.spawn(async move {
+                loop {
+                    gate.acquire_for(Priority::ALL[i % 3], "t").await;
+                    grants.lock().unwrap().push(Instant::now());
+                }
+            });
+        }
+    }
+    tokio::time::sleep(run_for).await;
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort();
+    grants
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_together_admit_no_more_than_burst_plus_rate_of_one_plan() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let a = Instance::on_shared_redis(&prefix).await;
+    let b = Instance::on_shared_redis(&prefix).await;
+    // A full bucket first, on a plan slow enough that nothing refills while
+    // the calls run: exactly the burst passes, counting down, shared by both.
+    let slow = plan(1.0, 5, 1_000_000);
+    for (i, expected) in [4, 3, 2, 1, 0].into_iter().enumerate() {
+        let instance = if i % 2 == 0 { &a } else { &b };
+        let grant = instance
+            .admit("fresh", &slow)
+            .await
+            .expect("within the burst");
+        assert_eq!(grant.info.remaining, expected, "{grant:?}");
+    }
+    match b.admit("fresh", &slow).await {
+        Err(Refusal::Rate { retry_after, .. }) => assert!(
+            retry_after > Duration::ZERO && retry_after <= Duration::from_secs(1),
+            "{retry_after:?}"
+        ),
+        other => panic!("the sixth send of a burst of 5 passed: {other:?}"),
+    }
+
+    let plan = plan(10.0, 5, 1_000_000);
+    let period = Duration::from_millis(100);
+
+    let start = Instant::now();
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    while start.elapsed() < Duration::from_secs(3) {
+        for instance in [&a, &b] {
+            match instance.admit("acme", &plan).await {
+                Ok(grant) => {
+                    admitted += 1;
+                    assert_eq!(grant.info.limit, 5);
+                    assert!(grant.info.remaining < 5, "{grant:?}");
+                }
+                Err(Refusal::Rate { retry_after, info }) => {
+                    refused += 1;
+                    // Hammered without pause, the bucket is never more than
+                    // one emission interval from its next token.
+                    assert!(
+                        retry_after > Duration::ZERO && retry_after <= period,
+                        "Retry-After of {retry_after:?} with one token per 100 ms"
+                    );
+                    assert_eq!((info.limit, info.remaining, info.reset_secs), (5, 0, 1));
+                }
+                Err(other) => panic!("unexpected refusal {other:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    println!(
+        "two instances, plan 10/s burst 5, {elapsed:.2} s: {admitted} admitted, {refused} refused"
+    );
+    assert!(
+        f64::from(admitted) <= 5.0 + 10.0 * elapsed + 1.0,
+        "{admitted} admitted in {elapsed:.2} s"
+    );
+    assert!(
+        f64::from(admitted) >= 10.0 * elapsed * 0.5,
+        "only {admitted} admitted in {elapsed:.2} s"
+    );
+    assert!(refused > 0);
+
+    // A refusal's Retry-After is when the bucket has a token again: waiting
+    // that long (with no one else asking) is enough.
+    let wait = loop {
+        match a.admit("acme", &plan).await {
+            Ok(_) => continue,
+            Err(Refusal::Rate { retry_after, .. }) => break retry_after,
+            Err(other) => panic!("unexpected refusal {other:?}"),
+        }
+    };
+    tokio::time::sleep(wait).await;
+    assert!(
+        b.admit("acme", &plan).await.is_ok(),
+        "refused after Retry-After"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_daily_quota_and_a_release_gives_one_back() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let a = Instance::on_shared_redis(&prefix).await;
+    let b = Instance::on_shared_redis(&prefix).await;
+    let plan = plan(1000.0, 1000, 7);
+
+    let mut grants = Vec::new();
+    for round in 0..10 {
+        let instance = if round % 2 == 0 { &a } else { &b };
+        match instance.admit("acme", &plan).await {
+            Ok(grant) => grants.push(grant),
+            Err(Refusal::Quota { retry_after, quota }) => {
+                assert_eq!(quota, 7);
+                assert!(
+                    retry_after > Duration::ZERO && retry_after <= Duration::from_secs(86_400),
+                    "{retry_after:?}"
+                );
+            }
+            Err(other) => panic!("unexpected refusal {other:?}"),
+        }
+    }
+    assert_eq!(grants.len(), 7, "the quota of 7 is shared by both");
+
+    // A's send was not accepted after all: B may use its place.
+    a.tenants.release("acme", &grants[0]).await;
+    assert!(b.admit("acme", &plan).await.is_ok());
+    assert!(matches!(
+        a.admit("acme", &plan).await,
+        Err(Refusal::Quota { .. })
+    ));
+    // Another tenant has a day of its own.
+    assert!(a.admit("other", &plan).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gates_sharing_a_redis_bucket_keep_the_fleet_within_burst_plus_rate() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let a = Instance::on_shared_redis(&prefix).await;
+    let b = Instance::on_shared_redis(&prefix).await;
+    let gates = [a.gate(20.0, 5), b.gate(20.0, 5)];
+
+    let run_for = Duration::from_secs(3);
+    let grants = hammer_gates(&gates, 4, run_for).await;
+    let excess = worst_window_excess(&grants, 20.0, 5);
+    let span = (grants[grants.len() - 1] - grants[0]).as_secs_f64();
+    let after_burst = (grants.len() as f64 - 5.0) / span;
+    println!(
+        "two gates sharing 20/s burst 5: {} grants in {span:.2} s, {after_burst:.2}/s after the burst, \
+         worst window {excess:+.2} against burst + rate × t",
+        grants.len()
+    );
+    assert!(
+        excess <= 1.0,
+        "a window held {excess:.2} grants more than 5 + 20 × t"
+    );
+    assert!(
+        after_burst >= 0.85 * 20.0,
+        "only {after_burst:.2} grants a second after the burst"
+    );
+    assert!(gates.iter().all(|gate| gate.waiting() == [0, 0, 0]));
+}
+
+/// A `redis-server` of the test's own on a free port, without persistence.
+/// Stopped by its PID, never by name.
+struct OwnRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    fn start() -> OwnRedis {
+        let port = {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            listener.local_addr().expect("bound").port()
+        };
+        let mut redis = OwnRedis { port, child: None };
+        redis.restart();
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again) on the same port and waits until it answers.
+    fn restart(&mut self) {
+        let binary =
+            std::env::var("FAIRLANE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(&binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot start {binary:?} ({err}): the outage tests need redis-server \
+                     (apt-get install redis-server) or FAIRLANE_TEST_REDIS_SERVER"
+                )
+            });
+        self.child = Some(child);
+        let client = redis::Client::open(self.url()).expect("URL");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pong = client
+                .get_connection()
+                .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+            if pong.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not answer within 10 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills this server (SIGKILL to its own PID) and reaps it.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs one command on this server.
+    fn command(&self, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(self.url()).expect("URL");
+        let mut conn = client.get_connection().expect("own Redis answers");
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn).expect("command runs")
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_admission_and_gates_run_on_local_shares_and_recover_by_themselves() {
+    let mut server = OwnRedis::start();
+    let prefix = Prefix::new(&server.url());
+    let a = Instance::start(&server.url(), &prefix).await;
+    let b = Instance::start(&server.url(), &prefix).await;
+    assert!(a.redis.is_up() && b.redis.is_up());
+    assert!(
+        eventually(Duration::from_secs(5), || a.redis.live_instances() == 2).await,
+        "both heartbeats counted"
+    );
+    let plan = plan(10.0, 6, 1_000_000);
+    assert!(a.admit("acme", &plan).await.is_ok());
+    let gate = a.gate(20.0, 4);
+    gate.acquire(Priority::Normal).await;
+
+    server.kill();
+
+    // Admission answers at once and from then on runs on A's half of the
+    // plan: 5/s, burst 3 (no error, no waiting for Redis per request).
+    let start = Instant::now();
+    let (mut admitted, mut slowest) = (0u32, Duration::ZERO);
+    while start.elapsed() < Duration::from_secs(2) {
+        let asked = Instant::now();
+        match a.admit("acme", &plan).await {
+            Ok(grant) => {
+                admitted += 1;
+                assert_eq!(grant.info.limit, 3, "the local share's burst");
+            }
+            Err(Refusal::Rate { retry_after, info }) => {
+                assert_eq!(info.limit, 3);
+                assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
+            }
+            Err(other) => panic!("unexpected refusal {other:?}"),
+        }
+        slowest = slowest.max(asked.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    assert!(!a.redis.is_up(), "the outage was noticed");
+    println!(
+        "Redis down: {admitted} admitted in {elapsed:.2} s on a share of 5/s burst 3; \
+         slowest answer {slowest:?}"
+    );
+    assert!(
+        f64::from(admitted) <= 3.0 + 5.0 * elapsed + 1.0,
+        "{admitted} admitted"
+    );
+    assert!(
+        f64::from(admitted) >= 5.0 * elapsed * 0.5,
+        "{admitted} admitted"
+    );
+    assert!(
+        slowest <= Duration::from_millis(1000),
+        "an admission took {slowest:?}"
+    );
+
+    // The gate paces A's calls at its share: 10/s, burst 2, starting empty.
+    let grants = hammer_gates(std::slice::from_ref(&gate), 3, Duration::from_secs(2)).await;
+    let span = (grants[grants.len() - 1] - grants[0]).as_secs_f64();
+    println!(
+        "Redis down: the gate granted {} in {span:.2} s on a share of 10/s",
+        grants.len()
+    );
+    assert!(
+        worst_window_excess(&grants, 10.0, 2) <= 1.0,
+        "the share of 10/s burst 2 was exceeded"
+    );
+    assert!(grants.len() >= 10, "only {} grants in 2 s", grants.len());
+
+    // Back on the same port: the heartbeat finds it, and admissions go
+    // through Redis again (the day's counter is created there anew).
+    server.restart();
+    assert!(
+        eventually(Duration::from_secs(10), || a.redis.is_up()).await,
+        "the backend did not come back within 10 s of Redis"
+    );
+    assert!(a.admit("acme", &plan).await.is_ok());
+    let day = crate::model::now_ms().div_euclid(super::tenant::DAY_MS);
+    let counter = format!("{}:tenant:acme:quota:{day}", prefix.name);
+    assert_eq!(
+        server.command(&["EXISTS", &counter]),
+        redis::Value::Int(1),
+        "the admission went through Redis"
+    );
+    let grants = hammer_gates(std::slice::from_ref(&gate), 3, Duration::from_millis(500)).await;
+    assert!(grants.len() >= 4, "the gate's Redis bucket grants again");
+    server.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_admitted_while_redis_stalled_are_added_to_its_day_count_when_it_answers() {
+    let server = OwnRedis::start();
+    let prefix = Prefix::new(&server.url());
+    let a = Instance::start(&server.url(), &prefix).await;
+    assert!(a.redis.is_up());
+    let plan = plan(1000.0, 1000, 100);
+    for _ in 0..3 {
+        assert!(a.admit("acme", &plan).await.is_ok());
+    }
+    let day = crate::model::now_ms().div_euclid(super::tenant::DAY_MS);
+    let counter = format!("{}:tenant:acme:quota:{day}", prefix.name);
+    assert_eq!(
+        server.command(&["GET", &counter]),
+        redis::Value::BulkString(b"3".to_vec())
+    );
+
+    // A stalled Redis (every client paused) counts as down: each call gives
+    // up after the timeout, and admission goes on locally from count 3.
+    server.command(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let asked = Instant::now();
+    for _ in 0..4 {
+        assert!(a.admit("acme", &plan).await.is_ok());
+    }
+    assert!(!a.redis.is_up());
+    assert!(
+        asked.elapsed() < Duration::from_millis(1000),
+        "four admissions took {:?}",
+        asked.elapsed()
+    );
+
+    // Once Redis answers, the 4 local sends join the day's count. The
+    // script call that timed out may still have run when the pause ended
+    // (it was sent): then that one send is counted twice, never missed.
+    assert!(
+        eventually(Duration::from_secs(10), || a.redis.is_up()).await,
+        "back within 10 s"
+    );
+    let count = || match server.command(&["GET", &counter]) {
+        redis::Value::BulkString(text) => {
+            String::from_utf8_lossy(&text).parse::<u64>().unwrap_or(0)
+        }
+        _ => 0,
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || count() >= 7).await,
+        "day count {}",
+        count()
+    );
+    let reconciled = count();
+    assert!(reconciled <= 8, "day count {reconciled}");
+    assert!(a.admit("acme", &plan).await.is_ok());
+    assert_eq!(count(), reconciled + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_down_at_start_up_means_local_shares_until_it_answers() {
+    let mut server = OwnRedis::start();
+    let url = server.url();
+    server.kill();
+    let prefix = Prefix::new(&url);
+    let a = Instance::start(&url, &prefix).await;
+    assert!(!a.redis.is_up());
+    assert!(a.admit("acme", &plan(10.0, 5, 100)).await.is_ok());
+    server.restart();
+    assert!(
+        eventually(Duration::from_secs(10), || a.redis.is_up()).await,
+        "came up within 10 s"
+    );
+    server.kill();
+}
+
+/// What one admission costs, local against Redis (one script call on the
+/// loopback): `cargo test --lib limits::redis_tests -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn reports_the_time_one_admission_takes_local_and_redis() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let redis = Instance::on_shared_redis(&prefix).await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let db = Db::open(&dir.path().join("fairlane.db"), false)
+        .await
+        .expect("store opens");
+    let local = TenantLimits::new(db);
+    let plan = plan(1_000_000.0, 1_000_000, 100_000_000);
+    let gate = redis.gate(1_000_000.0, 1_000_000);
+    for (name, run) in [("local", 0), ("redis", 1), ("gate", 2)] {
+        let mut took = Vec::with_capacity(5_000);
+        for i in 0..5_000 {
+            let tenant = format!("t{}", i % 50);
+            let asked = Instant::now();
+            match run {
+                0 => assert!(local.admit(&tenant, &plan).await.unwrap().is_ok()),
+                1 => assert!(redis.admit(&tenant, &plan).await.is_ok()),
+                _ => drop(gate.acquire(Priority::Normal).await),
+            }
+            took.push(asked.elapsed());
+        }
+        took.sort();
+        let mean = took.iter().sum::<Duration>() / took.len() as u32;
+        println!(
+            "{name}: mean {mean:?}, p50 {:?}, p99 {:?}, max {:?} over {} calls",
+            took[took.len() / 2],
+            took[took.len() * 99 / 100],
+            took[took.len() - 1],
+            took.len()
+        );
+    }
+}
