@@ -341,51 +341,13 @@ impl EmbeddedQueue {
         messages: &[&OutboundMessage],
         inserted: &mut Inserted,
     ) -> rusqlite::Result<()> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        let now = now_ms();
-        let mut insert = tx.prepare_cached(INSERT_ROW)?;
-        let state = self.state(lane);
-        for message in messages {
-            let key = state.fair()[message.priority.rank()].next_key(&message.tenant_id);
-            let visible_at = now + message.delay.as_millis() as i64;
-            insert.execute(rusqlite::params![
-                queue_name(lane),
-                message.message_id,
-                message.tenant_id,
-                message.channel.as_str(),
-                message.priority.as_str(),
-                message.body,
-                key,
-                visible_at,
-                now,
-            ])?;
-            inserted.count[lane_index(lane)] += 1;
-            if visible_at > now {
-                inserted.delayed[lane_index(lane)].push(visible_at);
-            }
-        }
-        Ok(())
+        insert_messages(tx, self.state(lane), messages.iter().copied(), inserted)
     }
 
     /// Books committed inserts and wakes the lanes' long-polling receivers.
     pub fn inserted(&self, inserted: &Inserted) {
-        let now = now_ms();
         for lane in Lane::ALL {
-            let index = lane_index(*lane);
-            if inserted.count[index] == 0 {
-                continue;
-            }
-            let state = self.state(*lane);
-            {
-                let mut book = state.book();
-                book.rows += inserted.count[index];
-                for at in &inserted.delayed[index] {
-                    book.add_delayed(*at, now);
-                }
-            }
-            state.arrivals.notify_waiters();
+            book_inserted(self.state(*lane), inserted);
         }
     }
 
@@ -454,6 +416,57 @@ impl EmbeddedQueue {
         }
         Ok(())
     }
+}
+
+/// Inserts `messages` into `state`'s lane with fair keys, noting in
+/// `inserted` what to book once committed.
+fn insert_messages<'a>(
+    tx: &Transaction,
+    state: &LaneState,
+    messages: impl IntoIterator<Item = &'a OutboundMessage>,
+    inserted: &mut Inserted,
+) -> rusqlite::Result<()> {
+    let lane = state.lane;
+    let now = now_ms();
+    let mut insert = tx.prepare_cached(INSERT_ROW)?;
+    for message in messages {
+        let key = state.fair()[message.priority.rank()].next_key(&message.tenant_id);
+        let visible_at = now + message.delay.as_millis() as i64;
+        insert.execute(rusqlite::params![
+            queue_name(lane),
+            message.message_id,
+            message.tenant_id,
+            message.channel.as_str(),
+            message.priority.as_str(),
+            message.body,
+            key,
+            visible_at,
+            now,
+        ])?;
+        inserted.count[lane_index(lane)] += 1;
+        if visible_at > now {
+            inserted.delayed[lane_index(lane)].push(visible_at);
+        }
+    }
+    Ok(())
+}
+
+/// Books `state`'s lane's share of committed inserts and wakes its
+/// long-polling receivers.
+fn book_inserted(state: &LaneState, inserted: &Inserted) {
+    let index = lane_index(state.lane);
+    if inserted.count[index] == 0 {
+        return;
+    }
+    let now = now_ms();
+    {
+        let mut book = state.book();
+        book.rows += inserted.count[index];
+        for at in &inserted.delayed[index] {
+            book.add_delayed(*at, now);
+        }
+    }
+    state.arrivals.notify_waiters();
 }
 
 /// Answers a waiting caller; `Err` only when the caller has gone away.
@@ -901,28 +914,7 @@ struct InsertWork {
 impl Work for InsertWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
         self.inserted = Inserted::default();
-        let lane = self.queue_state.lane;
-        let now = now_ms();
-        let mut insert = tx.prepare_cached(INSERT_ROW)?;
-        for message in &self.messages {
-            let key = self.queue_state.fair()[message.priority.rank()].next_key(&message.tenant_id);
-            let visible_at = now + message.delay.as_millis() as i64;
-            insert.execute(rusqlite::params![
-                queue_name(lane),
-                message.message_id,
-                message.tenant_id,
-                message.channel.as_str(),
-                message.priority.as_str(),
-                message.body,
-                key,
-                visible_at,
-                now,
-            ])?;
-            self.inserted.count[lane_index(lane)] += 1;
-            if visible_at > now {
-                self.inserted.delayed[lane_index(lane)].push(visible_at);
-            }
-        }
+        insert_messages(tx, &self.queue_state, &self.messages, &mut self.inserted)?;
         Ok(())
     }
 
@@ -930,16 +922,7 @@ impl Work for InsertWork {
         if let Err(failure) = outcome {
             return failed(&mut self.reply, failure);
         }
-        let lane = self.queue_state.lane;
-        let now = now_ms();
-        {
-            let mut book = self.queue_state.book();
-            book.rows += self.inserted.count[lane_index(lane)];
-            for at in &self.inserted.delayed[lane_index(lane)] {
-                book.add_delayed(*at, now);
-            }
-        }
-        self.queue_state.arrivals.notify_waiters();
+        book_inserted(&self.queue_state, &self.inserted);
         let _ = answer(&mut self.reply, Ok(self.messages.len()));
     }
 }
