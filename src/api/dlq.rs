@@ -184,19 +184,20 @@ pub async fn list_dlq(
 
 /// Move dead letters back to their lane.
 ///
-/// With no fields, every dead letter of both lanes is redriven. Redriven
-/// messages get status `queued` and a fresh attempt budget.
+/// The body names what to redrive: `lane`, `tenant` and `ids` narrow it,
+/// and `{}` redrives every dead letter of both lanes. An empty body is
+/// refused, so a request that lost its body never redrives everything by
+/// accident. Redriven messages get status `queued` and a fresh attempt
+/// budget.
 #[utoipa::path(
     post, path = "/v1/admin/dlq/redrive", tag = "admin",
-    // By reference, so the body is optional (an empty body redrives every
-    // dead letter) without `Option` adding a `null` the server refuses.
     request_body(
-        content = ref("#/components/schemas/RedriveRequest"), content_type = "application/json",
-        description = "Optional: an empty body redrives every dead letter.",
+        content = RedriveRequest, content_type = "application/json",
+        description = "What to redrive; `{}` redrives every dead letter of both lanes. Required: an empty body is refused.",
     ),
     responses(
         (status = 200, description = "How many dead letters went back to their lane.", body = RedriveResult),
-        (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is empty or not valid JSON.", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
         (status = 413, response = PayloadTooLarge),
@@ -211,12 +212,13 @@ pub async fn redrive(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RedriveResult>, ApiError> {
-    let empty = body.as_ref().is_ok_and(|b| b.is_empty());
-    let request: RedriveRequest = if empty {
-        RedriveRequest::default()
-    } else {
-        json_typed(&headers, body)?
-    };
+    if body.as_ref().is_ok_and(|b| b.is_empty()) {
+        return Err(ApiError::BadRequest(
+            "the body must name what to redrive: {\"lane\", \"tenant\", \"ids\"}, or {} for every dead letter"
+                .into(),
+        ));
+    }
+    let request: RedriveRequest = json_typed(&headers, body)?;
     if let Some(ids) = &request.ids
         && ids.len() > 10_000
     {

@@ -399,3 +399,32 @@ async fn a_path_segment_that_is_not_utf8_answers_a_problem_not_plain_text() {
         .unwrap();
     expect_problem(response, StatusCode::BAD_REQUEST).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_with_an_empty_body_is_refused_and_an_empty_object_redrives_everything() {
+    let app = TestApp::start("").await;
+    let response = app
+        .admin(Method::POST, "/v1/admin/dlq/redrive")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let (_, problem) = expect_problem(response, StatusCode::BAD_REQUEST).await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("name what to redrive"),
+        "{problem}"
+    );
+    let redriven = expect_json(
+        app.admin(Method::POST, "/v1/admin/dlq/redrive")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(redriven["redriven"], 0);
+}
