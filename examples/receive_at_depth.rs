@@ -15,12 +15,12 @@ use fairlane::config::Settings;
 use fairlane::model::{Channel, Lane, Priority};
 use fairlane::queue::embedded::EmbeddedQueue;
 use fairlane::queue::{LaneQueue, OutboundMessage};
-use fairlane::store::Db;
+use fairlane::store::SqliteDb;
 use fairlane::store::writer::StoreWriter;
 
 async fn measure(rows: usize, tenants: usize) -> anyhow::Result<(Duration, Duration)> {
     let dir = tempfile::tempdir()?;
-    let db = Db::open(&dir.path().join("depth.db"), false).await?;
+    let db = SqliteDb::open(&dir.path().join("depth.db"), false).await?;
     let lanes = Settings::from_toml_overlay("")?.lanes;
     let (writer, _stopped) = StoreWriter::spawn(&db, 512)?;
     let queue = EmbeddedQueue::open(db, lanes, writer).await?;

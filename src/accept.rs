@@ -20,6 +20,7 @@ use crate::queue::OutboundMessage;
 use crate::queue::embedded::{EmbeddedQueue, Inserted};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages::{self, MessageRecord};
+use crate::store::postgres::PgWriter;
 pub use crate::store::writer::FailureStreak;
 use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
@@ -47,15 +48,21 @@ pub enum Staging {
     Outbox,
 }
 
-/// Makes accepted messages durable through the store writer.
-pub struct AcceptWriter {
-    writer: StoreWriter,
-    staging: Arc<Staging>,
+/// Makes accepted messages durable through the store's writer.
+pub enum AcceptWriter {
+    /// The SQLite store's writer, staging queue entries as configured.
+    Sqlite {
+        writer: StoreWriter,
+        staging: Arc<Staging>,
+    },
+    /// The PostgreSQL store's writer (always through the outbox: the lanes
+    /// are SQS queues).
+    Postgres(PgWriter),
 }
 
 impl AcceptWriter {
     pub fn new(writer: StoreWriter, staging: Staging) -> Self {
-        AcceptWriter {
+        AcceptWriter::Sqlite {
             writer,
             staging: Arc::new(staging),
         }
@@ -63,11 +70,22 @@ impl AcceptWriter {
 
     /// Makes `entry` durable; returns once its group has committed.
     pub async fn accept(&self, entry: AcceptEntry) -> Result<(), NotDurable> {
+        let (writer, staging) = match self {
+            AcceptWriter::Sqlite { writer, staging } => (writer, staging),
+            AcceptWriter::Postgres(writer) => {
+                return match writer.accept(entry).await {
+                    true => Ok(()),
+                    false => Err(NotDurable {
+                        retry_after: writer.retry_after(),
+                    }),
+                };
+            }
+        };
         let (reply, answer) = oneshot::channel();
-        self.writer
+        writer
             .submit(Box::new(AcceptWork {
                 entry,
-                staging: self.staging.clone(),
+                staging: staging.clone(),
                 inserted: Inserted::default(),
                 reply: Some(reply),
             }))
@@ -75,7 +93,7 @@ impl AcceptWriter {
         match answer.await {
             Ok(true) => Ok(()),
             _ => Err(NotDurable {
-                retry_after: self.writer.retry_after(),
+                retry_after: writer.retry_after(),
             }),
         }
     }

@@ -29,8 +29,25 @@ use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::queue::sqs::SqsQueue;
+use crate::store::postgres::PgWriter;
+use crate::store::status::StatusWriter;
 use crate::store::writer::StoreWriter;
 use crate::store::{Db, idempotency};
+
+/// The store's writer of hot changes, on either backend.
+enum Writer {
+    Sqlite(StoreWriter),
+    Postgres(PgWriter),
+}
+
+impl Writer {
+    async fn stop(&self) {
+        match self {
+            Writer::Sqlite(writer) => writer.stop().await,
+            Writer::Postgres(writer) => writer.stop().await,
+        }
+    }
+}
 use crate::tenants::Registry;
 
 /// How often expired idempotency keys are purged.
@@ -45,7 +62,7 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     background: Vec<JoinHandle<()>>,
     /// The store's one writer, stopped last.
-    store_writer: StoreWriter,
+    store_writer: Writer,
     /// Completes once the store writer has committed all it was given.
     writer_task: tokio::sync::oneshot::Receiver<()>,
     /// One per lane when `consumers.enabled`; started by `run_until`.
@@ -60,53 +77,75 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let settings = Arc::new(settings);
         // First, so that start-up (queue set-up, first samples) is counted.
-        let metrics = crate::metrics::install();
-        let db = Db::open(&settings.sqlite_path(), settings.storage.fsync).await?;
+        let metrics = crate::metrics::install(&settings.instance_name());
+        let db = Db::connect(&settings.storage.url, settings.storage.fsync).await?;
+        info!(store = db.kind(), "Store opened.");
         let registry = Arc::new(Registry::load(db.clone(), &settings.plans).await?);
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let mut background = Vec::new();
-        let (store_writer, writer_task) = StoreWriter::spawn(&db, settings.storage.max_group)?;
-        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) = match settings
-            .queue
-            .backend
-        {
-            QueueBackend::Embedded => {
-                let embedded = Arc::new(
-                    EmbeddedQueue::open(db.clone(), settings.lanes.clone(), store_writer.clone())
-                        .await?,
-                );
-                for tenant in registry.tenants() {
-                    if tenant.status != TenantStatus::Active {
-                        embedded.set_tenant_held(&tenant.id, true).await?;
-                    }
-                }
-                embedded
-                    .release_unheld()
-                    .await
-                    .context("releasing messages of resumed tenants")?;
-                (embedded.clone(), Staging::Embedded(embedded), None, None)
+        let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
+        let (store_writer, writer_task) = match &db {
+            Db::Sqlite(sqlite) => {
+                let (writer, done) = StoreWriter::spawn(sqlite, settings.storage.max_group)?;
+                (Writer::Sqlite(writer), done)
             }
-            QueueBackend::Sqs => {
-                let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
-                    .await
-                    .context("setting up the SQS lane queues")?
-                    .with_status_store(db.clone())
-                    .await?;
-                let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
-                let (outbox, tasks) = Outbox::start(
-                    db.clone(),
-                    queue.clone(),
-                    &settings.queue.sqs,
-                    shutdown_rx.clone(),
-                )
-                .await
-                .context("starting the SQS outbox")?;
-                background.push(tasks.sweeper);
-                (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+            Db::Postgres(pg) => {
+                let (writer, done) = PgWriter::spawn(pg, settings.storage.max_group);
+                (Writer::Postgres(writer), done)
             }
         };
-        let writer = AcceptWriter::new(store_writer.clone(), staging);
+        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) =
+            match settings.queue.backend {
+                QueueBackend::Embedded => {
+                    let (Some(sqlite), Writer::Sqlite(sqlite_writer)) =
+                        (db.sqlite(), &store_writer)
+                    else {
+                        anyhow::bail!(
+                            "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
+                        );
+                    };
+                    let embedded = Arc::new(
+                        EmbeddedQueue::open(
+                            sqlite.clone(),
+                            settings.lanes.clone(),
+                            sqlite_writer.clone(),
+                        )
+                        .await?,
+                    );
+                    for tenant in registry.tenants() {
+                        if tenant.status != TenantStatus::Active {
+                            embedded.set_tenant_held(&tenant.id, true).await?;
+                        }
+                    }
+                    embedded
+                        .release_unheld()
+                        .await
+                        .context("releasing messages of resumed tenants")?;
+                    (embedded.clone(), Staging::Embedded(embedded), None, None)
+                }
+                QueueBackend::Sqs => {
+                    let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
+                        .await
+                        .context("setting up the SQS lane queues")?
+                        .with_status_store(db.clone())
+                        .await?;
+                    let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
+                    let (outbox, tasks) = Outbox::start(
+                        db.clone(),
+                        queue.clone(),
+                        &settings.queue.sqs,
+                        shutdown_rx.clone(),
+                    )
+                    .await
+                    .context("starting the SQS outbox")?;
+                    background.push(tasks.sweeper);
+                    (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+                }
+            };
+        let writer = match &store_writer {
+            Writer::Sqlite(sqlite_writer) => AcceptWriter::new(sqlite_writer.clone(), staging),
+            Writer::Postgres(pg_writer) => AcceptWriter::Postgres(pg_writer.clone()),
+        };
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
         let redis = match settings.limits.backend {
             LimitsBackend::Local => {
@@ -141,7 +180,10 @@ impl Application {
         )));
 
         let consumers = if settings.consumers.enabled {
-            let status = crate::store::status::StatusWriter::new(store_writer.clone());
+            let status = match &store_writer {
+                Writer::Sqlite(writer) => StatusWriter::new(writer.clone()),
+                Writer::Postgres(writer) => StatusWriter::postgres(writer.clone()),
+            };
             let share = settings
                 .lanes
                 .fast
@@ -178,10 +220,11 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
         let state = AppState::new(AppInner {
-            limits: match redis {
+            limits: match redis.clone() {
                 Some(redis) => TenantLimits::with_redis(db.clone(), redis),
                 None => TenantLimits::new(db.clone()),
             },
+            redis,
             settings,
             db,
             registry,
@@ -292,9 +335,9 @@ async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                match idempotency::purge_expired(&db.write, crate::model::now_ms()).await {
-                    Ok(0) => {}
-                    Ok(purged) => info!(purged, "Expired idempotency keys purged."),
+                match idempotency::purge_expired(&db, crate::model::now_ms()).await {
+                    Ok(None | Some(0)) => {}
+                    Ok(Some(purged)) => info!(purged, "Expired idempotency keys purged."),
                     Err(err) => warn!(error = %err, "Could not purge idempotency keys."),
                 }
             }

@@ -56,12 +56,18 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
     /// Upper bound on the time a request may take.
     pub request_timeout_secs: u64,
+    /// This instance's name among several: the `instance` label of every
+    /// metric. Unset: the host name and process id.
+    #[serde(default)]
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSettings {
-    /// `sqlite://PATH` (relative paths are relative to the working directory).
+    /// `sqlite://PATH` (relative paths are relative to the working
+    /// directory; one instance) or `postgres://…` (state shared by several
+    /// instances; needs `queue.backend = "sqs"`).
     pub url: String,
     /// fsync every commit group (power-loss durability) instead of relying on
     /// the OS to write the WAL out (crash durability).
@@ -365,11 +371,28 @@ impl Settings {
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");
         }
-        if !self.storage.url.starts_with("sqlite:") {
+        let postgres = crate::store::is_postgres_url(&self.storage.url);
+        if !self.storage.url.starts_with("sqlite:") && !postgres {
             bail!(
-                "storage.url must start with sqlite:// (got {:?})",
+                "storage.url must start with sqlite:// or postgres:// (got {:?})",
                 self.storage.url
             );
+        }
+        if postgres && self.queue.backend == QueueBackend::Embedded {
+            bail!(
+                "storage.url is a PostgreSQL database, which the embedded queue cannot use: \
+                 set queue.backend = \"sqs\" (several instances share PostgreSQL and SQS), \
+                 or keep storage.url = \"sqlite://…\" for the embedded queue"
+            );
+        }
+        if let Some(instance) = &self.server.instance
+            && (instance.is_empty()
+                || instance.len() > 64
+                || !instance
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        {
+            bail!("server.instance must be 1-64 characters of a-z, A-Z, 0-9, '-', '_' or '.'");
         }
         for (name, lane) in [("fast", &self.lanes.fast), ("slow", &self.lanes.slow)] {
             if lane.concurrency == 0 {
@@ -502,13 +525,19 @@ impl Settings {
 
     /// The SQLite file path from `storage.url`.
     pub fn sqlite_path(&self) -> PathBuf {
-        let rest = self
-            .storage
-            .url
-            .trim_start_matches("sqlite://")
-            .trim_start_matches("sqlite:");
-        let rest = rest.split('?').next().unwrap_or(rest);
-        PathBuf::from(rest)
+        crate::store::sqlite_path(&self.storage.url)
+    }
+
+    /// This instance's name: `server.instance`, or `{host}-{pid}`.
+    pub fn instance_name(&self) -> String {
+        self.server.instance.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| "fairlane".to_owned());
+            format!("{host}-{}", std::process::id())
+        })
     }
 }
 
@@ -555,6 +584,35 @@ mod tests {
         assert_eq!(settings.queue.backend, QueueBackend::Sqs);
         assert_eq!(settings.providers.email.kind, ProviderKind::Ses);
         assert_eq!(settings.consumers.receive_wait_secs, 20);
+    }
+
+    #[test]
+    fn the_several_instances_example_loads_with_postgres_sqs_and_redis() {
+        let example = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/several-instances.example.toml"
+        );
+        let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::file(example));
+        let settings = Settings::from_figment(figment).unwrap();
+        assert!(crate::store::is_postgres_url(&settings.storage.url));
+        assert_eq!(settings.queue.backend, QueueBackend::Sqs);
+        assert_eq!(settings.limits.backend, LimitsBackend::Redis);
+        assert_eq!(settings.instance_name(), "a");
+    }
+
+    #[test]
+    fn a_postgres_store_with_the_embedded_queue_is_refused_naming_both_keys() {
+        let err = Settings::from_toml_overlay(
+            "[storage]\nurl = \"postgres://root@127.0.0.1/fairlane\"\n",
+        )
+        .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("storage.url") && text.contains("queue.backend"),
+            "{text}"
+        );
+        let err = Settings::from_toml_overlay("[storage]\nurl = \"mysql://x\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("sqlite:// or postgres://"));
     }
 
     #[test]

@@ -59,8 +59,9 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(rotate, "pass --rotate to replace the generated admin token");
             let settings = fairlane::config::Settings::load(config.as_deref())?;
             tokio::runtime::Runtime::new()?.block_on(async {
-                let db = fairlane::store::Db::open(&settings.sqlite_path(), settings.storage.fsync)
-                    .await?;
+                let db =
+                    fairlane::store::Db::connect(&settings.storage.url, settings.storage.fsync)
+                        .await?;
                 let token = fairlane::auth::AdminAuth::rotate(&db).await?;
                 db.close().await;
                 if settings.server.admin_token.is_some() {

@@ -73,8 +73,10 @@ impl Drop for GaugeHold {
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Installs the global recorder (first call) and returns its handle.
-pub fn install() -> PrometheusHandle {
+/// Installs the global recorder (first call) and returns its handle. Every
+/// metric carries the label `instance` (the first caller's), so the series
+/// of several instances scraped into one Prometheus stay apart.
+pub fn install(instance: &str) -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let buckets = [
@@ -82,7 +84,8 @@ pub fn install() -> PrometheusHandle {
             ];
             let builder = PrometheusBuilder::new()
                 .set_buckets(&buckets)
-                .expect("bucket list is not empty");
+                .expect("bucket list is not empty")
+                .add_global_label("instance", instance);
             match builder.install_recorder() {
                 Ok(handle) => handle,
                 // Another recorder is already global (a host program's): keep

@@ -152,7 +152,17 @@ impl Outbox {
             send_timeout: Duration::from_millis(settings.send_timeout_ms),
             failures: FailureStreak::default(),
         });
-        match outbox.sweep(None).await {
+        // On SQLite the file belongs to this one instance, so a row left at
+        // start-up belongs to a process that is gone. On PostgreSQL it may
+        // belong to another instance that is sending it right now: only
+        // rows past the sweep age are taken.
+        let first_cutoff = match &outbox.db {
+            Db::Sqlite(_) => None,
+            Db::Postgres(_) => {
+                Some(now_ms() - Duration::from_secs(settings.outbox_sweep_secs).as_millis() as i64)
+            }
+        };
+        match outbox.sweep(first_cutoff).await {
             Ok(0) => {}
             Ok(resent) => info!(resent, "Re-sent outbox messages left by an earlier run."),
             Err(err) => {
@@ -240,102 +250,158 @@ impl Outbox {
         message_id: &str,
         detail: &str,
     ) -> anyhow::Result<Rejection> {
-        let _turn = self.db.write_turn().await;
-        let mut tx = self.db.write.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("DELETE FROM outbox WHERE message_id = ?")
-            .bind(message_id)
-            .execute(&mut *tx)
-            .await?;
-        let marked = sqlx::query(
-            "UPDATE messages SET status = ?, last_error = ?, updated_at = ? WHERE id = ? AND status = ?",
-        )
-        .bind(MessageStatus::Rejected.as_str())
-        .bind(detail)
-        .bind(now_ms())
-        .bind(message_id)
-        .bind(MessageStatus::Queued.as_str())
-        .execute(&mut *tx)
-        .await?;
-        let outcome = if marked.rows_affected() == 1 {
-            sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = ? AND message_id = ?")
-                .bind(tenant_id)
+        // The same three statements on either store, in one transaction.
+        macro_rules! reject_in {
+            ($tx:expr) => {{
+                let mut tx = $tx;
+                sqlx::query("DELETE FROM outbox WHERE message_id = $1")
+                    .bind(message_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let marked = sqlx::query(
+                    "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4 AND status = $5",
+                )
+                .bind(MessageStatus::Rejected.as_str())
+                .bind(detail)
+                .bind(now_ms())
                 .bind(message_id)
+                .bind(MessageStatus::Queued.as_str())
                 .execute(&mut *tx)
                 .await?;
-            Rejection::Rejected
-        } else {
-            Rejection::InFlight
-        };
-        tx.commit().await?;
-        Ok(outcome)
+                let outcome = if marked.rows_affected() == 1 {
+                    sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = $1 AND message_id = $2")
+                        .bind(tenant_id)
+                        .bind(message_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    Rejection::Rejected
+                } else {
+                    Rejection::InFlight
+                };
+                tx.commit().await?;
+                outcome
+            }};
+        }
+        Ok(match &self.db {
+            Db::Sqlite(sqlite) => {
+                let _turn = sqlite.write_turn().await;
+                reject_in!(sqlite.write.begin_with("BEGIN IMMEDIATE").await?)
+            }
+            Db::Postgres(pg) => reject_in!(pg.pool.begin().await?),
+        })
     }
 
     /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
     /// `None`) and removes those SQS took. Returns how many were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
+        let sqlite = match &self.db {
+            Db::Sqlite(sqlite) => sqlite,
+            Db::Postgres(pg) => return self.sweep_claiming(pg, cutoff).await,
+        };
         let mut resent = 0;
         let mut after = String::new();
         loop {
-            let rows: Vec<(String, String, String, String, String, String)> = sqlx::query_as(
+            let rows: Vec<OutboxRow> = sqlx::query_as(
                 "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox WHERE created_at <= ? AND message_id > ? ORDER BY message_id LIMIT ?",
             )
             .bind(cutoff)
             .bind(&after)
             .bind(SWEEP_PAGE)
-            .fetch_all(&self.db.read)
+            .fetch_all(&sqlite.read)
             .await?;
             let Some(last) = rows.last() else {
                 return Ok(resent);
             };
             after = last.0.clone();
             let page_len = rows.len();
-            let mut by_lane: [Vec<OutboundMessage>; 2] = [Vec::new(), Vec::new()];
-            for (message_id, lane, tenant_id, channel, priority, body) in rows {
-                let (Ok(lane), Ok(channel), Ok(priority)) = (
-                    lane.parse::<Lane>(),
-                    channel.parse::<Channel>(),
-                    priority.parse::<Priority>(),
-                ) else {
-                    warn!(%message_id, "Outbox row with an unknown lane, channel or priority; left alone.");
-                    continue;
-                };
-                let slot = usize::from(lane == Lane::Slow);
-                by_lane[slot].push(OutboundMessage {
-                    message_id,
-                    tenant_id,
-                    channel,
-                    priority,
-                    body,
-                    delay: Duration::ZERO,
-                });
-            }
-            for (lane, messages) in Lane::ALL.iter().zip(by_lane) {
-                if messages.is_empty() {
-                    continue;
-                }
-                let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
-                let results = self.queue.send_batch(*lane, messages).await?;
-                let sent: Vec<String> = ids
-                    .into_iter()
-                    .zip(results)
-                    .filter_map(|(id, result)| match result {
-                        Ok(()) => Some(id),
-                        Err(reason) => {
-                            warn!(message_id = %id, %reason, "Outbox re-send failed; the next sweep tries again.");
-                            None
-                        }
-                    })
-                    .collect();
-                resent += sent.len();
-                forget_rows(&self.db, &sent).await?;
-            }
+            let sent = self.resend(rows).await?;
+            resent += sent.len();
+            forget_rows(&self.db, &sent).await?;
             if (page_len as i64) < SWEEP_PAGE {
                 return Ok(resent);
             }
         }
     }
+
+    /// The sweep on PostgreSQL, where several instances sweep: each page of
+    /// rows is claimed with `FOR UPDATE SKIP LOCKED` in a transaction that
+    /// also removes those SQS took, so two sweepers never send the same row
+    /// and a sweeper that dies mid-page leaves its rows to the next.
+    async fn sweep_claiming(
+        &self,
+        pg: &crate::store::postgres::PgDb,
+        cutoff: i64,
+    ) -> anyhow::Result<usize> {
+        let mut resent = 0;
+        loop {
+            let mut tx = pg.pool.begin().await?;
+            let rows: Vec<OutboxRow> = sqlx::query_as(
+                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+                 WHERE created_at <= $1 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(cutoff)
+            .bind(SWEEP_PAGE)
+            .fetch_all(&mut *tx)
+            .await?;
+            let page_len = rows.len();
+            let sent = self.resend(rows).await?;
+            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            resent += sent.len();
+            if (page_len as i64) < SWEEP_PAGE || sent.is_empty() {
+                return Ok(resent);
+            }
+        }
+    }
+
+    /// Sends outbox rows to their lanes; returns the ids SQS took.
+    async fn resend(&self, rows: Vec<OutboxRow>) -> anyhow::Result<Vec<String>> {
+        let mut by_lane: [Vec<OutboundMessage>; 2] = [Vec::new(), Vec::new()];
+        for (message_id, lane, tenant_id, channel, priority, body) in rows {
+            let (Ok(lane), Ok(channel), Ok(priority)) = (
+                lane.parse::<Lane>(),
+                channel.parse::<Channel>(),
+                priority.parse::<Priority>(),
+            ) else {
+                warn!(%message_id, "Outbox row with an unknown lane, channel or priority; left alone.");
+                continue;
+            };
+            let slot = usize::from(lane == Lane::Slow);
+            by_lane[slot].push(OutboundMessage {
+                message_id,
+                tenant_id,
+                channel,
+                priority,
+                body,
+                delay: Duration::ZERO,
+            });
+        }
+        let mut sent = Vec::new();
+        for (lane, messages) in Lane::ALL.iter().zip(by_lane) {
+            if messages.is_empty() {
+                continue;
+            }
+            let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
+            let results = self.queue.send_batch(*lane, messages).await?;
+            for (id, result) in ids.into_iter().zip(results) {
+                match result {
+                    Ok(()) => sent.push(id),
+                    Err(reason) => {
+                        warn!(message_id = %id, %reason, "Outbox re-send failed; the next sweep tries again.");
+                    }
+                }
+            }
+        }
+        Ok(sent)
+    }
 }
+
+/// An outbox row: message id, lane, tenant, channel, priority, body.
+type OutboxRow = (String, String, String, String, String, String);
 
 async fn run_sweeper(outbox: Arc<Outbox>, age: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(age / 2);
@@ -444,10 +510,24 @@ async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
-    let mut query: QueryBuilder<Sqlite> =
-        QueryBuilder::new("DELETE FROM outbox WHERE message_id IN (");
-    crate::store::push_id_list(&mut query, ids);
-    let _turn = db.write_turn().await;
-    query.build().persistent(false).execute(&db.write).await?;
+    match db {
+        Db::Sqlite(sqlite) => {
+            let mut query: QueryBuilder<Sqlite> =
+                QueryBuilder::new("DELETE FROM outbox WHERE message_id IN (");
+            crate::store::push_id_list(&mut query, ids);
+            let _turn = sqlite.write_turn().await;
+            query
+                .build()
+                .persistent(false)
+                .execute(&sqlite.write)
+                .await?;
+        }
+        Db::Postgres(pg) => {
+            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(ids)
+                .execute(&pg.pool)
+                .await?;
+        }
+    }
     Ok(())
 }

@@ -163,7 +163,7 @@ pub async fn list_dlq(
     for lane in lanes_of(query.lane) {
         let letters = state.queue.list_dead_letters(lane, limit).await?;
         let ids: Vec<String> = letters.iter().map(|l| l.message_id.clone()).collect();
-        let records = messages::get_many(&state.db.read, &ids).await?;
+        let records = messages::get_many(&state.db, &ids).await?;
         for letter in letters {
             let record = records.get(&letter.message_id);
             dead_letters.push(DeadLetterView {
@@ -238,9 +238,7 @@ pub async fn redrive(
             let ids = state.queue.redrive(lane, &filter).await?;
             // The backends mark what they move before moving it; this catches
             // messages that reached the DLQ by SQS's own redrive policy.
-            let _turn = state.db.write_turn().await;
-            let mut conn = state.db.write.acquire().await?;
-            messages::mark_requeued(&mut conn, &ids, started).await?;
+            messages::mark_requeued(&state.db, &ids, started).await?;
             redriven += ids.len();
         }
         anyhow::Ok(redriven)

@@ -21,7 +21,10 @@ pub fn router() -> Router<AppState> {
 pub struct Health {
     /// `ok` or `unavailable`.
     pub status: String,
-    /// Per dependency: `store`, `queue` → `ok` | `unavailable`.
+    /// Per dependency: `store`, `queue` → `ok` | `unavailable`; with
+    /// `limits.backend = "redis"` also `limits` → `ok` | `degraded` (Redis
+    /// unreachable: this instance counts limits on its local share, which
+    /// does not make it unready).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<std::collections::BTreeMap<String, String>>,
 }
@@ -38,7 +41,8 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// The store and the queue are reachable.
+/// The store and the queue are reachable (and, with Redis-held limits,
+/// whether Redis is).
 #[utoipa::path(
     get, path = "/readyz", tag = "ops",
     responses(
@@ -48,15 +52,18 @@ pub async fn healthz() -> Json<Health> {
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     let word = |ok: bool| if ok { "ok" } else { "unavailable" }.to_owned();
-    let store = state.db.ping().await;
-    let queue = state.queue.ping().await;
+    let (store, queue) = tokio::join!(state.db.ping(), state.queue.ping());
     let ready = store && queue;
-    let checks = [
+    let mut checks: std::collections::BTreeMap<String, String> = [
         ("store".to_owned(), word(store)),
         ("queue".to_owned(), word(queue)),
     ]
     .into_iter()
     .collect();
+    if let Some(redis) = &state.redis {
+        let limits = if redis.is_up() { "ok" } else { "degraded" };
+        checks.insert("limits".to_owned(), limits.to_owned());
+    }
     (
         if ready {
             StatusCode::OK

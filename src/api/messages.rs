@@ -250,9 +250,7 @@ pub async fn send_message(
         Some(key) => {
             let hash = request_hash(&value);
             let guard = InFlightKey::claim(&state, tenant_id, &key)?;
-            if let Some(stored) =
-                idempotency::lookup(&state.db.read, tenant_id, &key, now_ms()).await?
-            {
+            if let Some(stored) = idempotency::lookup(&state.db, tenant_id, &key, now_ms()).await? {
                 if stored.request_hash != hash {
                     return Err(ApiError::IdempotencyMismatch(
                         "This Idempotency-Key was used within the last 24 hours with a different request body.".into(),
@@ -430,7 +428,7 @@ pub async fn get_message(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
-    let record = messages::get_for_tenant(&state.db.read, &caller.tenant.id, &id)
+    let record = messages::get_for_tenant(&state.db, &caller.tenant.id, &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     Ok(axum::Json(record.into()))

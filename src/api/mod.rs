@@ -49,6 +49,8 @@ pub struct AppInner {
     /// SQS mode: sends what the writer committed to the outbox.
     pub outbox: Option<Arc<crate::outbox::Outbox>>,
     pub limits: TenantLimits,
+    /// `limits.backend = "redis"`: the connection, for `/readyz`.
+    pub redis: Option<Arc<crate::limits::redis::RedisLimits>>,
     pub backpressure: Arc<LaneBackpressure>,
     pub admin: AdminAuth,
     /// Renders `/metrics`.

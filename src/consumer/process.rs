@@ -198,7 +198,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     // since. Any other status is read again now, after the claim above.
     let status = match message.status_at_receive {
         Some(status @ (MessageStatus::Queued | MessageStatus::Retrying)) => Ok(Some(status)),
-        _ => messages::get(&context.delivery.db.read, &payload.id)
+        _ => messages::get(&context.delivery.db, &payload.id)
             .await
             .map(|record| record.map(|record| record.status)),
     };

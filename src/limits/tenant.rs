@@ -221,8 +221,7 @@ impl LocalLimits {
             let counted = match seed(today) {
                 Some(count) => count,
                 None => {
-                    crate::store::messages::count_since(&self.db.read, tenant_id, today * DAY_MS)
-                        .await?
+                    crate::store::messages::count_since(&self.db, tenant_id, today * DAY_MS).await?
                 }
             };
             let mut days = self.days.lock().expect("days lock");

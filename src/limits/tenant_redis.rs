@@ -122,7 +122,7 @@ impl RedisTenantLimits {
                 }
                 AdmitReply::Unseeded => {
                     let counted =
-                        crate::store::messages::count_since(&self.db.read, tenant_id, day * DAY_MS)
+                        crate::store::messages::count_since(&self.db, tenant_id, day * DAY_MS)
                             .await?;
                     if self
                         .redis

@@ -62,7 +62,7 @@ use super::{
 };
 use crate::config::LanesSettings;
 use crate::model::{Lane, Priority, now_ms};
-use crate::store::Db;
+use crate::store::SqliteDb;
 use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
 /// Most messages per receive and per delete batch.
@@ -190,7 +190,7 @@ impl LaneState {
 type HeldTenants = Arc<RwLock<HashSet<String>>>;
 
 pub struct EmbeddedQueue {
-    db: Db,
+    db: SqliteDb,
     /// Every change to the queue table goes through it.
     writer: StoreWriter,
     held: HeldTenants,
@@ -244,7 +244,11 @@ impl EmbeddedQueue {
     /// Opens the queue tables of `db`, whose changes go through `writer`,
     /// and rebuilds the fair-queueing state and the counters from what is
     /// stored (the one time the table is scanned).
-    pub async fn open(db: Db, lanes: LanesSettings, writer: StoreWriter) -> anyhow::Result<Self> {
+    pub async fn open(
+        db: SqliteDb,
+        lanes: LanesSettings,
+        writer: StoreWriter,
+    ) -> anyhow::Result<Self> {
         let lane_state = |lane: Lane| {
             let settings = lanes.get(lane);
             Arc::new(LaneState {
@@ -1355,7 +1359,9 @@ mod tests {
     use crate::model::{Channel, Priority};
 
     async fn open_queue(dir: &tempfile::TempDir, max_receive_count: u32) -> EmbeddedQueue {
-        let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+        let db = SqliteDb::open(&dir.path().join("q.db"), false)
+            .await
+            .unwrap();
         let mut lanes = Settings::from_toml_overlay("").unwrap().lanes;
         lanes.fast.visibility_timeout_secs = 1;
         lanes.fast.max_receive_count = max_receive_count;

@@ -2,7 +2,7 @@
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
-use sqlx::SqlitePool;
+use super::{Db, on_pool};
 
 /// How long a key is remembered.
 pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -45,19 +45,22 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&StoredResponse]) -> rusq
 
 /// The answer remembered for `key`, if it is younger than 24 hours at `now_ms`.
 pub async fn lookup(
-    pool: &SqlitePool,
+    db: &Db,
     tenant_id: &str,
     key: &str,
     now_ms: i64,
 ) -> anyhow::Result<Option<StoredResponse>> {
-    let row: Option<(String, i64, String, String, i64)> = sqlx::query_as(
-        "SELECT request_hash, status_code, response_body, message_id, created_at FROM idempotency_keys WHERE tenant_id = ? AND key = ? AND created_at > ?",
-    )
-    .bind(tenant_id)
-    .bind(key)
-    .bind(now_ms - RETENTION_MS)
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<(String, i64, String, String, i64)> = on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT request_hash, status_code, response_body, message_id, created_at \
+             FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 AND created_at > $3",
+        )
+        .bind(tenant_id)
+        .bind(key)
+        .bind(now_ms - RETENTION_MS)
+        .fetch_optional(pool)
+        .await?
+    });
     Ok(row.map(
         |(request_hash, status_code, response_body, message_id, created_at)| StoredResponse {
             tenant_id: tenant_id.to_owned(),
@@ -71,11 +74,31 @@ pub async fn lookup(
     ))
 }
 
-/// Forgets keys older than 24 hours at `now_ms`; returns how many.
-pub async fn purge_expired(pool: &SqlitePool, now_ms: i64) -> anyhow::Result<u64> {
-    let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at <= ?")
-        .bind(now_ms - RETENTION_MS)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
+/// Forgets keys older than 24 hours at `now_ms`; returns how many. With
+/// several instances on PostgreSQL, one of them does it at a time (`None`
+/// from the others).
+pub async fn purge_expired(db: &Db, now_ms: i64) -> anyhow::Result<Option<u64>> {
+    const PURGE: &str = "DELETE FROM idempotency_keys WHERE created_at <= $1";
+    match db {
+        Db::Sqlite(sqlite) => {
+            let done = sqlx::query(PURGE)
+                .bind(now_ms - RETENTION_MS)
+                .execute(&sqlite.write)
+                .await?;
+            Ok(Some(done.rows_affected()))
+        }
+        Db::Postgres(pg) => {
+            let Some(mut tx) =
+                super::postgres::try_lock(pg, super::postgres::locks::IDEMPOTENCY_PURGE).await?
+            else {
+                return Ok(None);
+            };
+            let done = sqlx::query(PURGE)
+                .bind(now_ms - RETENTION_MS)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Some(done.rows_affected()))
+        }
+    }
 }

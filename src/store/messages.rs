@@ -1,7 +1,9 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite};
+
+use super::{Db, on_pool};
 
 use crate::model::{Channel, Lane, MessageStatus, Priority};
 
@@ -108,35 +110,42 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
 
 /// The message `id` if it belongs to `tenant_id`.
 pub async fn get_for_tenant(
-    pool: &SqlitePool,
+    db: &Db,
     tenant_id: &str,
     id: &str,
 ) -> anyhow::Result<Option<MessageRecord>> {
-    let row: Option<MessageRow> = sqlx::query_as(select_message!("WHERE id = ? AND tenant_id = ?"))
-        .bind(id)
-        .bind(tenant_id)
-        .fetch_optional(pool)
-        .await?;
+    let row: Option<MessageRow> = on_pool!(db, read, |pool| {
+        sqlx::query_as(select_message!("WHERE id = $1 AND tenant_id = $2"))
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(pool)
+            .await?
+    });
     row.map(from_row).transpose()
 }
 
 /// The message `id`, whoever owns it.
-pub async fn get(pool: &SqlitePool, id: &str) -> anyhow::Result<Option<MessageRecord>> {
-    let row: Option<MessageRow> = sqlx::query_as(select_message!("WHERE id = ?"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
+pub async fn get(db: &Db, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    let row: Option<MessageRow> = on_pool!(db, read, |pool| {
+        sqlx::query_as(select_message!("WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+    });
     row.map(from_row).transpose()
 }
 
 /// Messages `tenant_id` sent at or after `since_ms` (daily quota start-up).
-pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
-    let count: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE tenant_id = ? AND created_at >= ?")
-            .bind(tenant_id)
-            .bind(since_ms)
-            .fetch_one(pool)
-            .await?;
+pub async fn count_since(db: &Db, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
+    let count: i64 = on_pool!(db, read, |pool| {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND created_at >= $2",
+        )
+        .bind(tenant_id)
+        .bind(since_ms)
+        .fetch_one(pool)
+        .await?
+    });
     Ok(count.max(0) as u64)
 }
 
@@ -149,67 +158,112 @@ pub async fn count_since(pool: &SqlitePool, tenant_id: &str, since_ms: i64) -> a
 /// it had when it was last received. Queue backends that share the status
 /// store call this before moving messages (`redrive_started` = `i64::MAX`),
 /// so a consumer never sees a redriven message with its old budget.
-pub async fn mark_requeued(
-    conn: &mut SqliteConnection,
-    ids: &[String],
-    redrive_started: i64,
-) -> anyhow::Result<()> {
+pub async fn mark_requeued(db: &Db, ids: &[String], redrive_started: i64) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     let now = crate::model::now_ms();
-    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
-        let mut builder: QueryBuilder<Sqlite> =
-            QueryBuilder::new("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ");
-        builder
-            .push_bind(now)
-            .push(" WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ")
-            .push_bind(redrive_started)
-            .push(" AND id IN (");
-        super::push_id_list(&mut builder, chunk);
-        builder
-            .build()
-            .persistent(false)
-            .execute(&mut *conn)
+    const SET: &str = "UPDATE messages SET status = 'queued', attempts = 0, updated_at = ";
+    const WHERE: &str = " WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ";
+    match db {
+        Db::Sqlite(sqlite) => {
+            let _turn = sqlite.write_turn().await;
+            let mut conn = sqlite.write.acquire().await?;
+            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
+                let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(SET);
+                builder
+                    .push_bind(now)
+                    .push(WHERE)
+                    .push_bind(redrive_started)
+                    .push(" AND id IN (");
+                super::push_id_list(&mut builder, chunk);
+                builder
+                    .build()
+                    .persistent(false)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        Db::Postgres(pg) => {
+            sqlx::query(
+                "UPDATE messages SET status = 'queued', attempts = 0, updated_at = $1 \
+                 WHERE status NOT IN ('sent', 'rejected') AND updated_at <= $2 AND id = ANY($3)",
+            )
+            .bind(now)
+            .bind(redrive_started)
+            .bind(ids)
+            .execute(&pg.pool)
             .await?;
+        }
     }
     Ok(())
 }
 
 /// Undoes [`mark_requeued`] for messages that could not be moved after all.
-pub async fn restore_dead_lettered(
-    conn: &mut SqliteConnection,
-    ids: &[String],
-) -> anyhow::Result<()> {
-    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
-        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id IN (",
-        );
-        super::push_id_list(&mut builder, chunk);
-        builder
-            .build()
-            .persistent(false)
-            .execute(&mut *conn)
-            .await?;
+pub async fn restore_dead_lettered(db: &Db, ids: &[String]) -> anyhow::Result<()> {
+    const UPDATE: &str =
+        "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id ";
+    match db {
+        Db::Sqlite(sqlite) => {
+            let _turn = sqlite.write_turn().await;
+            let mut conn = sqlite.write.acquire().await?;
+            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
+                let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(UPDATE);
+                builder.push("IN (");
+                super::push_id_list(&mut builder, chunk);
+                builder
+                    .build()
+                    .persistent(false)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        Db::Postgres(pg) => {
+            sqlx::query(
+                "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id = ANY($1)",
+            )
+                .bind(ids)
+                .execute(&pg.pool)
+                .await?;
+        }
     }
     Ok(())
 }
 
 /// Status rows of `ids` (any tenant), keyed by id.
 pub async fn get_many(
-    pool: &SqlitePool,
+    db: &Db,
     ids: &[String],
 ) -> anyhow::Result<std::collections::HashMap<String, MessageRecord>> {
     let mut found = std::collections::HashMap::new();
-    for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
-        let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(select_message!("WHERE id IN ("));
-        super::push_id_list(&mut builder, chunk);
-        let rows: Vec<MessageRow> = builder
-            .build_query_as()
-            .persistent(false)
-            .fetch_all(pool)
-            .await?;
+    let mut keep = |rows: Vec<MessageRow>| -> anyhow::Result<()> {
         for row in rows {
             let record = from_row(row)?;
             found.insert(record.id.clone(), record);
         }
+        Ok(())
+    };
+    match db {
+        Db::Sqlite(sqlite) => {
+            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
+                let mut builder: QueryBuilder<Sqlite> =
+                    QueryBuilder::new(select_message!("WHERE id IN ("));
+                super::push_id_list(&mut builder, chunk);
+                keep(
+                    builder
+                        .build_query_as()
+                        .persistent(false)
+                        .fetch_all(&sqlite.read)
+                        .await?,
+                )?;
+            }
+        }
+        Db::Postgres(pg) => keep(
+            sqlx::query_as(select_message!("WHERE id = ANY($1)"))
+                .bind(ids)
+                .fetch_all(&pg.pool)
+                .await?,
+        )?,
     }
     Ok(found)
 }

@@ -1,5 +1,14 @@
-//! Durable state in one SQLite file: tenants, plans, API keys, message
-//! status, idempotency keys and (on the embedded backend) the queues.
+//! Durable state: tenants, plans, API keys, message status, idempotency
+//! keys, the SQS outbox and (on the embedded backend) the queues.
+//!
+//! Two backends keep it, chosen by `storage.url`: one SQLite file
+//! ([`SqliteDb`], the default, one instance) or a PostgreSQL database
+//! ([`postgres::PgDb`], shared by several instances; the lanes are then SQS
+//! queues). [`Db`] is the handle the rest of the service holds. Rare reads
+//! and writes are written once, in SQL both engines take (`$1` parameters,
+//! `ON CONFLICT`, `RETURNING`), and run on whichever pool the store has
+//! ([`on_pool!`]); the hot writes have one writer per backend that commits
+//! them in groups.
 //!
 //! SQLite allows one writer at a time. Every hot write (accepts, the
 //! embedded queue's receives, deletes, deferrals and DLQ moves, status
@@ -14,6 +23,7 @@
 
 pub mod idempotency;
 pub mod messages;
+pub mod postgres;
 pub mod status;
 pub mod writer;
 
@@ -26,9 +36,131 @@ use anyhow::Context;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
+/// The store, on one backend or the other.
+#[derive(Clone, Debug)]
+pub enum Db {
+    Sqlite(SqliteDb),
+    Postgres(postgres::PgDb),
+}
+
+/// Runs the same sqlx expression on whichever pool the store has: `$pool`
+/// is the SQLite `read` or `write` pool (as `$side` says) or the PostgreSQL
+/// pool. The SQL must suit both engines (`$1` parameters).
+macro_rules! on_pool {
+    ($db:expr, $side:ident, |$pool:ident| $body:expr) => {
+        match $db {
+            $crate::store::Db::Sqlite(sqlite) => {
+                let $pool = &sqlite.$side;
+                $body
+            }
+            $crate::store::Db::Postgres(pg) => {
+                let $pool = &pg.pool;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_pool;
+
+impl Db {
+    /// Opens the store `url` names (`sqlite://PATH`, `postgres://…`),
+    /// creating and migrating it as needed.
+    pub async fn connect(url: &str, fsync: bool) -> anyhow::Result<Db> {
+        if is_postgres_url(url) {
+            Ok(Db::Postgres(postgres::PgDb::connect(url).await?))
+        } else {
+            Self::open(&sqlite_path(url), fsync).await
+        }
+    }
+
+    /// Opens (creating if needed) and migrates the SQLite file at `path`.
+    pub async fn open(path: &Path, fsync: bool) -> anyhow::Result<Db> {
+        Ok(Db::Sqlite(SqliteDb::open(path, fsync).await?))
+    }
+
+    /// The SQLite handles, when the store is a SQLite file.
+    pub fn sqlite(&self) -> Option<&SqliteDb> {
+        match self {
+            Db::Sqlite(db) => Some(db),
+            Db::Postgres(_) => None,
+        }
+    }
+
+    /// The PostgreSQL handle, when the store is a PostgreSQL database.
+    pub fn postgres(&self) -> Option<&postgres::PgDb> {
+        match self {
+            Db::Sqlite(_) => None,
+            Db::Postgres(db) => Some(db),
+        }
+    }
+
+    /// `sqlite` or `postgres`, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres(_) => "postgres",
+        }
+    }
+
+    /// True when the store answers a trivial query.
+    pub async fn ping(&self) -> bool {
+        match self {
+            Db::Sqlite(db) => db.ping().await,
+            Db::Postgres(db) => db.ping().await,
+        }
+    }
+
+    /// Reads a value from the `settings` table.
+    pub async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
+        Ok(on_pool!(self, write, |pool| {
+            sqlx::query_scalar::<_, String>("SELECT value FROM settings WHERE key = $1")
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+
+    /// Writes a value to the `settings` table.
+    pub async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        on_pool!(self, write, |pool| {
+            sqlx::query(
+                "INSERT INTO settings(key, value) VALUES ($1, $2) \
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )
+            .bind(key)
+            .bind(value)
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Db::Sqlite(db) => db.close().await,
+            Db::Postgres(db) => db.close().await,
+        }
+    }
+}
+
+/// True for `postgres://` and `postgresql://` URLs.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The file path of a `sqlite://PATH` (or `sqlite:PATH`) URL.
+pub fn sqlite_path(url: &str) -> std::path::PathBuf {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    std::path::PathBuf::from(rest.split('?').next().unwrap_or(rest))
+}
+
 /// Handles to the SQLite file.
 #[derive(Clone, Debug)]
-pub struct Db {
+pub struct SqliteDb {
     /// The single writer connection; hold it only for one transaction.
     pub write: SqlitePool,
     /// Readers; never block behind the writer in WAL mode.
@@ -41,7 +173,7 @@ pub struct Db {
     pub fsync: bool,
 }
 
-impl Db {
+impl SqliteDb {
     /// Opens (creating if needed) and migrates the database at `path`.
     /// `fsync` chooses `synchronous = FULL` (fsync per commit) over `NORMAL`
     /// (the WAL reaches the OS on commit; durable across a process crash).
@@ -71,7 +203,7 @@ impl Db {
             .connect_with(base.clone())
             .await
             .with_context(|| format!("opening SQLite database {}", path.display()))?;
-        sqlx::migrate!("./migrations")
+        sqlx::migrate!("./migrations/sqlite")
             .run(&write)
             .await
             .context("migrating the SQLite database")?;
@@ -81,7 +213,7 @@ impl Db {
             .connect_with(base.read_only(true))
             .await
             .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
-        Ok(Db {
+        Ok(SqliteDb {
             write,
             read,
             turn: Arc::default(),
@@ -95,26 +227,6 @@ impl Db {
         let read = sqlx::query("SELECT 1").execute(&self.read).await.is_ok();
         let write = sqlx::query("SELECT 1").execute(&self.write).await.is_ok();
         read && write
-    }
-
-    /// Reads a value from the `settings` table.
-    pub async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
-        Ok(
-            sqlx::query_scalar::<_, String>("SELECT value FROM settings WHERE key = ?")
-                .bind(key)
-                .fetch_optional(&self.write)
-                .await?,
-        )
-    }
-
-    /// Writes a value to the `settings` table.
-    pub async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        sqlx::query("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-            .bind(key)
-            .bind(value)
-            .execute(&self.write)
-            .await?;
-        Ok(())
     }
 
     /// Waits for this side's turn to write (FIFO with the accept writer).

@@ -7,17 +7,33 @@
 use tokio::sync::oneshot;
 
 use crate::model::{MessageStatus, now_ms};
+use crate::store::postgres::PgWriter;
 use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
 /// Handle for status changes; cheap to clone.
 #[derive(Clone)]
 pub struct StatusWriter {
-    writer: StoreWriter,
+    writer: Backend,
+}
+
+/// Whose writer the changes go through.
+#[derive(Clone)]
+enum Backend {
+    Sqlite(StoreWriter),
+    Postgres(PgWriter),
 }
 
 impl StatusWriter {
     pub fn new(writer: StoreWriter) -> Self {
-        StatusWriter { writer }
+        StatusWriter {
+            writer: Backend::Sqlite(writer),
+        }
+    }
+
+    pub fn postgres(writer: PgWriter) -> Self {
+        StatusWriter {
+            writer: Backend::Postgres(writer),
+        }
     }
 
     /// Marks a message `sending` (best effort: the status is informational
@@ -25,7 +41,11 @@ impl StatusWriter {
     /// only to a `queued` or `retrying` message not changed since: an
     /// outcome written first wins.
     pub async fn sending(&self, id: &str) {
-        self.writer
+        let writer = match &self.writer {
+            Backend::Sqlite(writer) => writer,
+            Backend::Postgres(writer) => return writer.sending(id).await,
+        };
+        writer
             .submit(Box::new(Sending {
                 id: id.to_owned(),
                 at: now_ms(),
@@ -36,8 +56,12 @@ impl StatusWriter {
     /// Records a successful send; returns once it is committed (the caller
     /// deletes the queue entry only then, so a redelivery finds `sent`).
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
+        let writer = match &self.writer {
+            Backend::Sqlite(writer) => writer,
+            Backend::Postgres(writer) => return writer.sent(id, provider_message_id).await,
+        };
         let (done, committed) = oneshot::channel();
-        self.writer
+        writer
             .submit(Box::new(Sent {
                 id: id.to_owned(),
                 provider_message_id: provider_message_id.to_owned(),
@@ -60,8 +84,12 @@ impl StatusWriter {
         error: &str,
         counted: bool,
     ) -> anyhow::Result<u32> {
+        let writer = match &self.writer {
+            Backend::Sqlite(writer) => writer,
+            Backend::Postgres(writer) => return writer.failure(id, status, error, counted).await,
+        };
         let (id, error) = (id.to_owned(), error.to_owned());
-        self.writer
+        writer
             .run(move |tx| {
                 let attempts: Option<i64> = tx
                     .prepare_cached(
@@ -156,7 +184,7 @@ mod tests {
             last_error: None,
             provider_message_id: None,
         };
-        let (store, finished) = StoreWriter::spawn(&db, 64).unwrap();
+        let (store, finished) = StoreWriter::spawn(db.sqlite().unwrap(), 64).unwrap();
         let inserted = record.clone();
         store
             .run(move |tx| Ok(messages::insert_rows(tx, &[&inserted])?))
@@ -174,7 +202,7 @@ mod tests {
         assert_eq!(attempts, 0, "an unknown id changes nothing");
         store.stop().await;
         finished.await.unwrap();
-        let stored = messages::get(&db.read, "m1").await.unwrap().unwrap();
+        let stored = messages::get(&db, "m1").await.unwrap().unwrap();
         assert_eq!(stored.status, MessageStatus::Sent);
         assert_eq!(stored.attempts, 1);
         assert_eq!(stored.provider_message_id.as_deref(), Some("SM1"));

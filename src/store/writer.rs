@@ -19,7 +19,7 @@
 //! failed commit (disk full, I/O error) fails the whole group.
 //!
 //! Rare writes (admin changes, tenant and plan edits) stay on sqlx's write
-//! connection; they and this thread take turns through [`Db::write_turn`].
+//! connection; they and this thread take turns through [`SqliteDb::write_turn`].
 //!
 //! Checkpoints (copying the write-ahead log back into the database file,
 //! with its fsyncs) run on a thread of their own every
@@ -37,7 +37,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
-use super::Db;
+use super::SqliteDb;
 
 /// How long the writer waits for another connection's write transaction
 /// (a rare admin write on sqlx's connection) before a group fails.
@@ -123,10 +123,10 @@ pub struct StoreWriter {
 
 impl StoreWriter {
     /// Opens a connection of its own to `db`'s file (already created and
-    /// migrated by [`Db::open`]) and starts the writer thread; the returned
+    /// migrated by [`SqliteDb::open`]) and starts the writer thread; the returned
     /// receiver completes once the writer has stopped (see
     /// [`StoreWriter::stop`]) with everything it was given committed.
-    pub fn spawn(db: &Db, max_group: usize) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
+    pub fn spawn(db: &SqliteDb, max_group: usize) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
         let conn = open_connection(&db.path, db.fsync)
             .with_context(|| format!("opening {} for the store writer", db.path.display()))?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
@@ -380,9 +380,13 @@ fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) {
 mod tests {
     use super::*;
 
-    async fn open(dir: &tempfile::TempDir) -> (Db, StoreWriter, oneshot::Receiver<()>) {
-        let db = Db::open(&dir.path().join("w.db"), false).await.unwrap();
-        let (writer, done) = StoreWriter::spawn(&db, 64).unwrap();
+    async fn open(
+        dir: &tempfile::TempDir,
+    ) -> (crate::store::Db, StoreWriter, oneshot::Receiver<()>) {
+        let db = crate::store::Db::open(&dir.path().join("w.db"), false)
+            .await
+            .unwrap();
+        let (writer, done) = StoreWriter::spawn(db.sqlite().unwrap(), 64).unwrap();
         (db, writer, done)
     }
 
@@ -441,7 +445,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_db, writer, _done) = open(&dir).await;
         // Hold the writer's turn so that both pieces land in one group.
-        let turn = _db.write_turn().await;
+        let turn = _db.sqlite().unwrap().write_turn().await;
         let (release, released) = std::sync::mpsc::channel::<()>();
         let slow = {
             let writer = writer.clone();

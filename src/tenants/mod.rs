@@ -1,12 +1,18 @@
-//! Plans, tenants and API keys: stored in SQLite, served from memory.
+//! Plans, tenants and API keys: stored in the store, served from memory.
 //!
 //! The accept path authenticates and looks up a tenant and its plan on every
 //! request, so the registry keeps all three tables in memory and changes them
 //! only through its own methods, which write the database first and the cache
-//! second. Nothing else writes these tables, so the cache cannot go stale.
+//! second. On SQLite nothing else writes these tables, so the cache cannot go
+//! stale. On PostgreSQL other instances write them too: every change is
+//! announced with `NOTIFY`, and [`Registry::follow`] reloads the cache on
+//! each announcement (and after any reconnection of its listener, when
+//! announcements may have been missed), so a change made through any
+//! instance, a revoked key included, takes effect on all within moments.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use rand::Rng;
@@ -16,7 +22,7 @@ use utoipa::ToSchema;
 
 use crate::config::PlanSettings;
 use crate::model::{Lane, TenantStatus, now_ms};
-use crate::store::Db;
+use crate::store::{Db, on_pool};
 
 /// A plan: which lane a tenant's messages take and how much it may send.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -132,11 +138,79 @@ pub fn random_hex(bytes: usize) -> String {
 /// Prefix of tenant API keys: `fl_<key id>_<secret>`.
 pub const KEY_PREFIX: &str = "fl_";
 
+/// How often a following instance reloads the registry even without an
+/// announcement (one missed while its listener reconnected, say).
+const FOLLOW_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
+
+type PlanMap = HashMap<String, Arc<Plan>>;
+type TenantMap = HashMap<String, Arc<TenantRow>>;
+type KeyMap = HashMap<String, KeyEntry>;
+
+/// Plans, tenants and active keys as stored now.
+async fn read_all(db: &Db) -> anyhow::Result<(PlanMap, TenantMap, KeyMap)> {
+    let plan_rows: Vec<(String, String, f64, i64, i64, i64)> = on_pool!(db, write, |pool| {
+        sqlx::query_as(
+            "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
+        )
+        .fetch_all(pool)
+        .await?
+    });
+    let mut plans = HashMap::new();
+    for (name, lane, rate, burst, quota, in_flight) in plan_rows {
+        let plan = Plan {
+            lane: lane.parse().map_err(anyhow::Error::msg)?,
+            name: name.clone(),
+            rate_per_second: rate,
+            burst: burst as u32,
+            daily_quota: quota as u64,
+            max_in_flight: in_flight as u32,
+        };
+        plans.insert(name, Arc::new(plan));
+    }
+    let tenant_rows: Vec<(String, String, String, String, i64, i64)> =
+        on_pool!(db, write, |pool| {
+            sqlx::query_as("SELECT id, name, plan, status, created_at, updated_at FROM tenants")
+                .fetch_all(pool)
+                .await?
+        });
+    let mut tenants = HashMap::new();
+    for (id, name, plan, status, created_at, updated_at) in tenant_rows {
+        let row = TenantRow {
+            status: status.parse().map_err(anyhow::Error::msg)?,
+            id: id.clone(),
+            name,
+            plan,
+            created_at,
+            updated_at,
+        };
+        tenants.insert(id, Arc::new(row));
+    }
+    let key_rows: Vec<(String, String, String)> = on_pool!(db, write, |pool| {
+        sqlx::query_as("SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL")
+            .fetch_all(pool)
+            .await?
+    });
+    let mut keys = HashMap::new();
+    for (id, tenant_id, hash) in key_rows {
+        let mut secret_hash = [0u8; 32];
+        hex::decode_to_slice(&hash, &mut secret_hash)
+            .with_context(|| format!("stored hash of key {id} is not valid hex"))?;
+        keys.insert(
+            id,
+            KeyEntry {
+                tenant_id,
+                secret_hash,
+            },
+        );
+    }
+    Ok((plans, tenants, keys))
+}
+
 pub struct Registry {
     db: Db,
-    plans: RwLock<HashMap<String, Arc<Plan>>>,
-    tenants: RwLock<HashMap<String, Arc<TenantRow>>>,
-    keys: RwLock<HashMap<String, KeyEntry>>,
+    plans: RwLock<PlanMap>,
+    tenants: RwLock<TenantMap>,
+    keys: RwLock<KeyMap>,
 }
 
 /// The cached form of a tenant row.
@@ -176,81 +250,125 @@ impl Registry {
     pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
         let now = now_ms();
         for (name, plan) in configured {
-            sqlx::query(
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, 'config', ?) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 updated_at = excluded.updated_at WHERE plans.source = 'config'",
-            )
-            .bind(name)
-            .bind(plan.lane.as_str())
-            .bind(plan.rate_per_second)
-            .bind(plan.burst as i64)
-            .bind(plan.daily_quota as i64)
-            .bind(plan.max_in_flight as i64)
-            .bind(now)
-            .execute(&db.write)
-            .await
-            .with_context(|| format!("seeding plan {name}"))?;
+            on_pool!(&db, write, |pool| {
+                sqlx::query(
+                    "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, 'config', $7) \
+                     ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+                     burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+                     updated_at = excluded.updated_at WHERE plans.source = 'config'",
+                )
+                .bind(name)
+                .bind(plan.lane.as_str())
+                .bind(plan.rate_per_second)
+                .bind(plan.burst as i64)
+                .bind(plan.daily_quota as i64)
+                .bind(plan.max_in_flight as i64)
+                .bind(now)
+                .execute(pool)
+                .await
+                .with_context(|| format!("seeding plan {name}"))?
+                .rows_affected()
+            });
         }
-        let plan_rows: Vec<(String, String, f64, i64, i64, i64)> = sqlx::query_as(
-            "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
-        )
-        .fetch_all(&db.write)
-        .await?;
-        let mut plans = HashMap::new();
-        for (name, lane, rate, burst, quota, in_flight) in plan_rows {
-            let plan = Plan {
-                lane: lane.parse().map_err(anyhow::Error::msg)?,
-                name: name.clone(),
-                rate_per_second: rate,
-                burst: burst as u32,
-                daily_quota: quota as u64,
-                max_in_flight: in_flight as u32,
-            };
-            plans.insert(name, Arc::new(plan));
-        }
-        let tenant_rows: Vec<(String, String, String, String, i64, i64)> =
-            sqlx::query_as("SELECT id, name, plan, status, created_at, updated_at FROM tenants")
-                .fetch_all(&db.write)
-                .await?;
-        let mut tenants = HashMap::new();
-        for (id, name, plan, status, created_at, updated_at) in tenant_rows {
-            let row = TenantRow {
-                status: status.parse().map_err(anyhow::Error::msg)?,
-                id: id.clone(),
-                name,
-                plan,
-                created_at,
-                updated_at,
-            };
-            tenants.insert(id, Arc::new(row));
-        }
-        let key_rows: Vec<(String, String, String)> = sqlx::query_as(
-            "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
-        )
-        .fetch_all(&db.write)
-        .await?;
-        let mut keys = HashMap::new();
-        for (id, tenant_id, hash) in key_rows {
-            let mut secret_hash = [0u8; 32];
-            hex::decode_to_slice(&hash, &mut secret_hash)
-                .with_context(|| format!("stored hash of key {id} is not valid hex"))?;
-            keys.insert(
-                id,
-                KeyEntry {
-                    tenant_id,
-                    secret_hash,
-                },
-            );
-        }
+        let (plans, tenants, keys) = read_all(&db).await?;
         Ok(Registry {
             db,
             plans: RwLock::new(plans),
             tenants: RwLock::new(tenants),
             keys: RwLock::new(keys),
         })
+    }
+
+    /// Reads all three tables again and replaces the cache with them.
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        let (plans, tenants, keys) = read_all(&self.db).await?;
+        *self.plans.write().expect("plans lock") = plans;
+        *self.tenants.write().expect("tenants lock") = tenants;
+        *self.keys.write().expect("keys lock") = keys;
+        Ok(())
+    }
+
+    /// Tells the other instances that the tables changed (PostgreSQL; on
+    /// SQLite there are none). Best effort: a lost announcement is made up
+    /// for by the followers' periodic reload.
+    async fn announce(&self, what: &str) {
+        if let Db::Postgres(pg) = &self.db
+            && let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(crate::store::postgres::REGISTRY_CHANNEL)
+                .bind(what)
+                .execute(&pg.pool)
+                .await
+        {
+            tracing::warn!(error = %err, "Could not announce a registry change; other instances pick it up at their next periodic reload.");
+        }
+    }
+
+    /// On PostgreSQL, keeps this instance's cache in step with the changes
+    /// other instances make, until `shutdown`: reloads on every
+    /// announcement, after each (re)connection of the listener, and every
+    /// [`FOLLOW_RELOAD_INTERVAL`] in any case. Returns at once on SQLite.
+    pub async fn follow(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let Db::Postgres(pg) = &self.db else {
+            return;
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let listening = tokio::select! {
+                listening = pg.listen(crate::store::postgres::REGISTRY_CHANNEL) => listening,
+                _ = shutdown.changed() => return,
+            };
+            let mut listener = match listening {
+                Ok(listener) => listener,
+                Err(err) => {
+                    tracing::warn!(error = %format!("{err:#}"), "Registry listener could not connect; retrying.");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            // Whatever changed while nobody listened.
+            self.reload_logged().await;
+            loop {
+                tokio::select! {
+                    received = listener.try_recv() => match received {
+                        Ok(Some(_)) => self.reload_logged().await,
+                        // The connection dropped: listen again, then reload.
+                        Ok(None) | Err(_) => break,
+                    },
+                    _ = tokio::time::sleep(FOLLOW_RELOAD_INTERVAL) => self.reload_logged().await,
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+
+    /// The tenant `id`; on PostgreSQL, if this instance has not heard of
+    /// it, after reading the store again (another instance may have made it
+    /// a moment ago). For admin changes, not for the hot path.
+    async fn tenant_fresh(&self, id: &str) -> Option<Arc<TenantRow>> {
+        if self.tenant(id).is_none() && matches!(self.db, Db::Postgres(_)) {
+            self.reload_logged().await;
+        }
+        self.tenant(id)
+    }
+
+    /// The plan `name`, read again like [`Registry::tenant_fresh`].
+    async fn plan_fresh(&self, name: &str) -> Option<Arc<Plan>> {
+        if self.plan(name).is_none() && matches!(self.db, Db::Postgres(_)) {
+            self.reload_logged().await;
+        }
+        self.plan(name)
+    }
+
+    async fn reload_logged(&self) {
+        if let Err(err) = self.reload().await {
+            tracing::warn!(error = %format!("{err:#}"), "Could not reload plans, tenants and keys; keeping the cached ones.");
+        }
     }
 
     // ----- plans -----
@@ -286,28 +404,32 @@ impl Registry {
                 }
             },
         )?;
-        sqlx::query(
-            "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, 'admin', ?) \
-             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-             source = 'admin', updated_at = excluded.updated_at",
-        )
-        .bind(&plan.name)
-        .bind(plan.lane.as_str())
-        .bind(plan.rate_per_second)
-        .bind(plan.burst as i64)
-        .bind(plan.daily_quota as i64)
-        .bind(plan.max_in_flight as i64)
-        .bind(now_ms())
-        .execute(&self.db.write)
-        .await?;
+        on_pool!(&self.db, write, |pool| {
+            sqlx::query(
+                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 'admin', $7) \
+                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+                 source = 'admin', updated_at = excluded.updated_at",
+            )
+            .bind(&plan.name)
+            .bind(plan.lane.as_str())
+            .bind(plan.rate_per_second)
+            .bind(plan.burst as i64)
+            .bind(plan.daily_quota as i64)
+            .bind(plan.max_in_flight as i64)
+            .bind(now_ms())
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
         let created = self
             .plans
             .write()
             .expect("plans lock")
             .insert(plan.name.clone(), Arc::new(plan))
             .is_none();
+        self.announce("plan").await;
         Ok(created)
     }
 
@@ -341,7 +463,7 @@ impl Registry {
         if name.trim().is_empty() || name.chars().count() > 200 {
             return Err(invalid("name", "must be 1-200 characters"));
         }
-        if self.plan(plan).is_none() {
+        if self.plan_fresh(plan).await.is_none() {
             return Err(invalid("plan", format!("no plan named {plan:?}")));
         }
         let now = now_ms();
@@ -354,15 +476,18 @@ impl Registry {
             updated_at: now,
         };
         // The primary key decides races between two creates of the same id.
-        let inserted = sqlx::query("INSERT INTO tenants (id, name, plan, status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)")
-            .bind(&row.id)
-            .bind(&row.name)
-            .bind(&row.plan)
-            .bind(row.status.as_str())
-            .bind(row.created_at)
-            .bind(row.updated_at)
-            .execute(&self.db.write)
-            .await;
+        let inserted = on_pool!(&self.db, write, |pool| {
+            sqlx::query("INSERT INTO tenants (id, name, plan, status, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6)")
+                .bind(&row.id)
+                .bind(&row.name)
+                .bind(&row.plan)
+                .bind(row.status.as_str())
+                .bind(row.created_at)
+                .bind(row.updated_at)
+                .execute(pool)
+                .await
+                .map(|_| ())
+        });
         match inserted {
             Ok(_) => {}
             Err(sqlx::Error::Database(err)) if err.is_unique_violation() => {
@@ -377,6 +502,7 @@ impl Registry {
             .write()
             .expect("tenants lock")
             .insert(row.id.clone(), Arc::new(row));
+        self.announce("tenant").await;
         Ok(view)
     }
 
@@ -386,38 +512,49 @@ impl Registry {
         plan: Option<&str>,
         status: Option<TenantStatus>,
     ) -> Result<Tenant, RegistryError> {
-        let current = self
-            .tenant(id)
+        self.tenant_fresh(id)
+            .await
             .ok_or_else(|| RegistryError::NotFound(format!("tenant {id:?}")))?;
         if let Some(plan) = plan
-            && self.plan(plan).is_none()
+            && self.plan_fresh(plan).await.is_none()
         {
             return Err(invalid("plan", format!("no plan named {plan:?}")));
         }
-        let mut row = (*current).clone();
-        if let Some(plan) = plan {
-            row.plan = plan.to_owned();
-        }
-        if let Some(status) = status {
-            row.status = status;
-        }
-        row.updated_at = now_ms();
-        let done =
-            sqlx::query("UPDATE tenants SET plan = ?, status = ?, updated_at = ? WHERE id = ?")
-                .bind(&row.plan)
-                .bind(row.status.as_str())
-                .bind(row.updated_at)
+        // Only the fields given change: another instance may have changed
+        // the other one a moment ago.
+        let stored: Option<(String, String, String, i64, i64)> = on_pool!(
+            &self.db,
+            write,
+            |pool| {
+                sqlx::query_as(
+                    "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
+                     updated_at = $3 WHERE id = $4 RETURNING name, plan, status, created_at, updated_at",
+                )
+                .bind(plan)
+                .bind(status.map(|s| s.as_str()))
+                .bind(now_ms())
                 .bind(id)
-                .execute(&self.db.write)
-                .await?;
-        if done.rows_affected() == 0 {
+                .fetch_optional(pool)
+                .await?
+            }
+        );
+        let Some((name, plan, status, created_at, updated_at)) = stored else {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
-        }
+        };
+        let row = TenantRow {
+            id: id.to_owned(),
+            name,
+            plan,
+            status: status.parse().map_err(anyhow::Error::msg)?,
+            created_at,
+            updated_at,
+        };
         let view = row.view();
         self.tenants
             .write()
             .expect("tenants lock")
             .insert(id.to_owned(), Arc::new(row));
+        self.announce("tenant").await;
         Ok(view)
     }
 
@@ -427,38 +564,48 @@ impl Registry {
     /// the same id could inherit them. Pause or disable it and let its lane
     /// drain, or redrive/inspect dead letters first.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
-        let mut tx = self.db.write.begin_with("BEGIN IMMEDIATE").await?;
-        let pending: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = ? AND status IN ('queued', 'sending', 'retrying')",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if pending > 0 {
-            return Err(RegistryError::Conflict(format!(
-                "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
-            )));
+        // The same statements on either store, in one transaction.
+        macro_rules! delete_in {
+            ($tx:expr) => {{
+                let mut tx = $tx;
+                let pending: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND status IN ('queued', 'sending', 'retrying')",
+                )
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+                if pending > 0 {
+                    return Err(RegistryError::Conflict(format!(
+                        "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
+                    )));
+                }
+                for statement in [
+                    "DELETE FROM api_keys WHERE tenant_id = $1",
+                    "DELETE FROM idempotency_keys WHERE tenant_id = $1",
+                    "DELETE FROM messages WHERE tenant_id = $1",
+                ] {
+                    sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+                }
+                let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+                }
+                tx.commit().await?;
+            }};
         }
-        for statement in [
-            "DELETE FROM api_keys WHERE tenant_id = ?",
-            "DELETE FROM idempotency_keys WHERE tenant_id = ?",
-            "DELETE FROM messages WHERE tenant_id = ?",
-        ] {
-            sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+        match &self.db {
+            Db::Sqlite(sqlite) => delete_in!(sqlite.write.begin_with("BEGIN IMMEDIATE").await?),
+            Db::Postgres(pg) => delete_in!(pg.pool.begin().await?),
         }
-        let done = sqlx::query("DELETE FROM tenants WHERE id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        if done.rows_affected() == 0 {
-            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
-        }
-        tx.commit().await?;
         self.keys
             .write()
             .expect("keys lock")
             .retain(|_, key| key.tenant_id != id);
         self.tenants.write().expect("tenants lock").remove(id);
+        self.announce("tenant").await;
         Ok(())
     }
 
@@ -467,21 +614,24 @@ impl Registry {
     /// Issues a key for `tenant_id`; returns `(key id, full key)`. The full
     /// key exists only in this return value.
     pub async fn issue_key(&self, tenant_id: &str) -> Result<(String, String), RegistryError> {
-        if self.tenant(tenant_id).is_none() {
+        if self.tenant_fresh(tenant_id).await.is_none() {
             return Err(RegistryError::NotFound(format!("tenant {tenant_id:?}")));
         }
         let key_id = random_hex(8);
         let secret = random_hex(32);
         let secret_hash = hash_secret(&secret);
-        sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(&key_id)
-        .bind(tenant_id)
-        .bind(hex::encode(secret_hash))
-        .bind(now_ms())
-        .execute(&self.db.write)
-        .await?;
+        on_pool!(&self.db, write, |pool| {
+            sqlx::query(
+                "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(&key_id)
+            .bind(tenant_id)
+            .bind(hex::encode(secret_hash))
+            .bind(now_ms())
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
         self.keys.write().expect("keys lock").insert(
             key_id.clone(),
             KeyEntry {
@@ -489,35 +639,42 @@ impl Registry {
                 secret_hash,
             },
         );
+        self.announce("key").await;
         let full = format!("{KEY_PREFIX}{key_id}_{secret}");
         Ok((key_id, full))
     }
 
     pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), RegistryError> {
-        let done = sqlx::query(
-            "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL",
-        )
-        .bind(now_ms())
-        .bind(key_id)
-        .bind(tenant_id)
-        .execute(&self.db.write)
-        .await?;
-        if done.rows_affected() == 0 {
+        let revoked = on_pool!(&self.db, write, |pool| {
+            sqlx::query(
+                "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND tenant_id = $3 AND revoked_at IS NULL",
+            )
+            .bind(now_ms())
+            .bind(key_id)
+            .bind(tenant_id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
+        if revoked == 0 {
             return Err(RegistryError::NotFound(format!(
                 "active key {key_id:?} of tenant {tenant_id:?}"
             )));
         }
         self.keys.write().expect("keys lock").remove(key_id);
+        self.announce("key").await;
         Ok(())
     }
 
     pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
-        let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(
-            "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = ? ORDER BY created_at, id",
-        )
-        .bind(tenant_id)
-        .fetch_all(&self.db.read)
-        .await?;
+        let rows: Vec<(String, i64, Option<i64>)> = on_pool!(&self.db, read, |pool| {
+            sqlx::query_as(
+                "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
+            )
+            .bind(tenant_id)
+            .fetch_all(pool)
+            .await?
+        });
         Ok(rows
             .into_iter()
             .map(|(id, created, revoked)| KeyInfo {

@@ -164,8 +164,16 @@ async fn a_status_read_that_times_out_is_a_503_problem_with_retry_after() {
     let key = app.tenant_with_key("acme", "pro").await;
     let id = app.send_accepted(&key, &email()).await;
     let mut readers = Vec::new();
-    while let Ok(Ok(reader)) =
-        tokio::time::timeout(Duration::from_millis(200), app.state.db.read.acquire()).await
+    while let Ok(Ok(reader)) = tokio::time::timeout(
+        Duration::from_millis(200),
+        app.state
+            .db
+            .sqlite()
+            .expect("a SQLite store")
+            .read
+            .acquire(),
+    )
+    .await
     {
         readers.push(reader);
     }

@@ -204,6 +204,8 @@ impl TestApp {
         let mut conn = self
             .state
             .db
+            .sqlite()
+            .expect("a SQLite store")
             .write
             .acquire()
             .await

@@ -200,13 +200,16 @@ impl SqsQueue {
     /// created for it if missing.
     pub async fn with_status_store(mut self, db: Db) -> anyhow::Result<SqsQueue> {
         // The WHERE clause must match the query in `oldest_age_secs` word
-        // for word for SQLite to use this partial index.
-        sqlx::query(
-            "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
-        )
-        .execute(&db.write)
-        .await
-        .context("creating the index of pending messages")?;
+        // for word for SQLite to use this partial index. (The PostgreSQL
+        // schema has it from its first migration.)
+        if let Some(sqlite) = db.sqlite() {
+            sqlx::query(
+                "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
+            )
+            .execute(&sqlite.write)
+            .await
+            .context("creating the index of pending messages")?;
+        }
         self.status_store = Some(db);
         Ok(self)
     }
@@ -215,12 +218,14 @@ impl SqsQueue {
         let Some(db) = &self.status_store else {
             return Ok(None);
         };
-        let oldest: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(created_at) FROM messages WHERE lane = ? AND status IN ('queued', 'sending', 'retrying')",
-        )
-        .bind(lane.as_str())
-        .fetch_one(&db.read)
-        .await?;
+        let oldest: Option<i64> = crate::store::on_pool!(db, read, |pool| {
+            sqlx::query_scalar(
+                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
+            )
+            .bind(lane.as_str())
+            .fetch_one(pool)
+            .await?
+        });
         Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
     }
 
@@ -363,10 +368,8 @@ impl SqsQueue {
     /// Gives messages about to be redriven a fresh attempt budget in the
     /// status store, if there is one.
     async fn mark_requeued(&self, ids: &[String]) -> anyhow::Result<()> {
-        if let (Some(db), false) = (&self.status_store, ids.is_empty()) {
-            let _turn = db.write_turn().await;
-            let mut conn = db.write.acquire().await?;
-            crate::store::messages::mark_requeued(&mut conn, ids, i64::MAX).await?;
+        if let Some(db) = &self.status_store {
+            crate::store::messages::mark_requeued(db, ids, i64::MAX).await?;
         }
         Ok(())
     }
@@ -374,12 +377,7 @@ impl SqsQueue {
     /// Undoes [`SqsQueue::mark_requeued`] for messages that stayed in the DLQ.
     async fn restore_dead_lettered(&self, ids: &[String]) {
         if let (Some(db), false) = (&self.status_store, ids.is_empty()) {
-            let _turn = db.write_turn().await;
-            let restored = match db.write.acquire().await {
-                Ok(mut conn) => crate::store::messages::restore_dead_lettered(&mut conn, ids).await,
-                Err(err) => Err(err.into()),
-            };
-            if let Err(err) = restored {
+            if let Err(err) = crate::store::messages::restore_dead_lettered(db, ids).await {
                 warn!(error = %format!("{err:#}"), count = ids.len(), "Messages left in the DLQ could not be marked dead_lettered again; they show as queued.");
             }
         }
