@@ -160,6 +160,30 @@ fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinH
     })
 }
 
+/// A copy this instance could not claim: deleted if the message was sent
+/// (or refused at accept), otherwise put back until whoever is sending it
+/// has finished.
+async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str) {
+    match messages::get(&context.delivery.db, id).await {
+        Ok(Some(record))
+            if matches!(
+                record.status,
+                MessageStatus::Sent | MessageStatus::Rejected | MessageStatus::DeadLettered
+            ) =>
+        {
+            info!(message_id = %id, status = %record.status.as_str(), "Another copy of the message was settled elsewhere; deleting this one without sending.");
+            let _ = context.deletes.send(message.receipt.clone()).await;
+        }
+        Ok(_) => {
+            let delay = Duration::from_secs(context.delivery.consumers.tenant_cap_delay_secs);
+            defer(context, message, delay, "duplicate").await;
+        }
+        Err(err) => {
+            warn!(message_id = %id, error = %err, "Could not read message status; leaving it for redelivery.");
+        }
+    }
+}
+
 pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
@@ -170,7 +194,12 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         }
     };
     let channel = payload.channel.as_str();
-    let Some(tenant) = context.delivery.registry.tenant(&message.tenant_id) else {
+    let Some(tenant) = context
+        .delivery
+        .registry
+        .tenant_fresh(&message.tenant_id)
+        .await
+    else {
         return dead_letter(context, &message, channel, "tenant was deleted", false).await;
     };
     match tenant.status {
@@ -251,7 +280,30 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     };
     metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
         .record(waited.as_secs_f64());
-    context.delivery.status.sending(&payload.id).await;
+    // Of several instances holding a copy, only the one whose claim takes
+    // the message calls the provider. A claim older than the visibility
+    // timeout belongs to an instance that died mid-call.
+    let stale_before = crate::model::now_ms()
+        - Duration::from_secs(context.settings.visibility_timeout_secs).as_millis() as i64;
+    match context
+        .delivery
+        .status
+        .claim(&payload.id, stale_before)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            drop(worker);
+            beat.abort();
+            return settle_unclaimed(context, &message, &payload.id).await;
+        }
+        Err(err) => {
+            drop(worker);
+            beat.abort();
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not claim the message for sending; leaving it for redelivery.");
+            return;
+        }
+    }
     let started = Instant::now();
     let outcome = gated.provider.send(&payload).await;
     drop(worker);

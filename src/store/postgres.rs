@@ -18,6 +18,7 @@
 //! - **Work that must run once** takes a transaction-scoped advisory lock
 //!   ([`try_lock`]) or claims rows with `FOR UPDATE SKIP LOCKED`.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -138,6 +139,14 @@ enum Piece {
         /// When the change was asked for (ms): an outcome written since wins.
         at: i64,
     },
+    /// Takes a message for sending: `queued` or `retrying` (or `sending`
+    /// since before `stale_before`, whose sender died) → `sending`; answers
+    /// whether this instance got it.
+    Claim {
+        id: String,
+        stale_before: i64,
+        reply: oneshot::Sender<anyhow::Result<bool>>,
+    },
     Sent {
         id: String,
         provider_message_id: String,
@@ -212,6 +221,23 @@ impl PgWriter {
         .await;
     }
 
+    /// Claims a message for sending, so that of several instances holding
+    /// a copy only one calls the provider: true when this instance got it;
+    /// false when another one is sending it (since `stale_before` or later)
+    /// or it is no longer waiting to be sent. Returns once committed.
+    pub async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Piece::Claim {
+            id: id.to_owned(),
+            stale_before,
+            reply,
+        })
+        .await;
+        answer
+            .await
+            .context("the store writer dropped a piece of work")?
+    }
+
     /// Records a successful send; returns once committed.
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
         let (reply, answer) = oneshot::channel();
@@ -270,6 +296,9 @@ impl Piece {
             Piece::Failure { reply, .. } => {
                 let _ = reply.send(Err(anyhow::anyhow!("{why}")));
             }
+            Piece::Claim { reply, .. } => {
+                let _ = reply.send(Err(anyhow::anyhow!("{why}")));
+            }
         }
     }
 }
@@ -313,9 +342,9 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
         return;
     }
     match write_pieces(pool, &group).await {
-        Ok(attempts) => {
+        Ok(Written { attempts, claimed }) => {
             streak.succeeded();
-            answer(group, attempts);
+            answer(group, attempts, &claimed);
         }
         Err(err) if group.len() == 1 => {
             let failures = streak.failed();
@@ -333,7 +362,7 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
     }
 }
 
-fn answer(group: Vec<Piece>, mut attempts: Vec<u32>) {
+fn answer(group: Vec<Piece>, mut attempts: Vec<u32>, claimed: &HashSet<String>) {
     attempts.reverse();
     for piece in group {
         match piece {
@@ -349,8 +378,19 @@ fn answer(group: Vec<Piece>, mut attempts: Vec<u32>) {
             Piece::Failure { reply, .. } => {
                 let _ = reply.send(Ok(attempts.pop().unwrap_or(0)));
             }
+            Piece::Claim { id, reply, .. } => {
+                let _ = reply.send(Ok(claimed.contains(&id)));
+            }
         }
     }
+}
+
+/// What a committed group reports back.
+struct Written {
+    /// Attempts of each failure piece, in order.
+    attempts: Vec<u32>,
+    /// Ids the group's claims took.
+    claimed: HashSet<String>,
 }
 
 /// Columns of the accepted messages of a group, one array each.
@@ -377,10 +417,10 @@ struct AcceptColumns {
     idem_created: Vec<i64>,
 }
 
-/// Writes the group in one transaction; returns the attempts of each
-/// failure piece, in order.
-async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Vec<u32>> {
+/// Writes the group in one transaction.
+async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written> {
     let mut accepts = AcceptColumns::default();
+    let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
     let (mut sending_ids, mut sending_at) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
     for piece in group {
@@ -421,6 +461,12 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Vec<u32>
                 sent_ids.push(id.clone());
                 sent_provider_ids.push(provider_message_id.clone());
             }
+            Piece::Claim {
+                id, stale_before, ..
+            } => {
+                claim_ids.push(id.clone());
+                claim_stale.push(*stale_before);
+            }
             Piece::Failure { .. } => {}
         }
     }
@@ -428,6 +474,23 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Vec<u32>
     let mut tx = pool.begin().await?;
     if !accepts.id.is_empty() {
         insert_accepts(&mut tx, &accepts, now).await?;
+    }
+    let mut claimed = HashSet::new();
+    if !claim_ids.is_empty() {
+        // A row locked by another instance's claim waits for it, then is
+        // re-checked: two instances never both see their claim succeed.
+        let taken: Vec<String> = sqlx::query_scalar(
+            "UPDATE messages AS m SET status = 'sending', updated_at = $1 \
+             FROM UNNEST($2::text[], $3::bigint[]) AS u(id, stale_before) \
+             WHERE m.id = u.id AND (m.status IN ('queued', 'retrying') \
+             OR (m.status = 'sending' AND m.updated_at < u.stale_before)) RETURNING m.id",
+        )
+        .bind(now)
+        .bind(&claim_ids)
+        .bind(&claim_stale)
+        .fetch_all(&mut *tx)
+        .await?;
+        claimed.extend(taken);
     }
     if !sending_ids.is_empty() {
         sqlx::query(
@@ -478,7 +541,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Vec<u32>
         }
     }
     tx.commit().await?;
-    Ok(attempts)
+    Ok(Written { attempts, claimed })
 }
 
 /// The status rows, outbox rows and idempotency records of a group's
@@ -768,6 +831,41 @@ pub(crate) mod tests {
         assert_eq!(count(&db, "SELECT COUNT(*) FROM messages").await, 3);
         assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox").await, 3);
         db.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn of_two_instances_claiming_one_message_exactly_one_gets_it() {
+        let database = TestDatabase::create().await;
+        let (one, two) = (database.open().await, database.open().await);
+        let (first, _) = PgWriter::spawn(one.postgres().unwrap(), 64);
+        let (second, _) = PgWriter::spawn(two.postgres().unwrap(), 64);
+        for i in 0..50 {
+            assert!(first.accept(entry(&format!("m{i}"), "t", None)).await);
+        }
+        let stale_before = now_ms() - 60_000;
+        let claims: Vec<_> = (0..50)
+            .map(|i| {
+                let (first, second) = (first.clone(), second.clone());
+                tokio::spawn(async move {
+                    let id = format!("m{i}");
+                    let (a, b) = tokio::join!(
+                        first.claim(&id, stale_before),
+                        second.claim(&id, stale_before)
+                    );
+                    (a.unwrap(), b.unwrap())
+                })
+            })
+            .collect();
+        for claim in claims {
+            let (a, b) = claim.await.unwrap();
+            assert!(a != b, "exactly one of the two claims succeeds ({a}, {b})");
+        }
+        // A sent message is claimed by nobody; a claim older than
+        // `stale_before` (its sender died) is taken over.
+        first.sent("m0", "SM0").await.unwrap();
+        assert!(!second.claim("m0", now_ms() + 1).await.unwrap());
+        assert!(!second.claim("m1", now_ms() - 60_000).await.unwrap());
+        assert!(second.claim("m1", now_ms() + 1).await.unwrap());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,6 +53,22 @@ impl StatusWriter {
             .await;
     }
 
+    /// Takes the message for this instance's provider call. On SQLite (one
+    /// instance, whose consumer already keeps two of its tasks from sending
+    /// one message) this is [`StatusWriter::sending`] and always true. On
+    /// PostgreSQL, where several instances may each hold a copy, it is an
+    /// atomic claim: false when another instance is sending the message
+    /// (marked since `stale_before`, in ms) or it is no longer waiting.
+    pub async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
+        match &self.writer {
+            Backend::Sqlite(_) => {
+                self.sending(id).await;
+                Ok(true)
+            }
+            Backend::Postgres(writer) => writer.claim(id, stale_before).await,
+        }
+    }
+
     /// Records a successful send; returns once it is committed (the caller
     /// deletes the queue entry only then, so a redelivery finds `sent`).
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {

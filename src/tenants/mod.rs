@@ -146,15 +146,44 @@ type PlanMap = HashMap<String, Arc<Plan>>;
 type TenantMap = HashMap<String, Arc<TenantRow>>;
 type KeyMap = HashMap<String, KeyEntry>;
 
-/// Plans, tenants and active keys as stored now.
-async fn read_all(db: &Db) -> anyhow::Result<(PlanMap, TenantMap, KeyMap)> {
-    let plan_rows: Vec<(String, String, f64, i64, i64, i64)> = on_pool!(db, write, |pool| {
-        sqlx::query_as(
-            "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
-        )
-        .fetch_all(pool)
-        .await?
-    });
+type Tables = (PlanMap, TenantMap, KeyMap);
+
+/// Plans, tenants and active keys as stored now: on PostgreSQL from one
+/// snapshot (`REPEATABLE READ`), so a change committed between the three
+/// reads is not half seen.
+async fn read_all(db: &Db) -> anyhow::Result<Tables> {
+    macro_rules! read_from {
+        ($ex:expr) => {{
+            let plans: Vec<(String, String, f64, i64, i64, i64)> = sqlx::query_as(
+                "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
+            )
+            .fetch_all($ex)
+            .await?;
+            let tenants: Vec<(String, String, String, String, i64, i64)> = sqlx::query_as(
+                "SELECT id, name, plan, status, created_at, updated_at FROM tenants",
+            )
+            .fetch_all($ex)
+            .await?;
+            let keys: Vec<(String, String, String)> = sqlx::query_as(
+                "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
+            )
+            .fetch_all($ex)
+            .await?;
+            (plans, tenants, keys)
+        }};
+    }
+    let (plan_rows, tenant_rows, key_rows) = match db {
+        Db::Sqlite(sqlite) => read_from!(&sqlite.write),
+        Db::Postgres(pg) => {
+            let mut tx = pg.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let rows = read_from!(&mut *tx);
+            tx.commit().await?;
+            rows
+        }
+    };
     let mut plans = HashMap::new();
     for (name, lane, rate, burst, quota, in_flight) in plan_rows {
         let plan = Plan {
@@ -167,12 +196,6 @@ async fn read_all(db: &Db) -> anyhow::Result<(PlanMap, TenantMap, KeyMap)> {
         };
         plans.insert(name, Arc::new(plan));
     }
-    let tenant_rows: Vec<(String, String, String, String, i64, i64)> =
-        on_pool!(db, write, |pool| {
-            sqlx::query_as("SELECT id, name, plan, status, created_at, updated_at FROM tenants")
-                .fetch_all(pool)
-                .await?
-        });
     let mut tenants = HashMap::new();
     for (id, name, plan, status, created_at, updated_at) in tenant_rows {
         let row = TenantRow {
@@ -185,11 +208,6 @@ async fn read_all(db: &Db) -> anyhow::Result<(PlanMap, TenantMap, KeyMap)> {
         };
         tenants.insert(id, Arc::new(row));
     }
-    let key_rows: Vec<(String, String, String)> = on_pool!(db, write, |pool| {
-        sqlx::query_as("SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL")
-            .fetch_all(pool)
-            .await?
-    });
     let mut keys = HashMap::new();
     for (id, tenant_id, hash) in key_rows {
         let mut secret_hash = [0u8; 32];
@@ -211,6 +229,11 @@ pub struct Registry {
     plans: RwLock<PlanMap>,
     tenants: RwLock<TenantMap>,
     keys: RwLock<KeyMap>,
+    /// Held by each change (from its write to its cache update) and by each
+    /// reload (from its read to its swap), so a reload that read the tables
+    /// before a change committed never replaces the cache after the change
+    /// updated it.
+    changing: tokio::sync::Mutex<()>,
 }
 
 /// The cached form of a tenant row.
@@ -277,11 +300,13 @@ impl Registry {
             plans: RwLock::new(plans),
             tenants: RwLock::new(tenants),
             keys: RwLock::new(keys),
+            changing: tokio::sync::Mutex::new(()),
         })
     }
 
     /// Reads all three tables again and replaces the cache with them.
     pub async fn reload(&self) -> anyhow::Result<()> {
+        let _changing = self.changing.lock().await;
         let (plans, tenants, keys) = read_all(&self.db).await?;
         *self.plans.write().expect("plans lock") = plans;
         *self.tenants.write().expect("tenants lock") = tenants;
@@ -349,8 +374,9 @@ impl Registry {
 
     /// The tenant `id`; on PostgreSQL, if this instance has not heard of
     /// it, after reading the store again (another instance may have made it
-    /// a moment ago). For admin changes, not for the hot path.
-    async fn tenant_fresh(&self, id: &str) -> Option<Arc<TenantRow>> {
+    /// a moment ago). For admin changes and the rare miss of a consumer,
+    /// not for authentication (an unknown key must not cost a reload).
+    pub async fn tenant_fresh(&self, id: &str) -> Option<Arc<TenantRow>> {
         if self.tenant(id).is_none() && matches!(self.db, Db::Postgres(_)) {
             self.reload_logged().await;
         }
@@ -404,6 +430,7 @@ impl Registry {
                 }
             },
         )?;
+        let _changing = self.changing.lock().await;
         on_pool!(&self.db, write, |pool| {
             sqlx::query(
                 "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
@@ -476,6 +503,7 @@ impl Registry {
             updated_at: now,
         };
         // The primary key decides races between two creates of the same id.
+        let _changing = self.changing.lock().await;
         let inserted = on_pool!(&self.db, write, |pool| {
             sqlx::query("INSERT INTO tenants (id, name, plan, status, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6)")
                 .bind(&row.id)
@@ -522,6 +550,7 @@ impl Registry {
         }
         // Only the fields given change: another instance may have changed
         // the other one a moment ago.
+        let _changing = self.changing.lock().await;
         let stored: Option<(String, String, String, i64, i64)> = on_pool!(
             &self.db,
             write,
@@ -564,6 +593,7 @@ impl Registry {
     /// the same id could inherit them. Pause or disable it and let its lane
     /// drain, or redrive/inspect dead letters first.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
+        let _changing = self.changing.lock().await;
         // The same statements on either store, in one transaction.
         macro_rules! delete_in {
             ($tx:expr) => {{
@@ -620,6 +650,7 @@ impl Registry {
         let key_id = random_hex(8);
         let secret = random_hex(32);
         let secret_hash = hash_secret(&secret);
+        let _changing = self.changing.lock().await;
         on_pool!(&self.db, write, |pool| {
             sqlx::query(
                 "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES ($1, $2, $3, $4)",
@@ -645,6 +676,7 @@ impl Registry {
     }
 
     pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), RegistryError> {
+        let _changing = self.changing.lock().await;
         let revoked = on_pool!(&self.db, write, |pool| {
             sqlx::query(
                 "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND tenant_id = $3 AND revoked_at IS NULL",
