@@ -10,374 +10,389 @@ fn plan_body() -> Value {
     json!({"lane": "slow", "rate_per_second": 2.5, "burst": 5, "daily_quota": 500, "max_in_flight": 2})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disabled_tenant_is_refused_with_403_until_reactivated() {
-    let app = TestApp::start("").await;
-    let key = app.tenant_with_key("acme", "pro").await;
+on_both_stores! {
+    async fn a_disabled_tenant_is_refused_with_403_until_reactivated() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
 
-    let tenant = app
-        .patch_tenant("acme", json!({"status": "disabled"}))
-        .await;
-    assert_eq!(tenant["status"], "disabled");
-    let response = app.send(&key, &email()).await;
-    expect_problem_kind(response, StatusCode::FORBIDDEN, "forbidden").await;
+        let tenant = app
+            .patch_tenant("acme", json!({"status": "disabled"}))
+            .await;
+        assert_eq!(tenant["status"], "disabled");
+        let response = app.send(&key, &email()).await;
+        expect_problem_kind(response, StatusCode::FORBIDDEN, "forbidden").await;
 
-    app.patch_tenant("acme", json!({"status": "active"})).await;
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::ACCEPTED
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_tenant_can_still_send() {
-    let app = TestApp::start("").await;
-    let key = app.tenant_with_key("acme", "pro").await;
-    let tenant = app.patch_tenant("acme", json!({"status": "paused"})).await;
-    assert_eq!(tenant["status"], "paused");
-    let accepted = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
-    assert_eq!(accepted["status"], "queued");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_configured_plans_are_listed() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::GET, "/v1/admin/plans")
-        .send()
-        .await
-        .unwrap();
-    let body = expect_json(response, StatusCode::OK).await;
-    let plans = body["plans"].as_array().expect("plans array");
-    let names: Vec<&str> = plans.iter().filter_map(|p| p["name"].as_str()).collect();
-    for name in ["basic", "pro", "enterprise"] {
-        assert!(names.contains(&name), "{name} missing from {names:?}");
+        app.patch_tenant("acme", json!({"status": "active"})).await;
+        assert_eq!(
+            app.send(&key, &email()).await.status(),
+            StatusCode::ACCEPTED
+        );
     }
-    let basic = plans.iter().find(|p| p["name"] == "basic").unwrap();
-    assert_eq!(basic["lane"], "slow");
-    assert_eq!(basic["burst"], 10);
-    assert_eq!(basic["daily_quota"], 10000);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn putting_a_plan_creates_it_then_replaces_it() {
-    let app = TestApp::start("").await;
-    let created = app
-        .admin(Method::PUT, "/v1/admin/plans/starter")
-        .json(&plan_body())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        header(created.headers(), "location"),
-        Some("/v1/admin/plans/starter")
-    );
-    let created = expect_json(created, StatusCode::CREATED).await;
-    assert_eq!(created["name"], "starter");
-    assert_eq!(created["rate_per_second"], 2.5);
-
-    let replaced = app
-        .admin(Method::PUT, "/v1/admin/plans/starter")
-        .json(&with(plan_body(), "burst", json!(7)))
-        .send()
-        .await
-        .unwrap();
-    let replaced = expect_json(replaced, StatusCode::OK).await;
-    assert_eq!(replaced["burst"], 7);
-
-    let fetched = app
-        .admin(Method::GET, "/v1/admin/plans/starter")
-        .send()
-        .await
-        .unwrap();
-    let fetched = expect_json(fetched, StatusCode::OK).await;
-    assert_eq!(fetched, replaced);
+on_both_stores! {
+    async fn a_paused_tenant_can_still_send() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let tenant = app.patch_tenant("acme", json!({"status": "paused"})).await;
+        assert_eq!(tenant["status"], "paused");
+        let accepted = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
+        assert_eq!(accepted["status"], "queued");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plan_with_an_unknown_field_is_a_422_naming_it() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::PUT, "/v1/admin/plans/starter")
-        .json(&with(plan_body(), "brust", json!(5)))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(response, "brust").await;
-    let missing = app
-        .admin(Method::GET, "/v1/admin/plans/starter")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(missing, StatusCode::NOT_FOUND).await;
+on_both_stores! {
+    async fn the_configured_plans_are_listed() {
+        let app = TestApp::start("").await;
+        let response = app
+            .admin(Method::GET, "/v1/admin/plans")
+            .send()
+            .await
+            .unwrap();
+        let body = expect_json(response, StatusCode::OK).await;
+        let plans = body["plans"].as_array().expect("plans array");
+        let names: Vec<&str> = plans.iter().filter_map(|p| p["name"].as_str()).collect();
+        for name in ["basic", "pro", "enterprise"] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+        let basic = plans.iter().find(|p| p["name"] == "basic").unwrap();
+        assert_eq!(basic["lane"], "slow");
+        assert_eq!(basic["burst"], 10);
+        assert_eq!(basic["daily_quota"], 10000);
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plan_with_impossible_figures_is_a_422() {
-    let app = TestApp::start("").await;
-    let cases = [
-        ("rate_per_second", json!(0)),
-        ("rate_per_second", json!(-1.0)),
-        ("burst", json!(0)),
-        ("max_in_flight", json!(0)),
-    ];
-    for (field, value) in cases {
+on_both_stores! {
+    async fn putting_a_plan_creates_it_then_replaces_it() {
+        let app = TestApp::start("").await;
+        let created = app
+            .admin(Method::PUT, "/v1/admin/plans/starter")
+            .json(&plan_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            header(created.headers(), "location"),
+            Some("/v1/admin/plans/starter")
+        );
+        let created = expect_json(created, StatusCode::CREATED).await;
+        assert_eq!(created["name"], "starter");
+        assert_eq!(created["rate_per_second"], 2.5);
+
+        let replaced = app
+            .admin(Method::PUT, "/v1/admin/plans/starter")
+            .json(&with(plan_body(), "burst", json!(7)))
+            .send()
+            .await
+            .unwrap();
+        let replaced = expect_json(replaced, StatusCode::OK).await;
+        assert_eq!(replaced["burst"], 7);
+
+        let fetched = app
+            .admin(Method::GET, "/v1/admin/plans/starter")
+            .send()
+            .await
+            .unwrap();
+        let fetched = expect_json(fetched, StatusCode::OK).await;
+        assert_eq!(fetched, replaced);
+    }
+}
+
+on_both_stores! {
+    async fn a_plan_with_an_unknown_field_is_a_422_naming_it() {
+        let app = TestApp::start("").await;
         let response = app
             .admin(Method::PUT, "/v1/admin/plans/starter")
-            .json(&with(plan_body(), field, value.clone()))
+            .json(&with(plan_body(), "brust", json!(5)))
             .send()
             .await
             .unwrap();
-        let status = response.status();
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(
-            status,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "{field} = {value}: {body}"
-        );
-        assert!(
-            body["errors"].get(field).is_some(),
-            "{field} = {value}: {body}"
-        );
+        expect_field_error(response, "brust").await;
+        let missing = app
+            .admin(Method::GET, "/v1/admin/plans/starter")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(missing, StatusCode::NOT_FOUND).await;
     }
-    let wrong_type = app
-        .admin(Method::PUT, "/v1/admin/plans/starter")
-        .json(&with(plan_body(), "lane", json!("medium")))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(wrong_type, "lane").await;
-    let missing = app
-        .admin(Method::PUT, "/v1/admin/plans/starter")
-        .json(&with(plan_body(), "burst", Value::Null))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(missing, "burst").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plan_with_an_invalid_name_is_a_422_naming_name() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::PUT, "/v1/admin/plans/Gold%20Plan")
-        .json(&plan_body())
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(response, "name").await;
+on_both_stores! {
+    async fn a_plan_with_impossible_figures_is_a_422() {
+        let app = TestApp::start("").await;
+        let cases = [
+            ("rate_per_second", json!(0)),
+            ("rate_per_second", json!(-1.0)),
+            ("burst", json!(0)),
+            ("max_in_flight", json!(0)),
+        ];
+        for (field, value) in cases {
+            let response = app
+                .admin(Method::PUT, "/v1/admin/plans/starter")
+                .json(&with(plan_body(), field, value.clone()))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(
+                status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{field} = {value}: {body}"
+            );
+            assert!(
+                body["errors"].get(field).is_some(),
+                "{field} = {value}: {body}"
+            );
+        }
+        let wrong_type = app
+            .admin(Method::PUT, "/v1/admin/plans/starter")
+            .json(&with(plan_body(), "lane", json!("medium")))
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(wrong_type, "lane").await;
+        let missing = app
+            .admin(Method::PUT, "/v1/admin/plans/starter")
+            .json(&with(plan_body(), "burst", Value::Null))
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(missing, "burst").await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_plan_is_not_found() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::GET, "/v1/admin/plans/nope")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(response, StatusCode::NOT_FOUND).await;
+on_both_stores! {
+    async fn a_plan_with_an_invalid_name_is_a_422_naming_name() {
+        let app = TestApp::start("").await;
+        let response = app
+            .admin(Method::PUT, "/v1/admin/plans/Gold%20Plan")
+            .json(&plan_body())
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(response, "name").await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_on_an_unknown_plan_is_a_422_naming_plan() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::POST, "/v1/admin/tenants")
-        .json(&json!({"id": "acme", "name": "Acme", "plan": "platinum"}))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(response, "plan").await;
+on_both_stores! {
+    async fn an_unknown_plan_is_not_found() {
+        let app = TestApp::start("").await;
+        let response = app
+            .admin(Method::GET, "/v1/admin/plans/nope")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(response, StatusCode::NOT_FOUND).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duplicate_tenant_id_is_a_409() {
-    let app = TestApp::start("").await;
-    app.create_tenant("acme", "pro").await;
-    let response = app
-        .admin(Method::POST, "/v1/admin/tenants")
-        .json(&json!({"id": "acme", "name": "Other", "plan": "basic"}))
-        .send()
-        .await
-        .unwrap();
-    expect_problem_kind(response, StatusCode::CONFLICT, "conflict").await;
-    // The first tenant is unchanged.
-    let tenant = app
-        .admin(Method::GET, "/v1/admin/tenants/acme")
-        .send()
-        .await
-        .unwrap();
-    let tenant = expect_json(tenant, StatusCode::OK).await;
-    assert_eq!(tenant["plan"], "pro");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalid_tenant_id_is_a_422_naming_id() {
-    let app = TestApp::start("").await;
-    for id in ["Bad Id!", "", "-leading", &"a".repeat(65)] {
+on_both_stores! {
+    async fn a_tenant_on_an_unknown_plan_is_a_422_naming_plan() {
+        let app = TestApp::start("").await;
         let response = app
             .admin(Method::POST, "/v1/admin/tenants")
-            .json(&json!({"id": id, "name": "X", "plan": "pro"}))
+            .json(&json!({"id": "acme", "name": "Acme", "plan": "platinum"}))
             .send()
             .await
             .unwrap();
-        expect_field_error(response, "id").await;
-    }
-    let response = app
-        .admin(Method::POST, "/v1/admin/tenants")
-        .json(&json!({"id": "acme", "name": " ", "plan": "pro"}))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(response, "name").await;
-    let response = app
-        .admin(Method::POST, "/v1/admin/tenants")
-        .json(&json!({"id": "acme", "name": "Acme", "plan": "pro", "tier": "gold"}))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(response, "tier").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn changing_a_tenants_plan_moves_its_next_sends_to_the_new_lane() {
-    let app = TestApp::start("").await;
-    let key = app.tenant_with_key("acme", "basic").await;
-    let before = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
-    assert_eq!(before["lane"], "slow");
-
-    let tenant = app.patch_tenant("acme", json!({"plan": "pro"})).await;
-    assert_eq!(tenant["plan"], "pro");
-    assert_eq!(tenant["status"], "active", "a plan change keeps the status");
-    let after = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
-    assert_eq!(after["lane"], "fast");
-
-    let unknown = app
-        .admin(Method::PATCH, "/v1/admin/tenants/acme")
-        .json(&json!({"plan": "platinum"}))
-        .send()
-        .await
-        .unwrap();
-    expect_field_error(unknown, "plan").await;
-    let missing = app
-        .admin(Method::PATCH, "/v1/admin/tenants/nobody")
-        .json(&json!({"status": "paused"}))
-        .send()
-        .await
-        .unwrap();
-    expect_problem(missing, StatusCode::NOT_FOUND).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_tenant_is_gone_and_its_keys_stop_working() {
-    let app = TestApp::start("").await;
-    let key = app.tenant_with_key("acme", "pro").await;
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::ACCEPTED
-    );
-    // Its message is still queued, so deleting is refused for now.
-    let refused = app
-        .admin(Method::DELETE, "/v1/admin/tenants/acme")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(refused, StatusCode::CONFLICT).await;
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::ACCEPTED
-    );
-
-    let quiet = app.tenant_with_key("quiet", "pro").await;
-    let deleted = app
-        .admin(Method::DELETE, "/v1/admin/tenants/quiet")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
-
-    expect_problem(app.send(&quiet, &email()).await, StatusCode::UNAUTHORIZED).await;
-    let tenant = app
-        .admin(Method::GET, "/v1/admin/tenants/quiet")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(tenant, StatusCode::NOT_FOUND).await;
-    let again = app
-        .admin(Method::DELETE, "/v1/admin/tenants/quiet")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(again, StatusCode::NOT_FOUND).await;
-    let list = app
-        .admin(Method::GET, "/v1/admin/tenants")
-        .send()
-        .await
-        .unwrap();
-    let list = expect_json(list, StatusCode::OK).await;
-    let ids: Vec<&str> = list["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["acme"]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_shows_its_key_ids_but_never_the_secrets() {
-    let app = TestApp::start("").await;
-    app.create_tenant("acme", "pro").await;
-    let (first_id, first_key) = app.issue_key("acme").await;
-    let (second_id, second_key) = app.issue_key("acme").await;
-    assert_ne!(first_key, second_key);
-    let revoked = app
-        .admin(
-            Method::DELETE,
-            &format!("/v1/admin/tenants/acme/keys/{second_id}"),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(revoked.status(), StatusCode::NO_CONTENT);
-
-    let response = app
-        .admin(Method::GET, "/v1/admin/tenants/acme")
-        .send()
-        .await
-        .unwrap();
-    let text = response.text().await.unwrap();
-    let detail: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(detail["id"], "acme");
-    assert_eq!(detail["plan"], "pro");
-    assert_eq!(detail["status"], "active");
-    let keys = detail["keys"].as_array().expect("keys");
-    let ids: Vec<&str> = keys.iter().filter_map(|k| k["id"].as_str()).collect();
-    assert_eq!(ids.len(), 2, "{detail}");
-    assert!(
-        ids.contains(&first_id.as_str()) && ids.contains(&second_id.as_str()),
-        "{detail}"
-    );
-    let second = keys.iter().find(|k| k["id"] == second_id.as_str()).unwrap();
-    assert!(second["revoked_at"].is_string(), "{detail}");
-    let first = keys.iter().find(|k| k["id"] == first_id.as_str()).unwrap();
-    assert!(first["revoked_at"].is_null(), "{detail}");
-    for key in [&first_key, &second_key] {
-        let secret = key.rsplit('_').next().unwrap();
-        assert!(!text.contains(secret), "a secret is shown: {text}");
+        expect_field_error(response, "plan").await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_for_an_unknown_tenant_is_not_found() {
-    let app = TestApp::start("").await;
-    let response = app
-        .admin(Method::POST, "/v1/admin/tenants/nobody/keys")
-        .send()
-        .await
-        .unwrap();
-    expect_problem(response, StatusCode::NOT_FOUND).await;
+on_both_stores! {
+    async fn a_duplicate_tenant_id_is_a_409() {
+        let app = TestApp::start("").await;
+        app.create_tenant("acme", "pro").await;
+        let response = app
+            .admin(Method::POST, "/v1/admin/tenants")
+            .json(&json!({"id": "acme", "name": "Other", "plan": "basic"}))
+            .send()
+            .await
+            .unwrap();
+        expect_problem_kind(response, StatusCode::CONFLICT, "conflict").await;
+        // The first tenant is unchanged.
+        let tenant = app
+            .admin(Method::GET, "/v1/admin/tenants/acme")
+            .send()
+            .await
+            .unwrap();
+        let tenant = expect_json(tenant, StatusCode::OK).await;
+        assert_eq!(tenant["plan"], "pro");
+    }
+}
+
+on_both_stores! {
+    async fn an_invalid_tenant_id_is_a_422_naming_id() {
+        let app = TestApp::start("").await;
+        for id in ["Bad Id!", "", "-leading", &"a".repeat(65)] {
+            let response = app
+                .admin(Method::POST, "/v1/admin/tenants")
+                .json(&json!({"id": id, "name": "X", "plan": "pro"}))
+                .send()
+                .await
+                .unwrap();
+            expect_field_error(response, "id").await;
+        }
+        let response = app
+            .admin(Method::POST, "/v1/admin/tenants")
+            .json(&json!({"id": "acme", "name": " ", "plan": "pro"}))
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(response, "name").await;
+        let response = app
+            .admin(Method::POST, "/v1/admin/tenants")
+            .json(&json!({"id": "acme", "name": "Acme", "plan": "pro", "tier": "gold"}))
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(response, "tier").await;
+    }
+}
+
+on_both_stores! {
+    async fn changing_a_tenants_plan_moves_its_next_sends_to_the_new_lane() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "basic").await;
+        let before = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
+        assert_eq!(before["lane"], "slow");
+
+        let tenant = app.patch_tenant("acme", json!({"plan": "pro"})).await;
+        assert_eq!(tenant["plan"], "pro");
+        assert_eq!(tenant["status"], "active", "a plan change keeps the status");
+        let after = expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
+        assert_eq!(after["lane"], "fast");
+
+        let unknown = app
+            .admin(Method::PATCH, "/v1/admin/tenants/acme")
+            .json(&json!({"plan": "platinum"}))
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(unknown, "plan").await;
+        let missing = app
+            .admin(Method::PATCH, "/v1/admin/tenants/nobody")
+            .json(&json!({"status": "paused"}))
+            .send()
+            .await
+            .unwrap();
+        expect_problem(missing, StatusCode::NOT_FOUND).await;
+    }
+}
+
+on_both_stores! {
+    async fn a_deleted_tenant_is_gone_and_its_keys_stop_working() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        assert_eq!(
+            app.send(&key, &email()).await.status(),
+            StatusCode::ACCEPTED
+        );
+        // Its message is still queued, so deleting is refused for now.
+        let refused = app
+            .admin(Method::DELETE, "/v1/admin/tenants/acme")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(refused, StatusCode::CONFLICT).await;
+        assert_eq!(
+            app.send(&key, &email()).await.status(),
+            StatusCode::ACCEPTED
+        );
+
+        let quiet = app.tenant_with_key("quiet", "pro").await;
+        let deleted = app
+            .admin(Method::DELETE, "/v1/admin/tenants/quiet")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+
+        expect_problem(app.send(&quiet, &email()).await, StatusCode::UNAUTHORIZED).await;
+        let tenant = app
+            .admin(Method::GET, "/v1/admin/tenants/quiet")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(tenant, StatusCode::NOT_FOUND).await;
+        let again = app
+            .admin(Method::DELETE, "/v1/admin/tenants/quiet")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(again, StatusCode::NOT_FOUND).await;
+        let list = app
+            .admin(Method::GET, "/v1/admin/tenants")
+            .send()
+            .await
+            .unwrap();
+        let list = expect_json(list, StatusCode::OK).await;
+        let ids: Vec<&str> = list["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["acme"]);
+    }
+}
+
+on_both_stores! {
+    async fn a_tenant_shows_its_key_ids_but_never_the_secrets() {
+        let app = TestApp::start("").await;
+        app.create_tenant("acme", "pro").await;
+        let (first_id, first_key) = app.issue_key("acme").await;
+        let (second_id, second_key) = app.issue_key("acme").await;
+        assert_ne!(first_key, second_key);
+        let revoked = app
+            .admin(
+                Method::DELETE,
+                &format!("/v1/admin/tenants/acme/keys/{second_id}"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(revoked.status(), StatusCode::NO_CONTENT);
+
+        let response = app
+            .admin(Method::GET, "/v1/admin/tenants/acme")
+            .send()
+            .await
+            .unwrap();
+        let text = response.text().await.unwrap();
+        let detail: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(detail["id"], "acme");
+        assert_eq!(detail["plan"], "pro");
+        assert_eq!(detail["status"], "active");
+        let keys = detail["keys"].as_array().expect("keys");
+        let ids: Vec<&str> = keys.iter().filter_map(|k| k["id"].as_str()).collect();
+        assert_eq!(ids.len(), 2, "{detail}");
+        assert!(
+            ids.contains(&first_id.as_str()) && ids.contains(&second_id.as_str()),
+            "{detail}"
+        );
+        let second = keys.iter().find(|k| k["id"] == second_id.as_str()).unwrap();
+        assert!(second["revoked_at"].is_string(), "{detail}");
+        let first = keys.iter().find(|k| k["id"] == first_id.as_str()).unwrap();
+        assert!(first["revoked_at"].is_null(), "{detail}");
+        for key in [&first_key, &second_key] {
+            let secret = key.rsplit('_').next().unwrap();
+            assert!(!text.contains(secret), "a secret is shown: {text}");
+        }
+    }
+}
+
+on_both_stores! {
+    async fn a_key_for_an_unknown_tenant_is_not_found() {
+        let app = TestApp::start("").await;
+        let response = app
+            .admin(Method::POST, "/v1/admin/tenants/nobody/keys")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(response, StatusCode::NOT_FOUND).await;
+    }
 }
 
 #[tokio::test]

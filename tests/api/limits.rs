@@ -53,48 +53,50 @@ async fn a_send_over_the_rate_is_429_and_succeeds_after_retry_after() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_is_answered_even_when_the_tenant_is_over_its_rate() {
-    let app = TestApp::start(TINY_PLAN).await;
-    let key = app.tenant_with_key("acme", "tiny").await;
-    let first = app.send_idempotent(&key, "k-1", &email()).await;
-    let first = expect_json(first, StatusCode::ACCEPTED).await;
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::ACCEPTED
-    );
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+on_both_stores! {
+    async fn a_replay_is_answered_even_when_the_tenant_is_over_its_rate() {
+        let app = TestApp::start(TINY_PLAN).await;
+        let key = app.tenant_with_key("acme", "tiny").await;
+        let first = app.send_idempotent(&key, "k-1", &email()).await;
+        let first = expect_json(first, StatusCode::ACCEPTED).await;
+        assert_eq!(
+            app.send(&key, &email()).await.status(),
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(
+            app.send(&key, &email()).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
 
-    let replay = app.send_idempotent(&key, "k-1", &email()).await;
-    assert_eq!(
-        header(replay.headers(), "idempotent-replayed"),
-        Some("true")
-    );
-    assert_eq!(expect_json(replay, StatusCode::ACCEPTED).await, first);
+        let replay = app.send_idempotent(&key, "k-1", &email()).await;
+        assert_eq!(
+            header(replay.headers(), "idempotent-replayed"),
+            Some("true")
+        );
+        assert_eq!(expect_json(replay, StatusCode::ACCEPTED).await, first);
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_on_the_same_plan_have_their_own_buckets() {
-    let app = TestApp::start(TINY_PLAN).await;
-    let key_a = app.tenant_with_key("tenant-a", "tiny").await;
-    let key_b = app.tenant_with_key("tenant-b", "tiny").await;
-    for _ in 0..2 {
+on_both_stores! {
+    async fn tenants_on_the_same_plan_have_their_own_buckets() {
+        let app = TestApp::start(TINY_PLAN).await;
+        let key_a = app.tenant_with_key("tenant-a", "tiny").await;
+        let key_b = app.tenant_with_key("tenant-b", "tiny").await;
+        for _ in 0..2 {
+            assert_eq!(
+                app.send(&key_a, &email()).await.status(),
+                StatusCode::ACCEPTED
+            );
+        }
         assert_eq!(
             app.send(&key_a, &email()).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            app.send(&key_b, &email()).await.status(),
             StatusCode::ACCEPTED
         );
     }
-    assert_eq!(
-        app.send(&key_a, &email()).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        app.send(&key_b, &email()).await.status(),
-        StatusCode::ACCEPTED
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,29 +118,30 @@ async fn a_send_over_the_daily_quota_is_429_until_midnight() {
     assert_eq!(app.state.queue.stats(Lane::Fast).await.unwrap().depth, 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_send_does_not_use_up_the_daily_quota() {
-    let plan = "[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\n\
-                daily_quota = 2\nmax_in_flight = 1\n";
-    let app = TestApp::start(plan).await;
-    let key = app.tenant_with_key("acme", "capped").await;
-    // Refused before admission: invalid fields.
-    for _ in 0..3 {
-        let response = app
-            .send(&key, &with(email(), "to", serde_json::json!("x")))
-            .await;
-        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    }
-    for _ in 0..2 {
+on_both_stores! {
+    async fn a_refused_send_does_not_use_up_the_daily_quota() {
+        let plan = "[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\n\
+                    daily_quota = 2\nmax_in_flight = 1\n";
+        let app = TestApp::start(plan).await;
+        let key = app.tenant_with_key("acme", "capped").await;
+        // Refused before admission: invalid fields.
+        for _ in 0..3 {
+            let response = app
+                .send(&key, &with(email(), "to", serde_json::json!("x")))
+                .await;
+            assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        for _ in 0..2 {
+            assert_eq!(
+                app.send(&key, &email()).await.status(),
+                StatusCode::ACCEPTED
+            );
+        }
         assert_eq!(
             app.send(&key, &email()).await.status(),
-            StatusCode::ACCEPTED
+            StatusCode::TOO_MANY_REQUESTS
         );
     }
-    assert_eq!(
-        app.send(&key, &email()).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

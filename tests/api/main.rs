@@ -7,6 +7,7 @@ mod backends;
 mod crash;
 mod delivery;
 mod idempotency;
+mod instances;
 mod limits;
 mod messages;
 mod openapi;

@@ -12,9 +12,54 @@ use fairlane::config::{DEFAULT_TOML, Settings};
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection};
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// Which store a test app keeps its state in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// A SQLite file in the test's temporary directory (the default).
+    Sqlite,
+    /// A database of the test's own on the test PostgreSQL server, with the
+    /// lanes in SQS on moto (a PostgreSQL store needs SQS lanes).
+    Postgres,
+}
+
+tokio::task_local! {
+    /// The store of the apps a test starts; see [`on_both_stores!`].
+    pub static STORE: Store;
+}
+
+/// Defines a test that runs twice, as `NAME::on_sqlite` and
+/// `NAME::on_postgres`: every [`TestApp`] it starts keeps its state in that
+/// store. For tests of behaviour that must not depend on the store.
+macro_rules! on_both_stores {
+    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_sqlite() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::Sqlite, async $body)
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_postgres() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::Postgres, async $body)
+                    .await
+            }
+        }
+    };
+}
+pub(crate) use on_both_stores;
 
 /// The admin token every test app is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
@@ -39,6 +84,10 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// Holds the SQLite file; removed when the test ends.
     dir: Option<TempDir>,
+    /// The PostgreSQL database of an app on [`Store::Postgres`]; dropped
+    /// when the test ends.
+    #[allow(dead_code)] // held for its Drop, which drops the database
+    database: Option<TestDatabase>,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
 }
@@ -58,7 +107,19 @@ impl TestApp {
 
     /// Starts an app whose database lives in `dir` (a restart keeps it).
     pub async fn start_in(dir: TempDir, extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
-        let mut settings = settings_for(dir.path(), extra);
+        let store = STORE.try_with(|store| *store).unwrap_or(Store::Sqlite);
+        let (mut settings, database) = match store {
+            Store::Sqlite => (settings_for(dir.path(), extra), None),
+            Store::Postgres => {
+                let database = TestDatabase::create().await;
+                let moto = crate::backends::moto_url("a test on the PostgreSQL store")
+                    .expect("moto_url fails rather than skipping");
+                let queue = crate::backends::sqs_settings(&moto, "pg", "");
+                let mut settings = settings_for(dir.path(), &format!("{queue}\n{extra}"));
+                settings.storage.url = database.url.clone();
+                (settings, Some(database))
+            }
+        };
         tweak(&mut settings);
         let app = Application::build(settings)
             .await
@@ -85,6 +146,7 @@ impl TestApp {
             state,
             client,
             dir: Some(dir),
+            database,
             shutdown: Some(shutdown),
             server: Some(server),
         }
@@ -372,4 +434,109 @@ pub async fn expect_problem_kind(
         "problem type should contain {kind:?}: {body}"
     );
     (headers, body)
+}
+
+// ----- PostgreSQL -----
+
+pub fn pg_server_url() -> String {
+    std::env::var("FAIRLANE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into())
+}
+
+/// `server` (a PostgreSQL URL naming any database) with the database
+/// replaced by `name`, query parameters kept.
+fn with_database(server: &str, name: &str) -> String {
+    let (base, query) = match server.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (server, None),
+    };
+    let authority = base.find("://").map_or(0, |at| at + 3);
+    let base = match base[authority..].find('/') {
+        Some(slash) => &base[..authority + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{name}?{query}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// A database of this test's own on the test PostgreSQL server; dropped
+/// (`WITH (FORCE)`, whoever is still connected) when the guard is.
+pub struct TestDatabase {
+    server: String,
+    name: String,
+    /// What the app or the instances are configured with.
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub async fn create() -> TestDatabase {
+        let server = pg_server_url();
+        let mut conn = connect_pg(&server).await;
+        let name = format!(
+            "fairlane_test_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..16]
+        );
+        // The name is ours (letters, digits and underscores), quoted.
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|err| panic!("CREATE DATABASE {name} on {server}: {err}"));
+        let _ = conn.close().await;
+        let url = with_database(&server, &name);
+        TestDatabase { server, name, url }
+    }
+}
+
+/// A connection to `url`; fails the test, saying why, when PostgreSQL does
+/// not answer.
+pub async fn connect_pg(url: &str) -> PgConnection {
+    match tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(url)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(err)) => panic!(
+            "cannot connect to PostgreSQL at {url} (FAIRLANE_TEST_PG_URL): the several-instances \
+             tests need a PostgreSQL server where they may create databases: {err}"
+        ),
+        Err(_) => panic!(
+            "PostgreSQL at {url} (FAIRLANE_TEST_PG_URL) did not answer within 10 s: the \
+             several-instances tests need a PostgreSQL server where they may create databases"
+        ),
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() && std::env::var_os("FAIRLANE_TEST_KEEP_DB").is_some() {
+            eprintln!(
+                "----- database kept for inspection (FAIRLANE_TEST_KEEP_DB): {} -----",
+                self.url
+            );
+            return;
+        }
+        let (server, name) = (self.server.clone(), self.name.clone());
+        // Drop runs inside the test's runtime, which must not be blocked
+        // on; the drop gets a thread and a small runtime of its own.
+        let dropped = std::thread::spawn(move || -> anyhow::Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut conn = PgConnection::connect(&server).await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await?;
+                conn.close().await?;
+                Ok(())
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => eprintln!("could not drop test database {}: {err:#}", self.name),
+            Err(_) => eprintln!("dropping test database {} panicked", self.name),
+        }
+    }
 }

@@ -1,0 +1,1471 @@
+//! Several instances (issue 10): three fairlane processes, the real binary
+//! each on its own port, share one PostgreSQL database, one Redis and moto's
+//! SQS. A tenant or key made on one instance works on the others within a
+//! second, a tenant's plan and a provider's rate hold for the three together,
+//! killing one instance loses no accepted message, and Redis going away turns
+//! into local shares, not errors.
+//!
+//! Needs PostgreSQL (`FAIRLANE_TEST_PG_URL`, default
+//! `postgres://root@127.0.0.1:5432/postgres`: each test creates a database of
+//! its own there and drops it at the end, or keeps it when the test fails and
+//! `FAIRLANE_TEST_KEEP_DB` is set), Redis (`FAIRLANE_TEST_REDIS_URL`,
+//! default `redis://127.0.0.1:6379`: a random key prefix, deleted at the end)
+//! and moto (`FAIRLANE_TEST_SQS_URL`: a random queue prefix). Without any of
+//! them the tests fail saying so. The Redis outage test starts a
+//! `redis-server` of its own on a free port and kills only that.
+//!
+//! The SMS provider is a small Twilio-compatible server in the test that
+//! records when each call arrived and what it carried; every message text
+//! holds a marker, so arrivals map back to the messages that were accepted.
+//!
+//! Each instance logs (`RUST_LOG=info`, or `FAIRLANE_TEST_INSTANCE_LOG` when
+//! set) to a file in a temporary directory.
+//! When a test fails, the tail of every log is printed and the directory is
+//! kept (its path is printed too).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Form, Path as UrlPath, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::task::JoinHandle;
+
+use crate::crash::{ChildGuard, free_port};
+use crate::support::TestDatabase;
+
+/// The admin token of every instance in these tests.
+const ADMIN: &str = "instances-test-admin-token-0123";
+
+/// Names of the three instances (`server.instance`), also their index order.
+const NAMES: [&str; 3] = ["a", "b", "c"];
+const A: usize = 0;
+const B: usize = 1;
+const C: usize = 2;
+
+/// The SMS provider's contract in every cluster: 20 calls a second, bursts
+/// of 5, for the three instances together.
+const SMS_RATE: f64 = 20.0;
+const SMS_BURST: usize = 5;
+
+/// `lanes.fast.concurrency` (the default): messages one instance's fast lane
+/// works on at once, so the most a killed instance can have had in flight.
+const FAST_CONCURRENCY: usize = 32;
+
+/// How long changes made on one instance may take to reach the others.
+const PROPAGATION: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------
+// The services the cluster shares.
+// ---------------------------------------------------------------------------
+
+/// moto's base URL; fails the test when none is configured.
+fn required_moto() -> String {
+    match std::env::var("FAIRLANE_TEST_SQS_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "FAIRLANE_TEST_SQS_URL is not set: the several-instances tests need moto's SQS; \
+             start `moto_server -H 127.0.0.1 -p PORT` and point the variable at it (see .ci/run)"
+        ),
+    }
+}
+
+fn default_redis_url() -> String {
+    std::env::var("FAIRLANE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A random key prefix on a Redis; its keys are deleted on drop.
+struct RedisKeys {
+    client: redis::Client,
+    url: String,
+    prefix: String,
+}
+
+impl RedisKeys {
+    /// Fails the test when no Redis answers at `url`.
+    fn new(url: &str, prefix: &str) -> RedisKeys {
+        let client = redis::Client::open(url)
+            .unwrap_or_else(|err| panic!("{url} is not a Redis URL: {err}"));
+        let pong = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+        assert!(
+            pong.is_ok(),
+            "no Redis answers at {url} (FAIRLANE_TEST_REDIS_URL): the several-instances tests \
+             need a real Redis; start one with `redis-server` or point the variable at one \
+             ({pong:?})"
+        );
+        RedisKeys {
+            client,
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let Ok(mut conn) = self
+            .client
+            .get_connection_with_timeout(Duration::from_secs(1))
+        else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
+/// A `redis-server` of the test's own, on a free port; killed (by its PID)
+/// when the guard is dropped.
+struct OwnRedis {
+    url: String,
+    child: Option<ChildGuard>,
+}
+
+impl OwnRedis {
+    async fn start(dir: &Path) -> OwnRedis {
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("redis.log")).expect("redis log file");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .stdout(log.try_clone().expect("redis log file"))
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start redis-server (is it installed?): {err}"));
+        let own = OwnRedis {
+            url: format!("redis://127.0.0.1:{port}"),
+            child: Some(ChildGuard(child)),
+        };
+        let client = redis::Client::open(own.url.as_str()).expect("Redis URL");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pong = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+            if pong.is_ok() {
+                return own;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the test's own redis-server on port {port} did not answer within 10 s: \
+                 {pong:?}\n{}",
+                tail(&dir.join("redis.log"), 20)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL, as a crashed or unreachable Redis.
+    fn kill(&mut self) {
+        if let Some(mut guard) = self.child.take() {
+            guard.0.kill().expect("kill the test's redis-server");
+            guard.0.wait().expect("reap the test's redis-server");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The SMS provider.
+// ---------------------------------------------------------------------------
+
+/// One call the SMS provider received.
+#[derive(Debug, Clone)]
+struct Arrival {
+    at: Instant,
+    body: String,
+    sid: String,
+}
+
+/// A Twilio-compatible SMS API that answers every send with 201 and a fresh
+/// `sid` (`SM1`, `SM2`, …) and records each call.
+struct SmsProvider {
+    url: String,
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+    server: JoinHandle<()>,
+}
+
+impl SmsProvider {
+    async fn start() -> SmsProvider {
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let router = Router::new()
+            .route(
+                "/2010-04-01/Accounts/{account}/Messages.json",
+                post(accept_sms),
+            )
+            .with_state(arrivals.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the SMS provider");
+        let url = format!(
+            "http://{}",
+            listener.local_addr().expect("provider address")
+        );
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .await
+                .expect("the SMS provider serves")
+        });
+        SmsProvider {
+            url,
+            arrivals,
+            server,
+        }
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().expect("arrivals").clone()
+    }
+
+    fn count(&self) -> usize {
+        self.arrivals.lock().expect("arrivals").len()
+    }
+
+    /// How many calls carried each marker (the message text).
+    fn per_text(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for arrival in self.arrivals() {
+            *counts.entry(arrival.body).or_default() += 1;
+        }
+        counts
+    }
+}
+
+impl Drop for SmsProvider {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn accept_sms(
+    State(arrivals): State<Arc<Mutex<Vec<Arrival>>>>,
+    UrlPath(_account): UrlPath<String>,
+    Form(form): Form<HashMap<String, String>>,
+) -> (axum::http::StatusCode, Json<Value>) {
+    let at = Instant::now();
+    let mut arrivals = arrivals.lock().expect("arrivals");
+    let sid = format!("SM{}", arrivals.len() + 1);
+    arrivals.push(Arrival {
+        at,
+        body: form.get("Body").cloned().unwrap_or_default(),
+        sid: sid.clone(),
+    });
+    (
+        axum::http::StatusCode::CREATED,
+        Json(json!({"sid": sid, "status": "queued"})),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// The cluster.
+// ---------------------------------------------------------------------------
+
+/// The answer to a send, as a client sees it.
+#[derive(Debug, Clone)]
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+impl Answer {
+    fn id(&self) -> String {
+        self.body["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a 202 without an id: {}", self.body))
+            .to_owned()
+    }
+
+    /// `Retry-After` as whole seconds; fails the test when it is missing or
+    /// not a whole number.
+    fn retry_after_secs(&self) -> u64 {
+        let text = self
+            .retry_after
+            .as_deref()
+            .unwrap_or_else(|| panic!("a {} without Retry-After: {}", self.status, self.body));
+        text.parse()
+            .unwrap_or_else(|_| panic!("Retry-After is not whole seconds: {text:?}"))
+    }
+}
+
+/// HTTP access to the three instances; cheap to clone into sender tasks.
+#[derive(Clone)]
+struct Api {
+    client: reqwest::Client,
+    bases: Arc<Vec<String>>,
+}
+
+impl Api {
+    fn url(&self, on: usize, path: &str) -> String {
+        format!("{}{path}", self.bases[on])
+    }
+
+    /// `POST /v1/messages` of an SMS with `text` through instance `on`.
+    async fn send(&self, on: usize, key: &str, text: &str) -> reqwest::Result<Answer> {
+        let response = self
+            .client
+            .post(self.url(on, "/v1/messages"))
+            .bearer_auth(key)
+            .json(&json!({"channel": "sms", "to": "+15551234567", "text": text}))
+            .send()
+            .await?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let text = response.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer {
+            status,
+            retry_after,
+            body,
+        })
+    }
+
+    /// `GET /v1/messages/{id}` through instance `on`: the status and body.
+    async fn message(&self, on: usize, key: &str, id: &str) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .get(self.url(on, &format!("/v1/messages/{id}")))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("GET message {id} on {}: {err}", NAMES[on]));
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn admin(
+        &self,
+        on: usize,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .client
+            .request(method.clone(), self.url(on, path))
+            .bearer_auth(ADMIN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("{method} {path} on {}: {err}", NAMES[on]));
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// `PUT /v1/admin/plans/{name}` on the fast lane.
+    async fn put_plan(&self, on: usize, name: &str, rate: f64, burst: u32, max_in_flight: u32) {
+        let plan = json!({
+            "lane": "fast", "rate_per_second": rate, "burst": burst,
+            "daily_quota": 1_000_000u64, "max_in_flight": max_in_flight,
+        });
+        let (status, body) = self
+            .admin(
+                on,
+                reqwest::Method::PUT,
+                &format!("/v1/admin/plans/{name}"),
+                Some(plan),
+            )
+            .await;
+        assert!(status.is_success(), "PUT plan {name}: {status} {body}");
+    }
+
+    async fn create_tenant(&self, on: usize, id: &str, plan: &str) {
+        let (status, body) = self
+            .admin(
+                on,
+                reqwest::Method::POST,
+                "/v1/admin/tenants",
+                Some(json!({"id": id, "name": format!("Tenant {id}"), "plan": plan})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "create tenant {id}: {body}");
+    }
+
+    /// Issues a key for `tenant`; returns `(key id, key)`.
+    async fn issue_key(&self, on: usize, tenant: &str) -> (String, String) {
+        let (status, body) = self
+            .admin(
+                on,
+                reqwest::Method::POST,
+                &format!("/v1/admin/tenants/{tenant}/keys"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "issue a key: {body}");
+        (
+            body["id"].as_str().expect("key id").to_owned(),
+            body["key"].as_str().expect("key").to_owned(),
+        )
+    }
+
+    async fn revoke_key(&self, on: usize, tenant: &str, key_id: &str) {
+        let (status, body) = self
+            .admin(
+                on,
+                reqwest::Method::DELETE,
+                &format!("/v1/admin/tenants/{tenant}/keys/{key_id}"),
+                None,
+            )
+            .await;
+        assert!(status.is_success(), "revoke key {key_id}: {status} {body}");
+    }
+
+    /// Waits (up to 5 s) until every instance knows `key`, without sending
+    /// anything (a send would spend the tenant's bucket): a status read of an
+    /// unknown id answers 404 rather than 401 once the key is known.
+    async fn wait_key_known_everywhere(&self, key: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (on, name) in NAMES.iter().enumerate() {
+            loop {
+                let (status, body) = self.message(on, key, "no-such-message").await;
+                if status != StatusCode::UNAUTHORIZED {
+                    assert_eq!(
+                        status,
+                        StatusCode::NOT_FOUND,
+                        "an unknown id on {name}: {body}"
+                    );
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "instance {name} still refuses the key after 5 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Waits until every one of `ids` reads `sent` through instance
+    /// `readers[n % readers.len()]`, polling until `limit` has passed;
+    /// fails the test naming those that did not.
+    async fn wait_all_sent(&self, key: &str, ids: &[String], readers: &[usize], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut pending: Vec<String> = ids.to_vec();
+        let mut round = 0usize;
+        loop {
+            let mut still = Vec::new();
+            let mut last = BTreeMap::new();
+            for (n, id) in pending.iter().enumerate() {
+                let on = readers[(n + round) % readers.len()];
+                let (status, view) = self.message(on, key, id).await;
+                if status != StatusCode::OK || view["status"] != "sent" {
+                    still.push(id.clone());
+                    last.insert(id.clone(), (NAMES[on], status, view));
+                }
+            }
+            pending = still;
+            if pending.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                let shown: Vec<String> = last
+                    .iter()
+                    .take(10)
+                    .map(|(id, (on, status, view))| format!("{id} on {on}: {status} {view}"))
+                    .collect();
+                panic!(
+                    "{} of {} messages are not sent after {limit:?}; for example:\n{}",
+                    pending.len(),
+                    ids.len(),
+                    shown.join("\n")
+                );
+            }
+            round += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The sum of the samples of `metric` on instance `on` whose labels
+    /// contain every one of `labels` (e.g. `channel="sms"`).
+    async fn metric_sum(&self, on: usize, metric: &str, labels: &[&str]) -> f64 {
+        let text = self
+            .client
+            .get(self.url(on, "/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .filter(|line| {
+                line.strip_prefix(metric)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// One fairlane process of the cluster.
+struct Instance {
+    log: PathBuf,
+    /// `None` once the test killed it.
+    child: Option<ChildGuard>,
+}
+
+/// Three instances of the real binary on one database, one Redis prefix and
+/// one SQS queue prefix, delivering SMS to [`SmsProvider`].
+///
+/// Fields drop in order: the processes first, then the provider, the
+/// database and the Redis keys, so nothing writes to what is being removed.
+struct Cluster {
+    instances: Vec<Instance>,
+    api: Api,
+    sms: SmsProvider,
+    _db: TestDatabase,
+    _redis: RedisKeys,
+    /// Configurations and logs; kept when the test fails.
+    dir: Option<TempDir>,
+}
+
+impl Cluster {
+    /// A cluster counting limits in the Redis at `FAIRLANE_TEST_REDIS_URL`.
+    async fn start() -> Cluster {
+        Self::start_with_redis(&default_redis_url()).await
+    }
+
+    async fn start_with_redis(redis_url: &str) -> Cluster {
+        let moto = required_moto();
+        let prefix = crate::backends::unique_prefix("inst");
+        let redis = RedisKeys::new(redis_url, &prefix);
+        let db = TestDatabase::create().await;
+        let sms = SmsProvider::start().await;
+        let dir = tempfile::tempdir().expect("temporary directory");
+
+        let mut instances = Vec::new();
+        let mut bases = Vec::new();
+        for name in NAMES {
+            let port = free_port();
+            let config = dir.path().join(format!("{name}.toml"));
+            std::fs::write(
+                &config,
+                instance_config(name, port, &db.url, &moto, &prefix, &redis.url, &sms.url),
+            )
+            .expect("write an instance configuration");
+            let log = dir.path().join(format!("{name}.log"));
+            let child = start_binary(&config, &log);
+            instances.push(Instance {
+                log,
+                child: Some(child),
+            });
+            bases.push(format!("http://127.0.0.1:{port}"));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(15))
+            .build()
+            .expect("HTTP client");
+        let mut cluster = Cluster {
+            instances,
+            api: Api {
+                client,
+                bases: Arc::new(bases),
+            },
+            sms,
+            _db: db,
+            _redis: redis,
+            dir: Some(dir),
+        };
+        for on in 0..NAMES.len() {
+            cluster.wait_ready(on).await;
+        }
+        cluster
+    }
+
+    /// Polls `GET /readyz` on instance `on` until 200 (30 s at most); fails
+    /// at once if the process exits.
+    async fn wait_ready(&mut self, on: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = self.api.url(on, "/readyz");
+        loop {
+            if let Ok(response) = self.api.client.get(&url).send().await
+                && response.status() == StatusCode::OK
+            {
+                return;
+            }
+            let child = self.instances[on]
+                .child
+                .as_mut()
+                .expect("a running instance");
+            if let Ok(Some(exit)) = child.0.try_wait() {
+                panic!("instance {} exited before it was ready: {exit}", NAMES[on]);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "instance {} did not become ready within 30 s",
+                NAMES[on]
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `kill -9` of instance `on` (SIGKILL to its PID), reaped.
+    fn kill(&mut self, on: usize) {
+        let mut guard = self.instances[on]
+            .child
+            .take()
+            .expect("the instance is running");
+        guard.0.kill().expect("kill the instance");
+        guard.0.wait().expect("reap the instance");
+    }
+
+    /// Creates plan `plan` on instance A with `rate`/`burst`, a tenant on it
+    /// and a key, and waits until every instance knows the key; returns it.
+    async fn tenant_with_key(&self, tenant: &str, plan: &str, rate: f64, burst: u32) -> String {
+        self.api.put_plan(A, plan, rate, burst, 32).await;
+        self.api.create_tenant(A, tenant, plan).await;
+        let (_, key) = self.api.issue_key(A, tenant).await;
+        self.api.wait_key_known_everywhere(&key).await;
+        key
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (on, instance) in self.instances.iter_mut().enumerate() {
+            let state = match instance.child.as_mut().map(|child| child.0.try_wait()) {
+                None => "killed by the test".to_owned(),
+                Some(Ok(None)) => "running".to_owned(),
+                Some(Ok(Some(exit))) => format!("exited: {exit}"),
+                Some(Err(err)) => format!("state unknown: {err}"),
+            };
+            eprintln!(
+                "----- instance {} ({state}), last lines of {} -----\n{}",
+                NAMES[on],
+                instance.log.display(),
+                tail(&instance.log, 60)
+            );
+        }
+        if let Some(dir) = self.dir.take() {
+            eprintln!(
+                "----- configurations and full logs kept in {} -----",
+                dir.keep().display()
+            );
+        }
+    }
+}
+
+/// The last `lines` lines of a log file.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|err| format!("(cannot read {}: {err})", path.display()));
+    let text = strip_ansi(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `text` without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One instance's configuration file: the same for the three but for
+/// `listen` and `instance`.
+fn instance_config(
+    name: &str,
+    port: u16,
+    db_url: &str,
+    moto: &str,
+    prefix: &str,
+    redis_url: &str,
+    sms_url: &str,
+) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:{port}"
+admin_token = "{ADMIN}"
+instance = "{name}"
+
+[storage]
+url = "{db_url}"
+
+[queue]
+backend = "sqs"
+
+[queue.sqs]
+endpoint_url = "{moto}"
+region = "us-east-1"
+queue_prefix = "{prefix}"
+create_queues = true
+access_key_id = "test"
+secret_access_key = "test"
+send_timeout_ms = 1000
+outbox_sweep_secs = 2
+
+[lanes.fast]
+concurrency = {FAST_CONCURRENCY}
+visibility_timeout_secs = 5
+
+[lanes.slow]
+visibility_timeout_secs = 5
+
+[consumers]
+enabled = true
+receive_wait_secs = 1
+
+[limits]
+backend = "redis"
+redis_url = "{redis_url}"
+key_prefix = "{prefix}"
+
+[providers.sms]
+kind = "http"
+base_url = "{sms_url}"
+account_sid = "AC123"
+auth_token = "secret"
+from = "+15550000000"
+rate_per_second = {SMS_RATE:.1}
+burst = {SMS_BURST}
+"#
+    )
+}
+
+/// Starts the binary with `config`, stdout and stderr going to `log`.
+fn start_binary(config: &Path, log: &Path) -> ChildGuard {
+    let file = std::fs::File::create(log).expect("log file");
+    ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_fairlane"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env(
+                "RUST_LOG",
+                std::env::var("FAIRLANE_TEST_INSTANCE_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("the fairlane binary starts"),
+    )
+}
+
+/// Polls a send of `key` through instance `on` every 50 ms until it answers
+/// `want`, for 5 s at most; returns how long after `since` that was (`None`
+/// if never) and every other status seen meanwhile.
+async fn time_until(
+    api: &Api,
+    on: usize,
+    key: &str,
+    want: StatusCode,
+    since: Instant,
+) -> (Option<Duration>, Vec<StatusCode>) {
+    let mut others = Vec::new();
+    let mut n = 0;
+    while since.elapsed() < Duration::from_secs(5) {
+        let answer = api
+            .send(on, key, &format!("propagation {} {n}", NAMES[on]))
+            .await
+            .unwrap_or_else(|err| panic!("send through {}: {err}", NAMES[on]));
+        if answer.status == want {
+            return (Some(since.elapsed()), others);
+        }
+        others.push(answer.status);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (None, others)
+}
+
+/// Seconds from `origin` to `at`, negative when `at` came first.
+fn seconds_from(origin: Instant, at: Instant) -> f64 {
+    if at >= origin {
+        at.duration_since(origin).as_secs_f64()
+    } else {
+        -origin.duration_since(at).as_secs_f64()
+    }
+}
+
+/// Of every window of `times` (seconds, sorted) the one whose count most
+/// exceeds what a bucket of `burst` refilled at `rate` allows:
+/// `(excess, count, seconds)`.
+fn worst_window(times: &[f64], rate: f64, burst: f64) -> (f64, usize, f64) {
+    let mut worst = (f64::MIN, 0, 0.0);
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let count = j - i + 1;
+            let span = times[j] - times[i];
+            let excess = count as f64 - (burst + rate * span);
+            if excess > worst.0 {
+                worst = (excess, count, span);
+            }
+        }
+    }
+    worst
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second() {
+    let cluster = Cluster::start().await;
+    let api = &cluster.api;
+    api.put_plan(A, "open", 1000.0, 1000, 32).await;
+    api.create_tenant(A, "acme", "open").await;
+    let (key_id, key) = api.issue_key(A, "acme").await;
+    let issued = Instant::now();
+
+    let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
+        time_until(api, B, &key, StatusCode::ACCEPTED, issued),
+        time_until(api, C, &key, StatusCode::ACCEPTED, issued),
+    );
+    eprintln!("a key issued on a was taken by b after {on_b:?}, by c after {on_c:?}");
+    for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
+        let took = took.unwrap_or_else(|| {
+            panic!("instance {name} did not take the new key within 5 s (answers: {before:?})")
+        });
+        assert!(
+            took <= PROPAGATION,
+            "instance {name} took the key made on a only after {took:?}"
+        );
+        assert!(
+            before
+                .iter()
+                .all(|status| *status == StatusCode::UNAUTHORIZED),
+            "before it knew the key, {name} answered {before:?} (only 401 expected)"
+        );
+    }
+
+    api.revoke_key(A, "acme", &key_id).await;
+    let revoked = Instant::now();
+    let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
+        time_until(api, B, &key, StatusCode::UNAUTHORIZED, revoked),
+        time_until(api, C, &key, StatusCode::UNAUTHORIZED, revoked),
+    );
+    eprintln!("a key revoked on a was refused by b after {on_b:?}, by c after {on_c:?}");
+    for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
+        let took = took.unwrap_or_else(|| {
+            panic!("instance {name} still takes the revoked key after 5 s (answers: {before:?})")
+        });
+        assert!(
+            took <= PROPAGATION,
+            "instance {name} refused the key revoked on a only after {took:?}"
+        );
+        assert!(
+            before.iter().all(|status| *status == StatusCode::ACCEPTED),
+            "until it saw the revocation, {name} answered {before:?} (only 202 expected)"
+        );
+    }
+    // Once refused, refused everywhere for good.
+    for on in [A, B, C] {
+        let answer = api.send(on, &key, "after revocation").await.unwrap();
+        assert_eq!(
+            answer.status,
+            StatusCode::UNAUTHORIZED,
+            "instance {} after the revocation: {}",
+            NAMES[on],
+            answer.body
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_limit_holds_across_three_instances() {
+    const RATE: f64 = 10.0;
+    const BURST: u32 = 5;
+    const SENDERS: usize = 6;
+    let cluster = Cluster::start().await;
+    let key = cluster.tenant_with_key("acme", "ten", RATE, BURST).await;
+
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs(3);
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let (api, key) = (cluster.api.clone(), key.clone());
+        senders.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut n = 0;
+            while Instant::now() < stop_at {
+                let on = (sender + n) % NAMES.len();
+                let answer = api
+                    .send(on, &key, &format!("limit s{sender} n{n}"))
+                    .await
+                    .unwrap_or_else(|err| panic!("send through {}: {err}", NAMES[on]));
+                answers.push((on, answer));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for sender in senders {
+        answers.extend(sender.await.expect("sender task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let mut admitted = [0usize; 3];
+    let mut refused = [0usize; 3];
+    let mut retry_afters = BTreeMap::<u64, usize>::new();
+    for (on, answer) in &answers {
+        match answer.status {
+            StatusCode::ACCEPTED => admitted[*on] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused[*on] += 1;
+                *retry_afters.entry(answer.retry_after_secs()).or_default() += 1;
+            }
+            other => panic!(
+                "instance {} answered {other} to a send: {}",
+                NAMES[*on], answer.body
+            ),
+        }
+    }
+    let total: usize = admitted.iter().sum();
+    let allowed = BURST as f64 + RATE * elapsed + 1.0;
+    eprintln!(
+        "{} sends in {elapsed:.2} s: admitted {admitted:?} (total {total}, at most {allowed:.1}), \
+         refused {refused:?}; Retry-After seconds → count: {retry_afters:?}",
+        answers.len()
+    );
+    assert!(
+        total as f64 <= allowed,
+        "the three instances admitted {total} sends in {elapsed:.2} s; the plan allows {allowed:.1}"
+    );
+    // Not refusing everything either: the plan's rate is available.
+    assert!(
+        total as f64 >= BURST as f64 + RATE * elapsed * 0.6,
+        "the three instances admitted only {total} sends in {elapsed:.2} s at {RATE}/s"
+    );
+    assert!(
+        refused.iter().all(|&n| n > 0),
+        "every instance should have refused some of the flood: {refused:?}"
+    );
+    assert!(
+        retry_afters.keys().all(|&secs| (1..=2).contains(&secs)),
+        "at {RATE}/s the next send passes within a second: Retry-After {retry_afters:?}"
+    );
+
+    // Honest: drain what refilled meanwhile, then wait what the refusal
+    // says, and a send through another instance is admitted.
+    let mut refusal = None;
+    for n in 0..100 {
+        let answer = cluster
+            .api
+            .send(A, &key, &format!("drain {n}"))
+            .await
+            .unwrap();
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            refusal = Some(answer);
+            break;
+        }
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    }
+    let refusal = refusal.expect("a refusal once the bucket is drained");
+    tokio::time::sleep(Duration::from_secs(refusal.retry_after_secs())).await;
+    let after = cluster.api.send(B, &key, "after waiting").await.unwrap();
+    assert_eq!(
+        after.status,
+        StatusCode::ACCEPTED,
+        "a send after waiting Retry-After ({}) was refused: {:?} {}",
+        refusal.retry_after_secs(),
+        after.retry_after,
+        after.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_sms_gate_is_shared_by_three_instances() {
+    const MESSAGES: usize = 300;
+    const SENDERS: usize = 15;
+    let cluster = Cluster::start().await;
+    let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
+
+    // Accept 300 messages through the three instances at once.
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let (api, key) = (cluster.api.clone(), key.clone());
+        senders.push(tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            for n in (sender..MESSAGES).step_by(SENDERS) {
+                let text = format!("gate m{n:03}");
+                let on = n % NAMES.len();
+                let mut attempts = 0;
+                loop {
+                    let answer = api
+                        .send(on, &key, &text)
+                        .await
+                        .unwrap_or_else(|err| panic!("send through {}: {err}", NAMES[on]));
+                    attempts += 1;
+                    // A 503 (SQS slow to take the message) accepted
+                    // nothing; a client tries again, as the test does.
+                    if answer.status == StatusCode::SERVICE_UNAVAILABLE && attempts < 5 {
+                        eprintln!("{} answered 503 to {text}: {}", NAMES[on], answer.body);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    assert_eq!(
+                        answer.status,
+                        StatusCode::ACCEPTED,
+                        "{} refused {text}: {}",
+                        NAMES[on],
+                        answer.body
+                    );
+                    accepted.push((text, answer.id()));
+                    break;
+                }
+            }
+            accepted
+        }));
+    }
+    let mut accepted = Vec::new();
+    for sender in senders {
+        accepted.extend(sender.await.expect("sender task"));
+    }
+    assert_eq!(accepted.len(), MESSAGES);
+
+    // All delivered: the gate lets 20/s through, so about 15 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.sms.count() < MESSAGES && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Later copies of a message would arrive by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let arrivals = cluster.sms.arrivals();
+    let per_text = cluster.sms.per_text();
+    let missing: Vec<&String> = accepted
+        .iter()
+        .map(|(text, _)| text)
+        .filter(|text| !per_text.contains_key(*text))
+        .collect();
+    let twice: Vec<(&String, &usize)> = per_text.iter().filter(|(_, n)| **n > 1).collect();
+
+    // What the provider saw, against its contract.
+    let mut times: Vec<Instant> = arrivals.iter().map(|arrival| arrival.at).collect();
+    times.sort();
+    let first = times[0];
+    let seconds: Vec<f64> = times
+        .iter()
+        .map(|at| at.duration_since(first).as_secs_f64())
+        .collect();
+    let (excess, count, span) = worst_window(&seconds, SMS_RATE, SMS_BURST as f64);
+    let span_all = seconds[seconds.len() - 1];
+    let utilisation = (arrivals.len().saturating_sub(SMS_BURST)) as f64 / (span_all * SMS_RATE);
+    let mut delivered = Vec::new();
+    for on in [A, B, C] {
+        delivered.push(
+            cluster
+                .api
+                .metric_sum(
+                    on,
+                    "fairlane_messages_delivered_total",
+                    &["channel=\"sms\""],
+                )
+                .await,
+        );
+    }
+    eprintln!(
+        "{} provider calls for {MESSAGES} messages ({} never sent, {} sent more than once) over \
+         {span_all:.2} s (utilisation {utilisation:.3}); worst window: {count} calls in \
+         {span:.3} s ({excess:+.2} over {SMS_BURST} + {SMS_RATE}/s); delivered per instance \
+         (a, b, c): {delivered:?}",
+        arrivals.len(),
+        missing.len(),
+        twice.len()
+    );
+
+    // Every message sent exactly once…
+    assert!(
+        missing.is_empty(),
+        "{} of {MESSAGES} messages never reached the provider within 60 s, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let id_of: HashMap<&str, &str> = accepted
+        .iter()
+        .map(|(text, id)| (text.as_str(), id.as_str()))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} messages were sent more than once, e.g. {:?}",
+        twice.len(),
+        twice
+            .iter()
+            .take(10)
+            .map(|(text, n)| format!("{text} (id {}) ×{n}", id_of[text.as_str()]))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(arrivals.len(), MESSAGES, "provider calls");
+
+    // …and each reads `sent` on all three instances, with the sid the
+    // provider gave its one call.
+    let sid_of: HashMap<&str, &str> = arrivals
+        .iter()
+        .map(|arrival| (arrival.body.as_str(), arrival.sid.as_str()))
+        .collect();
+    let ids: Vec<String> = accepted.iter().map(|(_, id)| id.clone()).collect();
+    for on in [A, B, C] {
+        cluster
+            .api
+            .wait_all_sent(&key, &ids, &[on], Duration::from_secs(10))
+            .await;
+    }
+    for (text, id) in &accepted {
+        for on in [A, B, C] {
+            let (status, view) = cluster.api.message(on, &key, id).await;
+            assert_eq!(status, StatusCode::OK, "{id} on {}: {view}", NAMES[on]);
+            assert_eq!(
+                view["provider_message_id"],
+                sid_of[text.as_str()],
+                "{id} ({text}) on {}: {view}",
+                NAMES[on]
+            );
+        }
+    }
+
+    // Never more than the provider's contract in any window…
+    assert!(
+        excess <= 1.0,
+        "{count} provider calls arrived within {span:.3} s: more than {SMS_BURST} + \
+         {SMS_RATE}/s × {span:.3} s + 1"
+    );
+    // …and close to all of it: the instances do not leave the gate idle.
+    assert!(
+        utilisation >= 0.9,
+        "{MESSAGES} calls took {span_all:.2} s: {:.0}% of what {SMS_RATE}/s allows",
+        utilisation * 100.0
+    );
+    // The gate was really contested: every instance delivered some.
+    assert!(
+        delivered.iter().all(|&n| n >= 1.0),
+        "messages delivered per instance (a, b, c): {delivered:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_one_instance_loses_no_accepted_message() {
+    const SENDERS: usize = 6;
+    const EACH: usize = 25;
+    let mut cluster = Cluster::start().await;
+    let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
+
+    // Senders spread over the three; once `c` is dead they use a and b.
+    let c_dead = Arc::new(AtomicBool::new(false));
+    let accepted_count = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let (api, key) = (cluster.api.clone(), key.clone());
+        let (c_dead, accepted_count) = (c_dead.clone(), accepted_count.clone());
+        senders.push(tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            let mut lost = Vec::new();
+            let mut other = Vec::new();
+            for n in 0..EACH {
+                let text = format!("kill s{sender} n{n:02}");
+                let mut on = (sender + n) % NAMES.len();
+                if on == C && c_dead.load(Ordering::SeqCst) {
+                    on = (sender + n) % 2;
+                }
+                match api.send(on, &key, &text).await {
+                    Ok(answer) if answer.status == StatusCode::ACCEPTED => {
+                        accepted.push((on, text, answer.id()));
+                        accepted_count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(answer) => other.push((on, text, answer.status, answer.body)),
+                    // The answer died with the instance.
+                    Err(err) => lost.push((on, text, err.to_string())),
+                }
+                tokio::time::sleep(Duration::from_millis(80)).await;
+            }
+            (accepted, lost, other)
+        }));
+    }
+
+    // Partway, while deliveries are under way and c holds messages it
+    // received (waiting for a provider token or parked): SIGKILL to c.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held_by_c = loop {
+        let accepted = accepted_count.load(Ordering::SeqCst);
+        if accepted >= 60 && cluster.sms.count() >= 10 {
+            let held = cluster
+                .api
+                .metric_sum(C, "fairlane_messages_waiting", &[])
+                .await;
+            if held >= 1.0 {
+                break held;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no moment to kill c: {accepted} accepted, {} delivered, c holding {} messages",
+            cluster.sms.count(),
+            cluster
+                .api
+                .metric_sum(C, "fairlane_messages_waiting", &[])
+                .await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    c_dead.store(true, Ordering::SeqCst);
+    cluster.kill(C);
+    let accepted_at_kill = accepted_count.load(Ordering::SeqCst);
+    let delivered_at_kill = cluster.sms.count();
+
+    let mut accepted = Vec::new();
+    let mut lost = Vec::new();
+    let mut other = Vec::new();
+    for sender in senders {
+        let (a, l, o) = sender.await.expect("sender task");
+        accepted.extend(a);
+        lost.extend(l);
+        other.extend(o);
+    }
+    let by_c = accepted.iter().filter(|(on, _, _)| *on == C).count();
+    eprintln!(
+        "killed c holding {held_by_c} messages, with {accepted_at_kill} accepted and \
+         {delivered_at_kill} delivered; in all {} accepted ({by_c} by c), {} answers lost with \
+         c, other answers: {:?}",
+        accepted.len(),
+        lost.len(),
+        other
+            .iter()
+            .map(|(on, text, status, _)| format!("{} {text} {status}", NAMES[*on]))
+            .collect::<Vec<_>>()
+    );
+    assert!(by_c > 0, "c accepted nothing before it was killed");
+    assert!(
+        delivered_at_kill < accepted_at_kill,
+        "nothing was waiting for delivery when c was killed"
+    );
+    assert!(
+        accepted.len() >= SENDERS * EACH * 2 / 3,
+        "only {} of {} sends were accepted",
+        accepted.len(),
+        SENDERS * EACH
+    );
+
+    // Every 202, c's included, ends `sent`, read through the survivors.
+    let ids: Vec<String> = accepted.iter().map(|(_, _, id)| id.clone()).collect();
+    cluster
+        .api
+        .wait_all_sent(&key, &ids, &[A, B], Duration::from_secs(60))
+        .await;
+    // Later copies of a message would arrive by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_text = cluster.sms.per_text();
+    let mut duplicates = 0;
+    let mut twice = Vec::new();
+    for (_, text, id) in &accepted {
+        let calls = per_text.get(text).copied().unwrap_or(0);
+        assert!(
+            calls >= 1,
+            "{id} ({text}) reads sent but never reached the provider"
+        );
+        duplicates += calls - 1;
+        if calls > 1 {
+            twice.push(format!("{text} (id {id}) ×{calls}"));
+        }
+    }
+    let unanswered_delivered = lost
+        .iter()
+        .filter(|(_, text, _)| per_text.contains_key(text))
+        .count();
+    eprintln!(
+        "{} provider calls for {} accepted messages: {duplicates} duplicates {twice:?}; \
+         {unanswered_delivered} of the {} sends whose answer was lost were delivered too",
+        cluster.sms.count(),
+        accepted.len(),
+        lost.len()
+    );
+    assert!(
+        duplicates <= FAST_CONCURRENCY,
+        "{duplicates} messages were sent twice: more than the {FAST_CONCURRENCY} the killed \
+         instance can have had in flight"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_going_away_mid_run_gives_no_5xx() {
+    const RATE: f64 = 10.0;
+    const BURST: u32 = 5;
+    const SENDERS: usize = 3;
+    let redis_dir = tempfile::tempdir().expect("temporary directory");
+    let mut redis = OwnRedis::start(redis_dir.path()).await;
+    let cluster = Cluster::start_with_redis(&redis.url).await;
+    let key = cluster.tenant_with_key("acme", "ten", RATE, BURST).await;
+
+    // Steady sends, several times the plan's rate, through the three.
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let (api, key, stop) = (cluster.api.clone(), key.clone(), stop.clone());
+        senders.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let on = (sender + n) % NAMES.len();
+                let at = Instant::now();
+                let answer = api
+                    .send(on, &key, &format!("outage s{sender} n{n:03}"))
+                    .await;
+                answers.push((at, on, answer));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            answers
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.kill();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for sender in senders {
+        answers.extend(sender.await.expect("sender task"));
+    }
+    let outage = killed.elapsed().as_secs_f64();
+    let before = killed.duration_since(started).as_secs_f64();
+
+    let mut admitted_before = Vec::new();
+    let mut admitted_during = Vec::new();
+    let mut refused = [0usize; 2];
+    let mut bad = Vec::new();
+    for (at, on, answer) in &answers {
+        let during = *at >= killed;
+        match answer {
+            Ok(answer) if answer.status == StatusCode::ACCEPTED => {
+                if during {
+                    admitted_during.push(answer.id());
+                } else {
+                    admitted_before.push(answer.id());
+                }
+            }
+            Ok(answer) if answer.status == StatusCode::TOO_MANY_REQUESTS => {
+                assert!(
+                    answer.retry_after_secs() >= 1,
+                    "a 429 from {} with Retry-After 0",
+                    NAMES[*on]
+                );
+                refused[usize::from(during)] += 1;
+            }
+            Ok(answer) => bad.push(format!(
+                "{} at {:+.3} s from the kill: {} {}",
+                NAMES[*on],
+                seconds_from(killed, *at),
+                answer.status,
+                answer.body
+            )),
+            Err(err) => bad.push(format!(
+                "{} at {:+.3} s from the kill: no answer: {err}",
+                NAMES[*on],
+                seconds_from(killed, *at)
+            )),
+        }
+    }
+    let allowed_before = BURST as f64 + RATE * before + 1.0;
+    let allowed_during = BURST as f64 + RATE * outage + 3.0;
+    eprintln!(
+        "{} sends; before the kill ({before:.2} s): {} admitted (at most {allowed_before:.1}), \
+         {} refused; during the outage ({outage:.2} s): {} admitted (at most \
+         {allowed_during:.1}), {} refused",
+        answers.len(),
+        admitted_before.len(),
+        refused[0],
+        admitted_during.len(),
+        refused[1]
+    );
+    assert!(
+        bad.is_empty(),
+        "answers other than 202 and 429:\n{}",
+        bad.join("\n")
+    );
+    assert!(
+        admitted_before.len() as f64 <= allowed_before,
+        "with Redis up the three admitted {} in {before:.2} s",
+        admitted_before.len()
+    );
+    assert!(
+        admitted_during.len() as f64 <= allowed_during,
+        "without Redis the three admitted {} in {outage:.2} s: more than their shares of \
+         {BURST} + {RATE}/s",
+        admitted_during.len()
+    );
+    assert!(
+        admitted_during.len() as f64 >= RATE * outage * 0.4,
+        "without Redis the three admitted only {} in {outage:.2} s at {RATE}/s",
+        admitted_during.len()
+    );
+
+    // Delivery goes on without Redis (the SMS gate on local shares).
+    let ids: Vec<String> = admitted_before
+        .iter()
+        .chain(&admitted_during)
+        .cloned()
+        .collect();
+    cluster
+        .api
+        .wait_all_sent(&key, &ids, &[A, B, C], Duration::from_secs(30))
+        .await;
+    let after_kill = cluster
+        .sms
+        .arrivals()
+        .iter()
+        .filter(|arrival| arrival.at > killed)
+        .count();
+    assert!(
+        after_kill >= admitted_during.len(),
+        "only {after_kill} provider calls since Redis went away, for {} messages admitted since",
+        admitted_during.len()
+    );
+    let mut seen = HashSet::new();
+    let twice: Vec<String> = cluster
+        .sms
+        .arrivals()
+        .into_iter()
+        .filter(|arrival| !seen.insert(arrival.body.clone()))
+        .map(|arrival| arrival.body)
+        .collect();
+    assert!(twice.is_empty(), "sent more than once: {twice:?}");
+}
