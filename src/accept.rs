@@ -25,12 +25,14 @@ pub use crate::store::writer::FailureStreak;
 use crate::store::writer::{StoreWriter, Work, WriteFailed};
 
 /// One message to make durable.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct AcceptEntry {
     pub lane: Lane,
     pub record: MessageRecord,
     pub outbound: OutboundMessage,
-    pub idempotency: Option<StoredResponse>,
+    /// Answers to remember with it: its own `Idempotency-Key`'s, and a
+    /// batch's (on one of the batch's entries).
+    pub idempotency: Vec<StoredResponse>,
 }
 
 /// The write could not be made durable; retry after the given time.
@@ -70,10 +72,19 @@ impl AcceptWriter {
 
     /// Makes `entry` durable; returns once its group has committed.
     pub async fn accept(&self, entry: AcceptEntry) -> Result<(), NotDurable> {
+        self.accept_all(vec![entry]).await
+    }
+
+    /// Makes every entry durable in one transaction, all or none (a batch
+    /// send); returns once it has committed.
+    pub async fn accept_all(&self, entries: Vec<AcceptEntry>) -> Result<(), NotDurable> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let (writer, staging) = match self {
             AcceptWriter::Sqlite { writer, staging } => (writer, staging),
             AcceptWriter::Postgres(writer) => {
-                return match writer.accept(entry).await {
+                return match writer.accept(entries).await {
                     true => Ok(()),
                     false => Err(NotDurable {
                         retry_after: writer.retry_after(),
@@ -84,7 +95,7 @@ impl AcceptWriter {
         let (reply, answer) = oneshot::channel();
         writer
             .submit(Box::new(AcceptWork {
-                entry,
+                entries,
                 staging: staging.clone(),
                 inserted: Inserted::default(),
                 reply: Some(reply),
@@ -99,10 +110,47 @@ impl AcceptWriter {
     }
 }
 
-/// One accepted message: its status row, its queue entry (or outbox row)
-/// and its idempotency record, all or nothing.
+impl AcceptWriter {
+    /// Cancels those of `ids` (of `tenant_id`) that are still waiting to be
+    /// sent; returns the ids cancelled. Ordered with the consumers' claims
+    /// by the store, so a message cancelled here is never sent, and one
+    /// being sent is not cancelled. A scheduled message's outbox row goes
+    /// too, so it never reaches its lane.
+    pub async fn cancel(&self, tenant_id: &str, ids: Vec<String>) -> anyhow::Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tenant_id = tenant_id.to_owned();
+        match self {
+            AcceptWriter::Sqlite { writer, .. } => {
+                writer
+                    .run(move |tx| {
+                        let mut cancel = tx.prepare_cached(
+                            "UPDATE messages SET status = 'cancelled', updated_at = ?1 \
+                             WHERE id = ?2 AND tenant_id = ?3 AND status IN ('scheduled', 'queued', 'retrying')",
+                        )?;
+                        let mut forget = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
+                        let mut cancelled = Vec::new();
+                        let now = now_ms();
+                        for id in &ids {
+                            if cancel.execute(rusqlite::params![now, id, tenant_id])? == 1 {
+                                forget.execute([id])?;
+                                cancelled.push(id.clone());
+                            }
+                        }
+                        Ok(cancelled)
+                    })
+                    .await
+            }
+            AcceptWriter::Postgres(writer) => writer.cancel(&tenant_id, &ids).await,
+        }
+    }
+}
+
+/// Accepted messages: their status rows, queue entries (or outbox rows)
+/// and idempotency records, all or nothing.
 struct AcceptWork {
-    entry: AcceptEntry,
+    entries: Vec<AcceptEntry>,
     staging: Arc<Staging>,
     inserted: Inserted,
     reply: Option<oneshot::Sender<bool>>,
@@ -111,18 +159,23 @@ struct AcceptWork {
 impl Work for AcceptWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
         self.inserted = Inserted::default();
-        let entry = &self.entry;
-        messages::insert_rows(tx, &[&entry.record])?;
-        match self.staging.as_ref() {
-            Staging::Embedded(queue) => {
-                queue.insert_rows(tx, entry.lane, &[&entry.outbound], &mut self.inserted)?;
+        let now = now_ms();
+        for entry in &self.entries {
+            messages::insert_rows(tx, &[&entry.record])?;
+            match self.staging.as_ref() {
+                Staging::Embedded(queue) => {
+                    queue.insert_rows(tx, entry.lane, &[&entry.outbound], &mut self.inserted)?;
+                }
+                Staging::Outbox => {
+                    crate::outbox::insert_rows(
+                        tx,
+                        &[(entry.lane, &entry.outbound, entry.record.send_at)],
+                        now,
+                    )?;
+                }
             }
-            Staging::Outbox => {
-                crate::outbox::insert_rows(tx, &[(entry.lane, &entry.outbound)], now_ms())?;
-            }
-        }
-        if let Some(remembered) = &entry.idempotency {
-            idempotency::insert_rows(tx, &[remembered])?;
+            let remembered: Vec<&StoredResponse> = entry.idempotency.iter().collect();
+            idempotency::insert_rows(tx, &remembered)?;
         }
         Ok(())
     }
@@ -136,7 +189,12 @@ impl Work for AcceptWork {
         if let Some(reply) = self.reply.take()
             && reply.send(outcome.is_ok()).is_err()
         {
-            tracing::warn!(message_id = %self.entry.record.id, "Caller went away before its message was committed.");
+            let first = self.entries.first().map(|entry| entry.record.id.as_str());
+            tracing::warn!(
+                message_id = first.unwrap_or(""),
+                count = self.entries.len(),
+                "Caller went away before its messages were committed."
+            );
         }
     }
 }

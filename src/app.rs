@@ -84,6 +84,22 @@ impl Application {
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
+        if let Some(sqlite) = db.sqlite() {
+            // The file belongs to this one instance: a message still marked
+            // `sending` was being sent by a process that is gone. It waits
+            // again, to be claimed by its redelivered copy (at least once).
+            let reset =
+                sqlx::query("UPDATE messages SET status = 'queued' WHERE status = 'sending'")
+                    .execute(&sqlite.write)
+                    .await
+                    .context("releasing messages a stopped process was sending")?;
+            if reset.rows_affected() > 0 {
+                info!(
+                    messages = reset.rows_affected(),
+                    "Messages an earlier run was sending wait to be sent again."
+                );
+            }
+        }
         let (store_writer, writer_task) = match &db {
             Db::Sqlite(sqlite) => {
                 let (writer, done) = StoreWriter::spawn(sqlite, settings.storage.max_group)?;

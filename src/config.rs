@@ -54,6 +54,8 @@ pub struct ServerSettings {
     pub admin_token: Option<SecretString>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// Largest body of a batch send (up to 1,000 messages; 413 beyond).
+    pub max_batch_body_bytes: usize,
     /// Upper bound on the time a request may take.
     pub request_timeout_secs: u64,
     /// This instance's name among several: the `instance` label of every
@@ -367,6 +369,11 @@ impl Settings {
             bail!(
                 "server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)"
             );
+        }
+        if self.server.max_batch_body_bytes < self.server.max_body_bytes
+            || self.server.max_batch_body_bytes > 64 * 1024 * 1024
+        {
+            bail!("server.max_batch_body_bytes must be between server.max_body_bytes and 67108864");
         }
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");

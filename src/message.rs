@@ -42,8 +42,20 @@ const EMAIL_FIELDS: &[&str] = &[
     "priority",
     "reference",
     "metadata",
+    "send_at",
 ];
-const SMS_FIELDS: &[&str] = &["channel", "to", "text", "priority", "reference", "metadata"];
+const SMS_FIELDS: &[&str] = &[
+    "channel",
+    "to",
+    "text",
+    "priority",
+    "reference",
+    "metadata",
+    "send_at",
+];
+
+/// Furthest a message may be scheduled ahead.
+pub const MAX_SCHEDULE_AHEAD_MS: i64 = 30 * 24 * 60 * 60 * 1000;
 
 /// A validated send request.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +68,8 @@ pub struct NewMessage {
     pub priority: Priority,
     pub reference: Option<String>,
     pub metadata: Option<Map<String, Value>>,
+    /// When to send (ms since the epoch), if later than now.
+    pub send_at: Option<i64>,
 }
 
 /// What a consumer needs to deliver a message; the queue entry's body.
@@ -116,6 +130,11 @@ pub struct SendEmailRequest {
     /// Free-form JSON object, at most 50 keys and 4 KiB.
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// Send later: an RFC 3339 date-time with a time zone, at most 30 days
+    /// ahead (a time already past means now). The message is `scheduled`
+    /// until then.
+    #[schema(format = DateTime)]
+    send_at: Option<String>,
 }
 
 /// SMS send request (documentation schema).
@@ -132,6 +151,9 @@ pub struct SendSmsRequest {
     reference: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,
+    /// Send later, as for email.
+    #[schema(format = DateTime)]
+    send_at: Option<String>,
 }
 
 /// A send request: an email or an SMS, told apart by `channel`.
@@ -366,6 +388,29 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         }
     };
 
+    let send_at = match optional_string(object, "send_at", &mut errors) {
+        None => None,
+        Some(text) => match chrono::DateTime::parse_from_rfc3339(text) {
+            Err(_) => {
+                errors.insert(
+                    "send_at".into(),
+                    "must be an RFC 3339 date-time with a time zone, like 2026-12-01T09:00:00Z"
+                        .into(),
+                );
+                None
+            }
+            Ok(at) => {
+                let at = at.timestamp_millis();
+                let now = crate::model::now_ms();
+                if at > now + MAX_SCHEDULE_AHEAD_MS {
+                    errors.insert("send_at".into(), "must be at most 30 days ahead".into());
+                }
+                // A time already past means "now".
+                (at > now).then_some(at)
+            }
+        },
+    };
+
     match (errors.is_empty(), channel, to, text) {
         (true, Some(channel), Some(to), Some(text)) => Ok(NewMessage {
             channel,
@@ -376,6 +421,7 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             priority,
             reference: reference.map(str::to_owned),
             metadata,
+            send_at,
         }),
         _ => Err(errors),
     }

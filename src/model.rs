@@ -70,6 +70,8 @@ word_enum!(
 word_enum!(
     /// Where a message is in its life.
     MessageStatus {
+        /// Accepted with a `send_at` in the future; queued when due.
+        Scheduled => "scheduled",
         /// Durably queued, waiting for a consumer.
         Queued => "queued",
         /// A consumer is calling the provider.
@@ -83,6 +85,8 @@ word_enum!(
         /// SQS mode only: the queue did not take the message, its request
         /// was answered 503, and it is never delivered.
         Rejected => "rejected",
+        /// Cancelled by the tenant before it was sent; never sent.
+        Cancelled => "cancelled",
     }
 );
 

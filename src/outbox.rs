@@ -98,18 +98,20 @@ pub struct OutboxTasks {
 }
 
 /// Inserts the outbox rows of a group in the accept writer's transaction.
+/// Each row's `Option<i64>` is when a scheduled message is due (ms): the
+/// scheduler sends it then; `None` rows are sent by the request at once.
 pub fn insert_rows(
     tx: &rusqlite::Transaction,
-    rows: &[(Lane, &OutboundMessage)],
+    rows: &[(Lane, &OutboundMessage, Option<i64>)],
     now: i64,
 ) -> rusqlite::Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
     let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
-    for (lane, message) in rows {
+    for (lane, message, due_at) in rows {
         insert.execute(rusqlite::params![
             message.message_id,
             lane.as_str(),
@@ -118,6 +120,7 @@ pub fn insert_rows(
             message.priority.as_str(),
             message.body,
             now,
+            due_at,
         ])?;
     }
     Ok(())
@@ -292,7 +295,9 @@ impl Outbox {
     }
 
     /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
-    /// `None`) and removes those SQS took. Returns how many were sent.
+    /// `None`) and the scheduled rows that are due, and removes those SQS
+    /// took (a scheduled message is `queued` from then on). Returns how many
+    /// were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
         let sqlite = match &self.db {
@@ -303,9 +308,12 @@ impl Outbox {
         let mut after = String::new();
         loop {
             let rows: Vec<OutboxRow> = sqlx::query_as(
-                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox WHERE created_at <= ? AND message_id > ? ORDER BY message_id LIMIT ?",
+                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+                 WHERE ((due_at IS NULL AND created_at <= $1) OR due_at <= $2) AND message_id > $3 \
+                 ORDER BY message_id LIMIT $4",
             )
             .bind(cutoff)
+            .bind(now_ms())
             .bind(&after)
             .bind(SWEEP_PAGE)
             .fetch_all(&sqlite.read)
@@ -317,6 +325,7 @@ impl Outbox {
             let page_len = rows.len();
             let sent = self.resend(rows).await?;
             resent += sent.len();
+            mark_due_queued(&self.db, &sent).await?;
             forget_rows(&self.db, &sent).await?;
             if (page_len as i64) < SWEEP_PAGE {
                 return Ok(resent);
@@ -338,15 +347,22 @@ impl Outbox {
             let mut tx = pg.pool.begin().await?;
             let rows: Vec<OutboxRow> = sqlx::query_as(
                 "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
-                 WHERE created_at <= $1 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                 WHERE (due_at IS NULL AND created_at <= $1) OR due_at <= $2 \
+                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
             )
             .bind(cutoff)
+            .bind(now_ms())
             .bind(SWEEP_PAGE)
             .fetch_all(&mut *tx)
             .await?;
             let page_len = rows.len();
             let sent = self.resend(rows).await?;
             sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(MARK_DUE_QUEUED)
+                .bind(now_ms())
                 .bind(&sent)
                 .execute(&mut *tx)
                 .await?;
@@ -403,17 +419,66 @@ impl Outbox {
 /// An outbox row: message id, lane, tenant, channel, priority, body.
 type OutboxRow = (String, String, String, String, String, String);
 
+/// A scheduled message that reached its lane is `queued` (unless it was
+/// cancelled meanwhile: the consumer then drops it).
+const MARK_DUE_QUEUED: &str = "UPDATE messages SET status = 'queued', updated_at = $1 \
+     WHERE status = 'scheduled' AND id = ANY($2)";
+
+async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    match db {
+        Db::Sqlite(sqlite) => {
+            let mut query: QueryBuilder<Sqlite> =
+                QueryBuilder::new("UPDATE messages SET status = 'queued', updated_at = ");
+            query
+                .push_bind(now_ms())
+                .push(" WHERE status = 'scheduled' AND id IN (");
+            crate::store::push_id_list(&mut query, ids);
+            let _turn = sqlite.write_turn().await;
+            query
+                .build()
+                .persistent(false)
+                .execute(&sqlite.write)
+                .await?;
+        }
+        Db::Postgres(pg) => {
+            sqlx::query(MARK_DUE_QUEUED)
+                .bind(now_ms())
+                .bind(ids)
+                .execute(&pg.pool)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// How often scheduled messages are looked for: a message is in its lane
+/// at most this long after it is due.
+const SCHEDULER_TICK: Duration = Duration::from_secs(1);
+
+/// Every [`SCHEDULER_TICK`], sends the scheduled messages that are due;
+/// every half sweep age, also re-sends rows whose send outcome was never
+/// recorded. With several instances each row is claimed by one of them.
 async fn run_sweeper(outbox: Arc<Outbox>, age: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(age / 2);
+    let mut tick = tokio::time::interval(SCHEDULER_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut last_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let cutoff = now_ms() - age.as_millis() as i64;
+                // Between sweeps only due scheduled rows qualify.
+                let cutoff = if last_sweep.elapsed() >= age / 2 {
+                    last_sweep = tokio::time::Instant::now();
+                    now_ms() - age.as_millis() as i64
+                } else {
+                    i64::MIN
+                };
                 match outbox.sweep(Some(cutoff)).await {
                     Ok(0) => {}
-                    Ok(resent) => info!(resent, "Outbox sweeper re-sent messages whose send outcome was unknown."),
+                    Ok(resent) => info!(resent, "Outbox sent scheduled messages that fell due or re-sent messages whose send outcome was unknown."),
                     Err(err) => warn!(error = %err, "Outbox sweep failed; the next one tries again."),
                 }
             }

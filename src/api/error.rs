@@ -166,6 +166,15 @@ impl ApiError {
         }
     }
 
+    /// The Retry-After of a 429 or 503.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::TooManyRequests { retry_after, .. }
+            | ApiError::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     /// The problem document for this error.
     pub fn problem(&self) -> Problem {
         let (slug, title) = self.slug_and_title();

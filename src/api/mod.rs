@@ -91,8 +91,13 @@ pub fn app(state: AppState) -> Router {
             StatusCode::SERVICE_UNAVAILABLE,
             timeout,
         ));
+    // A batch carries up to 1,000 messages: its own, larger body limit.
+    let batch = messages::batch_router().layer(DefaultBodyLimit::max(
+        state.settings.server.max_batch_body_bytes,
+    ));
     Router::new()
         .merge(messages::send_router())
+        .merge(batch)
         .merge(timed)
         .fallback(|| async { ApiError::NotFound("No such route.".into()) })
         .layer(DefaultBodyLimit::max(max_body))
@@ -255,7 +260,10 @@ impl Modify for SecurityAddon {
     ),
     paths(
         messages::send_message,
+        messages::send_batch,
         messages::get_message,
+        messages::cancel_message,
+        messages::cancel_by_reference,
         admin::put_plan,
         admin::list_plans,
         admin::get_plan,

@@ -168,7 +168,10 @@ async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str
         Ok(Some(record))
             if matches!(
                 record.status,
-                MessageStatus::Sent | MessageStatus::Rejected | MessageStatus::DeadLettered
+                MessageStatus::Sent
+                    | MessageStatus::Rejected
+                    | MessageStatus::DeadLettered
+                    | MessageStatus::Cancelled
             ) =>
         {
             info!(message_id = %id, status = %record.status.as_str(), "Another copy of the message was settled elsewhere; deleting this one without sending.");
@@ -226,7 +229,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     // queue holds one row per message, so no other copy can have been sent
     // since. Any other status is read again now, after the claim above.
     let status = match message.status_at_receive {
-        Some(status @ (MessageStatus::Queued | MessageStatus::Retrying)) => Ok(Some(status)),
+        Some(
+            status @ (MessageStatus::Queued | MessageStatus::Retrying | MessageStatus::Scheduled),
+        ) => Ok(Some(status)),
         _ => messages::get(&context.delivery.db, &payload.id)
             .await
             .map(|record| record.map(|record| record.status)),
@@ -239,6 +244,11 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         }
         Ok(Some(MessageStatus::Rejected)) => {
             info!(message_id = %payload.id, "Message was answered 503 when sent (its queue send timed out but arrived); deleting without sending.");
+            let _ = context.deletes.send(message.receipt.clone()).await;
+            return;
+        }
+        Ok(Some(MessageStatus::Cancelled)) => {
+            info!(message_id = %payload.id, "Message was cancelled; deleting without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
         }

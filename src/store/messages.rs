@@ -25,11 +25,13 @@ pub struct MessageRecord {
     pub sent_at: Option<i64>,
     pub last_error: Option<String>,
     pub provider_message_id: Option<String>,
+    /// When a scheduled message is due (ms); `None`: at once.
+    pub send_at: Option<i64>,
 }
 
 /// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
 
 /// Inserts `rows` in the accept writer's transaction, through one cached
 /// single-row statement.
@@ -51,6 +53,7 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusql
             record.sent_at,
             record.last_error,
             record.provider_message_id,
+            record.send_at,
         ])?;
     }
     Ok(())
@@ -71,13 +74,14 @@ type MessageRow = (
     Option<i64>,
     Option<String>,
     Option<String>,
+    Option<i64>,
 );
 
 macro_rules! select_message {
     ($where:literal) => {
         concat!(
             "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id FROM messages ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at FROM messages ",
             $where
         )
     };
@@ -105,6 +109,7 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         sent_at: row.11,
         last_error: row.12,
         provider_message_id: row.13,
+        send_at: row.14,
     })
 }
 
@@ -266,4 +271,33 @@ pub async fn get_many(
         )?,
     }
     Ok(found)
+}
+
+/// Of `tenant_id`'s messages with `reference`: the ids of up to `limit`
+/// still waiting to be sent, and how many there are in all.
+pub async fn ids_by_reference(
+    db: &Db,
+    tenant_id: &str,
+    reference: &str,
+    limit: i64,
+) -> anyhow::Result<(Vec<String>, usize)> {
+    let pending: Vec<String> = on_pool!(db, read, |pool| {
+        sqlx::query_scalar(
+            "SELECT id FROM messages WHERE tenant_id = $1 AND reference = $2 \
+             AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $3",
+        )
+        .bind(tenant_id)
+        .bind(reference)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?
+    });
+    let total: i64 = on_pool!(db, read, |pool| {
+        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND reference = $2")
+            .bind(tenant_id)
+            .bind(reference)
+            .fetch_one(pool)
+            .await?
+    });
+    Ok((pending, total.max(0) as usize))
 }

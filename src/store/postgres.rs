@@ -131,7 +131,7 @@ pub mod locks {
 /// One piece of work for [`PgWriter`].
 enum Piece {
     Accept {
-        entry: Box<AcceptEntry>,
+        entries: Vec<AcceptEntry>,
         reply: oneshot::Sender<bool>,
     },
     Sending {
@@ -139,7 +139,7 @@ enum Piece {
         /// When the change was asked for (ms): an outcome written since wins.
         at: i64,
     },
-    /// Takes a message for sending: `queued` or `retrying` (or `sending`
+    /// Takes a message for sending: `scheduled`, `queued` or `retrying` (or `sending`
     /// since before `stale_before`, whose sender died) → `sending`; answers
     /// whether this instance got it.
     Claim {
@@ -171,6 +171,8 @@ enum Command {
 pub struct PgWriter {
     commands: mpsc::Sender<Command>,
     failures: FailureStreak,
+    /// For the rare writes that need not wait for a group (cancels).
+    pool: PgPool,
 }
 
 impl PgWriter {
@@ -188,7 +190,14 @@ impl PgWriter {
             failures.clone(),
             finished,
         ));
-        (PgWriter { commands, failures }, done)
+        (
+            PgWriter {
+                commands,
+                failures,
+                pool: db.pool.clone(),
+            },
+            done,
+        )
     }
 
     async fn submit(&self, piece: Piece) {
@@ -199,15 +208,11 @@ impl PgWriter {
         }
     }
 
-    /// Makes an accepted message durable (status row, outbox row and
-    /// idempotency record); true once committed.
-    pub async fn accept(&self, entry: AcceptEntry) -> bool {
+    /// Makes accepted messages durable (status rows, outbox rows and
+    /// idempotency records), all or none; true once committed.
+    pub async fn accept(&self, entries: Vec<AcceptEntry>) -> bool {
         let (reply, answer) = oneshot::channel();
-        self.submit(Piece::Accept {
-            entry: Box::new(entry),
-            reply,
-        })
-        .await;
+        self.submit(Piece::Accept { entries, reply }).await;
         answer.await.unwrap_or(false)
     }
 
@@ -236,6 +241,30 @@ impl PgWriter {
         answer
             .await
             .context("the store writer dropped a piece of work")?
+    }
+
+    /// Cancels those of `ids` (of `tenant_id`) still waiting to be sent,
+    /// with their outbox rows; returns the ids cancelled. A row being
+    /// claimed by a consumer at the same moment is locked, so one of the
+    /// two waits and then finds the other's outcome.
+    pub async fn cancel(&self, tenant_id: &str, ids: &[String]) -> anyhow::Result<Vec<String>> {
+        let mut tx = self.pool.begin().await?;
+        let cancelled: Vec<String> = sqlx::query_scalar(
+            "UPDATE messages SET status = 'cancelled', updated_at = $1 \
+             WHERE tenant_id = $2 AND id = ANY($3) AND status IN ('scheduled', 'queued', 'retrying') \
+             RETURNING id",
+        )
+        .bind(now_ms())
+        .bind(tenant_id)
+        .bind(ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+            .bind(&cancelled)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(cancelled)
     }
 
     /// Records a successful send; returns once committed.
@@ -366,9 +395,14 @@ fn answer(group: Vec<Piece>, mut attempts: Vec<u32>, claimed: &HashSet<String>) 
     attempts.reverse();
     for piece in group {
         match piece {
-            Piece::Accept { reply, entry } => {
+            Piece::Accept { reply, entries } => {
                 if reply.send(true).is_err() {
-                    warn!(message_id = %entry.record.id, "Caller went away before its message was committed.");
+                    let first = entries.first().map(|entry| entry.record.id.as_str());
+                    warn!(
+                        message_id = first.unwrap_or(""),
+                        count = entries.len(),
+                        "Caller went away before its messages were committed."
+                    );
                 }
             }
             Piece::Sending { .. } => {}
@@ -407,6 +441,7 @@ struct AcceptColumns {
     metadata: Vec<Option<String>>,
     created_at: Vec<i64>,
     updated_at: Vec<i64>,
+    send_at: Vec<Option<i64>>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -425,28 +460,31 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
     for piece in group {
         match piece {
-            Piece::Accept { entry, .. } => {
-                let record = &entry.record;
-                accepts.id.push(record.id.clone());
-                accepts.tenant_id.push(record.tenant_id.clone());
-                accepts.channel.push(record.channel.as_str().to_owned());
-                accepts.status.push(record.status.as_str().to_owned());
-                accepts.priority.push(record.priority.as_str().to_owned());
-                accepts.lane.push(entry.lane.as_str().to_owned());
-                accepts.attempts.push(i64::from(record.attempts));
-                accepts.reference.push(record.reference.clone());
-                accepts.metadata.push(record.metadata.clone());
-                accepts.created_at.push(record.created_at);
-                accepts.updated_at.push(record.updated_at);
-                accepts.body.push(entry.outbound.body.clone());
-                if let Some(stored) = &entry.idempotency {
-                    accepts.idem_tenant.push(stored.tenant_id.clone());
-                    accepts.idem_key.push(stored.key.clone());
-                    accepts.idem_hash.push(stored.request_hash.clone());
-                    accepts.idem_code.push(i64::from(stored.status_code));
-                    accepts.idem_body.push(stored.response_body.clone());
-                    accepts.idem_message.push(stored.message_id.clone());
-                    accepts.idem_created.push(stored.created_at);
+            Piece::Accept { entries, .. } => {
+                for entry in entries {
+                    let record = &entry.record;
+                    accepts.id.push(record.id.clone());
+                    accepts.tenant_id.push(record.tenant_id.clone());
+                    accepts.channel.push(record.channel.as_str().to_owned());
+                    accepts.status.push(record.status.as_str().to_owned());
+                    accepts.priority.push(record.priority.as_str().to_owned());
+                    accepts.lane.push(entry.lane.as_str().to_owned());
+                    accepts.attempts.push(i64::from(record.attempts));
+                    accepts.reference.push(record.reference.clone());
+                    accepts.metadata.push(record.metadata.clone());
+                    accepts.created_at.push(record.created_at);
+                    accepts.updated_at.push(record.updated_at);
+                    accepts.send_at.push(record.send_at);
+                    accepts.body.push(entry.outbound.body.clone());
+                    for stored in &entry.idempotency {
+                        accepts.idem_tenant.push(stored.tenant_id.clone());
+                        accepts.idem_key.push(stored.key.clone());
+                        accepts.idem_hash.push(stored.request_hash.clone());
+                        accepts.idem_code.push(i64::from(stored.status_code));
+                        accepts.idem_body.push(stored.response_body.clone());
+                        accepts.idem_message.push(stored.message_id.clone());
+                        accepts.idem_created.push(stored.created_at);
+                    }
                 }
             }
             Piece::Sending { id, at } => {
@@ -482,7 +520,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         let taken: Vec<String> = sqlx::query_scalar(
             "UPDATE messages AS m SET status = 'sending', updated_at = $1 \
              FROM UNNEST($2::text[], $3::bigint[]) AS u(id, stale_before) \
-             WHERE m.id = u.id AND (m.status IN ('queued', 'retrying') \
+             WHERE m.id = u.id AND (m.status IN ('scheduled', 'queued', 'retrying') \
              OR (m.status = 'sending' AND m.updated_at < u.stale_before)) RETURNING m.id",
         )
         .bind(now)
@@ -553,9 +591,9 @@ async fn insert_accepts(
 ) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, \
-         metadata, created_at, updated_at) \
+         metadata, created_at, updated_at, send_at) \
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-         $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[])",
+         $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[])",
     )
     .bind(&rows.id)
     .bind(&rows.tenant_id)
@@ -568,14 +606,15 @@ async fn insert_accepts(
     .bind(&rows.metadata)
     .bind(&rows.created_at)
     .bind(&rows.updated_at)
+    .bind(&rows.send_at)
     .execute(&mut **tx)
     .await
     .context("inserting status rows")?;
     sqlx::query(
-        "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at) \
-         SELECT u.id, u.lane, u.tenant_id, u.channel, u.priority, u.body, $7 \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-         AS u(id, lane, tenant_id, channel, priority, body)",
+        "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) \
+         SELECT u.id, u.lane, u.tenant_id, u.channel, u.priority, u.body, $7, u.due_at \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+         $8::bigint[]) AS u(id, lane, tenant_id, channel, priority, body, due_at)",
     )
     .bind(&rows.id)
     .bind(&rows.lane)
@@ -584,6 +623,7 @@ async fn insert_accepts(
     .bind(&rows.priority)
     .bind(&rows.body)
     .bind(now)
+    .bind(&rows.send_at)
     .execute(&mut **tx)
     .await
     .context("inserting outbox rows")?;
@@ -710,6 +750,7 @@ pub(crate) mod tests {
                 sent_at: None,
                 last_error: None,
                 provider_message_id: None,
+                send_at: None,
             },
             outbound: OutboundMessage {
                 message_id: id.into(),
@@ -719,7 +760,7 @@ pub(crate) mod tests {
                 body: format!("{{\"id\":\"{id}\"}}"),
                 delay: Duration::ZERO,
             },
-            idempotency: key.map(|key| StoredResponse {
+            idempotency: Vec::from_iter(key.map(|key| StoredResponse {
                 tenant_id: tenant.into(),
                 key: key.into(),
                 request_hash: "h".into(),
@@ -727,7 +768,7 @@ pub(crate) mod tests {
                 response_body: "{}".into(),
                 message_id: id.into(),
                 created_at: now,
-            }),
+            })),
         }
     }
 
@@ -821,10 +862,10 @@ pub(crate) mod tests {
         // Submitted together, so they share a group; "dup" twice breaks the
         // primary key.
         let (a, d1, d2, c) = tokio::join!(
-            writer.accept(entry("a", "t", None)),
-            writer.accept(entry("dup", "t", None)),
-            writer.accept(entry("dup", "t", None)),
-            writer.accept(entry("c", "t", None)),
+            writer.accept(vec![entry("a", "t", None)]),
+            writer.accept(vec![entry("dup", "t", None)]),
+            writer.accept(vec![entry("dup", "t", None)]),
+            writer.accept(vec![entry("c", "t", None)]),
         );
         assert!(a && c);
         assert!(d1 != d2, "exactly one of the two copies commits");
@@ -840,7 +881,7 @@ pub(crate) mod tests {
         let (first, _) = PgWriter::spawn(one.postgres().unwrap(), 64);
         let (second, _) = PgWriter::spawn(two.postgres().unwrap(), 64);
         for i in 0..50 {
-            assert!(first.accept(entry(&format!("m{i}"), "t", None)).await);
+            assert!(first.accept(vec![entry(&format!("m{i}"), "t", None)]).await);
         }
         let stale_before = now_ms() - 60_000;
         let claims: Vec<_> = (0..50)

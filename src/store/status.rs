@@ -53,17 +53,29 @@ impl StatusWriter {
             .await;
     }
 
-    /// Takes the message for this instance's provider call. On SQLite (one
-    /// instance, whose consumer already keeps two of its tasks from sending
-    /// one message) this is [`StatusWriter::sending`] and always true. On
-    /// PostgreSQL, where several instances may each hold a copy, it is an
-    /// atomic claim: false when another instance is sending the message
-    /// (marked since `stale_before`, in ms) or it is no longer waiting.
+    /// Takes the message for this instance's provider call: `scheduled`,
+    /// `queued` or `retrying` (or `sending` since before `stale_before`, in
+    /// ms: its sender died mid-call) → `sending`, atomically and committed
+    /// before it answers. False when the message is no longer waiting (sent,
+    /// cancelled, …) or another instance is sending it: then nobody may
+    /// call the provider for this copy. A cancel and a claim of one message
+    /// are ordered by the store, so a cancelled message is never sent.
     pub async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
         match &self.writer {
-            Backend::Sqlite(_) => {
-                self.sending(id).await;
-                Ok(true)
+            Backend::Sqlite(writer) => {
+                let id = id.to_owned();
+                writer
+                    .run(move |tx| {
+                        let taken = tx
+                            .prepare_cached(
+                                "UPDATE messages SET status = 'sending', updated_at = ?1 WHERE id = ?2 \
+                                 AND (status IN ('scheduled', 'queued', 'retrying') \
+                                 OR (status = 'sending' AND updated_at < ?3))",
+                            )?
+                            .execute(rusqlite::params![now_ms(), id, stale_before])?;
+                        Ok(taken == 1)
+                    })
+                    .await
             }
             Backend::Postgres(writer) => writer.claim(id, stale_before).await,
         }
@@ -199,6 +211,7 @@ mod tests {
             sent_at: None,
             last_error: None,
             provider_message_id: None,
+            send_at: None,
         };
         let (store, finished) = StoreWriter::spawn(db.sqlite().unwrap(), 64).unwrap();
         let inserted = record.clone();
