@@ -108,8 +108,15 @@ enum SmsChannel {
     Sms,
 }
 
+// Patterns of the documentation schemas: `NON_BLANK` is text that is not
+// blank (Rust's `char::is_whitespace` set, spelt out so every regex engine
+// reads it alike) and holds no U+FFFE or U+FFFF (an SQS message cannot carry
+// them); the shorter one only the latter. utoipa takes literals only, so
+// they are written out where used.
+
 /// Email send request (documentation schema).
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct SendEmailRequest {
     // No doc comment: utoipa would wrap the inlined enum in an `allOf` with
@@ -117,15 +124,28 @@ pub struct SendEmailRequest {
     #[schema(inline)]
     channel: EmailChannel,
     /// Recipient address, e.g. `a@example.com` (at most 254 characters).
+    #[schema(format = Email, min_length = 3, max_length = 254)]
     to: String,
-    /// Subject line: 1-998 characters, no line breaks.
+    /// Subject line: 1-998 characters, not blank, no line breaks.
+    #[schema(
+        min_length = 1,
+        max_length = 998,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     subject: String,
-    /// Plain-text body, at most 100 KiB.
+    /// Plain-text body, not blank, at most 100 KiB.
+    #[schema(
+        min_length = 1,
+        max_length = 102400,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     text: String,
     /// HTML body, at most 100 KiB (text + html at most 160 KiB).
+    #[schema(max_length = 102400, pattern = r"^[^\uFFFE\uFFFF]*$")]
     html: Option<String>,
     priority: Option<Priority>,
     /// Caller's own reference, at most 255 characters; returned by the status endpoint.
+    #[schema(max_length = 255, pattern = r"^[^\uFFFE\uFFFF]*$")]
     reference: Option<String>,
     /// Free-form JSON object, at most 50 keys and 4 KiB.
     #[schema(value_type = Option<Object>)]
@@ -139,15 +159,24 @@ pub struct SendEmailRequest {
 
 /// SMS send request (documentation schema).
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct SendSmsRequest {
     #[schema(inline)]
     channel: SmsChannel,
     /// Recipient in E.164 form, e.g. `+15551234567`.
+    #[schema(pattern = r"^\+[1-9][0-9]{7,14}$")]
     to: String,
-    /// Message text, 1-1600 characters.
+    /// Message text, 1-1600 characters, not blank.
+    #[schema(
+        min_length = 1,
+        max_length = 1600,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     text: String,
     priority: Option<Priority>,
+    /// Caller's own reference, at most 255 characters.
+    #[schema(max_length = 255, pattern = r"^[^\uFFFE\uFFFF]*$")]
     reference: Option<String>,
     #[schema(value_type = Option<Object>)]
     metadata: Option<Value>,

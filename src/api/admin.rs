@@ -39,15 +39,75 @@ pub fn router() -> Router<AppState> {
         )
 }
 
-/// Body of `PUT /v1/admin/plans/{name}`.
+/// Body of `PUT /v1/admin/plans/{name}`. Whole numbers may be written
+/// `10` or `10.0` (JSON Schema counts both as integers).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanInput {
     pub lane: Lane,
+    /// Sustained sends per second: more than 0, at most 1,000,000.
+    #[schema(exclusive_minimum = 0.0, maximum = 1000000.0)]
     pub rate_per_second: f64,
+    /// Sends allowed at once after idle: 1 to 4,294,967,295.
+    #[serde(deserialize_with = "whole::u32_at_least_1")]
+    #[schema(value_type = i64, minimum = 1, maximum = 4294967295_i64)]
     pub burst: u32,
+    /// Sends allowed per UTC day: 0 to 2^63 − 1.
+    #[serde(deserialize_with = "whole::u64_up_to_i64")]
+    #[schema(value_type = i64, minimum = 0)]
     pub daily_quota: u64,
+    /// Messages of one tenant a lane consumer works on at once: 1 to
+    /// 4,294,967,295.
+    #[serde(deserialize_with = "whole::u32_at_least_1")]
+    #[schema(value_type = i64, minimum = 1, maximum = 4294967295_i64)]
     pub max_in_flight: u32,
+}
+
+/// Whole numbers from JSON that may be written with a fraction of zero
+/// (`10.0`), held to a range; anything else is refused naming the range.
+mod whole {
+    use serde::de::{Deserializer, Error};
+
+    fn integral<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        let value: serde_json::Number = serde::Deserialize::deserialize(deserializer)?;
+        if let Some(n) = value.as_u64() {
+            return Ok(n as f64);
+        }
+        match value.as_f64() {
+            Some(n) if n.fract() == 0.0 => Ok(n),
+            _ => Err(D::Error::custom(format!("{value} is not a whole number"))),
+        }
+    }
+
+    pub fn u32_at_least_1<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+        let n = integral(deserializer)?;
+        if (1.0..=u32::MAX as f64).contains(&n) {
+            Ok(n as u32)
+        } else {
+            Err(D::Error::custom(format!(
+                "must be a whole number from 1 to {}",
+                u32::MAX
+            )))
+        }
+    }
+
+    pub fn u64_up_to_i64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let value: serde_json::Number = serde::Deserialize::deserialize(deserializer)?;
+        let n = match value.as_u64() {
+            Some(n) => Some(n),
+            None => value
+                .as_f64()
+                .filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n < i64::MAX as f64)
+                .map(|n| n as u64),
+        };
+        match n {
+            Some(n) if n <= i64::MAX as u64 => Ok(n),
+            _ => Err(D::Error::custom(format!(
+                "must be a whole number from 0 to {}",
+                i64::MAX
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -59,10 +119,18 @@ pub struct PlanList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
-    /// 1-64 of `a-z 0-9 _ -`.
+    /// 1-64 of `a-z 0-9 _ -`, starting with a letter or digit.
+    #[schema(pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub id: String,
+    /// 1-200 characters, not blank.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]"
+    )]
     pub name: String,
     /// An existing plan's name.
+    #[schema(pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub plan: String,
 }
 
@@ -70,7 +138,9 @@ pub struct CreateTenant {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchTenant {
+    /// An existing plan's name.
     #[serde(default)]
+    #[schema(pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub plan: Option<String>,
     #[serde(default)]
     pub status: Option<TenantStatus>,

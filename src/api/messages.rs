@@ -226,7 +226,7 @@ fn accepted_response(status: StatusCode, id: &str, body: String) -> Response {
     path = "/v1/messages",
     tag = "messages",
     request_body(content = crate::message::SendMessageRequest, content_type = "application/json"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1-255 visible ASCII characters, remembered 24 h per tenant.")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1-255 visible ASCII characters, remembered 24 h per tenant.", min_length = 1, max_length = 255, pattern = r"^[!-~]+$")),
     responses(
         (status = 202, description = "Queued (or scheduled); poll the Location.", body = SendAccepted,
             headers(("Location" = String, description = "/v1/messages/{id}"),
@@ -519,6 +519,7 @@ pub const MAX_BATCH: usize = 1000;
 
 /// A batch of sends.
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct SendBatchRequest {
     /// 1-1000 send requests, each as for `POST /v1/messages`, each with an
@@ -581,7 +582,7 @@ pub fn batch_router() -> Router<AppState> {
     path = "/v1/messages/batch",
     tag = "messages",
     request_body(content = SendBatchRequest, content_type = "application/json"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of the whole batch safe: 1-255 visible ASCII characters, remembered 24 h per tenant.")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry of the whole batch safe: 1-255 visible ASCII characters, remembered 24 h per tenant.", min_length = 1, max_length = 255, pattern = r"^[!-~]+$")),
     responses(
         (status = 200, description = "Per-message results, in order; see each `status`.", body = BatchAccepted,
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier batch with the same Idempotency-Key."))),
@@ -924,6 +925,7 @@ pub async fn cancel_message(
 pub struct CancelQuery {
     /// Cancels every message of this tenant with this `reference` that has
     /// not been sent yet (1-255 characters).
+    #[param(min_length = 1, max_length = 255)]
     pub reference: String,
 }
 

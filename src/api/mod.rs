@@ -162,6 +162,15 @@ pub fn json_typed<T: DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let bytes = read_json_bytes(headers, body)?;
+    // serde would also build a struct from a JSON list of its fields.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|err| {
+            ApiError::BadRequest(format!("Request body is not valid JSON: {err}."))
+        })?;
+        if !value.is_object() {
+            return Err(ApiError::field("body", "must be a JSON object"));
+        }
+    }
     let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -222,6 +231,142 @@ fn read_json_bytes(
             ApiError::BadRequest(format!("Request body could not be read: {rejection}."))
         }
     })
+}
+
+/// Responses every operation can give, whatever it does: 500 (an
+/// unexpected failure, logged; the problem shows no internals) and 503 (the
+/// request took longer than `server.request_timeout_secs`, or the store or
+/// queue could not be reached), added where an operation does not describe
+/// them itself. Operations that need no credentials say so (`security:
+/// [{}]`), so every operation names its security.
+struct CommonResponses;
+
+impl Modify for CommonResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::header::HeaderBuilder;
+        use utoipa::openapi::security::SecurityRequirement;
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let problem = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build()
+        };
+        let internal = ResponseBuilder::new()
+            .description("Unexpected failure; it is logged, and the problem shows no internals.")
+            .content("application/problem+json", problem())
+            .build();
+        let unavailable = ResponseBuilder::new()
+            .description(
+                "The request took longer than server.request_timeout_secs, or the store could \
+                 not be reached; see Retry-After.",
+            )
+            .content("application/problem+json", problem())
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(Some(
+                        utoipa::openapi::ObjectBuilder::new()
+                            .schema_type(utoipa::openapi::schema::Type::Integer)
+                            .build(),
+                    ))
+                    .description(Some("Seconds"))
+                    .build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let responses = &mut operation.responses.responses;
+                responses
+                    .entry("500".to_owned())
+                    .or_insert_with(|| internal.clone().into());
+                responses
+                    .entry("503".to_owned())
+                    .or_insert_with(|| unavailable.clone().into());
+                operation
+                    .security
+                    .get_or_insert_with(|| vec![SecurityRequirement::default()]);
+            }
+        }
+    }
+}
+
+/// A batch's messages are send requests that may each carry an
+/// `idempotency_key` of their own: `BatchEmailItem` and `BatchSmsItem` are
+/// the send request schemas with that one property more, told apart by
+/// `channel` like the single sends, and `SendBatchRequest.messages` lists
+/// them. Built from the single sends' schemas, so the two never drift.
+struct BatchItems;
+
+impl Modify for BatchItems {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{ArrayItems, Discriminator, Schema};
+        use utoipa::openapi::{ObjectBuilder, OneOfBuilder, Ref, RefOr};
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        let key = ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .min_length(Some(1))
+            .max_length(Some(255))
+            .pattern(Some("^[!-~]+$"))
+            .description(Some(
+                "Makes a retry of this message safe, like the Idempotency-Key header of a single send.",
+            ))
+            .build();
+        let mut mapping = Vec::new();
+        for (single, item, channel) in [
+            ("SendEmailRequest", "BatchEmailItem", "email"),
+            ("SendSmsRequest", "BatchSmsItem", "sms"),
+        ] {
+            let Some(RefOr::T(Schema::Object(mut object))) =
+                components.schemas.get(single).cloned()
+            else {
+                continue;
+            };
+            object
+                .properties
+                .insert("idempotency_key".to_owned(), key.clone().into());
+            object.description = Some(format!("One message of a batch: {channel}."));
+            components
+                .schemas
+                .insert(item.to_owned(), RefOr::T(Schema::Object(object)));
+            mapping.push((channel, item));
+        }
+        let mut union = OneOfBuilder::new().description(Some(
+            "One message of a batch: an email or an SMS, told apart by `channel`.",
+        ));
+        for (_, item) in &mapping {
+            union = union.item(Ref::from_schema_name(*item));
+        }
+        let mut union = union.build();
+        let mut discriminator = Discriminator::new("channel");
+        for (channel, item) in &mapping {
+            discriminator.mapping.insert(
+                (*channel).to_owned(),
+                format!("#/components/schemas/{item}"),
+            );
+        }
+        union.discriminator = Some(discriminator);
+        components
+            .schemas
+            .insert("BatchMessage".to_owned(), RefOr::T(Schema::OneOf(union)));
+        if let Some(RefOr::T(Schema::Object(batch))) =
+            components.schemas.get_mut("SendBatchRequest")
+            && let Some(RefOr::T(Schema::Array(messages))) = batch.properties.get_mut("messages")
+        {
+            messages.items =
+                ArrayItems::RefOrSchema(Box::new(Ref::from_schema_name("BatchMessage").into()));
+        }
+    }
 }
 
 struct SecurityAddon;
@@ -296,7 +441,7 @@ impl Modify for SecurityAddon {
             error::UnsupportedMediaType,
         )
     ),
-    modifiers(&SecurityAddon),
+    modifiers(&SecurityAddon, &CommonResponses, &BatchItems),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
         (name = "admin", description = "Plans, tenants, keys, queues and dead letters (admin token)."),
