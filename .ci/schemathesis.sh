@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes the served OpenAPI document with schemathesis (an OpenAPI fuzzer no
-# one here wrote): every tenant and admin operation, checking that nothing
+# First runs the README's walk-through through a Python client generated
+# from openapi/openapi.json by openapi-python-client; then fuzzes the served
+# OpenAPI document with schemathesis (an OpenAPI fuzzer no one here wrote): every tenant and admin operation, checking that nothing
 # answers 5xx, that every status code, content type, header and body is the
 # one the document gives, and that requests the document forbids are
 # refused. Starts the debug binary on a fresh SQLite file (consumers off)
@@ -20,11 +21,13 @@ checks=${CHECKS:-not_a_server_error,status_code_conformance,content_type_conform
 bin=${BIN:-${CARGO_TARGET_DIR:-target}/debug/fairlane}
 [ -x "$bin" ] || { echo "build first: cargo build" >&2; exit 1; }
 ST_VERSION=4.32.5
+CLIENT_VERSION=0.29.1
+RUFF_VERSION=0.17.6
 venv="${FAIRLANE_ST_VENV:-$HOME/.cache/fairlane-st-venv}"
-if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$ST_VERSION')" 2>/dev/null; then
-  echo "== installing schemathesis==$ST_VERSION into $venv"
+if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$ST_VERSION' or m.version('openapi-python-client') != '$CLIENT_VERSION')" 2>/dev/null; then
+  echo "== installing schemathesis==$ST_VERSION and openapi-python-client==$CLIENT_VERSION into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet "schemathesis==$ST_VERSION"
+  "$venv/bin/pip" install --quiet "schemathesis==$ST_VERSION" "openapi-python-client==$CLIENT_VERSION" "ruff==$RUFF_VERSION"
 fi
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -43,6 +46,11 @@ api -X PUT "$base/v1/admin/plans/fuzz" \
   -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":64}' >/dev/null
 api -X POST "$base/v1/admin/tenants" -d '{"id":"fuzz","name":"Fuzz","plan":"fuzz"}' >/dev/null
 key=$(api -X POST "$base/v1/admin/tenants/fuzz/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+echo "== generated Python client: the walk-through"
+(cd "$work" && PATH="$venv/bin:$PATH" "$venv/bin/openapi-python-client" generate \
+  --path "$OLDPWD/openapi/openapi.json" --output-path "$work/client" >/dev/null)
+PYTHONPATH="$work/client" "$venv/bin/python" .ci/client_walkthrough.py "$base" "$admin"
+
 status=0
 for run in "messages:$key" "ops:$key" "admin:$admin"; do
   tag=${run%%:*}; token=${run#*:}

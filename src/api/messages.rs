@@ -905,11 +905,12 @@ pub async fn cancel_message(
     messages::get_for_tenant(&state.db, tenant_id, &id)
         .await?
         .ok_or_else(not_found)?;
-    state.writer.cancel(tenant_id, vec![id.clone()]).await?;
+    let cancelled = state.writer.cancel(tenant_id, vec![id.clone()]).await?;
     let record = messages::get_for_tenant(&state.db, tenant_id, &id)
         .await?
         .ok_or_else(not_found)?;
-    if record.status != MessageStatus::Cancelled {
+    // Only this call's cancel counts: a message cancelled before is ended.
+    if cancelled.is_empty() {
         return Err(ApiError::Conflict(format!(
             "Message {id:?} is {}; only scheduled, queued or retrying messages can be cancelled.",
             record.status.as_str()
