@@ -29,7 +29,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
@@ -430,17 +429,14 @@ async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     }
     match db {
         Db::Sqlite(sqlite) => {
-            let mut query: QueryBuilder<Sqlite> =
-                QueryBuilder::new("UPDATE messages SET status = 'queued', updated_at = ");
-            query
-                .push_bind(now_ms())
-                .push(" WHERE status = 'scheduled' AND id IN (");
-            crate::store::push_id_list(&mut query, ids);
-            let _turn = sqlite.write_turn().await;
-            query
-                .build()
-                .persistent(false)
-                .execute(&sqlite.write)
+            let now = now_ms();
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query
+                        .push("UPDATE messages SET status = 'queued', updated_at = ")
+                        .push_bind(now)
+                        .push(" WHERE status = 'scheduled' AND id IN (");
+                })
                 .await?;
         }
         Db::Postgres(pg) => {
@@ -577,14 +573,10 @@ async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     }
     match db {
         Db::Sqlite(sqlite) => {
-            let mut query: QueryBuilder<Sqlite> =
-                QueryBuilder::new("DELETE FROM outbox WHERE message_id IN (");
-            crate::store::push_id_list(&mut query, ids);
-            let _turn = sqlite.write_turn().await;
-            query
-                .build()
-                .persistent(false)
-                .execute(&sqlite.write)
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query.push("DELETE FROM outbox WHERE message_id IN (");
+                })
                 .await?;
         }
         Db::Postgres(pg) => {

@@ -168,26 +168,18 @@ pub async fn mark_requeued(db: &Db, ids: &[String], redrive_started: i64) -> any
         return Ok(());
     }
     let now = crate::model::now_ms();
-    const SET: &str = "UPDATE messages SET status = 'queued', attempts = 0, updated_at = ";
-    const WHERE: &str = " WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ";
     match db {
         Db::Sqlite(sqlite) => {
-            let _turn = sqlite.write_turn().await;
-            let mut conn = sqlite.write.acquire().await?;
-            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
-                let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(SET);
-                builder
-                    .push_bind(now)
-                    .push(WHERE)
-                    .push_bind(redrive_started)
-                    .push(" AND id IN (");
-                super::push_id_list(&mut builder, chunk);
-                builder
-                    .build()
-                    .persistent(false)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query
+                        .push("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ")
+                        .push_bind(now)
+                        .push(" WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ")
+                        .push_bind(redrive_started)
+                        .push(" AND id IN (");
+                })
+                .await?;
         }
         Db::Postgres(pg) => {
             sqlx::query(
@@ -206,22 +198,15 @@ pub async fn mark_requeued(db: &Db, ids: &[String], redrive_started: i64) -> any
 
 /// Undoes [`mark_requeued`] for messages that could not be moved after all.
 pub async fn restore_dead_lettered(db: &Db, ids: &[String]) -> anyhow::Result<()> {
-    const UPDATE: &str =
-        "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id ";
     match db {
         Db::Sqlite(sqlite) => {
-            let _turn = sqlite.write_turn().await;
-            let mut conn = sqlite.write.acquire().await?;
-            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
-                let mut builder: QueryBuilder<Sqlite> = QueryBuilder::new(UPDATE);
-                builder.push("IN (");
-                super::push_id_list(&mut builder, chunk);
-                builder
-                    .build()
-                    .persistent(false)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query.push(
+                        "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id IN (",
+                    );
+                })
+                .await?;
         }
         Db::Postgres(pg) => {
             sqlx::query(

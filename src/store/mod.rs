@@ -240,6 +240,34 @@ impl SqliteDb {
     }
 }
 
+impl SqliteDb {
+    /// Runs a statement over `ids` on the write connection, in its write
+    /// turn, a chunk of ids at a time: `head` writes the statement up to
+    /// its `IN (` (binding what it needs), and the ids close the list.
+    pub(crate) async fn execute_for_ids(
+        &self,
+        ids: &[String],
+        head: impl Fn(&mut QueryBuilder<Sqlite>),
+    ) -> anyhow::Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let _turn = self.write_turn().await;
+        let mut conn = self.write.acquire().await?;
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let mut builder = QueryBuilder::new("");
+            head(&mut builder);
+            push_id_list(&mut builder, chunk);
+            builder
+                .build()
+                .persistent(false)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 /// Ids bound per `IN (…)` list, well under SQLite's parameter limit.
 pub(crate) const IDS_PER_STATEMENT: usize = 500;
 

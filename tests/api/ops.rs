@@ -14,14 +14,33 @@ async fn healthz_answers_ok() {
     assert_eq!(body["status"], "ok");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_reports_the_store_and_the_queue_ok() {
-    let app = TestApp::start("").await;
-    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
-    let body = expect_json(response, StatusCode::OK).await;
-    assert_eq!(body["status"], "ok");
-    assert_eq!(body["checks"]["store"], "ok", "{body}");
-    assert_eq!(body["checks"]["queue"], "ok", "{body}");
+on_both_stores! {
+    async fn readyz_reports_the_store_and_the_queue_ok() {
+        let app = TestApp::start("").await;
+        let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+        let body = expect_json(response, StatusCode::OK).await;
+        assert_eq!(body["status"], "ok");
+        assert_eq!(body["checks"]["store"], "ok", "{body}");
+        assert_eq!(body["checks"]["queue"], "ok", "{body}");
+        assert!(body["checks"].get("limits").is_none(), "no Redis, no limits check: {body}");
+    }
+}
+
+on_both_stores! {
+    async fn every_metric_carries_the_instance_label() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        expect_json(app.send(&key, &sms()).await, StatusCode::ACCEPTED).await;
+        let text = app.metrics_text().await;
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("fairlane_"))
+            .collect();
+        assert!(!samples.is_empty(), "no samples in {text}");
+        for sample in samples {
+            assert!(sample.contains("instance=\""), "{sample} has no instance label");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -184,3 +184,13 @@ async fn switching_from_local_to_redis_keeps_the_tenants_day_count() {
     let response = app.send(&key, &sms()).await;
     expect_problem_kind(response, StatusCode::TOO_MANY_REQUESTS, "quota").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_reports_redis_held_limits() {
+    let prefix = RedisPrefix::new();
+    let app = TestApp::start(&prefix.settings()).await;
+    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+    let body = expect_json(response, StatusCode::OK).await;
+    assert_eq!(body["checks"]["limits"], "ok", "{body}");
+    assert_eq!(body["checks"]["store"], "ok", "{body}");
+}
