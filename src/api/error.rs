@@ -42,6 +42,31 @@ pub struct Problem {
 )]
 pub struct AdminUnauthorized(pub Problem);
 
+/// No tenant API key, a malformed `Authorization` header, or a key that
+/// is unknown or revoked.
+#[derive(ToResponse)]
+#[response(
+    content_type = "application/problem+json",
+    headers(("WWW-Authenticate" = String, description = "`Bearer`"))
+)]
+pub struct TenantUnauthorized(pub Problem);
+
+/// The tenant is disabled: its sends are refused until an admin
+/// re-enables it.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct TenantDisabled(pub Problem);
+
+/// A request with the same `Idempotency-Key` is still being answered.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct IdempotencyInFlight(pub Problem);
+
+/// The body is not valid JSON, or a header is malformed.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct Malformed(pub Problem);
+
 /// A tenant API key was sent: admin routes take only the admin token.
 #[derive(ToResponse)]
 #[response(content_type = "application/problem+json")]

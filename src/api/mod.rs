@@ -437,6 +437,10 @@ impl Modify for SecurityAddon {
         responses(
             error::AdminUnauthorized,
             error::AdminForbidden,
+            error::TenantUnauthorized,
+            error::TenantDisabled,
+            error::IdempotencyInFlight,
+            error::Malformed,
             error::PayloadTooLarge,
             error::UnsupportedMediaType,
         )
