@@ -133,7 +133,10 @@ async fn problem_for_bare_errors(
             retry_after: timeout,
         },
         StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::PayloadTooLarge("Request body is larger than server.max_body_bytes.".into())
+            ApiError::PayloadTooLarge(
+                "Request body is larger than server.max_body_bytes (server.max_batch_body_bytes for a batch)."
+                    .into(),
+            )
         }
         _ => return response,
     };

@@ -4,6 +4,8 @@
 mod admin;
 mod auth;
 mod backends;
+mod batch;
+mod cancel;
 mod crash;
 mod delivery;
 mod idempotency;
@@ -15,6 +17,7 @@ mod ops;
 mod priority;
 mod redis_limits;
 mod restart;
+mod scheduled;
 mod shutdown;
 mod sqs;
 mod support;
