@@ -229,7 +229,10 @@ fn read_json_bytes(
     }
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge("Request body is larger than server.max_body_bytes.".into())
+            ApiError::PayloadTooLarge(
+                "Request body is larger than server.max_body_bytes (server.max_batch_body_bytes for a batch)."
+                    .into(),
+            )
         } else {
             ApiError::BadRequest(format!("Request body could not be read: {rejection}."))
         }
