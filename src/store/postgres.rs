@@ -427,6 +427,12 @@ struct Written {
     claimed: HashSet<String>,
 }
 
+/// Most accepted messages inserted by one statement.
+const ACCEPT_ROWS: usize = 64;
+
+/// Most messages one status statement changes.
+const STATUS_ROWS: usize = 256;
+
 /// Columns of the accepted messages of a group, one array each.
 #[derive(Default)]
 struct AcceptColumns {
@@ -452,41 +458,47 @@ struct AcceptColumns {
     idem_created: Vec<i64>,
 }
 
+impl AcceptColumns {
+    fn of(entries: &[&AcceptEntry]) -> AcceptColumns {
+        let mut columns = AcceptColumns::default();
+        for entry in entries {
+            let record = &entry.record;
+            columns.id.push(record.id.clone());
+            columns.tenant_id.push(record.tenant_id.clone());
+            columns.channel.push(record.channel.as_str().to_owned());
+            columns.status.push(record.status.as_str().to_owned());
+            columns.priority.push(record.priority.as_str().to_owned());
+            columns.lane.push(entry.lane.as_str().to_owned());
+            columns.attempts.push(i64::from(record.attempts));
+            columns.reference.push(record.reference.clone());
+            columns.metadata.push(record.metadata.clone());
+            columns.created_at.push(record.created_at);
+            columns.updated_at.push(record.updated_at);
+            columns.send_at.push(record.send_at);
+            columns.body.push(entry.outbound.body.clone());
+            for stored in &entry.idempotency {
+                columns.idem_tenant.push(stored.tenant_id.clone());
+                columns.idem_key.push(stored.key.clone());
+                columns.idem_hash.push(stored.request_hash.clone());
+                columns.idem_code.push(i64::from(stored.status_code));
+                columns.idem_body.push(stored.response_body.clone());
+                columns.idem_message.push(stored.message_id.clone());
+                columns.idem_created.push(stored.created_at);
+            }
+        }
+        columns
+    }
+}
+
 /// Writes the group in one transaction.
 async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written> {
-    let mut accepts = AcceptColumns::default();
+    let mut accepted: Vec<&AcceptEntry> = Vec::new();
     let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
     let (mut sending_ids, mut sending_at) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
     for piece in group {
         match piece {
-            Piece::Accept { entries, .. } => {
-                for entry in entries {
-                    let record = &entry.record;
-                    accepts.id.push(record.id.clone());
-                    accepts.tenant_id.push(record.tenant_id.clone());
-                    accepts.channel.push(record.channel.as_str().to_owned());
-                    accepts.status.push(record.status.as_str().to_owned());
-                    accepts.priority.push(record.priority.as_str().to_owned());
-                    accepts.lane.push(entry.lane.as_str().to_owned());
-                    accepts.attempts.push(i64::from(record.attempts));
-                    accepts.reference.push(record.reference.clone());
-                    accepts.metadata.push(record.metadata.clone());
-                    accepts.created_at.push(record.created_at);
-                    accepts.updated_at.push(record.updated_at);
-                    accepts.send_at.push(record.send_at);
-                    accepts.body.push(entry.outbound.body.clone());
-                    for stored in &entry.idempotency {
-                        accepts.idem_tenant.push(stored.tenant_id.clone());
-                        accepts.idem_key.push(stored.key.clone());
-                        accepts.idem_hash.push(stored.request_hash.clone());
-                        accepts.idem_code.push(i64::from(stored.status_code));
-                        accepts.idem_body.push(stored.response_body.clone());
-                        accepts.idem_message.push(stored.message_id.clone());
-                        accepts.idem_created.push(stored.created_at);
-                    }
-                }
-            }
+            Piece::Accept { entries, .. } => accepted.extend(entries),
             Piece::Sending { id, at } => {
                 sending_ids.push(id.clone());
                 sending_at.push(*at);
@@ -510,11 +522,20 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
     }
     let now = now_ms();
     let mut tx = pool.begin().await?;
-    if !accepts.id.is_empty() {
-        insert_accepts(&mut tx, &accepts, now).await?;
+    // Statements of at most ACCEPT_ROWS rows each: one large bind message
+    // per group stalled on the socket (sqlx leaves Nagle's algorithm on,
+    // and a message of a few hundred rows waited on delayed ACKs: 1,400
+    // accepts/s at 128 concurrent against 25,000 with 64).
+    for chunk in accepted.chunks(ACCEPT_ROWS) {
+        insert_accepts(&mut tx, &AcceptColumns::of(chunk), now).await?;
     }
     let mut claimed = HashSet::new();
-    if !claim_ids.is_empty() {
+    // Status changes in statements of at most STATUS_ROWS ids, for the
+    // same reason as the inserts above.
+    for (ids, stale) in claim_ids
+        .chunks(STATUS_ROWS)
+        .zip(claim_stale.chunks(STATUS_ROWS))
+    {
         // A row locked by another instance's claim waits for it, then is
         // re-checked: two instances never both see their claim succeed.
         let taken: Vec<String> = sqlx::query_scalar(
@@ -524,33 +545,39 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
              OR (m.status = 'sending' AND m.updated_at < u.stale_before)) RETURNING m.id",
         )
         .bind(now)
-        .bind(&claim_ids)
-        .bind(&claim_stale)
+        .bind(ids)
+        .bind(stale)
         .fetch_all(&mut *tx)
         .await?;
         claimed.extend(taken);
     }
-    if !sending_ids.is_empty() {
+    for (ids, at) in sending_ids
+        .chunks(STATUS_ROWS)
+        .zip(sending_at.chunks(STATUS_ROWS))
+    {
         sqlx::query(
             "UPDATE messages AS m SET status = 'sending', updated_at = $1 \
              FROM UNNEST($2::text[], $3::bigint[]) AS u(id, at) \
              WHERE m.id = u.id AND m.status IN ('queued', 'retrying') AND m.updated_at <= u.at",
         )
         .bind(now)
-        .bind(&sending_ids)
-        .bind(&sending_at)
+        .bind(ids)
+        .bind(at)
         .execute(&mut *tx)
         .await?;
     }
-    if !sent_ids.is_empty() {
+    for (ids, provider_ids) in sent_ids
+        .chunks(STATUS_ROWS)
+        .zip(sent_provider_ids.chunks(STATUS_ROWS))
+    {
         sqlx::query(
             "UPDATE messages AS m SET status = 'sent', attempts = m.attempts + 1, last_error = NULL, \
              sent_at = $1, updated_at = $1, provider_message_id = u.provider_id \
              FROM UNNEST($2::text[], $3::text[]) AS u(id, provider_id) WHERE m.id = u.id",
         )
         .bind(now)
-        .bind(&sent_ids)
-        .bind(&sent_provider_ids)
+        .bind(ids)
+        .bind(provider_ids)
         .execute(&mut *tx)
         .await?;
     }
