@@ -3,7 +3,6 @@
 //! `Idempotency-Key` and of one item by its `idempotency_key`, and the 422s
 //! and 413 of a body that is not a batch.
 
-use fairlane::model::Lane;
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -53,24 +52,6 @@ pub(crate) fn accepted_ids(answer: &Value) -> Vec<String> {
                 .to_owned()
         })
         .collect()
-}
-
-/// Messages waiting in the fast lane: the embedded queue's depth, or on the
-/// PostgreSQL store (SQS lanes, whose depth SQS reports only now and then)
-/// the lane's `queued` status rows.
-pub(crate) async fn fast_lane_depth(app: &TestApp) -> u64 {
-    match app.state.db.postgres() {
-        Some(pg) => {
-            let queued: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM messages WHERE lane = 'fast' AND status = 'queued'",
-            )
-            .fetch_one(&pg.pool)
-            .await
-            .unwrap();
-            queued as u64
-        }
-        None => app.state.queue.stats(Lane::Fast).await.unwrap().depth,
-    }
 }
 
 /// Asserts that result `index` of `answer` is a 422 whose problem names `field`.

@@ -15,7 +15,6 @@ use crate::batch::{accepted_ids, send_batch};
 use crate::delivery::{
     SMS_PATH, delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for,
 };
-use crate::scheduled::wait_until_the_fast_lane_is_empty;
 use crate::support::*;
 
 /// `DELETE /v1/messages/{id}`.

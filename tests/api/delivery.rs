@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{body_string_contains, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{TestApp, expect_json, sms};
+use crate::support::{TestApp, expect_json, sms, wait_until_the_fast_lane_is_empty};
 
 pub(crate) const SMS_PATH: &str = "/2010-04-01/Accounts/AC123/Messages.json";
 
@@ -74,22 +74,6 @@ async fn queue_second_copy(app: &TestApp, id: &str) {
         )
         .await
         .unwrap();
-}
-
-/// Waits up to 10 s until nothing waits or is in flight in the fast lane.
-async fn wait_until_the_fast_lane_is_empty(app: &TestApp) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
-        if stats.depth == 0 && stats.in_flight == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a copy was never consumed: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 pub(crate) async fn sms_requests(server: &MockServer) -> usize {

@@ -3,30 +3,11 @@
 
 use std::time::Duration;
 
-use fairlane::model::Lane;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use crate::support::*;
-
-/// Messages waiting in the fast lane: the embedded queue's depth, or on
-/// the PostgreSQL store (SQS lanes, whose depth SQS reports only now and
-/// then) the queued status rows of the lane.
-async fn fast_depth(app: &TestApp) -> u64 {
-    match app.state.db.postgres() {
-        Some(pg) => {
-            let queued: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM messages WHERE lane = 'fast' AND status = 'queued'",
-            )
-            .fetch_one(&pg.pool)
-            .await
-            .unwrap();
-            queued as u64
-        }
-        None => app.state.queue.stats(Lane::Fast).await.unwrap().depth,
-    }
-}
 
 on_both_stores! {
     async fn a_repeated_request_gets_the_same_answer_and_queues_one_message() {
@@ -64,7 +45,7 @@ on_both_stores! {
         );
         let id = serde_json::from_str::<Value>(&first_body).unwrap()["id"].clone();
         assert!(id.is_string());
-        assert_eq!(fast_depth(&app).await, 1, "only one message is queued");
+        assert_eq!(fast_lane_depth(&app).await, 1, "only one message is queued");
     }
 }
 
@@ -82,7 +63,7 @@ on_both_stores! {
         assert_eq!(header(b.headers(), "idempotent-replayed"), None);
         let b = expect_json(b, StatusCode::ACCEPTED).await;
         assert_ne!(a["id"], b["id"]);
-        assert_eq!(fast_depth(&app).await, 2);
+        assert_eq!(fast_lane_depth(&app).await, 2);
     }
 }
 
@@ -98,7 +79,7 @@ on_both_stores! {
         let other = with(email(), "text", json!("Hello again"));
         let response = app.send_idempotent(&key, "k-1", &other).await;
         expect_problem_kind(response, StatusCode::UNPROCESSABLE_ENTITY, "idempotency").await;
-        assert_eq!(fast_depth(&app).await, 1);
+        assert_eq!(fast_lane_depth(&app).await, 1);
     }
 }
 
@@ -148,7 +129,7 @@ on_both_stores! {
             "one id for all: {ids:?}"
         );
         assert_eq!(ids.len() + conflicts, 20);
-        assert_eq!(fast_depth(&app).await, 1, "only one message is queued");
+        assert_eq!(fast_lane_depth(&app).await, 1, "only one message is queued");
     }
 }
 
@@ -205,7 +186,7 @@ async fn a_repeat_while_the_first_is_in_flight_is_a_409_problem() {
     );
     let replayed = expect_json(replay, StatusCode::ACCEPTED).await;
     assert_eq!(replayed["id"], accepted["id"]);
-    assert_eq!(fast_depth(&app).await, 1);
+    assert_eq!(fast_lane_depth(&app).await, 1);
 }
 
 on_both_stores! {
@@ -216,7 +197,7 @@ on_both_stores! {
             let response = app.send_idempotent(&key, &bad, &email()).await;
             expect_problem(response, StatusCode::BAD_REQUEST).await;
         }
-        assert_eq!(fast_depth(&app).await, 0);
+        assert_eq!(fast_lane_depth(&app).await, 0);
         // 255 visible characters are fine.
         let response = app.send_idempotent(&key, &"k".repeat(255), &email()).await;
         assert_eq!(response.status(), StatusCode::ACCEPTED);

@@ -4,16 +4,15 @@
 //! scheduler), and is never sent when cancelled first. Dates that are not
 //! RFC 3339 with an offset, or more than 30 days ahead, are 422s.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, FixedOffset, SecondsFormat, Utc};
-use fairlane::model::Lane;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use wiremock::MockServer;
 
 use crate::backends::{moto_url, sqs_settings};
-use crate::batch::{fast_lane_depth, send_batch};
+use crate::batch::send_batch;
 use crate::delivery::{delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for};
 use crate::support::*;
 
@@ -38,23 +37,6 @@ fn sms_due_in(secs: i64, text: &str) -> Value {
         "send_at",
         json!(rfc3339_in(chrono::Duration::seconds(secs))),
     )
-}
-
-/// Waits up to 20 s until nothing waits or is in flight in the fast lane
-/// (embedded queue): every copy has been sent or deleted.
-pub(crate) async fn wait_until_the_fast_lane_is_empty(app: &TestApp) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
-        if stats.depth == 0 && stats.in_flight == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the lane never emptied: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Until shortly before `due`, asserts every 100 ms that the message still

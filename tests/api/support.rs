@@ -436,6 +436,53 @@ pub async fn expect_problem_kind(
     (headers, body)
 }
 
+/// Messages waiting in the fast lane: the embedded queue's depth, or on the
+/// PostgreSQL store (SQS lanes, whose depth SQS reports only now and then)
+/// the lane's `queued` status rows.
+pub async fn fast_lane_depth(app: &TestApp) -> u64 {
+    match app.state.db.postgres() {
+        Some(pg) => {
+            let queued: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM messages WHERE lane = 'fast' AND status = 'queued'",
+            )
+            .fetch_one(&pg.pool)
+            .await
+            .unwrap();
+            queued as u64
+        }
+        None => {
+            app.state
+                .queue
+                .stats(fairlane::model::Lane::Fast)
+                .await
+                .unwrap()
+                .depth
+        }
+    }
+}
+
+/// Waits up to 20 s until nothing waits or is in flight in the fast lane
+/// (embedded queue): every copy has been sent or deleted.
+pub async fn wait_until_the_fast_lane_is_empty(app: &TestApp) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = app
+            .state
+            .queue
+            .stats(fairlane::model::Lane::Fast)
+            .await
+            .unwrap();
+        if stats.depth == 0 && stats.in_flight == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lane never emptied: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 // ----- PostgreSQL -----
 
 pub fn pg_server_url() -> String {
