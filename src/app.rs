@@ -380,10 +380,11 @@ async fn gated(
         Some(redis) => gate.with_global_bucket(redis, channel.as_str()),
         None => gate,
     };
+    let provider = crate::providers::build(settings, channel)
+        .await
+        .with_context(|| format!("setting up the {channel} provider"))?;
     Ok(GatedProvider {
-        provider: crate::providers::build(settings, channel)
-            .await
-            .with_context(|| format!("setting up the {channel} provider"))?,
+        provider,
         gate: Arc::new(gate),
     })
 }

@@ -86,12 +86,165 @@ pub fn install(instance: &str) -> PrometheusHandle {
                 .set_buckets(&buckets)
                 .expect("bucket list is not empty")
                 .add_global_label("instance", instance);
-            match builder.install_recorder() {
+            let handle = match builder.install_recorder() {
                 Ok(handle) => handle,
                 // Another recorder is already global (a host program's): keep
                 // ours local so /metrics still renders what we record.
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
-            }
+            };
+            describe_and_register();
+            handle
         })
         .clone()
+}
+
+/// Describes every metric (`# HELP`, with its unit) and registers every
+/// counter and gauge at zero for the labels known up front (lanes,
+/// channels, priorities, reasons, operations), so `/metrics` lists every
+/// documented name from the first scrape, not only after a first event.
+fn describe_and_register() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        ACCEPTED_TOTAL,
+        Unit::Count,
+        "Messages accepted (202), by lane and channel."
+    );
+    describe_counter!(
+        DELIVERED_TOTAL,
+        Unit::Count,
+        "Messages the provider accepted, by lane and channel."
+    );
+    describe_counter!(
+        RETRIED_TOTAL,
+        Unit::Count,
+        "Transient failures scheduled for another attempt, by lane and channel."
+    );
+    describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        Unit::Count,
+        "Messages moved to a dead-letter queue, by lane and channel."
+    );
+    describe_counter!(
+        DEFERRED_TOTAL,
+        Unit::Count,
+        "Messages put back without an attempt, by lane and reason (paused, disabled, duplicate, throttled)."
+    );
+    describe_counter!(
+        REJECTED_TOTAL,
+        Unit::Count,
+        "Sends refused: 429 by reason rate, quota or lane; 503 by reason queue (SQS did not take the message)."
+    );
+    describe_counter!(
+        SQS_CALLS_TOTAL,
+        Unit::Count,
+        "SQS API calls started, by operation (SQS mode only; what SQS bills)."
+    );
+    describe_gauge!(
+        LANE_DEPTH,
+        Unit::Count,
+        "Messages waiting in a lane (visible or delayed), by lane."
+    );
+    describe_gauge!(
+        LANE_IN_FLIGHT,
+        Unit::Count,
+        "Messages received and not yet deleted, by lane."
+    );
+    describe_gauge!(
+        LANE_OLDEST_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest message in a lane, by lane."
+    );
+    describe_gauge!(
+        LANE_DLQ_DEPTH,
+        Unit::Count,
+        "Messages in a lane's dead-letter queue, by lane."
+    );
+    describe_histogram!(
+        PROVIDER_CALL_SECONDS,
+        Unit::Seconds,
+        "Provider call latency, by provider and outcome (sent, permanent, transient, throttled)."
+    );
+    describe_histogram!(
+        GATE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time waited for a provider token, by channel and the message's priority."
+    );
+    describe_gauge!(
+        MESSAGES_WAITING,
+        Unit::Count,
+        "Messages a consumer holds that wait, by lane, priority and stage (token: in a provider gate's line; parked: their tenant is at its max_in_flight)."
+    );
+    describe_gauge!(
+        LIMITS_BACKEND_UP,
+        "1 while limits are counted where configured, 0 while this instance runs on its local share because Redis is unreachable."
+    );
+    describe_counter!(
+        REDIS_ERRORS_TOTAL,
+        Unit::Count,
+        "Redis calls of the limits that failed or timed out, by operation."
+    );
+    describe_gauge!(
+        LIMITS_LIVE_INSTANCES,
+        Unit::Count,
+        "Instances with a fresh heartbeat in Redis, as this instance last saw it (limits.backend = redis only)."
+    );
+
+    const LANES: [&str; 2] = ["fast", "slow"];
+    const CHANNELS: [&str; 2] = ["email", "sms"];
+    const PRIORITIES: [&str; 3] = ["high", "normal", "low"];
+    for lane in LANES {
+        for channel in CHANNELS {
+            for name in [
+                ACCEPTED_TOTAL,
+                DELIVERED_TOTAL,
+                RETRIED_TOTAL,
+                DEAD_LETTERED_TOTAL,
+            ] {
+                metrics::counter!(name, "lane" => lane, "channel" => channel).increment(0);
+            }
+        }
+        for reason in ["paused", "disabled", "duplicate", "throttled"] {
+            metrics::counter!(DEFERRED_TOTAL, "lane" => lane, "reason" => reason).increment(0);
+        }
+        for name in [
+            LANE_DEPTH,
+            LANE_IN_FLIGHT,
+            LANE_OLDEST_AGE_SECONDS,
+            LANE_DLQ_DEPTH,
+        ] {
+            metrics::gauge!(name, "lane" => lane).increment(0.0);
+        }
+        for priority in PRIORITIES {
+            for stage in ["token", "parked"] {
+                metrics::gauge!(MESSAGES_WAITING, "lane" => lane, "priority" => priority, "stage" => stage)
+                    .increment(0.0);
+            }
+        }
+    }
+    for reason in ["rate", "quota", "lane", "queue"] {
+        metrics::counter!(REJECTED_TOTAL, "reason" => reason).increment(0);
+    }
+    for operation in [
+        "SendMessageBatch",
+        "ReceiveMessage",
+        "DeleteMessageBatch",
+        "ChangeMessageVisibilityBatch",
+        "GetQueueAttributes",
+    ] {
+        metrics::counter!(SQS_CALLS_TOTAL, "operation" => operation).increment(0);
+    }
+    for operation in ["admit", "seed", "release", "reconcile", "gate", "heartbeat"] {
+        metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
+    }
+    metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    for provider in ["ses", "http", "log"] {
+        for outcome in ["sent", "permanent", "transient", "throttled"] {
+            let _ = metrics::histogram!(PROVIDER_CALL_SECONDS, "provider" => provider, "outcome" => outcome);
+        }
+    }
+    for channel in CHANNELS {
+        for priority in PRIORITIES {
+            let _ = metrics::histogram!(GATE_WAIT_SECONDS, "channel" => channel, "priority" => priority);
+        }
+    }
 }

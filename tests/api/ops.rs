@@ -104,3 +104,45 @@ async fn a_wrong_method_on_a_known_route_is_a_405_problem() {
         .unwrap();
     expect_problem(response, StatusCode::METHOD_NOT_ALLOWED).await;
 }
+
+/// Every metric name in README.md's "Metrics" table, read from the table.
+fn documented_metrics() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let table = readme
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("README has a Metrics section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `fairlane_"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|name| format!("fairlane_{name}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_metric_is_in_the_first_scrape_with_its_help() {
+    let app = TestApp::start("").await;
+    let text = app.metrics_text().await;
+    let documented = documented_metrics();
+    assert!(
+        documented.len() >= 15,
+        "read {documented:?} from the README"
+    );
+    for name in &documented {
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with(&format!("{name}{{"))
+                    || line.starts_with(&format!("{name}_bucket{{"))
+                    || line.starts_with(&format!("{name} "))),
+            "{name} is documented but not in the first scrape"
+        );
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP line"
+        );
+    }
+}
