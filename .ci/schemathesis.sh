@@ -13,10 +13,16 @@
 # (README, "Testing the OpenAPI document"): positive_data_acceptance (a plan
 # that must exist, an Idempotency-Key reused with another body) and
 # use_after_free (DELETE /v1/messages/{id} cancels: the message stays
-# readable as `cancelled`). CHECKS=all runs every check.
+# readable as `cancelled`); the batch also runs without
+# negative_data_rejection (see below). CHECKS=all runs every check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 examples=${1:-50}
+# A fixed seed keeps CI's verdict the same for the same code; SEED=random
+# (or any number) explores other cases, as a local run should now and then.
+seed=${SEED:-20261124}
+[ "$seed" = random ] && seed=$(python3 -c 'import random; print(random.getrandbits(64))')
+echo "== schemathesis seed $seed"
 checks=${CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method,ignored_auth,ensure_resource_availability}
 bin=${BIN:-${CARGO_TARGET_DIR:-target}/debug/fairlane}
 [ -x "$bin" ] || { echo "build first: cargo build" >&2; exit 1; }
@@ -52,12 +58,21 @@ echo "== generated Python client: the walk-through"
 PYTHONPATH="$work/client" "$venv/bin/python" .ci/client_walkthrough.py "$base" "$admin"
 
 status=0
-for run in "messages:$key" "ops:$key" "admin:$admin"; do
-  tag=${run%%:*}; token=${run#*:}
-  echo "== schemathesis: $tag operations, checks: $checks"
+# fuzz NAME TOKEN CHECKS FILTER...: one schemathesis run.
+fuzz() {
+  local name=$1 token=$2 run_checks=$3
+  shift 3
+  echo "== schemathesis: $name, checks: $run_checks"
   # From the scratch directory: schemathesis keeps a cache where it runs.
-  (cd "$work" && "$venv/bin/st" run "$base/openapi.json" -c "$checks" --include-tag "$tag" \
-    -H "Authorization: Bearer $token" --max-examples "$examples" --no-color) \
+  (cd "$work" && "$venv/bin/st" run "$base/openapi.json" -c "$run_checks" "$@" \
+    -H "Authorization: Bearer $token" --max-examples "$examples" --seed "$seed" --no-color) \
     | tail -n 25 || status=1
-done
+}
+fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages --exclude-path /v1/messages/batch
+# A batch is admitted message by message: an invalid message gets its own
+# 422 in a 200 answer (the issue's per-item results), so a body that breaks
+# the item schema is, by design, not refused whole. Every other check runs.
+fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1/messages/batch
+fuzz "ops" "$key" "$checks" --include-tag ops
+fuzz "admin operations" "$admin" "$checks" --include-tag admin
 exit $status
