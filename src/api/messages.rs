@@ -280,7 +280,8 @@ pub async fn send_message(
 
     let prepared = prepare(&caller, message, remembered)?;
     let grant = admit(&state, &caller, prepared.lane).await?;
-    if let Err(failed) = state.writer.accept(prepared.entry.clone()).await {
+    let (entry, prepared) = prepared.into_parts(state.outbox.is_some());
+    if let Err(failed) = state.writer.accept(entry).await {
         state.limits.release(tenant_id, &grant).await;
         return Err(ApiError::Unavailable {
             detail: "The message could not be queued durably; nothing was accepted.".into(),
@@ -337,6 +338,36 @@ struct Prepared {
     answer: SendAccepted,
     answer_body: String,
     entry: AcceptEntry,
+}
+
+/// What is left of a [`Prepared`] message once its entry went to the store:
+/// enough to hand it to its lane and answer.
+#[derive(Debug)]
+struct Handed {
+    id: String,
+    tenant_id: String,
+    lane: Lane,
+    channel: Channel,
+    answer_body: String,
+    /// SQS mode, not scheduled: the message for the request to send now.
+    to_send: Option<OutboundMessage>,
+}
+
+impl Prepared {
+    /// Splits off the store entry; the queue message is copied only where
+    /// the request itself sends it (SQS mode, not scheduled).
+    fn into_parts(self, sqs: bool) -> (AcceptEntry, Handed) {
+        let to_send = (sqs && !self.scheduled).then(|| self.entry.outbound.clone());
+        let handed = Handed {
+            id: self.id,
+            tenant_id: self.entry.record.tenant_id.clone(),
+            lane: self.lane,
+            channel: self.channel,
+            answer_body: self.answer_body,
+            to_send,
+        };
+        (self.entry, handed)
+    }
 }
 
 /// Builds the store entry and the answer of a validated message;
@@ -481,18 +512,14 @@ async fn admit(
 /// SQS mode: sends a committed message to its lane (a scheduled one waits
 /// for the scheduler instead). A failed send is a 503 unless a consumer
 /// already has the message (it reached SQS late): then it is delivered.
-async fn hand_to_lane(state: &AppState, prepared: &Prepared) -> Result<(), ApiError> {
-    let Some(outbox) = &state.outbox else {
+async fn hand_to_lane(state: &AppState, handed: &Handed) -> Result<(), ApiError> {
+    let (Some(outbox), Some(message)) = (&state.outbox, &handed.to_send) else {
         return Ok(());
     };
-    if prepared.scheduled {
-        return Ok(());
-    }
-    let tenant_id = prepared.entry.record.tenant_id.as_str();
-    if let Err(failed) = outbox
-        .send(prepared.lane, prepared.entry.outbound.clone())
-        .await
-        && outbox.reject(tenant_id, &prepared.id, &failed.reason).await
+    if let Err(failed) = outbox.send(handed.lane, message.clone()).await
+        && outbox
+            .reject(&handed.tenant_id, &handed.id, &failed.reason)
+            .await
             == crate::outbox::Rejection::Rejected
     {
         metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
@@ -507,9 +534,9 @@ async fn hand_to_lane(state: &AppState, prepared: &Prepared) -> Result<(), ApiEr
     Ok(())
 }
 
-fn counted_accepted(state: &AppState, prepared: &Prepared) {
-    state.backpressure.record_accepted(prepared.lane, 1);
-    metrics::counter!(names::ACCEPTED_TOTAL, "lane" => prepared.lane.as_str(), "channel" => prepared.channel.as_str())
+fn counted_accepted(state: &AppState, handed: &Handed) {
+    state.backpressure.record_accepted(handed.lane, 1);
+    metrics::counter!(names::ACCEPTED_TOTAL, "lane" => handed.lane.as_str(), "channel" => handed.channel.as_str())
         .increment(1);
 }
 
@@ -651,7 +678,14 @@ pub async fn send_batch(
     }
     let answer = batch_answer(&results);
     let answer_body = serde_json::to_string(&answer).map_err(anyhow::Error::from)?;
-    let mut entries: Vec<AcceptEntry> = admitted.iter().map(|(_, p, _)| p.entry.clone()).collect();
+    let sqs = state.outbox.is_some();
+    let (mut entries, admitted): (Vec<AcceptEntry>, Vec<_>) = admitted
+        .into_iter()
+        .map(|(index, prepared, grant)| {
+            let (entry, handed) = prepared.into_parts(sqs);
+            (entry, (index, handed, grant))
+        })
+        .unzip();
     if let (Some((key, request_hash)), Some(first)) = (batch_key.clone(), entries.first_mut()) {
         first.idempotency.push(StoredResponse {
             tenant_id: tenant_id.to_owned(),
@@ -679,13 +713,13 @@ pub async fn send_batch(
     let handed = futures_util::future::join_all(
         admitted
             .iter()
-            .map(|(_, prepared, _)| hand_to_lane(&state, prepared)),
+            .map(|(_, handed, _)| hand_to_lane(&state, handed)),
     )
     .await;
     let mut corrected = false;
-    for ((index, prepared, grant), outcome) in admitted.iter().zip(handed) {
+    for ((index, message, grant), outcome) in admitted.iter().zip(handed) {
         match outcome {
-            Ok(()) => counted_accepted(&state, prepared),
+            Ok(()) => counted_accepted(&state, message),
             Err(refused) => {
                 state.limits.release(tenant_id, grant).await;
                 results[*index] = Some(refused_item(*index, &refused));
