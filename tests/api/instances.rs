@@ -825,6 +825,15 @@ fn seconds_from(origin: Instant, at: Instant) -> f64 {
     }
 }
 
+/// Scheduling noise allowed on the receiver's arrival times. A call is
+/// stamped when the test's provider reads it, not when the gate granted its
+/// token, so two calls the gate spaced correctly can arrive closer by the
+/// delay of three debug-build instances, moto, Redis, PostgreSQL and the
+/// test sharing two cores: a CI run saw 173 calls in 8.288 s, 2.2 calls
+/// (about 110 ms at 20/s) above burst + rate × t. A gate that were not
+/// shared would exceed by tens of calls, which the test still catches.
+const ARRIVAL_JITTER_SECS: f64 = 0.15;
+
 /// Of every window of `times` (seconds, sorted) the one whose count most
 /// exceeds what a bucket of `burst` refilled at `rate` allows:
 /// `(excess, count, seconds)`.
@@ -834,7 +843,8 @@ fn worst_window(times: &[f64], rate: f64, burst: f64) -> (f64, usize, f64) {
         for j in i..times.len() {
             let count = j - i + 1;
             let span = times[j] - times[i];
-            let excess = count as f64 - (burst + rate * span);
+            // Measured at the receiver: see ARRIVAL_JITTER_SECS.
+            let excess = count as f64 - (burst + rate * (span + ARRIVAL_JITTER_SECS));
             if excess > worst.0 {
                 worst = (excess, count, span);
             }
