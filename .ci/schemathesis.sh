@@ -73,6 +73,8 @@ fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages -
 # 422 in a 200 answer (the per-item results), so a body that breaks
 # the item schema is, by design, not refused whole. Every other check runs.
 fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1/messages/batch
+fuzz "the tenant's webhook and suppression list" "$key" "$checks" --include-tag webhooks --include-tag suppressions
+fuzz "SMS receipts (unsigned: each answers 403 or 404)" "$key" "$checks" --include-tag receipts
 fuzz "ops" "$key" "$checks" --include-tag ops
 fuzz "admin operations" "$admin" "$checks" --include-tag admin
 exit $status

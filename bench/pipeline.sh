@@ -31,7 +31,8 @@ port=$(free_port)
 admin=bench-admin-token-0123456789
 pid=
 bare=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; [ -n "$bare" ] && kill "$bare" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+hook=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; [ -n "$bare" ] && kill "$bare" 2>/dev/null; [ -n "$hook" ] && kill "$hook" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
 # 1. The ceiling, measured in the same run.
@@ -60,6 +61,15 @@ api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
 api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
 KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 export KEY
+# WEBHOOK=1: the tenant has a webhook for `message.sent`, answered 202 by a
+# second bare_axum; the run then also waits until every call is delivered.
+if [ "${WEBHOOK:-0}" = 1 ]; then
+  hook_port=$(free_port)
+  "$target/examples/bare_axum" "127.0.0.1:$hook_port" & hook=$!
+  sleep 0.3
+  api -X PUT "http://127.0.0.1:$port/v1/admin/tenants/bench/webhook" \
+    -d "{\"url\":\"http://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"]}" >/dev/null
+fi
 counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
 rss_max=0
 # CPU time (user + system, seconds) fairlane has used so far: per message,
@@ -106,6 +116,18 @@ t1=$(date +%s.%N)
 cpu1=$(cpu_secs)
 sample_rss
 
+if [ -n "$hook" ]; then
+  hook_deadline=$(( $(date +%s) + 600 ))
+  while [ "$(curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 ~ /^fairlane_webhook_attempts_total\{/ && /result="delivered"/ {s += $NF} END {printf "%d\n", s}')" -lt "$accepted" ]; do
+    [ "$(date +%s)" -lt "$hook_deadline" ] || { echo "webhooks not all delivered after 600 s" >&2; break; }
+    sample_rss; sleep 0.2
+  done
+  t_hooks=$(date +%s.%N)
+  cpu_hooks=$(cpu_secs)
+  python3 -c "import sys; a, t0, t1, th, c0, c1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook')" \
+    "$accepted" "$t0" "$t1" "$t_hooks" "$cpu0" "$cpu_hooks"
+  kill "$hook"; wait "$hook" 2>/dev/null || true; hook=
+fi
 awk '/Latency Distribution|  50%|  99%/' "$work/wrk.txt"
 python3 - "$accepted" "$delivered_during" "$t0" "$t_load" "$t1" "$ceiling" "$rss_max" "$cpu0" "$cpu1" <<'PY'
 import sys

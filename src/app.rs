@@ -190,6 +190,21 @@ impl Application {
         background.push(tokio::spawn(
             backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
         ));
+        background.push(tokio::spawn(crate::receipts::retry_unmatched(
+            db.clone(),
+            std::time::Duration::from_secs(settings.receipts.match_for_secs),
+            shutdown_rx.clone(),
+        )));
+        if let Some(poller) =
+            crate::receipts::ses::EventsPoller::from_settings(&settings.providers.email, db.clone())
+                .await?
+        {
+            background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
+        }
+        let webhooks =
+            crate::webhooks::dispatch::Dispatcher::new(db.clone(), settings.webhooks.clone())
+                .context("setting up the webhook dispatcher")?;
+        background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
         background.push(tokio::spawn(purge_idempotency_keys(
             db.clone(),
             shutdown_rx,
@@ -214,9 +229,17 @@ impl Application {
                     Channel::Email,
                     share,
                     redis.clone(),
+                    None,
                 )
                 .await?,
-                sms: gated(&settings.providers.sms, Channel::Sms, share, redis.clone()).await?,
+                sms: gated(
+                    &settings.providers.sms,
+                    Channel::Sms,
+                    share,
+                    redis.clone(),
+                    settings.server.public_url.as_deref(),
+                )
+                .await?,
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
                 status,
@@ -373,6 +396,7 @@ async fn gated(
     channel: Channel,
     low_priority_share: f64,
     redis: Option<Arc<RedisLimits>>,
+    public_url: Option<&str>,
 ) -> anyhow::Result<GatedProvider> {
     let gate =
         ProviderGate::with_share(settings.rate_per_second, settings.burst, low_priority_share);
@@ -380,7 +404,7 @@ async fn gated(
         Some(redis) => gate.with_global_bucket(redis, channel.as_str()),
         None => gate,
     };
-    let provider = crate::providers::build(settings, channel)
+    let provider = crate::providers::build(settings, channel, public_url)
         .await
         .with_context(|| format!("setting up the {channel} provider"))?;
     Ok(GatedProvider {

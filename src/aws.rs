@@ -31,3 +31,23 @@ pub fn loader(
     }
     loader
 }
+
+/// The SDK configuration for a provider's settings (region, endpoint and
+/// static keys where set); fails naming `what` when no region is found.
+pub async fn provider_config(
+    settings: &crate::config::ProviderSettings,
+    what: &str,
+) -> anyhow::Result<aws_config::SdkConfig> {
+    let sdk_config = loader(
+        settings.region.as_deref(),
+        settings.endpoint_url.as_deref(),
+        settings.access_key_id.as_deref(),
+        settings.secret_access_key.as_ref(),
+    )
+    .load()
+    .await;
+    if sdk_config.region().is_none() {
+        anyhow::bail!("no AWS region for {what}: set providers.email.region or AWS_REGION");
+    }
+    Ok(sdk_config)
+}

@@ -38,6 +38,12 @@ pub struct Settings {
     /// or in Redis for every instance together.
     #[serde(default)]
     pub limits: LimitsSettings,
+    /// Receipts: how long one whose message is not found yet is kept.
+    #[serde(default)]
+    pub receipts: ReceiptSettings,
+    /// Tenant webhooks: timeouts, concurrency, retries.
+    #[serde(default)]
+    pub webhooks: WebhookSettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
     #[serde(default)]
@@ -62,6 +68,12 @@ pub struct ServerSettings {
     /// metric. Unset: the host name and process id.
     #[serde(default)]
     pub instance: Option<String>,
+    /// The URL clients and providers reach this service at, e.g.
+    /// `https://notify.example.com`. Set, SMS requests carry a
+    /// `StatusCallback` to `{public_url}/v1/callbacks/sms` so the provider
+    /// reports delivery; unset, SMS stay `sent`.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -249,6 +261,71 @@ pub struct ProviderSettings {
     /// log: file to append JSON lines to; stdout when absent.
     #[serde(default)]
     pub log_path: Option<PathBuf>,
+    /// ses: the configuration set sent with every email, whose event
+    /// destination publishes delivery, bounce and complaint events to SNS.
+    #[serde(default)]
+    pub configuration_set: Option<String>,
+    /// ses: the SQS queue subscribed to that SNS topic; fairlane reads the
+    /// events from it (with this provider's region, endpoint and keys).
+    #[serde(default)]
+    pub events_queue_url: Option<String>,
+}
+
+/// `[receipts]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiptSettings {
+    /// A receipt for a provider id fairlane has not recorded yet (the
+    /// provider can call back before the `sent` commit) is matched again
+    /// for this long, then dropped with a warning. Default 600.
+    pub match_for_secs: u64,
+}
+
+impl Default for ReceiptSettings {
+    fn default() -> Self {
+        ReceiptSettings {
+            match_for_secs: 600,
+        }
+    }
+}
+
+/// `[webhooks]`: calls to tenants' webhook endpoints.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// Bound on one call, connection included. Default 10000.
+    pub timeout_ms: u64,
+    /// Calls to one tenant's endpoint at once: a slow or dead endpoint
+    /// holds only its own tenant's calls. Default 4.
+    pub concurrency_per_tenant: usize,
+    /// Calls at once for all tenants together. Default 64.
+    pub concurrency: usize,
+    /// First retry after about this long, doubling (with jitter) up to
+    /// `retry_max_secs`. Default 5000.
+    pub retry_base_ms: u64,
+    /// Longest wait between two tries. Default 3600.
+    pub retry_max_secs: u64,
+    /// An endpoint failing for this long (no success since its first
+    /// failure) is disabled: its events are kept as failed until an admin
+    /// redrives them. Default 86400 (24 h).
+    pub disable_after_secs: u64,
+    /// How often due calls are looked for, when no event wakes the
+    /// dispatcher first. Default 500.
+    pub poll_interval_ms: u64,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        WebhookSettings {
+            timeout_ms: 10_000,
+            concurrency_per_tenant: 4,
+            concurrency: 64,
+            retry_base_ms: 5_000,
+            retry_max_secs: 3_600,
+            disable_after_secs: 86_400,
+            poll_interval_ms: 500,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -391,6 +468,29 @@ impl Settings {
                  set queue.backend = \"sqs\" (several instances share PostgreSQL and SQS), \
                  or keep storage.url = \"sqlite://…\" for the embedded queue"
             );
+        }
+        if let Some(url) = &self.server.public_url {
+            let parsed = reqwest::Url::parse(url)
+                .map_err(|err| anyhow::anyhow!("server.public_url {url:?} is not a URL: {err}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.query().is_some() {
+                bail!(
+                    "server.public_url must be an http(s) URL without a query, like https://notify.example.com"
+                );
+            }
+        }
+        let hooks = &self.webhooks;
+        if hooks.concurrency == 0 || hooks.concurrency_per_tenant == 0 {
+            bail!("webhooks.concurrency and webhooks.concurrency_per_tenant must be at least 1");
+        }
+        if hooks.timeout_ms == 0 || hooks.poll_interval_ms == 0 || hooks.retry_base_ms == 0 {
+            bail!(
+                "webhooks.timeout_ms, webhooks.poll_interval_ms and webhooks.retry_base_ms must be at least 1"
+            );
+        }
+        if self.providers.email.events_queue_url.is_some()
+            && self.providers.email.kind != ProviderKind::Ses
+        {
+            bail!("providers.email.events_queue_url needs providers.email.kind = \"ses\"");
         }
         if let Some(instance) = &self.server.instance
             && (instance.is_empty()

@@ -15,6 +15,8 @@ pub mod model;
 pub mod outbox;
 pub mod providers;
 pub mod queue;
+pub mod receipts;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
+pub mod webhooks;

@@ -55,6 +55,42 @@ pub const REDIS_ERRORS_TOTAL: &str = "fairlane_redis_errors_total";
 /// (`limits.backend = "redis"` only); the divisor of the local shares.
 pub const LIMITS_LIVE_INSTANCES: &str = "fairlane_limits_live_instances";
 
+/// Provider receipts, by `provider` (`ses`, `http`) and `outcome`: the
+/// status they set (`delivered`, `bounced`, `complained`, `failed`),
+/// `event` (an update that sets no status), `duplicate`, `pending` (kept
+/// for a later match; counted again when matched), `unmatched` (dropped
+/// after `receipts.match_for_secs`), `ignored` or `unreadable`.
+pub const RECEIPTS_TOTAL: &str = "fairlane_receipts_total";
+/// Messages not sent because the address is on the tenant's suppression
+/// list, by `channel`.
+pub const SUPPRESSED_TOTAL: &str = "fairlane_messages_suppressed_total";
+/// Webhook calls, by `result`: `delivered` (2xx), `rejected` (another
+/// status), `unreachable` (connection failed or timed out), `gave_up`
+/// (the event failed for `webhooks.disable_after_secs`).
+pub const WEBHOOK_ATTEMPTS_TOTAL: &str = "fairlane_webhook_attempts_total";
+/// Seconds from an event to its webhook's successful delivery.
+pub const WEBHOOK_LAG_SECONDS: &str = "fairlane_webhook_lag_seconds";
+/// Webhook endpoints disabled after failing for
+/// `webhooks.disable_after_secs`.
+pub const WEBHOOKS_DISABLED_TOTAL: &str = "fairlane_webhooks_disabled_total";
+
+/// Receipt outcomes, as labelled in [`RECEIPTS_TOTAL`].
+pub const RECEIPT_OUTCOMES: &[&str] = &[
+    "delivered",
+    "bounced",
+    "complained",
+    "failed",
+    "event",
+    "duplicate",
+    "pending",
+    "unmatched",
+    "ignored",
+    "unreadable",
+];
+
+/// Webhook call results, as labelled in [`WEBHOOK_ATTEMPTS_TOTAL`].
+pub const WEBHOOK_RESULTS: &[&str] = &["delivered", "rejected", "unreachable", "gave_up"];
+
 /// Raises a gauge by one for as long as it lives.
 pub struct GaugeHold(metrics::Gauge);
 
@@ -138,6 +174,31 @@ fn describe_and_register() {
         SQS_CALLS_TOTAL,
         Unit::Count,
         "SQS API calls started, by operation (SQS mode only; what SQS bills)."
+    );
+    describe_counter!(
+        RECEIPTS_TOTAL,
+        Unit::Count,
+        "Provider receipts, by provider and outcome (the status set, event, duplicate, pending, unmatched, ignored, unreadable)."
+    );
+    describe_counter!(
+        SUPPRESSED_TOTAL,
+        Unit::Count,
+        "Messages not sent because the address is on the tenant's suppression list, by channel."
+    );
+    describe_counter!(
+        WEBHOOK_ATTEMPTS_TOTAL,
+        Unit::Count,
+        "Webhook calls, by result (delivered, rejected, unreachable, gave_up)."
+    );
+    describe_histogram!(
+        WEBHOOK_LAG_SECONDS,
+        Unit::Seconds,
+        "Time from an event to its webhook's successful delivery."
+    );
+    describe_counter!(
+        WEBHOOKS_DISABLED_TOTAL,
+        Unit::Count,
+        "Webhook endpoints disabled after failing for webhooks.disable_after_secs."
     );
     describe_gauge!(
         LANE_DEPTH,
@@ -237,6 +298,20 @@ fn describe_and_register() {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    for provider in ["ses", "http"] {
+        for outcome in RECEIPT_OUTCOMES {
+            metrics::counter!(RECEIPTS_TOTAL, "provider" => provider, "outcome" => *outcome)
+                .increment(0);
+        }
+    }
+    for channel in CHANNELS {
+        metrics::counter!(SUPPRESSED_TOTAL, "channel" => channel).increment(0);
+    }
+    for result in WEBHOOK_RESULTS {
+        metrics::counter!(WEBHOOK_ATTEMPTS_TOTAL, "result" => *result).increment(0);
+    }
+    metrics::counter!(WEBHOOKS_DISABLED_TOTAL).increment(0);
+    let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);
     for provider in ["ses", "http", "log"] {
         for outcome in ["sent", "permanent", "transient", "throttled"] {
             let _ = metrics::histogram!(PROVIDER_CALL_SECONDS, "provider" => provider, "outcome" => outcome);

@@ -80,6 +80,19 @@ word_enum!(
         Retrying => "retrying",
         /// The provider accepted it.
         Sent => "sent",
+        /// The provider reported it delivered to the recipient (receipt).
+        Delivered => "delivered",
+        /// The recipient's server refused it for good: a permanent bounce
+        /// (receipt). The address is added to the tenant's suppression list.
+        Bounced => "bounced",
+        /// The recipient marked it as spam (receipt). The address is added
+        /// to the tenant's suppression list.
+        Complained => "complained",
+        /// The provider took it but then reported it undelivered or failed
+        /// (receipt); `last_error` carries the provider's code.
+        Failed => "failed",
+        /// Not sent: the address is on the tenant's suppression list.
+        Suppressed => "suppressed",
         /// Failed permanently or ran out of attempts; listed in the DLQ.
         DeadLettered => "dead_lettered",
         /// SQS mode only: the queue did not take the message, its request
@@ -101,6 +114,31 @@ word_enum!(
         Disabled => "disabled",
     }
 );
+
+impl MessageStatus {
+    /// True once nothing more will be sent for the message (receipts may
+    /// still move a sent message on to `delivered`, `bounced`, …).
+    pub fn is_settled(self) -> bool {
+        !matches!(
+            self,
+            MessageStatus::Scheduled
+                | MessageStatus::Queued
+                | MessageStatus::Sending
+                | MessageStatus::Retrying
+        )
+    }
+
+    /// True for the states only a provider's receipt sets, after `sent`.
+    pub fn is_receipt(self) -> bool {
+        matches!(
+            self,
+            MessageStatus::Delivered
+                | MessageStatus::Bounced
+                | MessageStatus::Complained
+                | MessageStatus::Failed
+        )
+    }
+}
 
 impl Priority {
     /// Index for tiered structures: 0 = high.

@@ -7,6 +7,9 @@ pub mod dlq;
 pub mod error;
 pub mod health;
 pub mod messages;
+pub mod receipts;
+pub mod suppressions;
+pub mod webhooks;
 
 use std::collections::HashSet;
 use std::ops::Deref;
@@ -84,6 +87,9 @@ pub fn app(state: AppState) -> Router {
     let timed = Router::new()
         .merge(messages::status_router())
         .merge(admin::router())
+        .merge(receipts::router())
+        .merge(webhooks::router())
+        .merge(suppressions::router())
         .merge(dlq::router())
         .merge(health::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
@@ -145,6 +151,15 @@ async fn problem_for_bare_errors(
         converted.headers_mut().insert(header::ALLOW, allow.clone());
     }
     converted
+}
+
+/// 404 unless a tenant with this id exists (admin routes that name one).
+pub(crate) fn known_tenant(state: &AppState, id: &str) -> Result<(), ApiError> {
+    state
+        .registry
+        .tenant(id)
+        .map(|_| ())
+        .ok_or_else(|| ApiError::NotFound(format!("No tenant {id:?}.")))
 }
 
 /// Checks the content type and parses a JSON body; malformed input is a
@@ -415,6 +430,16 @@ impl Modify for SecurityAddon {
         messages::get_message,
         messages::cancel_message,
         messages::cancel_by_reference,
+        receipts::list_events,
+        receipts::sms_callback,
+        webhooks::put_webhook,
+        webhooks::get_webhook,
+        webhooks::delete_webhook,
+        webhooks::rotate_webhook,
+        suppressions::list_suppressions,
+        suppressions::add_suppression,
+        suppressions::get_suppression,
+        suppressions::remove_suppression,
         admin::put_plan,
         admin::list_plans,
         admin::get_plan,
@@ -425,6 +450,16 @@ impl Modify for SecurityAddon {
         admin::delete_tenant,
         admin::issue_key,
         admin::revoke_key,
+        webhooks::put_tenant_webhook,
+        webhooks::get_tenant_webhook,
+        webhooks::delete_tenant_webhook,
+        webhooks::rotate_tenant_webhook,
+        webhooks::redrive_tenant_webhook,
+        webhooks::list_failing,
+        suppressions::list_tenant_suppressions,
+        suppressions::add_tenant_suppression,
+        suppressions::get_tenant_suppression,
+        suppressions::remove_tenant_suppression,
         dlq::queues,
         dlq::list_dlq,
         dlq::redrive,
@@ -454,7 +489,10 @@ impl Modify for SecurityAddon {
     modifiers(&SecurityAddon, &CommonResponses, &BatchItems),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
-        (name = "admin", description = "Plans, tenants, keys, queues and dead letters (admin token)."),
+        (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),
+        (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
+        (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),
+        (name = "admin", description = "Plans, tenants, keys, webhooks, suppressions, queues and dead letters (admin token)."),
         (name = "ops", description = "Health, readiness and metrics."),
     )
 )]

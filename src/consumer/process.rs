@@ -29,7 +29,7 @@ use crate::metrics as names;
 use crate::model::{Lane, MessageStatus, TenantStatus};
 use crate::providers::ProviderError;
 use crate::queue::{LaneQueue, ReceivedMessage};
-use crate::store::messages;
+use crate::store::{messages, suppressions};
 
 /// What a message's processing task needs.
 pub(super) struct Context {
@@ -165,15 +165,7 @@ fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinH
 /// has finished.
 async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str) {
     match messages::get(&context.delivery.db, id).await {
-        Ok(Some(record))
-            if matches!(
-                record.status,
-                MessageStatus::Sent
-                    | MessageStatus::Rejected
-                    | MessageStatus::DeadLettered
-                    | MessageStatus::Cancelled
-            ) =>
-        {
+        Ok(Some(record)) if record.status.is_settled() => {
             info!(message_id = %id, status = %record.status.as_str(), "Another copy of the message was settled elsewhere; deleting this one without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
         }
@@ -237,7 +229,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             .map(|record| record.map(|record| record.status)),
     };
     match status {
-        Ok(Some(MessageStatus::Sent)) => {
+        Ok(Some(status)) if status == MessageStatus::Sent || status.is_receipt() => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
@@ -247,8 +239,8 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
         }
-        Ok(Some(MessageStatus::Cancelled)) => {
-            info!(message_id = %payload.id, "Message was cancelled; deleting without sending.");
+        Ok(Some(status @ (MessageStatus::Cancelled | MessageStatus::Suppressed))) => {
+            info!(message_id = %payload.id, status = status.as_str(), "Message ended without sending; deleting it.");
             let _ = context.deletes.send(message.receipt.clone()).await;
             return;
         }
@@ -256,6 +248,24 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Err(err) => {
             warn!(message_id = %payload.id, error = %err, "Could not read message status; leaving it for redelivery.");
             return;
+        }
+    }
+
+    // An address on the tenant's suppression list ends the message here,
+    // before it takes a provider token.
+    if let Some((_, address)) = suppressions::normalize(&payload.to) {
+        match context
+            .delivery
+            .status
+            .is_suppressed(&message.tenant_id, &address)
+            .await
+        {
+            Ok(false) => {}
+            Ok(true) => return suppress(context, &message, &payload).await,
+            Err(err) => {
+                warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read the suppression list; leaving the message for redelivery.");
+                return;
+            }
         }
     }
 
@@ -291,16 +301,8 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
         .record(waited.as_secs_f64());
     // Of several instances holding a copy, only the one whose claim takes
-    // the message calls the provider. A claim older than the visibility
-    // timeout belongs to an instance that died mid-call.
-    let stale_before = crate::model::now_ms()
-        - Duration::from_secs(context.settings.visibility_timeout_secs).as_millis() as i64;
-    match context
-        .delivery
-        .status
-        .claim(&payload.id, stale_before)
-        .await
-    {
+    // the message calls the provider.
+    match claim(context, &payload.id).await {
         Ok(true) => {}
         Ok(false) => {
             drop(worker);
@@ -395,6 +397,48 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             dead_letter(context, &message, channel, &error, true).await;
         }
     }
+}
+
+/// Takes the message for this instance (see [`StatusWriter::claim`]). A
+/// claim older than the visibility timeout belongs to an instance that
+/// died mid-call.
+///
+/// [`StatusWriter::claim`]: crate::store::status::StatusWriter::claim
+async fn claim(context: &Context, id: &str) -> anyhow::Result<bool> {
+    let stale_before = crate::model::now_ms()
+        - Duration::from_secs(context.settings.visibility_timeout_secs).as_millis() as i64;
+    context.delivery.status.claim(id, stale_before).await
+}
+
+/// Ends a message whose address is suppressed: claimed like a send (so a
+/// cancel or another instance's copy is ordered with it), marked
+/// `suppressed`, and deleted from the queue without a provider call.
+async fn suppress(context: &Context, message: &ReceivedMessage, payload: &DeliveryPayload) {
+    match claim(context, &payload.id).await {
+        Ok(true) => {}
+        Ok(false) => return settle_unclaimed(context, message, &payload.id).await,
+        Err(err) => {
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not claim a suppressed message; leaving it for redelivery.");
+            return;
+        }
+    }
+    if let Err(err) = context
+        .delivery
+        .status
+        .failure(
+            &payload.id,
+            MessageStatus::Suppressed,
+            "the address is on the tenant's suppression list",
+            false,
+        )
+        .await
+    {
+        warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not record a suppressed message; leaving it for redelivery.");
+        return;
+    }
+    let _ = context.deletes.send(message.receipt.clone()).await;
+    metrics::counter!(names::SUPPRESSED_TOTAL, "channel" => payload.channel.as_str()).increment(1);
+    info!(message_id = %payload.id, tenant = %payload.tenant_id, "Message suppressed: its address is on the tenant's suppression list.");
 }
 
 /// Returns messages to the queue at once (visibility 0), ten per call.

@@ -88,16 +88,27 @@ impl ProviderError {
 ///
 /// Email goes through `ses` or `log`, SMS through `http` or `log`; other
 /// combinations are refused (configuration validation refuses them too).
+/// With `public_url`, the `http` SMS provider asks for status callbacks
+/// (see [`crate::receipts::twilio`]).
 pub async fn build(
     settings: &ProviderSettings,
     channel: Channel,
+    public_url: Option<&str>,
 ) -> anyhow::Result<Arc<dyn Provider>> {
     let provider: Arc<dyn Provider> = match (channel, settings.kind) {
         (_, ProviderKind::Log) => Arc::new(LogProvider::open(settings.log_path.as_deref()).await?),
         (Channel::Email, ProviderKind::Ses) => {
             Arc::new(SesProvider::from_settings(settings).await?)
         }
-        (Channel::Sms, ProviderKind::Http) => Arc::new(SmsHttpProvider::from_settings(settings)?),
+        (Channel::Sms, ProviderKind::Http) => Arc::new(
+            SmsHttpProvider::from_settings(settings)?.with_status_callback(public_url.map(|url| {
+                format!(
+                    "{}{}",
+                    url.trim_end_matches('/'),
+                    crate::receipts::twilio::CALLBACK_PATH
+                )
+            })),
+        ),
         (Channel::Email, ProviderKind::Http) => {
             bail!("providers.email.kind = \"http\" is not supported; use \"ses\" or \"log\"")
         }
@@ -182,10 +193,10 @@ mod tests {
     #[tokio::test]
     async fn build_refuses_a_provider_kind_of_the_other_channel() {
         let mut settings = settings(ProviderKind::Http);
-        let err = build(&settings, Channel::Email).await.err().unwrap();
+        let err = build(&settings, Channel::Email, None).await.err().unwrap();
         assert!(err.to_string().contains("providers.email.kind"), "{err}");
         settings.kind = ProviderKind::Ses;
-        let err = build(&settings, Channel::Sms).await.err().unwrap();
+        let err = build(&settings, Channel::Sms, None).await.err().unwrap();
         assert!(err.to_string().contains("providers.sms.kind"), "{err}");
     }
 
@@ -194,21 +205,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut log = settings(ProviderKind::Log);
         log.log_path = Some(dir.path().join("deliveries.jsonl"));
-        assert_eq!(build(&log, Channel::Email).await.unwrap().name(), "log");
-        assert_eq!(build(&log, Channel::Sms).await.unwrap().name(), "log");
+        assert_eq!(
+            build(&log, Channel::Email, None).await.unwrap().name(),
+            "log"
+        );
+        assert_eq!(build(&log, Channel::Sms, None).await.unwrap().name(), "log");
 
         let mut http = settings(ProviderKind::Http);
         http.base_url = Some("http://127.0.0.1:9".into());
         http.account_sid = Some("AC123".into());
         http.auth_token = Some("token".to_owned().into());
         http.from = Some("+15550001111".into());
-        assert_eq!(build(&http, Channel::Sms).await.unwrap().name(), "http");
+        assert_eq!(
+            build(&http, Channel::Sms, None).await.unwrap().name(),
+            "http"
+        );
 
         let mut ses = settings(ProviderKind::Ses);
         ses.region = Some("us-east-1".into());
         ses.endpoint_url = Some("http://127.0.0.1:9".into());
         ses.from = Some("noreply@example.com".into());
-        assert_eq!(build(&ses, Channel::Email).await.unwrap().name(), "ses");
+        assert_eq!(
+            build(&ses, Channel::Email, None).await.unwrap().name(),
+            "ses"
+        );
     }
 
     #[test]
@@ -238,6 +258,8 @@ mod tests {
             auth_token: None,
             timeout_ms: None,
             log_path: None,
+            configuration_set: None,
+            events_queue_url: None,
         }
     }
 

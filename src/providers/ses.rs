@@ -64,6 +64,9 @@ pub struct SesProvider {
     client: aws_sdk_sesv2::Client,
     /// `FromEmailAddress` of every message (a verified SES identity).
     from: String,
+    /// `ConfigurationSetName` of every message: its event destination
+    /// publishes the receipts fairlane reads (see [`crate::receipts::ses`]).
+    configuration_set: Option<String>,
 }
 
 impl SesProvider {
@@ -74,16 +77,7 @@ impl SesProvider {
             .clone()
             .filter(|from| !from.is_empty())
             .context("providers.email.from is required for SES")?;
-        let loader = crate::aws::loader(
-            settings.region.as_deref(),
-            settings.endpoint_url.as_deref(),
-            settings.access_key_id.as_deref(),
-            settings.secret_access_key.as_ref(),
-        );
-        let sdk_config = loader.load().await;
-        if sdk_config.region().is_none() {
-            anyhow::bail!("no AWS region for SES: set providers.email.region or AWS_REGION");
-        }
+        let sdk_config = crate::aws::provider_config(settings, "SES").await?;
         let timeout = settings
             .timeout_ms
             .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
@@ -96,10 +90,17 @@ impl SesProvider {
             .retry_config(RetryConfig::standard().with_max_attempts(1))
             .timeout_config(timeouts)
             .build();
-        Ok(Self::with_client(
-            aws_sdk_sesv2::Client::from_conf(config),
-            from,
-        ))
+        Ok(
+            Self::with_client(aws_sdk_sesv2::Client::from_conf(config), from)
+                .with_configuration_set(settings.configuration_set.clone()),
+        )
+    }
+
+    /// Sends every email with `name` as its configuration set, whose event
+    /// destination publishes the receipts (see [`crate::receipts::ses`]).
+    pub fn with_configuration_set(mut self, name: Option<String>) -> Self {
+        self.configuration_set = name;
+        self
     }
 
     /// Uses a ready client (tests pass static credentials and a local
@@ -108,6 +109,7 @@ impl SesProvider {
         Self {
             client,
             from: from.into(),
+            configuration_set: None,
         }
     }
 }
@@ -133,6 +135,7 @@ impl Provider for SesProvider {
             .client
             .send_email()
             .from_email_address(&self.from)
+            .set_configuration_set_name(self.configuration_set.clone())
             .destination(Destination::builder().to_addresses(&message.to).build())
             .content(content.build())
             .send()
@@ -337,6 +340,23 @@ mod tests {
             requests[0].headers.contains_key("authorization"),
             "the request is signed"
         );
+    }
+
+    #[tokio::test]
+    async fn the_configuration_set_goes_with_every_email_when_set() {
+        let (server, provider) = provider_answering(
+            ResponseTemplate::new(200).set_body_json(json!({ "MessageId": "ses-0002" })),
+        )
+        .await;
+        let message = payload(Channel::Email, "a@example.com");
+        provider.send(&message).await.unwrap();
+        let provider = provider.with_configuration_set(Some("fairlane-events".into()));
+        provider.send(&message).await.unwrap();
+        let requests: Vec<Request> = server.received_requests().await.unwrap();
+        let first: serde_json::Value = requests[0].body_json().unwrap();
+        let second: serde_json::Value = requests[1].body_json().unwrap();
+        assert!(first.get("ConfigurationSetName").is_none(), "{first}");
+        assert_eq!(second["ConfigurationSetName"], "fairlane-events");
     }
 
     #[tokio::test]

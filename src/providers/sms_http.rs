@@ -46,6 +46,22 @@ pub struct SmsHttpProvider {
     from: String,
     /// Bound on one request, reported in timeout errors.
     timeout: Duration,
+    /// Sent as `StatusCallback` with every message, so the provider reports
+    /// its delivery (`{server.public_url}/v1/callbacks/sms`).
+    status_callback: Option<String>,
+}
+
+/// The form of a Messages request.
+#[derive(serde::Serialize)]
+struct SmsForm<'a> {
+    #[serde(rename = "To")]
+    to: &'a str,
+    #[serde(rename = "From")]
+    from: &'a str,
+    #[serde(rename = "Body")]
+    body: &'a str,
+    #[serde(rename = "StatusCallback", skip_serializing_if = "Option::is_none")]
+    status_callback: Option<&'a str>,
 }
 
 /// The fields of a Messages answer we read, success or error.
@@ -109,7 +125,14 @@ impl SmsHttpProvider {
             auth_token,
             from,
             timeout,
+            status_callback: None,
         })
+    }
+
+    /// Asks the provider to report each message's status to `url`.
+    pub fn with_status_callback(mut self, url: Option<String>) -> Self {
+        self.status_callback = url;
+        self
     }
 
     fn transport_error(&self, err: &reqwest::Error) -> ProviderError {
@@ -140,11 +163,12 @@ impl Provider for SmsHttpProvider {
             .client
             .post(self.messages_url.clone())
             .basic_auth(&self.account_sid, Some(self.auth_token.expose_secret()))
-            .form(&[
-                ("To", message.to.as_str()),
-                ("From", self.from.as_str()),
-                ("Body", message.text.as_str()),
-            ])
+            .form(&SmsForm {
+                to: &message.to,
+                from: &self.from,
+                body: &message.text,
+                status_callback: self.status_callback.as_deref(),
+            })
             .send()
             .await
             .map_err(|err| self.transport_error(&err))?;

@@ -21,10 +21,12 @@
 //! connection, never while holding it. Reads use a separate pool and, in
 //! WAL mode, never wait for a writer.
 
+pub mod events;
 pub mod idempotency;
 pub mod messages;
 pub mod postgres;
 pub mod status;
+pub mod suppressions;
 pub mod writer;
 
 use std::path::Path;
@@ -61,6 +63,32 @@ macro_rules! on_pool {
     };
 }
 pub(crate) use on_pool;
+
+/// Runs `$body` in a write transaction `$tx` on whichever store `$db` is,
+/// and commits it; an early return (`?`) rolls it back. On SQLite it takes
+/// the write turn first and begins `IMMEDIATE`, so it neither waits on
+/// `SQLITE_BUSY` nor fails to upgrade a read. As with [`on_pool!`], the SQL
+/// must suit both engines; `&mut *$tx` is the executor.
+macro_rules! in_transaction {
+    ($db:expr, |$tx:ident| $body:expr) => {
+        match $db {
+            $crate::store::Db::Sqlite(sqlite) => {
+                let _turn = sqlite.write_turn().await;
+                let mut $tx = sqlite.write.begin_with("BEGIN IMMEDIATE").await?;
+                let value = $body;
+                $tx.commit().await?;
+                value
+            }
+            $crate::store::Db::Postgres(pg) => {
+                let mut $tx = pg.pool.begin().await?;
+                let value = $body;
+                $tx.commit().await?;
+                value
+            }
+        }
+    };
+}
+pub(crate) use in_transaction;
 
 impl Db {
     /// Opens the store `url` names (`sqlite://PATH`, `postgres://…`),

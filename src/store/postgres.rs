@@ -304,6 +304,11 @@ impl PgWriter {
             .context("the store writer dropped a piece of work")?
     }
 
+    /// The pool beside the writer, for reads on the delivery path.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// The Retry-After to give when a write could not be made durable.
     pub fn retry_after(&self) -> Duration {
         self.failures.retry_after()

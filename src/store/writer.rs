@@ -182,6 +182,28 @@ impl StoreWriter {
             .context("the store writer dropped a piece of work")?
     }
 
+    /// Runs `read` on the writer's connection, ahead of the next group's
+    /// writes, and answers as soon as it has run: it reads committed data
+    /// only, so it need not wait for the commit. For reads on the delivery
+    /// path, where the writer's cached statements cost a few microseconds
+    /// and the pools' round trips many times that. `read` must not write.
+    pub async fn read<T, F>(&self, read: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Transaction) -> anyhow::Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Box::new(Read {
+            read,
+            reply: Some(reply),
+            value: None,
+        }))
+        .await;
+        answer
+            .await
+            .context("the store writer dropped a piece of work")?
+    }
+
     /// The Retry-After to give when a write could not be made durable.
     pub fn retry_after(&self) -> Duration {
         self.failures.retry_after()
@@ -221,6 +243,46 @@ where
             (Err(failed), _) => Err(anyhow::Error::new(failed)),
         };
         let _ = self.reply.send(answer);
+    }
+}
+
+/// A read answered before its group commits (see [`StoreWriter::read`]).
+struct Read<T, F> {
+    read: F,
+    reply: Option<oneshot::Sender<anyhow::Result<T>>>,
+    value: Option<anyhow::Result<T>>,
+}
+
+impl<T, F> Work for Read<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&Transaction) -> anyhow::Result<T> + Send + 'static,
+{
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        // A failed read is its own answer, not a reason to roll the group back.
+        self.value = Some((self.read)(tx));
+        Ok(())
+    }
+
+    fn reads_first(&self) -> bool {
+        true
+    }
+
+    fn settle_early(&mut self) {
+        if let (Some(reply), Some(value)) = (self.reply.take(), self.value.take()) {
+            let _ = reply.send(value);
+        }
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Some(reply) = self.reply.take() {
+            let answer = match (outcome, self.value.take()) {
+                (Ok(()), Some(value)) => value,
+                (Ok(()), None) => Err(anyhow::anyhow!("read finished without a value")),
+                (Err(failed), _) => Err(anyhow::Error::new(failed)),
+            };
+            let _ = reply.send(answer);
+        }
     }
 }
 

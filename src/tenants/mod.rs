@@ -613,6 +613,10 @@ impl Registry {
                     "DELETE FROM api_keys WHERE tenant_id = $1",
                     "DELETE FROM idempotency_keys WHERE tenant_id = $1",
                     "DELETE FROM messages WHERE tenant_id = $1",
+                    "DELETE FROM message_events WHERE tenant_id = $1",
+                    "DELETE FROM webhook_deliveries WHERE tenant_id = $1",
+                    "DELETE FROM webhooks WHERE tenant_id = $1",
+                    "DELETE FROM suppressions WHERE tenant_id = $1",
                 ] {
                     sqlx::query(statement).bind(id).execute(&mut *tx).await?;
                 }

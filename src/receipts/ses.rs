@@ -1,0 +1,303 @@
+//! Email receipts from SES: a configuration set (`providers.email.
+//! configuration_set`, sent with every email) publishes events to an SNS
+//! topic, the topic delivers them to an SQS queue, and fairlane long-polls
+//! that queue (`providers.email.events_queue_url`). No public endpoint is
+//! needed.
+//!
+//! A queue message is an SNS envelope (`{"Type": "Notification",
+//! "Message": "<the SES event as JSON text>"}`), or the SES event itself
+//! when the subscription has raw message delivery. Events are matched by
+//! `mail.messageId`, the id SES answered the send with:
+//!
+//! | SES event | result |
+//! |---|---|
+//! | Delivery | `delivered` |
+//! | Bounce, `bounceType` Permanent | `bounced`; the bounced addresses are suppressed |
+//! | Bounce, Transient or Undetermined | event `transient_bounce`, no status change |
+//! | Complaint | `complained`; the complaining addresses are suppressed |
+//! | Reject, Rendering Failure | `failed` |
+//! | DeliveryDelay | event `delivery_delayed` |
+//! | Send, Open, Click, Subscription | ignored (deleted) |
+//!
+//! A message is deleted once its receipt is recorded or kept for a later
+//! match; if the store cannot take it, it stays in the queue and comes back
+//! after its visibility timeout.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use aws_sdk_sqs::Client;
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{Receipt, ingest};
+use crate::config::ProviderSettings;
+use crate::metrics as names;
+use crate::model::MessageStatus;
+use crate::store::Db;
+
+/// Reads a queue message's body. Ok(None) for an event that carries
+/// nothing fairlane records; Err for a body that is not an SES event.
+pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
+    let outer: Value = serde_json::from_str(body).map_err(|err| format!("not JSON: {err}"))?;
+    // Through SNS the event is a JSON text in `Message`.
+    let event: Value = match (outer.get("Type"), outer.get("Message")) {
+        (Some(_), Some(Value::String(inner))) => serde_json::from_str(inner)
+            .map_err(|err| format!("the SNS Message is not JSON: {err}"))?,
+        _ => outer,
+    };
+    // Configuration sets write `eventType`; identity notifications
+    // `notificationType`.
+    let kind = event
+        .get("eventType")
+        .or_else(|| event.get("notificationType"))
+        .and_then(Value::as_str)
+        .ok_or("no eventType or notificationType")?;
+    let id = event
+        .pointer("/mail/messageId")
+        .and_then(Value::as_str)
+        .ok_or("no mail.messageId")?;
+    let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
+    let addresses = |list: &str, field: &str| -> Vec<String> {
+        event
+            .pointer(list)
+            .and_then(Value::as_array)
+            .map(|recipients| {
+                recipients
+                    .iter()
+                    .filter_map(|r| r.get(field).and_then(Value::as_str))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let receipt = |outcome: Option<MessageStatus>, event: &str, detail: Option<String>| Receipt {
+        provider: "ses".into(),
+        provider_message_id: id.to_owned(),
+        outcome,
+        event: event.to_owned(),
+        detail,
+        suppress: Vec::new(),
+        suppress_reason: None,
+    };
+    Ok(Some(match kind {
+        "Delivery" => receipt(
+            Some(MessageStatus::Delivered),
+            "delivered",
+            text("/delivery/smtpResponse").map(str::to_owned),
+        ),
+        "Bounce" => {
+            let bounce_type = text("/bounce/bounceType").unwrap_or("Undetermined");
+            let sub_type = text("/bounce/bounceSubType").unwrap_or("");
+            let diagnostic = event
+                .pointer("/bounce/bouncedRecipients/0/diagnosticCode")
+                .and_then(Value::as_str);
+            let detail = match diagnostic {
+                Some(code) => format!("{bounce_type} bounce ({sub_type}): {code}"),
+                None => format!("{bounce_type} bounce ({sub_type})"),
+            };
+            if bounce_type == "Permanent" {
+                let mut bounced = receipt(Some(MessageStatus::Bounced), "bounced", Some(detail));
+                bounced.suppress = addresses("/bounce/bouncedRecipients", "emailAddress");
+                bounced.suppress_reason = Some("bounce".into());
+                bounced
+            } else {
+                receipt(None, "transient_bounce", Some(detail))
+            }
+        }
+        "Complaint" => {
+            let feedback = text("/complaint/complaintFeedbackType").unwrap_or("unspecified");
+            let mut complained = receipt(
+                Some(MessageStatus::Complained),
+                "complained",
+                Some(format!("complaint: {feedback}")),
+            );
+            complained.suppress = addresses("/complaint/complainedRecipients", "emailAddress");
+            complained.suppress_reason = Some("complaint".into());
+            complained
+        }
+        "Reject" => receipt(
+            Some(MessageStatus::Failed),
+            "failed",
+            Some(format!(
+                "rejected by SES: {}",
+                text("/reject/reason").unwrap_or("no reason given")
+            )),
+        ),
+        "Rendering Failure" => receipt(
+            Some(MessageStatus::Failed),
+            "failed",
+            Some(format!(
+                "rendering failure: {}",
+                text("/failure/errorMessage").unwrap_or("no reason given")
+            )),
+        ),
+        "DeliveryDelay" => receipt(
+            None,
+            "delivery_delayed",
+            text("/deliveryDelay/delayType").map(|kind| format!("delayed: {kind}")),
+        ),
+        _ => return Ok(None),
+    }))
+}
+
+/// How long a receive waits for messages (SQS's longest long poll).
+const WAIT_SECS: i32 = 20;
+
+/// Polls the SES events queue until shutdown.
+pub struct EventsPoller {
+    client: Client,
+    queue_url: String,
+    db: Db,
+}
+
+impl EventsPoller {
+    /// An SQS client for `settings.events_queue_url`, with the email
+    /// provider's region, endpoint and credentials (the queue lives beside
+    /// SES).
+    pub async fn from_settings(
+        settings: &ProviderSettings,
+        db: Db,
+    ) -> anyhow::Result<Option<Self>> {
+        let Some(queue_url) = settings.events_queue_url.clone() else {
+            return Ok(None);
+        };
+        let sdk_config = crate::aws::provider_config(settings, "the SES events queue").await?;
+        Ok(Some(EventsPoller {
+            client: Client::new(&sdk_config),
+            queue_url,
+            db,
+        }))
+    }
+
+    /// Receives, records and deletes until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        info!(queue = %self.queue_url, "Reading SES events.");
+        let mut failures = 0u32;
+        loop {
+            let polled = tokio::select! {
+                polled = self.poll_once() => polled,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            };
+            match polled {
+                Ok(()) => failures = 0,
+                Err(err) => {
+                    failures += 1;
+                    let pause = Duration::from_secs(1u64 << failures.min(5));
+                    warn!(error = %format!("{err:#}"), retry_in_secs = pause.as_secs(), "Could not read the SES events queue.");
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One long poll: records what it received and deletes what was recorded.
+    pub async fn poll_once(&self) -> anyhow::Result<()> {
+        let received = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(WAIT_SECS)
+            .send()
+            .await
+            .context("receiving from the SES events queue")?;
+        for message in received.messages() {
+            let body = message.body().unwrap_or_default();
+            let done = match parse(body) {
+                Ok(Some(receipt)) => match ingest(&self.db, &receipt).await {
+                    Ok(_) => true,
+                    Err(err) => {
+                        warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");
+                        false
+                    }
+                },
+                Ok(None) => {
+                    metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "ignored").increment(1);
+                    true
+                }
+                Err(why) => {
+                    metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "unreadable").increment(1);
+                    warn!(reason = %why, "An SES events queue message is not an SES event; deleting it.");
+                    true
+                }
+            };
+            if done && let Some(handle) = message.receipt_handle() {
+                self.client
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(handle)
+                    .send()
+                    .await
+                    .context("deleting from the SES events queue")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn through_sns(event: Value) -> String {
+        json!({"Type": "Notification", "MessageId": "n1", "TopicArn": "arn:aws:sns:us-east-1:1:ses", "Message": event.to_string()}).to_string()
+    }
+
+    #[test]
+    fn a_permanent_bounce_through_sns_bounces_and_suppresses_the_recipients() {
+        let body = through_sns(json!({
+            "eventType": "Bounce",
+            "mail": {"messageId": "ses-1", "destination": ["a@example.com"]},
+            "bounce": {"bounceType": "Permanent", "bounceSubType": "General",
+                "bouncedRecipients": [{"emailAddress": "A@example.com", "diagnosticCode": "smtp; 550 no such user"}]}
+        }));
+        let receipt = parse(&body).unwrap().unwrap();
+        assert_eq!(receipt.provider_message_id, "ses-1");
+        assert_eq!(receipt.outcome, Some(MessageStatus::Bounced));
+        assert_eq!(receipt.suppress, vec!["A@example.com".to_owned()]);
+        assert_eq!(
+            receipt.detail.as_deref(),
+            Some("Permanent bounce (General): smtp; 550 no such user")
+        );
+    }
+
+    #[test]
+    fn a_transient_bounce_is_an_event_only_and_raw_delivery_is_read_too() {
+        let raw = json!({"eventType": "Bounce", "mail": {"messageId": "ses-2"},
+            "bounce": {"bounceType": "Transient", "bounceSubType": "MailboxFull", "bouncedRecipients": []}})
+        .to_string();
+        let receipt = parse(&raw).unwrap().unwrap();
+        assert_eq!(
+            (receipt.outcome, receipt.event.as_str()),
+            (None, "transient_bounce")
+        );
+        assert!(receipt.suppress.is_empty());
+    }
+
+    #[test]
+    fn complaints_deliveries_and_ignored_or_broken_events() {
+        let complaint = parse(&through_sns(json!({"notificationType": "Complaint", "mail": {"messageId": "ses-3"},
+            "complaint": {"complainedRecipients": [{"emailAddress": "b@example.com"}], "complaintFeedbackType": "abuse"}})))
+        .unwrap()
+        .unwrap();
+        assert_eq!(complaint.outcome, Some(MessageStatus::Complained));
+        assert_eq!(complaint.suppress_reason.as_deref(), Some("complaint"));
+        let delivery =
+            parse(&json!({"eventType": "Delivery", "mail": {"messageId": "ses-4"}}).to_string())
+                .unwrap()
+                .unwrap();
+        assert_eq!(delivery.outcome, Some(MessageStatus::Delivered));
+        assert_eq!(
+            parse(&json!({"eventType": "Open", "mail": {"messageId": "x"}}).to_string()),
+            Ok(None)
+        );
+        assert!(parse("not json").is_err());
+        assert!(parse(&json!({"eventType": "Delivery"}).to_string()).is_err());
+    }
+}

@@ -1,0 +1,164 @@
+//! Each tenant's suppression list: addresses it must not send to. A hard
+//! bounce or a complaint adds one ([`crate::receipts`]); the tenant or an
+//! admin adds and removes them through the API; the consumer checks it
+//! before every provider call. Addresses are kept normalised, so
+//! `Alice@Example.com` and `alice@example.com` are one entry.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::message::{MAX_EMAIL_LEN, is_e164, is_email_address};
+use crate::model::{Channel, ms_to_rfc3339, now_ms};
+use crate::store::{Db, in_transaction, on_pool};
+
+/// The address as stored and compared: an email address in lower case, or
+/// an E.164 number; None when it is neither.
+pub fn normalize(address: &str) -> Option<(Channel, String)> {
+    let address = address.trim();
+    if is_e164(address) {
+        return Some((Channel::Sms, address.to_owned()));
+    }
+    let lower = address.to_lowercase();
+    (lower.len() <= MAX_EMAIL_LEN && is_email_address(&lower)).then_some((Channel::Email, lower))
+}
+
+/// Why an address is on the list.
+pub const REASONS: &[&str] = &["bounce", "complaint", "manual"];
+
+/// One entry of a tenant's list.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct Suppression {
+    /// Normalised: lower-case email address or E.164 number.
+    pub address: String,
+    /// `email` or `sms`.
+    pub channel: String,
+    /// `bounce`, `complaint` or `manual`.
+    pub reason: String,
+    /// The provider's words (bounce type, error code) or the caller's note.
+    pub detail: Option<String>,
+    /// The message whose receipt added it, for bounces and complaints.
+    pub message_id: Option<String>,
+    /// RFC 3339.
+    #[sqlx(skip)]
+    pub created_at: String,
+    #[serde(skip)]
+    #[sqlx(rename = "created_at")]
+    pub created_ms: i64,
+}
+
+impl Suppression {
+    fn dated(mut self) -> Self {
+        self.created_at = ms_to_rfc3339(self.created_ms);
+        self
+    }
+}
+
+/// Adds `address` (normalised) unless it is already listed, in the
+/// caller's transaction; the first reason stays.
+pub const INSERT: &str = "INSERT INTO suppressions (tenant_id, address, channel, reason, detail, message_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant_id, address) DO NOTHING";
+
+/// Adds an entry by hand; true when it was not listed before.
+pub async fn add(
+    db: &Db,
+    tenant_id: &str,
+    channel: Channel,
+    address: &str,
+    detail: Option<&str>,
+) -> anyhow::Result<bool> {
+    let added = in_transaction!(db, |tx| {
+        sqlx::query(INSERT)
+            .bind(tenant_id)
+            .bind(address)
+            .bind(channel.as_str())
+            .bind("manual")
+            .bind(detail)
+            .bind(None::<String>)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+    });
+    Ok(added == 1)
+}
+
+/// One entry, if listed.
+pub async fn get(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<Option<Suppression>> {
+    let row = on_pool!(db, read, |pool| {
+        sqlx::query_as::<_, Suppression>(
+            "SELECT address, channel, reason, detail, message_id, created_at FROM suppressions \
+             WHERE tenant_id = $1 AND address = $2",
+        )
+        .bind(tenant_id)
+        .bind(address)
+        .fetch_optional(pool)
+        .await?
+    });
+    Ok(row.map(Suppression::dated))
+}
+
+/// True when `address` (normalised) is on the tenant's list.
+pub async fn contains(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    let found: Option<i32> = on_pool!(db, read, |pool| {
+        sqlx::query_scalar("SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2")
+            .bind(tenant_id)
+            .bind(address)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(found.is_some())
+}
+
+/// Up to `limit` entries after `after` (an address; None from the start),
+/// in address order.
+pub async fn list(
+    db: &Db,
+    tenant_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> anyhow::Result<Vec<Suppression>> {
+    let rows = on_pool!(db, read, |pool| {
+        sqlx::query_as::<_, Suppression>(
+            "SELECT address, channel, reason, detail, message_id, created_at FROM suppressions \
+             WHERE tenant_id = $1 AND address > $2 ORDER BY address LIMIT $3",
+        )
+        .bind(tenant_id)
+        .bind(after.unwrap_or(""))
+        .bind(limit)
+        .fetch_all(pool)
+        .await?
+    });
+    Ok(rows.into_iter().map(Suppression::dated).collect())
+}
+
+/// Removes an entry; true when it was listed.
+pub async fn remove(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    let removed = in_transaction!(db, |tx| {
+        sqlx::query("DELETE FROM suppressions WHERE tenant_id = $1 AND address = $2")
+            .bind(tenant_id)
+            .bind(address)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+    });
+    Ok(removed == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_normalised_so_case_does_not_make_a_second_entry() {
+        assert_eq!(
+            normalize(" Alice@Example.COM "),
+            Some((Channel::Email, "alice@example.com".into()))
+        );
+        assert_eq!(
+            normalize("+15551234567"),
+            Some((Channel::Sms, "+15551234567".into()))
+        );
+        assert_eq!(normalize("not an address"), None);
+        assert_eq!(normalize("5551234567"), None);
+    }
+}

@@ -1,0 +1,496 @@
+//! Tenant webhooks end to end: signed calls checked by the Standard
+//! Webhooks reference library, isolation between tenants' endpoints,
+//! at-least-once delivery in order per message, disabling and redrive,
+//! and no event lost over a restart.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+use crate::delivery::{mock_sms_ok, status_is, wait_for};
+use crate::receipts::{app_with_callbacks, callback};
+use crate::support::{TestApp, expect_field_error, expect_json, on_both_stores, sms, with};
+
+/// Fast retries and polls so the tests run in seconds.
+const FAST_WEBHOOKS: &str = "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 200\nretry_max_secs = 1\ntimeout_ms = 2000\n";
+
+/// The Python with `standardwebhooks` that `.ci/run` provides.
+fn verifier_python() -> String {
+    match std::env::var("FAIRLANE_TEST_PYTHON") {
+        Ok(python) if !python.is_empty() => python,
+        _ => panic!(
+            "FAIRLANE_TEST_PYTHON is not set: point it at a Python with the `standardwebhooks` package (pip install standardwebhooks==1.1.0), or run .ci/run"
+        ),
+    }
+}
+
+/// Checks every recorded call's signature with the reference library.
+fn verify_with_standard_webhooks(secret: &str, calls: &[Request]) {
+    let recorded: Vec<Value> = calls
+        .iter()
+        .map(|call| {
+            let headers: HashMap<String, String> =
+                ["webhook-id", "webhook-timestamp", "webhook-signature"]
+                    .iter()
+                    .map(|name| {
+                        let value = call.headers.get(*name).expect(name).to_str().unwrap();
+                        ((*name).to_owned(), value.to_owned())
+                    })
+                    .collect();
+            json!({"headers": headers, "body": String::from_utf8(call.body.clone()).unwrap()})
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("calls.json");
+    std::fs::write(
+        &file,
+        json!({"secret": secret, "calls": recorded}).to_string(),
+    )
+    .unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/verify_webhooks.py");
+    let output = std::process::Command::new(verifier_python())
+        .arg(script)
+        .arg(&file)
+        .output()
+        .expect("run the Standard Webhooks verifier");
+    assert!(
+        output.status.success(),
+        "standardwebhooks refused a call: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn set_webhook(app: &TestApp, key: &str, url: &str, events: &[&str]) -> Value {
+    let response = app
+        .tenant(key, Method::PUT, "/v1/webhook")
+        .json(&json!({"url": url, "events": events}))
+        .send()
+        .await
+        .unwrap();
+    expect_json(response, StatusCode::CREATED).await
+}
+
+fn body_of(call: &Request) -> Value {
+    serde_json::from_slice(&call.body).unwrap()
+}
+
+async fn endpoint_ok() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// Waits until `server` has recorded `count` calls, or 15 s.
+async fn calls_on(server: &MockServer, count: usize) -> Vec<Request> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let calls = server.received_requests().await.unwrap_or_default();
+        if calls.len() >= count || Instant::now() > deadline {
+            return calls;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+on_both_stores! {
+    /// On either store: the migrations' triggers record the same events.
+    async fn events_reach_the_tenants_endpoint_signed_to_the_standard_webhooks_spec() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-HOOK-1").await;
+    let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let endpoint = endpoint_ok().await;
+    let created = set_webhook(
+        &app,
+        &key,
+        &endpoint.uri(),
+        &["message.sent", "message.delivered"],
+    )
+    .await;
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"), "{created}");
+    // The secret is shown once.
+    let shown = expect_json(
+        app.tenant(&key, Method::GET, "/v1/webhook")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert!(shown.get("secret").is_none(), "{shown}");
+    assert_eq!(shown["state"], "active");
+
+    let id = app.send_accepted(&key, &sms()).await;
+    wait_for(&app, &key, &id, status_is("sent")).await;
+    callback(
+        &app,
+        "secret-token",
+        &[("MessageSid", "SM-HOOK-1"), ("MessageStatus", "delivered")],
+    )
+    .await;
+    let calls = calls_on(&endpoint, 2).await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let first = body_of(&calls[0]);
+    assert_eq!(first["type"], "message.sent", "{first}");
+    assert_eq!(first["data"]["id"], id.as_str());
+    assert_eq!(first["data"]["status"], "sent");
+    let second = body_of(&calls[1]);
+    assert_eq!(second["type"], "message.delivered", "{second}");
+    assert_eq!(second["data"]["status"], "delivered");
+    assert!(
+        calls[0].headers["webhook-id"] != calls[1].headers["webhook-id"],
+        "each event has its own webhook-id"
+    );
+    verify_with_standard_webhooks(&secret, &calls);
+
+    // After a rotation each call carries both signatures: receivers on
+    // either secret verify it.
+    let rotated = expect_json(
+        app.tenant(&key, Method::POST, "/v1/webhook/rotate")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    let new_secret = rotated["secret"].as_str().unwrap().to_owned();
+    assert_ne!(new_secret, secret);
+    let next = app
+        .send_accepted(&key, &with(sms(), "text", json!("Second")))
+        .await;
+    wait_for(&app, &key, &next, status_is("sent")).await;
+    let calls = calls_on(&endpoint, 3).await;
+    let last = &calls[2..];
+    assert_eq!(body_of(&last[0])["data"]["id"], next.as_str());
+    verify_with_standard_webhooks(&new_secret, last);
+    verify_with_standard_webhooks(&secret, last);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_needs_an_http_url_and_known_event_types() {
+    let sms_api = MockServer::start().await;
+    let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    for (body, field) in [
+        (
+            json!({"url": "ftp://example.com/hook", "events": ["message.sent"]}),
+            "url",
+        ),
+        (
+            json!({"url": "not a url", "events": ["message.sent"]}),
+            "url",
+        ),
+        (
+            json!({"url": "https://example.com/hook", "events": []}),
+            "events",
+        ),
+        (
+            json!({"url": "https://example.com/hook", "events": ["message.sending"]}),
+            "events",
+        ),
+        (
+            json!({"url": "https://example.com/hook", "events": ["message.sent"], "secret": "x"}),
+            "secret",
+        ),
+    ] {
+        let response = app
+            .tenant(&key, Method::PUT, "/v1/webhook")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        expect_field_error(response, field).await;
+    }
+    let missing = app
+        .tenant(&key, Method::GET, "/v1/webhook")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+}
+
+/// An SMS API that gives every message a sid of its own.
+struct UniqueSids(std::sync::atomic::AtomicUsize);
+
+impl wiremock::Respond for UniqueSids {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ResponseTemplate::new(201).set_body_json(json!({"sid": format!("SM-U{n}")}))
+    }
+}
+
+/// A free local port with nothing listening on it: calls to it are refused.
+fn refused_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_endpoint_delays_only_its_own_tenant_and_gets_every_event_once_it_recovers() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
+    let a = app.tenant_with_key("a", "pro").await;
+    let b = app.tenant_with_key("b", "pro").await;
+    let port = refused_port();
+    let a_url = format!("http://127.0.0.1:{port}/hook");
+    set_webhook(&app, &a, &a_url, &["message.sent", "message.delivered"]).await;
+    let b_endpoint = endpoint_ok().await;
+    set_webhook(&app, &b, &b_endpoint.uri(), &["message.sent"]).await;
+
+    // A's endpoint refuses connections while both tenants send.
+    let mut a_ids = Vec::new();
+    let mut b_ids = Vec::new();
+    for n in 0..10 {
+        a_ids.push(
+            app.send_accepted(&a, &with(sms(), "text", json!(format!("A {n}"))))
+                .await,
+        );
+        b_ids.push(
+            app.send_accepted(&b, &with(sms(), "text", json!(format!("B {n}"))))
+                .await,
+        );
+    }
+    for id in &a_ids {
+        let view = wait_for(&app, &a, id, status_is("sent")).await;
+        let sid = view["provider_message_id"].as_str().unwrap();
+        let answer = callback(
+            &app,
+            "secret-token",
+            &[("MessageSid", sid), ("MessageStatus", "delivered")],
+        )
+        .await;
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    }
+    let b_calls = calls_on(&b_endpoint, 10).await;
+    assert_eq!(
+        b_calls.len(),
+        10,
+        "B got {} of its 10 events",
+        b_calls.len()
+    );
+    // Each of B's events arrived within a second of happening.
+    for call in &b_calls {
+        let body = body_of(call);
+        let at = chrono::DateTime::parse_from_rfc3339(body["timestamp"].as_str().unwrap()).unwrap();
+        let sent: i64 = call.headers["webhook-timestamp"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let lag = sent - at.timestamp();
+        assert!(
+            lag <= 1,
+            "B's event waited {lag} s behind A's dead endpoint: {body}"
+        );
+    }
+    let failing = expect_json(
+        app.admin(Method::GET, "/v1/admin/webhooks/failing")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(failing["webhooks"][0]["tenant_id"], "a", "{failing}");
+    assert_eq!(failing["webhooks"][0]["state"], "failing", "{failing}");
+
+    // Then it answers 500 for a while, then recovers.
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("the refused port is free");
+    let a_endpoint = MockServer::builder().listener(listener).start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(5)
+        .mount(&a_endpoint)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&a_endpoint)
+        .await;
+    // Every one of A's 20 events (sent and delivered of 10 messages) is
+    // delivered: counted once per webhook-id among the 2xx answers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let delivered = loop {
+        let calls = a_endpoint.received_requests().await.unwrap_or_default();
+        // The first five calls got 500.
+        let ok: Vec<Request> = calls.into_iter().skip(5).collect();
+        let ids: std::collections::HashSet<String> = ok
+            .iter()
+            .map(|c| c.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect();
+        if ids.len() >= 20 || Instant::now() > deadline {
+            break ok;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for call in &delivered {
+        *seen
+            .entry(call.headers["webhook-id"].to_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(seen.len(), 20, "A's distinct events delivered: {seen:?}");
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "an event was delivered twice: {seen:?}"
+    );
+    // In order per message: its `sent` before its `delivered`.
+    let mut order: HashMap<String, Vec<String>> = HashMap::new();
+    for call in &delivered {
+        let body = body_of(call);
+        order
+            .entry(body["data"]["id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(body["type"].as_str().unwrap().to_owned());
+    }
+    for (id, types) in &order {
+        assert_eq!(
+            types,
+            &["message.sent", "message.delivered"],
+            "message {id}"
+        );
+    }
+    let state = expect_json(
+        app.tenant(&a, Method::GET, "/v1/webhook")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(state["state"], "active", "{state}");
+    assert_eq!(state["pending"], 0, "{state}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_failing_too_long_is_disabled_and_an_admin_redrive_delivers_its_events() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-DIS").await;
+    let extra = format!("{FAST_WEBHOOKS}disable_after_secs = 1\n");
+    let app = app_with_callbacks(&sms_api, &extra).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let port = refused_port();
+    set_webhook(
+        &app,
+        &key,
+        &format!("http://127.0.0.1:{port}/"),
+        &["message.sent"],
+    )
+    .await;
+    let id = app.send_accepted(&key, &sms()).await;
+    wait_for(&app, &key, &id, status_is("sent")).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let view = loop {
+        let view = expect_json(
+            app.admin(Method::GET, "/v1/admin/tenants/acme/webhook")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        if view["state"] == "disabled" || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["state"], "disabled", "{view}");
+    assert_eq!(view["failed"], 1, "{view}");
+    // Events while disabled are kept too.
+    let later = app
+        .send_accepted(&key, &with(sms(), "text", json!("later")))
+        .await;
+    wait_for(&app, &key, &later, status_is("sent")).await;
+
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("the refused port is free");
+    let endpoint = MockServer::builder().listener(listener).start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&endpoint)
+        .await;
+    let redriven = expect_json(
+        app.admin(Method::POST, "/v1/admin/tenants/acme/webhook/redrive")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(redriven["redriven"], 2, "{redriven}");
+    let calls = calls_on(&endpoint, 2).await;
+    // Two messages: delivered side by side, so in either order.
+    let mut ids: Vec<String> = calls
+        .iter()
+        .map(|c| body_of(c)["data"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    let mut expected = vec![id, later];
+    expected.sort();
+    assert_eq!(ids, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_webhook_backoff_loses_no_event() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-RST").await;
+    let settings = crate::delivery::delivery_settings(
+        &sms_api.uri(),
+        "http://127.0.0.1:9",
+        "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 2000\nretry_max_secs = 2\n",
+    );
+    let app = TestApp::start(&settings).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let port = refused_port();
+    set_webhook(
+        &app,
+        &key,
+        &format!("http://127.0.0.1:{port}/"),
+        &["message.sent"],
+    )
+    .await;
+    let id = app.send_accepted(&key, &sms()).await;
+    wait_for(&app, &key, &id, status_is("sent")).await;
+    // Wait until the first call has failed and the event waits in backoff.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = expect_json(
+            app.tenant(&key, Method::GET, "/v1/webhook")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        if view["state"] == "failing" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the call never failed: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dir = app.stop().await;
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("the refused port is free");
+    let endpoint = MockServer::builder().listener(listener).start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&endpoint)
+        .await;
+    let restarted = TestApp::start_in(dir, &settings, |_| {}).await;
+    let calls = calls_on(&endpoint, 1).await;
+    assert_eq!(calls.len(), 1, "the event did not survive the restart");
+    assert_eq!(body_of(&calls[0])["data"]["id"], id.as_str());
+    drop(restarted);
+}
