@@ -24,7 +24,7 @@ use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::TenantLimits;
-use crate::model::{Channel, Lane, TenantStatus};
+use crate::model::{Channel, Isolation, Lane, TenantStatus};
 use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
@@ -110,54 +110,80 @@ impl Application {
                 (Writer::Postgres(writer), done)
             }
         };
-        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) =
-            match settings.queue.backend {
-                QueueBackend::Embedded => {
-                    let (Some(sqlite), Writer::Sqlite(sqlite_writer)) =
-                        (db.sqlite(), &store_writer)
-                    else {
-                        anyhow::bail!(
-                            "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
-                        );
-                    };
-                    let embedded = Arc::new(
-                        EmbeddedQueue::open(
-                            sqlite.clone(),
-                            settings.lanes.clone(),
-                            sqlite_writer.clone(),
-                        )
-                        .await?,
+        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) = match settings
+            .queue
+            .backend
+        {
+            QueueBackend::Embedded => {
+                let (Some(sqlite), Writer::Sqlite(sqlite_writer)) = (db.sqlite(), &store_writer)
+                else {
+                    anyhow::bail!(
+                        "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
                     );
-                    for tenant in registry.tenants() {
-                        if tenant.status != TenantStatus::Active {
-                            embedded.set_tenant_held(&tenant.id, true).await?;
-                        }
-                    }
-                    embedded
-                        .release_unheld()
-                        .await
-                        .context("releasing messages of resumed tenants")?;
-                    (embedded.clone(), Staging::Embedded(embedded), None, None)
-                }
-                QueueBackend::Sqs => {
-                    let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
-                        .await
-                        .context("setting up the SQS lane queues")?
-                        .with_status_store(db.clone())
-                        .await?;
-                    let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
-                    let (outbox, tasks) = Outbox::start(
-                        db.clone(),
-                        queue.clone(),
-                        &settings.queue.sqs,
-                        shutdown_rx.clone(),
+                };
+                let embedded = Arc::new(
+                    EmbeddedQueue::open(
+                        sqlite.clone(),
+                        settings.lanes.clone(),
+                        sqlite_writer.clone(),
                     )
-                    .await
-                    .context("starting the SQS outbox")?;
-                    background.push(tasks.sweeper);
-                    (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+                    .await?,
+                );
+                for tenant in registry.tenants() {
+                    if tenant.status != TenantStatus::Active {
+                        embedded.set_tenant_held(&tenant.id, true).await?;
+                    }
+                    if tenant.isolation == Isolation::Dedicated {
+                        embedded.set_tenant_dedicated(&tenant.id, true);
+                    }
                 }
-            };
+                embedded
+                    .release_unheld()
+                    .await
+                    .context("releasing messages of resumed tenants")?;
+                // Every dedicated queue with backlog has an attention
+                // entry waiting (one lost with a crash is made again).
+                embedded
+                    .reconcile_attention()
+                    .await
+                    .context("signalling dedicated tenant queues")?;
+                (embedded.clone(), Staging::Embedded(embedded), None, None)
+            }
+            QueueBackend::Sqs => {
+                let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
+                    .await
+                    .context("setting up the SQS lane queues")?
+                    .with_status_store(db.clone())
+                    .await?;
+                for tenant in registry.tenants() {
+                    if tenant.isolation == Isolation::Dedicated {
+                        sqs.set_tenant_dedicated(&tenant.id, true);
+                    }
+                }
+                // Dedicated queues with backlog get a signal (one a
+                // crash cut off between the work and its signal).
+                match sqs.reconcile_attention().await {
+                    Ok(0) => {}
+                    Ok(signalled) => {
+                        info!(signalled, "Dedicated tenant queues with backlog signalled.")
+                    }
+                    Err(err) => {
+                        warn!(error = %format!("{err:#}"), "Could not look for dedicated tenant queues with backlog; their next send or the attention sweep signals them.")
+                    }
+                }
+                let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
+                let (outbox, tasks) = Outbox::start(
+                    db.clone(),
+                    queue.clone(),
+                    &settings.queue.sqs,
+                    shutdown_rx.clone(),
+                )
+                .await
+                .context("starting the SQS outbox")?;
+                background.push(tasks.sweeper);
+                (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+            }
+        };
         let writer = match &store_writer {
             Writer::Sqlite(sqlite_writer) => AcceptWriter::new(sqlite_writer.clone(), staging),
             Writer::Postgres(pg_writer) => AcceptWriter::Postgres(pg_writer.clone()),

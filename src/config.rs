@@ -200,6 +200,39 @@ pub struct ConsumerSettings {
     pub tenant_cap_delay_secs: u64,
     /// How long shutdown waits for sends in flight.
     pub shutdown_grace_secs: u64,
+    /// Attention workers per lane: each takes one dedicated tenant queue's
+    /// signal at a time and works a slice of that queue. Default 2.
+    #[serde(default = "default_attention_workers")]
+    pub attention_workers: usize,
+    /// Most messages one slice of a dedicated queue takes before the
+    /// worker moves on (and signals again if backlog remains). Default 100.
+    #[serde(default = "default_slice_max_messages")]
+    pub slice_max_messages: usize,
+    /// Longest time one slice works a dedicated queue. Default 5.
+    #[serde(default = "default_slice_max_secs")]
+    pub slice_max_secs: u64,
+    /// How often each lane looks again at the dedicated queues written or
+    /// worked since its last look and signals those that still hold
+    /// backlog (SQS, where a signal is not tied to its queue in one
+    /// transaction). Idle tenants cost nothing. Default 30.
+    #[serde(default = "default_attention_sweep_secs")]
+    pub attention_sweep_secs: u64,
+}
+
+fn default_attention_sweep_secs() -> u64 {
+    30
+}
+
+fn default_attention_workers() -> usize {
+    2
+}
+
+fn default_slice_max_messages() -> usize {
+    100
+}
+
+fn default_slice_max_secs() -> u64 {
+    5
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -55,6 +55,21 @@ pub const REDIS_ERRORS_TOTAL: &str = "fairlane_redis_errors_total";
 /// (`limits.backend = "redis"` only); the divisor of the local shares.
 pub const LIMITS_LIVE_INSTANCES: &str = "fairlane_limits_live_instances";
 
+/// Attention signals of dedicated tenant queues, by `lane` and `event`:
+/// `published` (a queue got work; on the embedded queue only when no signal
+/// was waiting), `consumed` (a worker took it and worked a slice), `dropped`
+/// (tenant deleted, paused or disabled, its consumer limit reached, or a
+/// slice started since the signal was written).
+pub const ATTENTION_SIGNALS_TOTAL: &str = "fairlane_attention_signals_total";
+/// Slices of dedicated tenant queues, by `lane` and why each `ended`:
+/// `empty`, `messages` (slice_max_messages), `time` (slice_max_secs),
+/// `shutdown`.
+pub const ATTENTION_SLICES_TOTAL: &str = "fairlane_attention_slices_total";
+/// Dedicated tenant queues of a `lane` this process knows to hold backlog:
+/// signalled, or held while their tenant is paused, and not yet found empty
+/// after a slice.
+pub const DEDICATED_QUEUES_BACKLOGGED: &str = "fairlane_dedicated_queues_backlogged";
+
 /// Provider receipts, by `provider` (`ses`, `http`) and `outcome`: the
 /// status they set (`delivered`, `bounced`, `complained`, `failed`),
 /// `event` (an update that sets no status), `duplicate`, `pending` (kept
@@ -174,6 +189,21 @@ fn describe_and_register() {
         SQS_CALLS_TOTAL,
         Unit::Count,
         "SQS API calls started, by operation (SQS mode only; what SQS bills)."
+    );
+    describe_counter!(
+        ATTENTION_SIGNALS_TOTAL,
+        Unit::Count,
+        "Attention signals of dedicated tenant queues, by lane and event (published, consumed, dropped)."
+    );
+    describe_counter!(
+        ATTENTION_SLICES_TOTAL,
+        Unit::Count,
+        "Slices worked on dedicated tenant queues, by lane and why each ended (empty, messages, time, shutdown)."
+    );
+    describe_gauge!(
+        DEDICATED_QUEUES_BACKLOGGED,
+        Unit::Count,
+        "Dedicated tenant queues this process knows to hold backlog, by lane."
     );
     describe_counter!(
         RECEIPTS_TOTAL,
@@ -298,6 +328,17 @@ fn describe_and_register() {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    for lane in ["fast", "slow"] {
+        for event in ["published", "consumed", "dropped"] {
+            metrics::counter!(ATTENTION_SIGNALS_TOTAL, "lane" => lane, "event" => event)
+                .increment(0);
+        }
+        for ended in ["empty", "messages", "time", "shutdown"] {
+            metrics::counter!(ATTENTION_SLICES_TOTAL, "lane" => lane, "ended" => ended)
+                .increment(0);
+        }
+        metrics::gauge!(DEDICATED_QUEUES_BACKLOGGED, "lane" => lane).increment(0.0);
+    }
     for provider in ["ses", "http"] {
         for outcome in RECEIPT_OUTCOMES {
             metrics::counter!(RECEIPTS_TOTAL, "provider" => provider, "outcome" => *outcome)

@@ -115,6 +115,17 @@ word_enum!(
     }
 );
 
+word_enum!(
+    /// Where a tenant's messages wait: in its lane's shared queue, or in a
+    /// queue of its own that attention workers consume in bounded slices.
+    Isolation {
+        /// The lane's shared queue (fair dequeue among its tenants).
+        Shared => "shared",
+        /// A queue of the tenant's own, consumed on demand.
+        Dedicated => "dedicated",
+    }
+);
+
 impl MessageStatus {
     /// True once nothing more will be sent for the message (receipts may
     /// still move a sent message on to `delivered`, `bounced`, …).

@@ -20,8 +20,8 @@ use super::error::{
 };
 use super::{ApiPath, AppState, json_typed};
 use crate::auth::AdminOnly;
-use crate::model::{Lane, TenantStatus};
-use crate::tenants::{KeyInfo, Plan, Tenant};
+use crate::model::{Isolation, Lane, TenantStatus};
+use crate::tenants::{KeyInfo, Plan, Tenant, TenantChange, TenantOptions};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -132,6 +132,15 @@ pub struct CreateTenant {
     /// An existing plan's name.
     #[schema(pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")]
     pub plan: String,
+    /// `shared` (default) or `dedicated`: a queue of the tenant's own,
+    /// consumed by attention workers in bounded slices.
+    #[serde(default)]
+    pub isolation: Option<Isolation>,
+    /// Attention workers that may consume the tenant's own queue at once
+    /// (1: strictly serial). Default 2.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 64)]
+    pub max_concurrent_consumers: Option<u32>,
 }
 
 /// Body of `PATCH /v1/admin/tenants/{id}`; absent fields stay as they are.
@@ -144,6 +153,14 @@ pub struct PatchTenant {
     pub plan: Option<String>,
     #[serde(default)]
     pub status: Option<TenantStatus>,
+    /// `shared` or `dedicated`. Switching keeps every queued message: those
+    /// already queued are delivered from where they wait, new ones go to
+    /// the queue of the new setting.
+    #[serde(default)]
+    pub isolation: Option<Isolation>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 64)]
+    pub max_concurrent_consumers: Option<u32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -283,11 +300,33 @@ pub async fn create_tenant(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let input: CreateTenant = json_typed(&headers, body)?;
+    check_isolation(&state, input.isolation)?;
+    let defaults = TenantOptions::default();
+    let options = TenantOptions {
+        isolation: input.isolation.unwrap_or(defaults.isolation),
+        max_concurrent_consumers: input
+            .max_concurrent_consumers
+            .unwrap_or(defaults.max_concurrent_consumers),
+    };
     let tenant = state
         .registry
-        .create_tenant(&input.id, &input.name, &input.plan)
+        .create_tenant(&input.id, &input.name, &input.plan, options)
         .await?;
+    state
+        .queue
+        .set_tenant_dedicated(&tenant.id, tenant.isolation == Isolation::Dedicated);
     Ok(created(format!("/v1/admin/tenants/{}", tenant.id), tenant))
+}
+
+/// Dedicated queues need a backend that has them.
+fn check_isolation(state: &AppState, isolation: Option<Isolation>) -> Result<(), ApiError> {
+    if isolation == Some(Isolation::Dedicated) && !state.queue.has_dedicated_queues() {
+        return Err(ApiError::field(
+            "isolation",
+            "dedicated queues need queue.backend = \"embedded\" in this version",
+        ));
+    }
+    Ok(())
 }
 
 /// List tenants.
@@ -364,15 +403,40 @@ pub async fn patch_tenant(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Tenant>, ApiError> {
     let input: PatchTenant = json_typed(&headers, body)?;
-    let tenant = state
-        .registry
-        .update_tenant(&id, input.plan.as_deref(), input.status)
-        .await?;
+    check_isolation(&state, input.isolation)?;
+    let change = TenantChange {
+        plan: input.plan,
+        status: input.status,
+        isolation: input.isolation,
+        max_concurrent_consumers: input.max_concurrent_consumers,
+    };
+    let tenant = state.registry.update_tenant(&id, &change).await?;
+    // New messages go to the queue of the isolation now in force; those
+    // already queued are delivered from where they wait.
+    state
+        .queue
+        .set_tenant_dedicated(&id, tenant.isolation == Isolation::Dedicated);
     // A paused or disabled tenant's queued messages are set aside until it
     // is active again (embedded queue); consumers hold any they still see.
     let held = tenant.status != TenantStatus::Active;
     if let Err(err) = state.queue.set_tenant_held(&id, held).await {
         warn!(tenant = %id, held, error = %err, "Could not move the tenant's queued messages; consumers hold them until it is done at the next start.");
+    }
+    // Resumed: its own queues are signalled again (signals met while it
+    // was held were dropped).
+    if !held {
+        match state.queue.dedicated_lanes(&id).await {
+            Ok(lanes) => {
+                for lane in lanes {
+                    if let Err(err) = state.queue.settle_attention(lane, &id).await {
+                        warn!(tenant = %id, error = %format!("{err:#}"), "Could not signal the tenant's own queue; the next start reconciles it.");
+                    }
+                }
+            }
+            Err(err) => {
+                warn!(tenant = %id, error = %format!("{err:#}"), "Could not look up the tenant's own queues; the next start reconciles them.");
+            }
+        }
     }
     Ok(Json(tenant))
 }

@@ -162,11 +162,24 @@ pub async fn list_dlq(
     let mut dead_letters = Vec::new();
     for lane in lanes_of(query.lane) {
         let letters = state.queue.list_dead_letters(lane, limit).await?;
-        let ids: Vec<String> = letters.iter().map(|l| l.message_id.clone()).collect();
-        let records = messages::get_many(&state.db, &ids).await?;
-        for letter in letters {
+        dead_letters.extend(dead_letter_views(&state, lane, letters).await?);
+    }
+    Ok(Json(DeadLetterList { dead_letters }))
+}
+
+/// Dead letters of `lane` with what the status store knows of each.
+pub(super) async fn dead_letter_views(
+    state: &AppState,
+    lane: Lane,
+    letters: Vec<crate::queue::DeadLetter>,
+) -> anyhow::Result<Vec<DeadLetterView>> {
+    let ids: Vec<String> = letters.iter().map(|l| l.message_id.clone()).collect();
+    let records = messages::get_many(&state.db, &ids).await?;
+    Ok(letters
+        .into_iter()
+        .map(|letter| {
             let record = records.get(&letter.message_id);
-            dead_letters.push(DeadLetterView {
+            DeadLetterView {
                 id: letter.message_id.clone(),
                 tenant: letter.tenant_id,
                 lane,
@@ -176,10 +189,9 @@ pub async fn list_dlq(
                 attempts: record.map_or(0, |r| r.attempts),
                 receive_count: letter.receive_count,
                 enqueued_at: ms_to_rfc3339(letter.enqueued_at_ms),
-            });
-        }
-    }
-    Ok(Json(DeadLetterList { dead_letters }))
+            }
+        })
+        .collect())
 }
 
 /// Move dead letters back to their lane.

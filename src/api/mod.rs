@@ -9,6 +9,7 @@ pub mod health;
 pub mod messages;
 pub mod receipts;
 pub mod suppressions;
+pub mod tenant_queue;
 pub mod webhooks;
 
 use std::collections::HashSet;
@@ -91,6 +92,7 @@ pub fn app(state: AppState) -> Router {
         .merge(webhooks::router())
         .merge(suppressions::router())
         .merge(dlq::router())
+        .merge(tenant_queue::router())
         .merge(health::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
         .layer(TimeoutLayer::with_status_code(
@@ -460,6 +462,10 @@ impl Modify for SecurityAddon {
         suppressions::add_tenant_suppression,
         suppressions::get_tenant_suppression,
         suppressions::remove_tenant_suppression,
+        tenant_queue::tenant_queue,
+        tenant_queue::purge_tenant_queue,
+        tenant_queue::tenant_dlq,
+        tenant_queue::redrive_tenant_dlq,
         dlq::queues,
         dlq::list_dlq,
         dlq::redrive,

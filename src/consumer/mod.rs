@@ -23,6 +23,7 @@
 //! take the tenant's next free place, so its backlog never fills the buffer
 //! that another tenant's first message needs.
 
+mod attention;
 pub mod buffer;
 mod process;
 
@@ -319,6 +320,8 @@ pub struct LaneConsumer {
     tenants: Arc<TenantSlots>,
     /// Parked messages handed back with a tenant place; read by the dispatcher.
     resumed: Mutex<Option<mpsc::UnboundedReceiver<Resumed>>>,
+    /// Dedicated tenants' consumer permits, taken by attention workers.
+    attention_permits: attention::ConsumerPermits,
 }
 
 impl LaneConsumer {
@@ -333,6 +336,7 @@ impl LaneConsumer {
             buffer: TieredBuffer::new(capacity),
             tenants,
             resumed: Mutex::new(Some(resumed)),
+            attention_permits: attention::ConsumerPermits::default(),
             settings,
             delivery,
         })
@@ -350,6 +354,17 @@ impl LaneConsumer {
             delete_rx,
         ));
         let poller = tokio::spawn(self.clone().poll(shutdown.clone()));
+        let mut attention_workers = JoinSet::new();
+        if let Some(attention) = self.delivery.queue.attention_queue(lane) {
+            for _ in 0..self.delivery.consumers.attention_workers {
+                attention_workers.spawn(attention::run_worker(
+                    self.clone(),
+                    attention.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            attention_workers.spawn(attention::run_sweeper(self.clone(), shutdown.clone()));
+        }
         let mut running = JoinSet::new();
         self.dispatch(shutdown, &deletes, &mut running).await;
         let _ = poller.await;
@@ -374,6 +389,17 @@ impl LaneConsumer {
         if drained.is_err() {
             warn!(lane = %lane, unfinished = running.len(), "Grace period over; abandoning sends still in flight (they will be redelivered).");
             running.abort_all();
+        }
+        // Attention workers end their slices at shutdown: the message in
+        // hand finishes (within the grace period), the rest goes back.
+        let grace = Duration::from_secs(self.delivery.consumers.shutdown_grace_secs);
+        if tokio::time::timeout(grace, async {
+            while attention_workers.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            attention_workers.abort_all();
         }
         drop(deletes);
         let _ = deleter.await;

@@ -160,9 +160,51 @@ impl Book {
     }
 }
 
-/// Per-lane state kept in memory beside the table.
+/// The table's queue names of one queue: its messages, its DLQ and the
+/// messages of held tenants set aside.
+#[derive(Debug)]
+struct QueueNames {
+    main: String,
+    dlq: String,
+    held: String,
+}
+
+impl QueueNames {
+    /// A lane's queues: `fast`, `fast-dlq`, `fast-held`.
+    fn lane(lane: Lane) -> Self {
+        QueueNames {
+            main: lane.as_str().to_owned(),
+            dlq: format!("{lane}-dlq"),
+            held: format!("{lane}-held"),
+        }
+    }
+
+    /// A dedicated tenant's queues in `lane`: `fast:t:acme` and its `:dlq`
+    /// and `:held`. Tenant ids have no `:`, so no two names collide.
+    fn tenant(lane: Lane, tenant_id: &str) -> Self {
+        Self::suffixed(format!("{lane}:t:{tenant_id}"))
+    }
+
+    /// A lane's attention queue, `fast:attention`: one entry per dedicated
+    /// tenant whose queue needs a slice of work.
+    fn attention(lane: Lane) -> Self {
+        Self::suffixed(format!("{lane}:attention"))
+    }
+
+    fn suffixed(main: String) -> Self {
+        QueueNames {
+            dlq: format!("{main}:dlq"),
+            held: format!("{main}:held"),
+            main,
+        }
+    }
+}
+
+/// Per-queue state kept in memory beside the table: one for each lane,
+/// each lane's attention queue and each dedicated tenant queue.
 struct LaneState {
     lane: Lane,
+    names: Arc<QueueNames>,
     /// Fair-queueing state of each priority class, by rank.
     fair: Mutex<[FairState; CLASSES]>,
     /// Which classes the next receive serves.
@@ -177,6 +219,21 @@ struct LaneState {
 }
 
 impl LaneState {
+    fn new(lane: Lane, names: QueueNames, lanes: &LanesSettings) -> Arc<Self> {
+        let settings = lanes.get(lane);
+        Arc::new(LaneState {
+            lane,
+            names: Arc::new(names),
+            fair: Mutex::default(),
+            share: PriorityShare::new(settings.low_priority_share),
+            arrivals: Notify::new(),
+            deleted: AtomicU64::new(0),
+            book: Mutex::default(),
+            max_receives: settings.max_receive_count,
+            visibility_ms: (settings.visibility_timeout_secs * 1000) as i64,
+        })
+    }
+
     fn book(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -184,11 +241,102 @@ impl LaneState {
     fn fair(&self) -> MutexGuard<'_, [FairState; CLASSES]> {
         self.fair.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Rebuilds the book's counters and the fair-queueing state from the
+    /// rows stored under this queue's names.
+    fn load(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+        let now = now_ms();
+        let count = |name: &str| -> rusqlite::Result<u64> {
+            conn.prepare_cached("SELECT COUNT(*) FROM queue_messages WHERE queue = ?1")?
+                .query_row([name], |row| row.get::<_, i64>(0))
+                .map(|n| n.max(0) as u64)
+        };
+        {
+            let mut book = self.book();
+            book.rows = count(&self.names.main)?;
+            book.dlq = count(&self.names.dlq)?;
+            book.held = count(&self.names.held)?;
+            let mut delayed = conn.prepare_cached(
+                "SELECT visible_at, COUNT(*) FROM queue_messages WHERE queue = ?1 AND visible_at > ?2 GROUP BY visible_at",
+            )?;
+            let rows = delayed.query_map(rusqlite::params![self.names.main, now], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+            })?;
+            for row in rows {
+                let (at, n) = row?;
+                *book.delayed.entry(at).or_default() += n as u64;
+            }
+        }
+        for priority in Priority::ALL {
+            let mut last = conn.prepare_cached(
+                "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ?1 AND priority = ?2 GROUP BY tenant_id",
+            )?;
+            let rows = last
+                .query_map(
+                    rusqlite::params![self.names.main, priority.as_str()],
+                    |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let min_key: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT MIN(fair_key) FROM queue_messages WHERE queue = ?1 AND priority = ?2",
+                )?
+                .query_row(
+                    rusqlite::params![self.names.main, priority.as_str()],
+                    |row| row.get(0),
+                )?;
+            let mut fair = self.fair();
+            let class = &mut fair[priority.rank()];
+            class.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
+            class.last_key = rows.into_iter().collect();
+        }
+        Ok(())
+    }
 }
 
 /// Tenants whose messages are set aside (paused or disabled).
 type HeldTenants = Arc<RwLock<HashSet<String>>>;
 
+/// What every view of the embedded queue shares: dedicated tenants and
+/// their queues, and the lanes' attention queues.
+struct Dedicated {
+    lanes: LanesSettings,
+    /// Tenants whose new messages go to their own queue.
+    tenants: RwLock<HashSet<String>>,
+    /// Each dedicated tenant queue's state, by lane and tenant, made on
+    /// first use and kept (a tenant switched back to shared may still have
+    /// a backlog there).
+    queues: Mutex<HashMap<(Lane, String), Arc<LaneState>>>,
+    /// Each lane's attention queue.
+    attention: [Arc<LaneState>; 2],
+}
+
+impl Dedicated {
+    fn is_dedicated(&self, tenant_id: &str) -> bool {
+        self.tenants
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(tenant_id)
+    }
+
+    /// The state of `tenant_id`'s queue in `lane`, and whether it is new
+    /// (its counters still to be loaded from the table).
+    fn queue(&self, lane: Lane, tenant_id: &str) -> (Arc<LaneState>, bool) {
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(state) = queues.get(&(lane, tenant_id.to_owned())) {
+            return (state.clone(), false);
+        }
+        let state = LaneState::new(lane, QueueNames::tenant(lane, tenant_id), &self.lanes);
+        queues.insert((lane, tenant_id.to_owned()), state.clone());
+        (state, true)
+    }
+
+    fn attention(&self, lane: Lane) -> &Arc<LaneState> {
+        &self.attention[lane_index(lane)]
+    }
+}
+
+#[derive(Clone)]
 pub struct EmbeddedQueue {
     db: SqliteDb,
     /// Every change to the queue table goes through it.
@@ -196,41 +344,78 @@ pub struct EmbeddedQueue {
     held: HeldTenants,
     fast: Arc<LaneState>,
     slow: Arc<LaneState>,
+    dedicated: Arc<Dedicated>,
+    /// Set in a view of one queue (a dedicated tenant's or an attention
+    /// queue): every `lane` argument then names only the lane's settings.
+    pinned: Option<Arc<LaneState>>,
 }
 
 /// One queue row, every column bound in order.
 const INSERT_ROW: &str = "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9)";
 
-fn queue_name(lane: Lane) -> &'static str {
-    lane.as_str()
-}
-
-fn held_name(lane: Lane) -> &'static str {
-    match lane {
-        Lane::Fast => "fast-held",
-        Lane::Slow => "slow-held",
-    }
-}
-
-fn dlq_name(lane: Lane) -> &'static str {
-    match lane {
-        Lane::Fast => "fast-dlq",
-        Lane::Slow => "slow-dlq",
-    }
-}
+/// An attention entry for a tenant, unless one is waiting already (in the
+/// queue, or set aside while the tenant is held).
+const INSERT_ATTENTION: &str = "INSERT INTO queue_messages (queue, message_id, tenant_id, channel, priority, body, fair_key, visible_at, receive_count, enqueued_at) \
+     SELECT ?1, ?2, ?2, 'email', 'normal', '', ?3, ?4, 0, ?5 \
+     WHERE NOT EXISTS (SELECT 1 FROM queue_messages WHERE queue IN (?1, ?6) AND tenant_id = ?2)";
 
 fn parse_receipt(receipt: &str) -> Option<(i64, u32)> {
     let (seq, count) = receipt.split_once(':')?;
     Some((seq.parse().ok()?, count.parse().ok()?))
 }
 
-/// What an insert put on a lane, for the lane's book once committed.
-#[derive(Debug, Default)]
+/// What an insert put on which queue, for their books once committed.
+#[derive(Default)]
 pub struct Inserted {
-    count: [u64; 2],
-    /// Due times (ms) of delayed messages, by lane.
-    delayed: [Vec<i64>; 2],
+    queues: Vec<Booked>,
+}
+
+struct Booked {
+    state: Arc<LaneState>,
+    count: u64,
+    /// Due times (ms) of delayed messages.
+    delayed: Vec<i64>,
+}
+
+impl Inserted {
+    fn note(&mut self, state: &Arc<LaneState>, visible_at: i64, now: i64) {
+        let at = match self
+            .queues
+            .iter()
+            .position(|booked| Arc::ptr_eq(&booked.state, state))
+        {
+            Some(at) => at,
+            None => {
+                self.queues.push(Booked {
+                    state: state.clone(),
+                    count: 0,
+                    delayed: Vec::new(),
+                });
+                self.queues.len() - 1
+            }
+        };
+        let booked = &mut self.queues[at];
+        booked.count += 1;
+        if visible_at > now {
+            booked.delayed.push(visible_at);
+        }
+    }
+
+    /// Books committed inserts and wakes each queue's long-polling receivers.
+    fn book(&self) {
+        let now = now_ms();
+        for booked in &self.queues {
+            {
+                let mut book = booked.state.book();
+                book.rows += booked.count;
+                for at in &booked.delayed {
+                    book.add_delayed(*at, now);
+                }
+            }
+            booked.state.arrivals.notify_waiters();
+        }
+    }
 }
 
 fn lane_index(lane: Lane) -> usize {
@@ -249,85 +434,67 @@ impl EmbeddedQueue {
         lanes: LanesSettings,
         writer: StoreWriter,
     ) -> anyhow::Result<Self> {
-        let lane_state = |lane: Lane| {
-            let settings = lanes.get(lane);
-            Arc::new(LaneState {
-                lane,
-                fair: Mutex::default(),
-                share: PriorityShare::new(settings.low_priority_share),
-                arrivals: Notify::new(),
-                deleted: AtomicU64::new(0),
-                book: Mutex::default(),
-                max_receives: settings.max_receive_count,
-                visibility_ms: (settings.visibility_timeout_secs * 1000) as i64,
-            })
-        };
         let queue = EmbeddedQueue {
-            fast: lane_state(Lane::Fast),
-            slow: lane_state(Lane::Slow),
+            fast: LaneState::new(Lane::Fast, QueueNames::lane(Lane::Fast), &lanes),
+            slow: LaneState::new(Lane::Slow, QueueNames::lane(Lane::Slow), &lanes),
+            dedicated: Arc::new(Dedicated {
+                attention: [
+                    LaneState::new(Lane::Fast, QueueNames::attention(Lane::Fast), &lanes),
+                    LaneState::new(Lane::Slow, QueueNames::attention(Lane::Slow), &lanes),
+                ],
+                tenants: RwLock::default(),
+                queues: Mutex::default(),
+                lanes,
+            }),
             db,
             writer,
             held: HeldTenants::default(),
+            pinned: None,
         };
-        let now = now_ms();
-        let counts: Vec<(String, i64)> =
-            sqlx::query_as("SELECT queue, COUNT(*) FROM queue_messages GROUP BY queue")
-                .fetch_all(&queue.db.write)
-                .await
-                .context("counting embedded queue rows")?;
-        let delayed: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT queue, visible_at, COUNT(*) FROM queue_messages WHERE visible_at > ? GROUP BY queue, visible_at",
+        // Every dedicated tenant queue that has rows gets its state now, so
+        // its counters are right from the start.
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT queue FROM queue_messages WHERE queue LIKE '%:t:%'",
         )
-        .bind(now)
         .fetch_all(&queue.db.write)
         .await
-        .context("loading delayed embedded queue rows")?;
-        for lane in Lane::ALL {
-            let state = queue.state(*lane);
+        .context("listing dedicated tenant queues")?;
+        for name in names {
+            let mut parts = name.splitn(3, ':');
+            if let (Some(lane), Some("t"), Some(rest)) = (parts.next(), parts.next(), parts.next())
+                && let Ok(lane) = lane.parse::<Lane>()
             {
-                let mut book = state.book();
-                for (name, count) in &counts {
-                    let count = *count as u64;
-                    if name == queue_name(*lane) {
-                        book.rows = count;
-                    } else if name == dlq_name(*lane) {
-                        book.dlq = count;
-                    } else if name == held_name(*lane) {
-                        book.held = count;
-                    }
-                }
-                for (name, at, count) in &delayed {
-                    if name == queue_name(*lane) {
-                        *book.delayed.entry(*at).or_default() += *count as u64;
-                    }
-                }
-            }
-            for priority in Priority::ALL {
-                let rows: Vec<(String, i64)> = sqlx::query_as(
-                    "SELECT tenant_id, MAX(fair_key) FROM queue_messages WHERE queue = ? AND priority = ? GROUP BY tenant_id",
-                )
-                .bind(queue_name(*lane))
-                .bind(priority.as_str())
-                .fetch_all(&queue.db.write)
-                .await
-                .context("loading embedded queue state")?;
-                let min_key: Option<i64> = sqlx::query_scalar(
-                    "SELECT MIN(fair_key) FROM queue_messages WHERE queue = ? AND priority = ?",
-                )
-                .bind(queue_name(*lane))
-                .bind(priority.as_str())
-                .fetch_one(&queue.db.write)
-                .await?;
-                let mut fair = state.fair();
-                let class = &mut fair[priority.rank()];
-                class.virtual_now = min_key.map(|k| k - 1).unwrap_or(0);
-                class.last_key = rows.into_iter().collect();
+                let tenant = rest.split(':').next().unwrap_or(rest);
+                queue.dedicated.queue(lane, tenant);
             }
         }
+        let mut states = vec![queue.fast.clone(), queue.slow.clone()];
+        states.extend(queue.dedicated.attention.iter().cloned());
+        states.extend(
+            queue
+                .dedicated
+                .queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned(),
+        );
+        queue
+            .through_writer(|reply| {
+                Box::new(LoadWork {
+                    states,
+                    reply: Some(reply),
+                })
+            })
+            .await
+            .context("loading embedded queue state")?;
         Ok(queue)
     }
 
     fn state(&self, lane: Lane) -> &Arc<LaneState> {
+        if let Some(pinned) = &self.pinned {
+            return pinned;
+        }
         match lane {
             Lane::Fast => &self.fast,
             Lane::Slow => &self.slow,
@@ -345,14 +512,86 @@ impl EmbeddedQueue {
         messages: &[&OutboundMessage],
         inserted: &mut Inserted,
     ) -> rusqlite::Result<()> {
-        insert_messages(tx, self.state(lane), messages.iter().copied(), inserted)
+        self.insert_messages(tx, self.state(lane), messages.iter().copied(), inserted)
     }
 
-    /// Books committed inserts and wakes the lanes' long-polling receivers.
+    /// Books committed inserts and wakes the queues' long-polling receivers.
     pub fn inserted(&self, inserted: &Inserted) {
-        for lane in Lane::ALL {
-            book_inserted(self.state(*lane), inserted);
+        inserted.book();
+    }
+
+    /// Inserts `messages` into `state`'s queue with fair keys; a lane's
+    /// message of a dedicated tenant goes to the tenant's own queue instead,
+    /// with an attention entry for it in the same transaction.
+    fn insert_messages<'a>(
+        &self,
+        tx: &Transaction,
+        state: &Arc<LaneState>,
+        messages: impl IntoIterator<Item = &'a OutboundMessage>,
+        inserted: &mut Inserted,
+    ) -> rusqlite::Result<()> {
+        let routed = self.pinned.is_none();
+        let now = now_ms();
+        let mut insert = tx.prepare_cached(INSERT_ROW)?;
+        for message in messages {
+            let target = if routed && self.dedicated.is_dedicated(&message.tenant_id) {
+                let (target, new) = self.dedicated.queue(state.lane, &message.tenant_id);
+                if new {
+                    target.load(tx)?;
+                }
+                self.signal_attention(tx, state.lane, &message.tenant_id, 0, inserted)?;
+                target
+            } else {
+                state.clone()
+            };
+            let key = target.fair()[message.priority.rank()].next_key(&message.tenant_id);
+            let visible_at = now + message.delay.as_millis() as i64;
+            insert.execute(rusqlite::params![
+                target.names.main,
+                message.message_id,
+                message.tenant_id,
+                message.channel.as_str(),
+                message.priority.as_str(),
+                message.body,
+                key,
+                visible_at,
+                now,
+            ])?;
+            inserted.note(&target, visible_at, now);
         }
+        Ok(())
+    }
+
+    /// Adds an attention entry for `tenant_id` in `lane`, visible after
+    /// `delay_ms`, unless one is already waiting.
+    fn signal_attention(
+        &self,
+        tx: &Transaction,
+        lane: Lane,
+        tenant_id: &str,
+        delay_ms: i64,
+        inserted: &mut Inserted,
+    ) -> rusqlite::Result<bool> {
+        let attention = self.dedicated.attention(lane);
+        let key = attention.fair()[Priority::Normal.rank()].next_key(tenant_id);
+        let now = now_ms();
+        let visible_at = now + delay_ms.max(0);
+        let added = tx
+            .prepare_cached(INSERT_ATTENTION)?
+            .execute(rusqlite::params![
+                attention.names.main,
+                tenant_id,
+                key,
+                visible_at,
+                now,
+                attention.names.held,
+            ])?;
+        if added == 1 {
+            inserted.note(attention, visible_at, now);
+            metrics::counter!(crate::metrics::ATTENTION_SIGNALS_TOTAL, "lane" => lane.as_str(), "event" => "published")
+                .increment(1);
+        }
+        Ok(added == 1)
     }
 
     /// One non-waiting receive through the writer.
@@ -386,11 +625,10 @@ impl EmbeddedQueue {
             .context("the store writer dropped a piece of work")?
     }
 
-    /// Moves `tenant_id`'s set-aside messages of `lane` back into the lane:
+    /// Moves `tenant_id`'s set-aside messages of `state`'s queue back:
     /// per priority class, in their original order, with fair keys that
     /// start where the tenant would start now.
-    async fn release_held(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<()> {
-        let state = self.state(lane).clone();
+    async fn release_held(&self, state: Arc<LaneState>, tenant_id: &str) -> anyhow::Result<()> {
         self.through_writer(|reply| {
             Box::new(ReleaseWork {
                 state,
@@ -403,74 +641,179 @@ impl EmbeddedQueue {
         .await
     }
 
+    /// Every queue state a tenant's held messages may sit beside: the
+    /// lanes, their attention queues and its own queues.
+    fn states_of(&self, tenant_id: &str) -> Vec<Arc<LaneState>> {
+        let mut states = vec![self.fast.clone(), self.slow.clone()];
+        states.extend(self.dedicated.attention.iter().cloned());
+        for lane in Lane::ALL {
+            if let Some(state) = self
+                .dedicated
+                .queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&(*lane, tenant_id.to_owned()))
+            {
+                states.push(state.clone());
+            }
+        }
+        states
+    }
+
     /// Releases every set-aside message whose tenant is no longer held (a
     /// tenant resumed by a process that stopped before moving them back).
     pub async fn release_unheld(&self) -> anyhow::Result<()> {
-        for lane in Lane::ALL {
-            let tenants: Vec<String> =
-                sqlx::query_scalar("SELECT DISTINCT tenant_id FROM queue_messages WHERE queue = ?")
-                    .bind(held_name(*lane))
-                    .fetch_all(&self.db.read)
-                    .await?;
-            for tenant in tenants {
-                if !self.held.read().expect("held lock").contains(&tenant) {
-                    self.release_held(*lane, &tenant).await?;
+        let tenants: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT tenant_id FROM queue_messages WHERE queue LIKE '%held'",
+        )
+        .fetch_all(&self.db.read)
+        .await?;
+        for tenant in tenants {
+            if !self.held.read().expect("held lock").contains(&tenant) {
+                for state in self.states_of(&tenant) {
+                    self.release_held(state, &tenant).await?;
                 }
             }
         }
         Ok(())
     }
+
+    /// A view of one queue of this file as a [`LaneQueue`].
+    fn view(&self, state: Arc<LaneState>) -> Arc<dyn LaneQueue> {
+        Arc::new(EmbeddedQueue {
+            pinned: Some(state),
+            ..self.clone()
+        })
+    }
 }
 
-/// Inserts `messages` into `state`'s lane with fair keys, noting in
-/// `inserted` what to book once committed.
-fn insert_messages<'a>(
-    tx: &Transaction,
-    state: &LaneState,
-    messages: impl IntoIterator<Item = &'a OutboundMessage>,
-    inserted: &mut Inserted,
-) -> rusqlite::Result<()> {
-    let lane = state.lane;
-    let now = now_ms();
-    let mut insert = tx.prepare_cached(INSERT_ROW)?;
-    for message in messages {
-        let key = state.fair()[message.priority.rank()].next_key(&message.tenant_id);
-        let visible_at = now + message.delay.as_millis() as i64;
-        insert.execute(rusqlite::params![
-            queue_name(lane),
-            message.message_id,
-            message.tenant_id,
-            message.channel.as_str(),
-            message.priority.as_str(),
-            message.body,
-            key,
-            visible_at,
-            now,
-        ])?;
-        inserted.count[lane_index(lane)] += 1;
-        if visible_at > now {
-            inserted.delayed[lane_index(lane)].push(visible_at);
-        }
-    }
-    Ok(())
+/// After a slice: when a dedicated queue still has rows, makes sure an
+/// attention entry waits, visible when the first of them can be received.
+struct SignalWork {
+    queue: EmbeddedQueue,
+    state: Arc<LaneState>,
+    tenant_id: String,
+    inserted: Inserted,
+    backlog: bool,
+    reply: Reply<bool>,
 }
 
-/// Books `state`'s lane's share of committed inserts and wakes its
-/// long-polling receivers.
-fn book_inserted(state: &LaneState, inserted: &Inserted) {
-    let index = lane_index(state.lane);
-    if inserted.count[index] == 0 {
-        return;
+impl Work for SignalWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        self.inserted = Inserted::default();
+        let now = now_ms();
+        let delay = {
+            let mut book = self.state.book();
+            let delayed = book.delayed_now(now);
+            let in_flight = book.in_flight(now) as u64;
+            self.backlog = book.rows > 0;
+            if !self.backlog {
+                None
+            } else if book.rows > delayed + in_flight {
+                Some(0)
+            } else {
+                // Everything waits for a delay or a lease: wake then.
+                Some(book.next_due(now).map_or(1000, |at| at - now))
+            }
+        };
+        if let Some(delay) = delay {
+            self.queue.signal_attention(
+                tx,
+                self.state.lane,
+                &self.tenant_id,
+                delay,
+                &mut self.inserted,
+            )?;
+        }
+        Ok(())
     }
-    let now = now_ms();
-    {
-        let mut book = state.book();
-        book.rows += inserted.count[index];
-        for at in &inserted.delayed[index] {
-            book.add_delayed(*at, now);
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        self.inserted.book();
+        let _ = answer(&mut self.reply, Ok(self.backlog));
+    }
+}
+
+/// Removes the rows of a dedicated queue that are not in flight and marks
+/// their messages `cancelled` where they were not sent yet.
+struct PurgeWork {
+    state: Arc<LaneState>,
+    purged: Vec<(i64, String)>,
+    reply: Reply<Vec<String>>,
+}
+
+impl Work for PurgeWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        self.purged.clear();
+        let now = now_ms();
+        let rows: Vec<(i64, String)> = tx
+            .prepare_cached("SELECT seq, message_id FROM queue_messages WHERE queue = ?1")?
+            .query_map([self.state.names.main.as_str()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let book = self.state.book();
+        let mut delete = tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1")?;
+        let mut cancel = tx.prepare_cached(
+            "UPDATE messages SET status = 'cancelled', updated_at = ?1 \
+             WHERE id = ?2 AND status IN ('queued', 'retrying', 'scheduled')",
+        )?;
+        for (seq, message_id) in rows {
+            if book.leases.get(&seq).is_some_and(|lease| lease.until > now) {
+                continue;
+            }
+            delete.execute([seq])?;
+            cancel.execute(rusqlite::params![now, message_id])?;
+            self.purged.push((seq, message_id));
+        }
+        Ok(())
+    }
+
+    fn rolled_back(&mut self) {
+        self.purged.clear();
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Err(failure) = outcome {
+            return failed(&mut self.reply, failure);
+        }
+        {
+            let mut book = self.state.book();
+            for (seq, _) in &self.purged {
+                book.leases.remove(seq);
+            }
+            book.rows = book.rows.saturating_sub(self.purged.len() as u64);
+        }
+        let ids = self.purged.drain(..).map(|(_, id)| id).collect();
+        let _ = answer(&mut self.reply, Ok(ids));
+    }
+}
+
+/// Rebuilds queue states from the table, in the writer's connection.
+struct LoadWork {
+    states: Vec<Arc<LaneState>>,
+    reply: Reply<()>,
+}
+
+impl Work for LoadWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        for state in &self.states {
+            state.load(tx)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        match outcome {
+            Ok(()) => {
+                let _ = answer(&mut self.reply, Ok(()));
+            }
+            Err(failure) => failed(&mut self.reply, failure),
         }
     }
-    state.arrivals.notify_waiters();
 }
 
 /// Answers a waiting caller; `Err` only when the caller has gone away.
@@ -536,7 +879,7 @@ impl Work for ReceiveWork {
         if self.settled {
             return Ok(());
         }
-        let lane = self.state.lane;
+        let names = self.state.names.clone();
         let now = now_ms();
         let max_receives = self.state.max_receives;
         let mut heads_of = tx.prepare_cached(
@@ -572,7 +915,12 @@ impl Work for ReceiveWork {
             for priority in Priority::ALL {
                 let rows = heads_of
                     .query_map(
-                        rusqlite::params![queue_name(lane), priority.as_str(), now, limit as i64],
+                        rusqlite::params![
+                            names.main.as_str(),
+                            priority.as_str(),
+                            now,
+                            limit as i64
+                        ],
                         |row| Ok((row.get(0)?, row.get(1)?, row.get::<_, i64>(2)?)),
                     )?
                     .collect::<rusqlite::Result<Vec<(i64, String, i64)>>>()?;
@@ -583,12 +931,12 @@ impl Work for ReceiveWork {
                     }
                     let prior = lease.map_or(0, |l| l.count).max(stored.max(0) as u32);
                     if prior >= max_receives {
-                        to_dlq.execute(rusqlite::params![dlq_name(lane), now, prior, seq])?;
+                        to_dlq.execute(rusqlite::params![names.dlq.as_str(), now, prior, seq])?;
                         mark_dead.execute(rusqlite::params![now, seq])?;
                         self.moved.push(Moved::Dlq(seq));
                         moved += 1;
                     } else if held.contains(&tenant_id) {
-                        set_aside.execute(rusqlite::params![held_name(lane), prior, seq])?;
+                        set_aside.execute(rusqlite::params![names.held.as_str(), prior, seq])?;
                         self.moved.push(Moved::Held(seq));
                         moved += 1;
                     } else if heads[priority.rank()].len() < want {
@@ -745,7 +1093,7 @@ struct DeleteWork {
 
 impl Work for DeleteWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        let lane = self.state.lane;
+        let names = self.state.names.clone();
         let mut delete =
             tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1 AND queue = ?2")?;
         let book = self.state.book();
@@ -756,7 +1104,7 @@ impl Work for DeleteWork {
                 continue;
             };
             let current = book.leases.get(&seq).is_some_and(|l| l.count == count);
-            if current && delete.execute(rusqlite::params![seq, queue_name(lane)])? == 1 {
+            if current && delete.execute(rusqlite::params![seq, names.main.as_str()])? == 1 {
                 self.deleted.push(seq);
                 self.results.push(Ok(()));
             } else {
@@ -815,7 +1163,7 @@ struct MoveWork {
 
 impl Work for MoveWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        let lane = self.state.lane;
+        let names = self.state.names.clone();
         let receipt = self.receipt.as_str();
         let (seq, count) =
             parse_receipt(receipt).with_context(|| format!("receipt {receipt:?} is malformed"))?;
@@ -843,7 +1191,7 @@ impl Work for MoveWork {
                         key,
                         count.saturating_sub(1),
                         seq,
-                        queue_name(lane)
+                        names.main.as_str()
                     ])? == 1
                 }
                 Destination::DeadLettered => {
@@ -852,11 +1200,11 @@ impl Work for MoveWork {
                          WHERE seq = ?4 AND queue = ?5",
                     )?
                     .execute(rusqlite::params![
-                        dlq_name(lane),
+                        names.dlq.as_str(),
                         now,
                         count,
                         seq,
-                        queue_name(lane)
+                        names.main.as_str()
                     ])? == 1
                 }
             };
@@ -909,6 +1257,7 @@ impl Work for MoveWork {
 
 /// Puts messages on a lane outside the accept path.
 struct InsertWork {
+    queue: EmbeddedQueue,
     queue_state: Arc<LaneState>,
     messages: Vec<OutboundMessage>,
     inserted: Inserted,
@@ -918,7 +1267,8 @@ struct InsertWork {
 impl Work for InsertWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
         self.inserted = Inserted::default();
-        insert_messages(tx, &self.queue_state, &self.messages, &mut self.inserted)?;
+        self.queue
+            .insert_messages(tx, &self.queue_state, &self.messages, &mut self.inserted)?;
         Ok(())
     }
 
@@ -926,7 +1276,7 @@ impl Work for InsertWork {
         if let Err(failure) = outcome {
             return failed(&mut self.reply, failure);
         }
-        book_inserted(&self.queue_state, &self.inserted);
+        self.inserted.book();
         let _ = answer(&mut self.reply, Ok(self.messages.len()));
     }
 }
@@ -943,14 +1293,14 @@ struct ReleaseWork {
 
 impl Work for ReleaseWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        let lane = self.state.lane;
+        let names = self.state.names.clone();
         self.lasts.clear();
         self.moved = 0;
         let counts: Vec<(String, i64)> = tx
             .prepare_cached(
                 "SELECT priority, COUNT(*) FROM queue_messages WHERE queue = ?1 AND tenant_id = ?2 GROUP BY priority",
             )?
-            .query_map(rusqlite::params![held_name(lane), self.tenant_id], |row| {
+            .query_map(rusqlite::params![names.held.as_str(), self.tenant_id], |row| {
                 Ok((row.get(0)?, row.get(1)?))
             })?
             .collect::<rusqlite::Result<_>>()?;
@@ -983,12 +1333,12 @@ impl Work for ReleaseWork {
                  WHERE queue_messages.seq = ordered.seq",
             )?
             .execute(rusqlite::params![
-                queue_name(lane),
+                names.main.as_str(),
                 now_ms(),
                 bases[Priority::High.rank()],
                 bases[Priority::Normal.rank()],
                 bases[Priority::Low.rank()],
-                held_name(lane),
+                names.held.as_str(),
                 self.tenant_id,
             ])? as u64;
         Ok(())
@@ -1030,7 +1380,7 @@ struct RedriveWork {
 
 impl Work for RedriveWork {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        let lane = self.state.lane;
+        let names = self.state.names.clone();
         self.ids.clear();
         let wanted: Option<HashSet<&String>> = self
             .filter
@@ -1043,7 +1393,7 @@ impl Work for RedriveWork {
                  WHERE queue = ?1 AND (?2 IS NULL OR tenant_id = ?2) ORDER BY seq",
             )?
             .query_map(
-                rusqlite::params![dlq_name(lane), self.filter.tenant_id],
+                rusqlite::params![names.dlq.as_str(), self.filter.tenant_id],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
             )?
             .collect::<rusqlite::Result<_>>()?;
@@ -1065,7 +1415,7 @@ impl Work for RedriveWork {
             }
             let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
             let key = self.state.fair()[rank].next_key(&tenant_id);
-            move_back.execute(rusqlite::params![queue_name(lane), now, key, seq])?;
+            move_back.execute(rusqlite::params![names.main.as_str(), now, key, seq])?;
             requeue.execute(rusqlite::params![now, message_id])?;
             self.ids.push(message_id);
         }
@@ -1108,6 +1458,7 @@ impl LaneQueue for EmbeddedQueue {
         let sent = self
             .through_writer(|reply| {
                 Box::new(InsertWork {
+                    queue: self.clone(),
                     queue_state,
                     messages,
                     inserted: Inserted::default(),
@@ -1234,7 +1585,7 @@ impl LaneQueue for EmbeddedQueue {
             "SELECT enqueued_at FROM queue_messages INDEXED BY queue_messages_queue \
              WHERE queue = ? ORDER BY seq LIMIT 1",
         )
-        .bind(queue_name(lane))
+        .bind(self.state(lane).names.main.as_str())
         .fetch_optional(&self.db.read)
         .await?;
         Ok(QueueStats {
@@ -1253,7 +1604,7 @@ impl LaneQueue for EmbeddedQueue {
             "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
              FROM queue_messages WHERE queue = ? ORDER BY seq LIMIT ?",
         )
-        .bind(dlq_name(lane))
+        .bind(self.state(lane).names.dlq.as_str())
         .bind(limit as i64)
         .fetch_all(&self.db.read)
         .await?;
@@ -1309,14 +1660,135 @@ impl LaneQueue for EmbeddedQueue {
             return Ok(());
         }
         self.held.write().expect("held lock").remove(tenant_id);
-        for lane in Lane::ALL {
-            self.release_held(*lane, tenant_id).await?;
+        for state in self.states_of(tenant_id) {
+            self.release_held(state, tenant_id).await?;
         }
         Ok(())
     }
 
     fn deleted_total(&self, lane: Lane) -> u64 {
         self.state(lane).deleted.load(Ordering::Relaxed)
+    }
+
+    fn has_dedicated_queues(&self) -> bool {
+        true
+    }
+
+    fn set_tenant_dedicated(&self, tenant_id: &str, dedicated: bool) {
+        let mut tenants = self
+            .dedicated
+            .tenants
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if dedicated {
+            tenants.insert(tenant_id.to_owned());
+        } else {
+            tenants.remove(tenant_id);
+        }
+    }
+
+    async fn dedicated_queue(
+        &self,
+        lane: Lane,
+        tenant_id: &str,
+    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
+        let state = self
+            .dedicated
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(lane, tenant_id.to_owned()))
+            .cloned();
+        Ok(state.map(|state| self.view(state)))
+    }
+
+    fn attention_queue(&self, lane: Lane) -> Option<Arc<dyn LaneQueue>> {
+        Some(self.view(self.dedicated.attention(lane).clone()))
+    }
+
+    async fn settle_attention(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<bool> {
+        let Some(state) = self
+            .dedicated
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(lane, tenant_id.to_owned()))
+            .cloned()
+        else {
+            return Ok(false);
+        };
+        let queue = self.clone();
+        let tenant_id = tenant_id.to_owned();
+        self.through_writer(|reply| {
+            Box::new(SignalWork {
+                queue,
+                state,
+                tenant_id,
+                inserted: Inserted::default(),
+                backlog: false,
+                reply: Some(reply),
+            })
+        })
+        .await
+    }
+
+    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
+        let queues: Vec<((Lane, String), Arc<LaneState>)> = self
+            .dedicated
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, state)| state.book().rows > 0)
+            .map(|(key, state)| (key.clone(), state.clone()))
+            .collect();
+        let mut backlogged = 0;
+        for ((lane, tenant_id), _) in queues {
+            if self.settle_attention(lane, &tenant_id).await? {
+                backlogged += 1;
+            }
+        }
+        Ok(backlogged)
+    }
+
+    async fn purge_dedicated(&self, tenant_id: &str) -> anyhow::Result<Vec<String>> {
+        let mut ids = Vec::new();
+        for lane in self.dedicated_lanes(tenant_id).await? {
+            let Some(state) = self
+                .dedicated
+                .queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&(lane, tenant_id.to_owned()))
+                .cloned()
+            else {
+                continue;
+            };
+            ids.extend(
+                self.through_writer(|reply| {
+                    Box::new(PurgeWork {
+                        state,
+                        purged: Vec::new(),
+                        reply: Some(reply),
+                    })
+                })
+                .await?,
+            );
+        }
+        Ok(ids)
+    }
+
+    async fn dedicated_lanes(&self, tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
+        let queues = self
+            .dedicated
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(Lane::ALL
+            .iter()
+            .copied()
+            .filter(|lane| queues.contains_key(&(*lane, tenant_id.to_owned())))
+            .collect())
     }
 
     async fn ping(&self) -> bool {

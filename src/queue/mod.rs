@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod priority;
 pub mod sqs;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -193,5 +194,72 @@ pub trait LaneQueue: Send + Sync {
     /// How long a caller batching deletes or sends waits for more entries.
     fn batch_window(&self) -> Duration {
         Duration::from_millis(5)
+    }
+
+    /// True when this backend keeps dedicated tenant queues (a queue of a
+    /// tenant's own, consumed by attention workers).
+    fn has_dedicated_queues(&self) -> bool {
+        false
+    }
+
+    /// Routes `tenant_id`'s new messages to its own queue (`true`) or to
+    /// its lane's shared queue. Messages already queued stay where they are
+    /// and are delivered from there.
+    fn set_tenant_dedicated(&self, _tenant_id: &str, _dedicated: bool) {}
+
+    /// `tenant_id`'s own queue in `lane` as a queue of its own (its `lane`
+    /// arguments then name only the lane's settings); `None` while the
+    /// tenant has never had one in `lane`.
+    async fn dedicated_queue(
+        &self,
+        _lane: Lane,
+        _tenant_id: &str,
+    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
+        Ok(None)
+    }
+
+    /// `lane`'s attention queue: one entry per dedicated tenant queue that
+    /// needs a slice of work, the tenant in `tenant_id`.
+    fn attention_queue(&self, _lane: Lane) -> Option<Arc<dyn LaneQueue>> {
+        None
+    }
+
+    /// After a slice of `tenant_id`'s queue in `lane`: when rows remain, an
+    /// attention entry waits for them, visible when the first of them can
+    /// be received. Returns whether backlog remains.
+    async fn settle_attention(&self, _lane: Lane, _tenant_id: &str) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+
+    /// Signals attention for every dedicated tenant queue that has rows and
+    /// no attention entry (after a restart, or a tenant resumed).
+    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
+        Ok(0)
+    }
+
+    /// Removes the messages waiting (not in flight) in `tenant_id`'s own
+    /// queues, marks those not yet sent `cancelled`, and returns their ids.
+    async fn purge_dedicated(&self, _tenant_id: &str) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Whether [`LaneQueue::purge_dedicated`] marks what it removed
+    /// `cancelled` itself (with the status store in the same transaction);
+    /// otherwise the caller does.
+    fn purge_marks_cancelled(&self) -> bool {
+        true
+    }
+
+    /// The lanes in which `tenant_id` has a queue of its own.
+    async fn dedicated_lanes(&self, _tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
+        Ok(Vec::new())
+    }
+
+    /// Called every `consumers.attention_sweep_secs` per lane: signals
+    /// attention again for dedicated queues that were written or worked
+    /// since the last sweep and still hold backlog, where attention entries
+    /// are not exactly one per queue (SQS). Returns how many it signalled.
+    async fn sweep_attention(&self, _lane: Lane) -> anyhow::Result<usize> {
+        Ok(0)
     }
 }

@@ -1028,13 +1028,23 @@ pub(crate) mod tests {
             }
             None
         };
-        a.create_tenant("acme", "Acme", "pro").await.unwrap();
+        a.create_tenant("acme", "Acme", "pro", Default::default())
+            .await
+            .unwrap();
         let (key_id, key) = a.issue_key("acme").await.unwrap();
         let seen =
             tokio::task::block_in_place(|| within_a_second(&|| b.authenticate(&key).is_some()));
         assert!(seen.is_some(), "the new key works on the other instance");
 
-        a.update_tenant("acme", Some("basic"), None).await.unwrap();
+        a.update_tenant(
+            "acme",
+            &crate::tenants::TenantChange {
+                plan: Some("basic".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         let moved = tokio::task::block_in_place(|| {
             within_a_second(&|| b.tenant("acme").is_some_and(|t| t.plan == "basic"))
         });

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use crate::config::PlanSettings;
-use crate::model::{Lane, TenantStatus, now_ms};
+use crate::model::{Isolation, Lane, TenantStatus, now_ms};
 use crate::store::{Db, on_pool};
 
 /// A plan: which lane a tenant's messages take and how much it may send.
@@ -46,6 +46,12 @@ pub struct Tenant {
     pub name: String,
     pub plan: String,
     pub status: TenantStatus,
+    /// `shared` (default): the lane's queue. `dedicated`: a queue of the
+    /// tenant's own, consumed by attention workers in bounded slices.
+    pub isolation: Isolation,
+    /// Attention workers that may consume the tenant's own queue at once
+    /// (1: strictly one message at a time). Default 2.
+    pub max_concurrent_consumers: u32,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -159,8 +165,8 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
             )
             .fetch_all($ex)
             .await?;
-            let tenants: Vec<(String, String, String, String, i64, i64)> = sqlx::query_as(
-                "SELECT id, name, plan, status, created_at, updated_at FROM tenants",
+            let tenants: Vec<(String, String, String, String, String, i64, i64, i64)> = sqlx::query_as(
+                "SELECT id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at FROM tenants",
             )
             .fetch_all($ex)
             .await?;
@@ -197,9 +203,11 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         plans.insert(name, Arc::new(plan));
     }
     let mut tenants = HashMap::new();
-    for (id, name, plan, status, created_at, updated_at) in tenant_rows {
+    for (id, name, plan, status, isolation, consumers, created_at, updated_at) in tenant_rows {
         let row = TenantRow {
             status: status.parse().map_err(anyhow::Error::msg)?,
+            isolation: isolation.parse().map_err(anyhow::Error::msg)?,
+            max_concurrent_consumers: consumers.clamp(1, i64::from(u32::MAX)) as u32,
             id: id.clone(),
             name,
             plan,
@@ -243,6 +251,8 @@ pub struct TenantRow {
     pub name: String,
     pub plan: String,
     pub status: TenantStatus,
+    pub isolation: Isolation,
+    pub max_concurrent_consumers: u32,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -254,9 +264,53 @@ impl TenantRow {
             name: self.name.clone(),
             plan: self.plan.clone(),
             status: self.status,
+            isolation: self.isolation,
+            max_concurrent_consumers: self.max_concurrent_consumers,
             created_at: crate::model::ms_to_rfc3339(self.created_at),
             updated_at: crate::model::ms_to_rfc3339(self.updated_at),
         }
+    }
+}
+
+/// How a new tenant's messages are queued; [`TenantOptions::default`] is
+/// the lane's shared queue.
+#[derive(Debug, Clone, Copy)]
+pub struct TenantOptions {
+    pub isolation: Isolation,
+    pub max_concurrent_consumers: u32,
+}
+
+impl Default for TenantOptions {
+    fn default() -> Self {
+        TenantOptions {
+            isolation: Isolation::Shared,
+            max_concurrent_consumers: DEFAULT_CONSUMERS,
+        }
+    }
+}
+
+/// Attention workers a dedicated tenant's queue allows at once by default.
+pub const DEFAULT_CONSUMERS: u32 = 2;
+/// Most attention workers one tenant's queue may have at once.
+pub const MAX_CONSUMERS: u32 = 64;
+
+/// What a tenant update changes; `None` fields stay as they are.
+#[derive(Debug, Clone, Default)]
+pub struct TenantChange {
+    pub plan: Option<String>,
+    pub status: Option<TenantStatus>,
+    pub isolation: Option<Isolation>,
+    pub max_concurrent_consumers: Option<u32>,
+}
+
+fn check_consumers(consumers: u32) -> Result<u32, RegistryError> {
+    if (1..=MAX_CONSUMERS).contains(&consumers) {
+        Ok(consumers)
+    } else {
+        Err(invalid(
+            "max_concurrent_consumers",
+            format!("must be 1-{MAX_CONSUMERS}"),
+        ))
     }
 }
 
@@ -483,6 +537,7 @@ impl Registry {
         id: &str,
         name: &str,
         plan: &str,
+        options: TenantOptions,
     ) -> Result<Tenant, RegistryError> {
         if !is_valid_identifier(id) {
             return Err(invalid("id", IDENTIFIER_RULE));
@@ -499,17 +554,21 @@ impl Registry {
             name: name.to_owned(),
             plan: plan.to_owned(),
             status: TenantStatus::Active,
+            isolation: options.isolation,
+            max_concurrent_consumers: check_consumers(options.max_concurrent_consumers)?,
             created_at: now,
             updated_at: now,
         };
         // The primary key decides races between two creates of the same id.
         let _changing = self.changing.lock().await;
         let inserted = on_pool!(&self.db, write, |pool| {
-            sqlx::query("INSERT INTO tenants (id, name, plan, status, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            sqlx::query("INSERT INTO tenants (id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
                 .bind(&row.id)
                 .bind(&row.name)
                 .bind(&row.plan)
                 .bind(row.status.as_str())
+                .bind(row.isolation.as_str())
+                .bind(i64::from(row.max_concurrent_consumers))
                 .bind(row.created_at)
                 .bind(row.updated_at)
                 .execute(pool)
@@ -537,9 +596,14 @@ impl Registry {
     pub async fn update_tenant(
         &self,
         id: &str,
-        plan: Option<&str>,
-        status: Option<TenantStatus>,
+        change: &TenantChange,
     ) -> Result<Tenant, RegistryError> {
+        let plan = change.plan.as_deref();
+        let status = change.status;
+        let consumers = change
+            .max_concurrent_consumers
+            .map(check_consumers)
+            .transpose()?;
         self.tenant_fresh(id)
             .await
             .ok_or_else(|| RegistryError::NotFound(format!("tenant {id:?}")))?;
@@ -551,23 +615,26 @@ impl Registry {
         // Only the fields given change: another instance may have changed
         // the other one a moment ago.
         let _changing = self.changing.lock().await;
-        let stored: Option<(String, String, String, i64, i64)> = on_pool!(
-            &self.db,
-            write,
-            |pool| {
+        let stored: Option<(String, String, String, String, i64, i64, i64)> =
+            on_pool!(&self.db, write, |pool| {
                 sqlx::query_as(
                     "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
-                     updated_at = $3 WHERE id = $4 RETURNING name, plan, status, created_at, updated_at",
+                     isolation = COALESCE($5, isolation), \
+                     max_concurrent_consumers = COALESCE($6, max_concurrent_consumers), \
+                     updated_at = $3 WHERE id = $4 RETURNING name, plan, status, isolation, \
+                     max_concurrent_consumers, created_at, updated_at",
                 )
                 .bind(plan)
                 .bind(status.map(|s| s.as_str()))
                 .bind(now_ms())
                 .bind(id)
+                .bind(change.isolation.map(|i| i.as_str()))
+                .bind(consumers.map(i64::from))
                 .fetch_optional(pool)
                 .await?
-            }
-        );
-        let Some((name, plan, status, created_at, updated_at)) = stored else {
+            });
+        let Some((name, plan, status, isolation, consumers, created_at, updated_at)) = stored
+        else {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         };
         let row = TenantRow {
@@ -575,6 +642,8 @@ impl Registry {
             name,
             plan,
             status: status.parse().map_err(anyhow::Error::msg)?,
+            isolation: isolation.parse().map_err(anyhow::Error::msg)?,
+            max_concurrent_consumers: consumers.clamp(1, i64::from(u32::MAX)) as u32,
             created_at,
             updated_at,
         };

@@ -3,10 +3,12 @@
 
 mod admin;
 mod auth;
+#[macro_use]
 mod backends;
 mod batch;
 mod cancel;
 mod crash;
+mod dedicated;
 mod delivery;
 mod idempotency;
 mod instances;

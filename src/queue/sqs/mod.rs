@@ -27,6 +27,7 @@
 //! fresh copy with a delivery delay and deletes the received one.
 
 mod batch;
+mod dedicated;
 mod envelope;
 mod lanes;
 mod receiver;
@@ -102,12 +103,15 @@ impl Intercept for ApiCallCounter {
     }
 }
 
-/// The lanes as SQS queues, through one SDK client.
+/// The lanes as SQS queues, through one SDK client; or, as a view made by
+/// the lanes' queue, one dedicated tenant queue or one lane's attention
+/// queue (then `fast` and `slow` are the same queues).
 pub struct SqsQueue {
     client: Client,
+    settings: SqsSettings,
     lanes: LanesSettings,
-    fast: LaneQueues,
-    slow: LaneQueues,
+    fast: Arc<LaneQueues>,
+    slow: Arc<LaneQueues>,
     /// Stashes and polls of each lane (fast, slow).
     receivers: [Arc<Receiver>; 2],
     /// SQS operations started by `client`, for cost measurements.
@@ -119,6 +123,12 @@ pub struct SqsQueue {
     stats_cache: Mutex<[Option<(Instant, QueueStats)>; 2]>,
     /// Supplies `oldest_age_secs`, which SQS does not report.
     status_store: Option<Db>,
+    /// In a view of a dedicated tenant queue: its tenant.
+    tenant: Option<String>,
+    /// In the lanes' queue: the dedicated tenant queues and the attention
+    /// queues (`None` in views, and where the attention queues could not be
+    /// opened).
+    dedicated: Option<Arc<dedicated::Dedicated>>,
 }
 
 impl SqsQueue {
@@ -162,8 +172,8 @@ impl SqsQueue {
                 )
                 .build(),
         );
-        let fast = open_lane(&client, settings, &lanes, Lane::Fast).await?;
-        let slow = open_lane(&client, settings, &lanes, Lane::Slow).await?;
+        let fast = Arc::new(open_lane(&client, settings, &lanes, Lane::Fast).await?);
+        let slow = Arc::new(open_lane(&client, settings, &lanes, Lane::Slow).await?);
         info!(
             prefix = %settings.queue_prefix,
             fast = %fast.class(Priority::Normal).name,
@@ -181,8 +191,9 @@ impl SqsQueue {
             )
         };
         let receivers = [receiver(Lane::Fast, &fast), receiver(Lane::Slow, &slow)];
-        Ok(SqsQueue {
+        let mut queue = SqsQueue {
             client,
+            settings: settings.clone(),
             lanes,
             fast,
             slow,
@@ -192,7 +203,40 @@ impl SqsQueue {
             batch_window: Duration::from_millis(settings.batch_window_ms),
             stats_cache: Mutex::new([None, None]),
             status_store: None,
-        })
+            tenant: None,
+            dedicated: None,
+        };
+        queue.dedicated = dedicated::Dedicated::open(&queue).await.map(Arc::new);
+        Ok(queue)
+    }
+
+    /// A queue over `queues` alone, in `lane` (both lane slots), sharing
+    /// this queue's client, settings and status store.
+    fn view(&self, lane: Lane, queues: LaneQueues, tenant: Option<String>) -> SqsQueue {
+        let queues = Arc::new(queues);
+        let settings = self.lanes.get(lane);
+        let receiver = Receiver::new(
+            lane,
+            self.client.clone(),
+            std::array::from_fn(|rank| queues.classes[rank].url.clone()),
+            settings.low_priority_share,
+            Duration::from_secs(settings.visibility_timeout_secs),
+        );
+        SqsQueue {
+            client: self.client.clone(),
+            settings: self.settings.clone(),
+            lanes: self.lanes.clone(),
+            fast: queues.clone(),
+            slow: queues,
+            receivers: [receiver.clone(), receiver],
+            api_calls: self.api_calls.clone(),
+            stats_interval: self.stats_interval,
+            batch_window: self.batch_window,
+            stats_cache: Mutex::new([None, None]),
+            status_store: self.status_store.clone(),
+            tenant,
+            dedicated: None,
+        }
     }
 
     /// Takes the age of a lane's oldest message from the status store (SQS
@@ -218,14 +262,27 @@ impl SqsQueue {
         let Some(db) = &self.status_store else {
             return Ok(None);
         };
-        let oldest: Option<i64> = crate::store::on_pool!(db, read, |pool| {
-            sqlx::query_scalar(
-                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
-            )
-            .bind(lane.as_str())
-            .fetch_one(pool)
-            .await?
-        });
+        let oldest: Option<i64> = match &self.tenant {
+            None => crate::store::on_pool!(db, read, |pool| {
+                sqlx::query_scalar(
+                    "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
+                )
+                .bind(lane.as_str())
+                .fetch_one(pool)
+                .await?
+            }),
+            // A dedicated queue: the tenant's pending messages in the lane
+            // (after a switch, some may wait in the shared lane instead).
+            Some(tenant) => crate::store::on_pool!(db, read, |pool| {
+                sqlx::query_scalar(
+                    "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying') AND tenant_id = $2",
+                )
+                .bind(lane.as_str())
+                .bind(tenant)
+                .fetch_one(pool)
+                .await?
+            }),
+        };
         Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
     }
 
@@ -522,7 +579,43 @@ impl LaneQueue for SqsQueue {
         messages: Vec<OutboundMessage>,
     ) -> anyhow::Result<Vec<EntryResult>> {
         let envelopes: Vec<Envelope> = messages.iter().map(Envelope::of).collect();
-        self.send_by_class(lane, &envelopes).await
+        let Some(dedicated) = &self.dedicated else {
+            return self.send_by_class(lane, &envelopes).await;
+        };
+        let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut shared = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            if dedicated.is_dedicated(&message.tenant_id) {
+                groups.entry(&message.tenant_id).or_default().push(index);
+            } else {
+                shared.push(index);
+            }
+        }
+        if groups.is_empty() {
+            return self.send_by_class(lane, &envelopes).await;
+        }
+        let mut results: Vec<Option<EntryResult>> = vec![None; envelopes.len()];
+        if !shared.is_empty() {
+            let chosen: Vec<Envelope> = shared.iter().map(|&i| envelopes[i].clone()).collect();
+            let sent = match self.send_by_class(lane, &chosen).await {
+                Ok(sent) => sent,
+                Err(err) => vec![Err(format!("{err:#}")); shared.len()],
+            };
+            for (index, result) in shared.into_iter().zip(sent) {
+                results[index] = Some(result);
+            }
+        }
+        self.send_dedicated(dedicated, lane, &envelopes, groups, &mut results)
+            .await;
+        let results: Vec<EntryResult> = results
+            .into_iter()
+            .map(|result| result.unwrap_or(Err("not sent".to_owned())))
+            .collect();
+        if results.iter().all(Result::is_err) {
+            let reason = results[0].clone().err().unwrap_or_default();
+            anyhow::bail!("no message of the batch was sent: {reason}");
+        }
+        Ok(results)
     }
 
     /// Hands out up to `max` messages from the lane's class stashes, high
@@ -754,6 +847,75 @@ impl LaneQueue for SqsQueue {
     /// bring (until the next receive).
     async fn release_prefetched(&self, lane: Lane) {
         self.receiver(lane).release_all().await;
+    }
+
+    fn has_dedicated_queues(&self) -> bool {
+        self.dedicated.is_some()
+    }
+
+    fn set_tenant_dedicated(&self, tenant_id: &str, dedicated: bool) {
+        if let Some(queues) = &self.dedicated {
+            queues.set(tenant_id, dedicated);
+        }
+    }
+
+    async fn dedicated_queue(
+        &self,
+        lane: Lane,
+        tenant_id: &str,
+    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
+        let Some(dedicated) = &self.dedicated else {
+            return Ok(None);
+        };
+        let view = self.tenant_view(dedicated, lane, tenant_id, false).await?;
+        Ok(view.map(|view| view as Arc<dyn LaneQueue>))
+    }
+
+    fn attention_queue(&self, lane: Lane) -> Option<Arc<dyn LaneQueue>> {
+        let dedicated = self.dedicated.as_ref()?;
+        Some(dedicated.attention(lane).clone() as Arc<dyn LaneQueue>)
+    }
+
+    async fn settle_attention(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<bool> {
+        match &self.dedicated {
+            Some(dedicated) => self.settle(dedicated, lane, tenant_id).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
+        match &self.dedicated {
+            Some(dedicated) => self.reconcile(dedicated).await,
+            None => Ok(0),
+        }
+    }
+
+    async fn sweep_attention(&self, lane: Lane) -> anyhow::Result<usize> {
+        match &self.dedicated {
+            Some(dedicated) => self.sweep(dedicated, lane).await,
+            None => Ok(0),
+        }
+    }
+
+    /// Receives and deletes the receivable messages of the tenant's own
+    /// queues (the caller marks them `cancelled`); delayed retries and
+    /// messages in flight stay.
+    async fn purge_dedicated(&self, tenant_id: &str) -> anyhow::Result<Vec<String>> {
+        match &self.dedicated {
+            Some(dedicated) => self.purge(dedicated, tenant_id).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn purge_marks_cancelled(&self) -> bool {
+        false
+    }
+
+    async fn dedicated_lanes(&self, tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
+        match &self.dedicated {
+            Some(dedicated) => self.lanes_of(dedicated, tenant_id).await,
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn ping(&self) -> bool {
