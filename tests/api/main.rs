@@ -8,6 +8,7 @@ mod batch;
 mod cancel;
 mod crash;
 mod delivery;
+mod docs;
 mod idempotency;
 mod instances;
 mod limits;
