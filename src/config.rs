@@ -44,6 +44,10 @@ pub struct Settings {
     /// Tenant webhooks: timeouts, concurrency, retries.
     #[serde(default)]
     pub webhooks: WebhookSettings,
+    /// What the log may contain (levels and format come from `RUST_LOG`
+    /// and `FAIRLANE_LOG_FORMAT`, read before the settings).
+    #[serde(default)]
+    pub logging: LoggingSettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
     #[serde(default)]
@@ -326,6 +330,19 @@ impl Default for WebhookSettings {
             poll_interval_ms: 500,
         }
     }
+}
+
+/// `[logging]`: personal data in log lines.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingSettings {
+    /// Put recipients' addresses (email addresses, phone numbers) into the
+    /// INFO lines of sent and dead-lettered messages. Off by default: an
+    /// address is personal data, and logs are usually kept longer and read
+    /// by more people than the status store. Message bodies are never
+    /// logged by fairlane itself (the `log` provider, meant for
+    /// development, writes whole messages to its own output).
+    pub log_addresses: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -884,6 +901,16 @@ mod tests {
                 shown.display()
             )),
             "{text}"
+        );
+
+        std::fs::write(&file, "[logging]\nlog_addresses = true\n").unwrap();
+        let settings = Settings::load_with_env(Some(&file), no_env()).unwrap();
+        assert!(settings.logging.log_addresses);
+        assert!(
+            !Settings::from_toml_overlay("")
+                .unwrap()
+                .logging
+                .log_addresses
         );
     }
 

@@ -12,6 +12,7 @@ mod docs;
 mod idempotency;
 mod instances;
 mod limits;
+mod logging;
 mod messages;
 mod openapi;
 mod ops;
