@@ -270,6 +270,7 @@ impl Application {
                 consumers: settings.consumers.clone(),
                 status,
                 delivering: Arc::default(),
+                log_addresses: settings.logging.log_addresses,
             };
             Lane::ALL
                 .iter()

@@ -44,6 +44,10 @@ pub struct Settings {
     /// Tenant webhooks: timeouts, concurrency, retries.
     #[serde(default)]
     pub webhooks: WebhookSettings,
+    /// What the log may contain (levels and format come from `RUST_LOG`
+    /// and `FAIRLANE_LOG_FORMAT`, read before the settings).
+    #[serde(default)]
+    pub logging: LoggingSettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
     #[serde(default)]
@@ -361,6 +365,19 @@ impl Default for WebhookSettings {
     }
 }
 
+/// `[logging]`: personal data in log lines.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingSettings {
+    /// Put recipients' addresses (email addresses, phone numbers) into the
+    /// INFO lines of sent and dead-lettered messages. Off by default: an
+    /// address is personal data, and logs are usually kept longer and read
+    /// by more people than the status store. Message bodies are never
+    /// logged by fairlane itself (the `log` provider, meant for
+    /// development, writes whole messages to its own output).
+    pub log_addresses: bool,
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitsBackend {
@@ -439,22 +456,94 @@ fn merge_env(mut figment: Figment, vars: impl Iterator<Item = (String, String)>)
             raw.parse()
                 .expect("parsing an environment value is infallible")
         };
-        figment = figment.merge((path, value));
+        figment = figment.merge(EnvVariable { name, path, value });
     }
     figment
+}
+
+/// One `FAIRLANE__…` variable as a figment provider, named after the
+/// variable so an error in its value says where it came from.
+struct EnvVariable {
+    name: String,
+    path: String,
+    value: figment::value::Value,
+}
+
+impl figment::Provider for EnvVariable {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(format!("environment variable {}", self.name))
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        figment::providers::Serialized::global(&self.path, &self.value).data()
+    }
+}
+
+/// Words one figment error as an operator needs it: the key as written in
+/// a file (`server.listen`, not figment's `default.server.listen`), what
+/// is wrong, and where the value came from, a file by its absolute path.
+fn describe_config_error(err: &figment::Error) -> String {
+    use figment::error::Kind;
+    let mut key: Vec<&str> = err.path.iter().map(String::as_str).collect();
+    // figment puts the field named by these two in the message, not the path.
+    let field = match &err.kind {
+        Kind::UnknownField(field, _) => Some(field.as_str()),
+        Kind::MissingField(field) => Some(field.as_ref()),
+        _ => None,
+    };
+    if let Some(field) = field
+        && key.last() != Some(&field)
+    {
+        key.push(field);
+    }
+    let origin = match err.metadata.as_ref() {
+        Some(metadata) => match &metadata.source {
+            Some(figment::Source::File(path)) => {
+                let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                format!(" (in {})", path.display())
+            }
+            _ if metadata.name.starts_with("environment variable") => {
+                format!(" (from {})", metadata.name)
+            }
+            // The built-in defaults, or TOML text given in code (tests).
+            _ => String::new(),
+        },
+        None => String::new(),
+    };
+    if key.is_empty() {
+        format!("{}{origin}", err.kind)
+    } else {
+        format!("{}: {}{origin}", key.join("."), err.kind)
+    }
 }
 
 impl Settings {
     /// Loads defaults, then `file` (if given), then the environment.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        Self::load_with_env(file, std::env::vars())
+    }
+
+    fn load_with_env(
+        file: Option<&Path>,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<Self> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = file {
+            // Absolute, so every message names the file wherever fairlane
+            // was started from; `file_exact`, because `Toml::file` would
+            // look for a relative path in every parent directory too.
+            let path = path.canonicalize().map_err(|_| {
+                let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+                anyhow::anyhow!("configuration file {} does not exist", shown.display())
+            })?;
             if !path.is_file() {
-                bail!("configuration file {} does not exist", path.display());
+                bail!("configuration file {} is not a file", path.display());
             }
-            figment = figment.merge(Toml::file(path));
+            figment = figment.merge(Toml::file_exact(&path));
         }
-        Self::from_figment(merge_env(figment, std::env::vars()))
+        Self::from_figment(merge_env(figment, vars))
     }
 
     /// Loads defaults with `overlay` (TOML text) on top; used by tests and
@@ -465,7 +554,8 @@ impl Settings {
 
     fn from_figment(figment: Figment) -> anyhow::Result<Self> {
         let settings: Settings = figment.extract().map_err(|err| {
-            let messages: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
+            let messages: Vec<String> =
+                err.into_iter().map(|e| describe_config_error(&e)).collect();
             anyhow::anyhow!("invalid configuration: {}", messages.join("; "))
         })?;
         settings.validate().context("invalid configuration")?;
@@ -778,7 +868,83 @@ mod tests {
         let vars = [("FAIRLANE__SERVER__LISTN".to_owned(), "x".to_owned())];
         let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
         let err = Settings::from_figment(figment).unwrap_err();
-        assert!(format!("{err:#}").contains("listn"), "{err:#}");
+        let text = format!("{err:#}");
+        assert!(text.contains("server.listn: unknown field"), "{text}");
+        assert!(
+            text.contains("(from environment variable FAIRLANE__SERVER__LISTN)"),
+            "{text}"
+        );
+        assert!(!text.contains("default."), "{text}");
+    }
+
+    #[test]
+    fn an_error_in_a_config_file_names_the_key_as_written_and_the_absolute_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fairlane.toml");
+        let absolute = dir.path().canonicalize().unwrap().join("fairlane.toml");
+        let no_env = || std::iter::empty::<(String, String)>();
+
+        std::fs::write(&file, "[server]\nlisen = \"127.0.0.1:1\"\n").unwrap();
+        let text = format!(
+            "{:#}",
+            Settings::load_with_env(Some(&file), no_env()).unwrap_err()
+        );
+        assert!(text.contains("server.lisen: unknown field"), "{text}");
+        assert!(
+            text.contains(&format!("(in {})", absolute.display())),
+            "{text}"
+        );
+        assert!(!text.contains("default."), "{text}");
+
+        std::fs::write(&file, "[lanes.fast]\nconcurrency = \"lots\"\n").unwrap();
+        let text = format!(
+            "{:#}",
+            Settings::load_with_env(Some(&file), no_env()).unwrap_err()
+        );
+        assert!(
+            text.contains("lanes.fast.concurrency: invalid type"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("(in {})", absolute.display())),
+            "{text}"
+        );
+
+        // A path through `..` is shown resolved.
+        let relative = dir.path().join("sub/../fairlane.toml");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let text = format!(
+            "{:#}",
+            Settings::load_with_env(Some(&relative), no_env()).unwrap_err()
+        );
+        assert!(
+            text.contains(&format!("(in {})", absolute.display())),
+            "{text}"
+        );
+
+        let missing = Path::new("no-such-dir/fairlane.toml");
+        let text = format!(
+            "{:#}",
+            Settings::load_with_env(Some(missing), no_env()).unwrap_err()
+        );
+        let shown = std::env::current_dir().unwrap().join(missing);
+        assert!(
+            text.contains(&format!(
+                "configuration file {} does not exist",
+                shown.display()
+            )),
+            "{text}"
+        );
+
+        std::fs::write(&file, "[logging]\nlog_addresses = true\n").unwrap();
+        let settings = Settings::load_with_env(Some(&file), no_env()).unwrap();
+        assert!(settings.logging.log_addresses);
+        assert!(
+            !Settings::from_toml_overlay("")
+                .unwrap()
+                .logging
+                .log_addresses
+        );
     }
 
     #[test]

@@ -12,11 +12,27 @@ use utoipa::OpenApi;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The environment `serve` and `admin-token` read, shown under `--help`.
+/// README.md ("Environment variables") lists the same names; a test keeps
+/// the two in step.
+const ENVIRONMENT: &str = "\
+Environment:
+  FAIRLANE_CONFIG          the configuration file, when --config is not given
+  FAIRLANE__SECTION__KEY   overrides one setting over the file and the built-in
+                           defaults: double underscores between levels, e.g.
+                           FAIRLANE__SERVER__LISTEN=0.0.0.0:8080 sets
+                           server.listen (README: \"Configuration reference\")
+  RUST_LOG                 serve: log filter, default \"info\" (e.g. \"fairlane=debug\")
+  FAIRLANE_LOG_FORMAT      serve: \"json\" writes the log as JSON lines
+  AWS_REGION, AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  AWS_SESSION_TOKEN        the standard AWS chain, for SQS and SES only";
+
 #[derive(Parser)]
 #[command(
     name = "fairlane",
     version,
-    about = "Multi-tenant notification gateway"
+    about = "Multi-tenant notification gateway",
+    after_help = ENVIRONMENT
 )]
 struct Cli {
     #[command(subcommand)]
@@ -26,15 +42,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API and the lane consumers.
+    #[command(after_help = ENVIRONMENT)]
     Serve {
-        /// TOML file layered over the built-in defaults.
+        /// TOML file layered over the built-in defaults (see
+        /// config/default.toml); environment variables override both.
         #[arg(long, env = "FAIRLANE_CONFIG")]
         config: Option<PathBuf>,
     },
     /// Print the OpenAPI document (JSON) to stdout.
     Openapi,
     /// Generate a new admin token, store its hash and print it.
+    #[command(after_help = ENVIRONMENT)]
     AdminToken {
+        /// The configuration file `serve` runs with, so the token's hash goes
+        /// to the same store (`storage.url`); environment variables override
+        /// it as for `serve`.
         #[arg(long, env = "FAIRLANE_CONFIG")]
         config: Option<PathBuf>,
         /// Required: replaces the current generated token.

@@ -252,11 +252,40 @@ pub async fn redrive(
             // messages that reached the DLQ by SQS's own redrive policy.
             messages::mark_requeued(&state.db, &ids, started).await?;
             redriven += ids.len();
+            log_redriven(&state, lane, &ids).await;
         }
         anyhow::Ok(redriven)
     });
     let redriven = work.await.map_err(anyhow::Error::from)??;
     Ok(Json(RedriveResult { redriven }))
+}
+
+/// One INFO line per redriven message, as for the other state changes an
+/// operator follows (sent, dead-lettered). The status rows are read only
+/// when the line is written.
+async fn log_redriven(state: &AppState, lane: Lane, ids: &[String]) {
+    if ids.is_empty() || !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let records = match messages::get_many(&state.db, ids).await {
+        Ok(records) => records,
+        Err(err) => {
+            tracing::warn!(lane = lane.as_str(), redriven = ids.len(), error = %format!("{err:#}"), "Messages redriven; could not read them back for the log.");
+            return;
+        }
+    };
+    for id in ids {
+        let record = records.get(id);
+        tracing::info!(
+            message_id = %id,
+            tenant = record.map(|r| r.tenant_id.as_str()),
+            channel = record.map(|r| r.channel.as_str()),
+            lane = lane.as_str(),
+            priority = record.map(|r| r.priority.as_str()),
+            attempts = record.map(|r| r.attempts),
+            "Message redriven."
+        );
+    }
 }
 
 /// Prometheus text exposition of fairlane's metrics.

@@ -535,6 +535,7 @@ async fn hand_to_lane(state: &AppState, handed: &Handed) -> Result<(), ApiError>
 }
 
 fn counted_accepted(state: &AppState, handed: &Handed) {
+    tracing::debug!(message_id = %handed.id, tenant = %handed.tenant_id, channel = handed.channel.as_str(), lane = handed.lane.as_str(), "Message accepted.");
     state.backpressure.record_accepted(handed.lane, 1);
     metrics::counter!(names::ACCEPTED_TOTAL, "lane" => handed.lane.as_str(), "channel" => handed.channel.as_str())
         .increment(1);

@@ -70,6 +70,9 @@ pub struct Delivery {
     pub status: StatusWriter,
     /// Ids of the messages being delivered by this process.
     pub delivering: Arc<Delivering>,
+    /// `logging.log_addresses`: recipients' addresses in the INFO lines of
+    /// sent and dead-lettered messages.
+    pub log_addresses: bool,
 }
 
 /// The ids of messages this process is delivering right now. A queue may

@@ -77,14 +77,23 @@ async fn defer(
     }
 }
 
+/// What is known about a message being dead-lettered, for its log line:
+/// its payload once it could be read, and the provider once one was called.
+#[derive(Clone, Copy)]
+struct Known<'a> {
+    payload: Option<&'a DeliveryPayload>,
+    provider: Option<&'static str>,
+}
+
 async fn dead_letter(
     context: &Context,
     message: &ReceivedMessage,
-    channel: &str,
+    known: Known<'_>,
     error: &str,
     counted: bool,
 ) {
-    if let Err(err) = context
+    let channel = message.channel.as_str();
+    let attempts = match context
         .delivery
         .status
         .failure(
@@ -95,8 +104,12 @@ async fn dead_letter(
         )
         .await
     {
-        warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering.");
-    }
+        Ok(attempts) => Some(attempts),
+        Err(err) => {
+            warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering.");
+            None
+        }
+    };
     match context
         .delivery
         .queue
@@ -104,8 +117,24 @@ async fn dead_letter(
         .await
     {
         Ok(()) => {
-            metrics::counter!(names::DEAD_LETTERED_TOTAL, "lane" => context.lane.as_str(), "channel" => channel.to_owned()).increment(1);
-            info!(message_id = %message.message_id, tenant = %message.tenant_id, reason = error, "Message dead-lettered.");
+            metrics::counter!(names::DEAD_LETTERED_TOTAL, "lane" => context.lane.as_str(), "channel" => channel).increment(1);
+            let to = known
+                .payload
+                .filter(|_| context.delivery.log_addresses)
+                .map(|payload| payload.to.as_str());
+            info!(
+                message_id = %message.message_id,
+                tenant = %message.tenant_id,
+                channel,
+                lane = context.lane.as_str(),
+                priority = message.priority.as_str(),
+                provider = known.provider,
+                attempts,
+                receive_count = message.receive_count,
+                reason = error,
+                to,
+                "Message dead-lettered."
+            );
         }
         Err(err) => {
             warn!(message_id = %message.message_id, error = %err, "Could not move message to the DLQ; it returns after its visibility timeout.")
@@ -185,17 +214,25 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Ok(payload) => payload,
         Err(err) => {
             let reason = format!("queue entry is not a readable message: {err}");
-            return dead_letter(context, &message, message.channel.as_str(), &reason, false).await;
+            let known = Known {
+                payload: None,
+                provider: None,
+            };
+            return dead_letter(context, &message, known, &reason, false).await;
         }
     };
     let channel = payload.channel.as_str();
+    let unsent = Known {
+        payload: Some(&payload),
+        provider: None,
+    };
     let Some(tenant) = context
         .delivery
         .registry
         .tenant_fresh(&message.tenant_id)
         .await
     else {
-        return dead_letter(context, &message, channel, "tenant was deleted", false).await;
+        return dead_letter(context, &message, unsent, "tenant was deleted", false).await;
     };
     match tenant.status {
         TenantStatus::Active => {}
@@ -325,9 +362,14 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Err(ProviderError::Transient(_)) => "transient",
         Err(ProviderError::Throttled { .. }) => "throttled",
     };
+    let call_time = started.elapsed();
     metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => gated.provider.name(), "outcome" => outcome_label)
-        .record(started.elapsed().as_secs_f64());
+        .record(call_time.as_secs_f64());
     beat.abort();
+    let called = Known {
+        payload: Some(&payload),
+        provider: Some(gated.provider.name()),
+    };
 
     let retry = &context.delivery.retry;
     match outcome {
@@ -345,7 +387,24 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             }
             let _ = context.deletes.send(message.receipt.clone()).await;
             metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel).increment(1);
-            debug!(message_id = %payload.id, provider_message_id = %delivered.provider_message_id, "Message sent.");
+            let to = context
+                .delivery
+                .log_addresses
+                .then_some(payload.to.as_str());
+            info!(
+                message_id = %payload.id,
+                tenant = %payload.tenant_id,
+                channel,
+                lane = lane.as_str(),
+                priority = payload.priority.as_str(),
+                provider = gated.provider.name(),
+                provider_message_id = %delivered.provider_message_id,
+                receive_count = message.receive_count,
+                queued_ms = (crate::model::now_ms() - message.enqueued_at_ms).max(0),
+                call_ms = call_time.as_millis() as u64,
+                to,
+                "Message sent."
+            );
         }
         Err(ProviderError::Throttled {
             retry_after,
@@ -379,7 +438,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 .unwrap_or(retry.max_attempts);
             if attempts >= retry.max_attempts {
                 let reason = format!("gave up after {attempts} attempts: {error}");
-                return dead_letter(context, &message, channel, &reason, false).await;
+                return dead_letter(context, &message, called, &reason, false).await;
             }
             let delay = backoff(
                 Duration::from_millis(retry.base_delay_ms),
@@ -388,13 +447,23 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             );
             metrics::counter!(names::RETRIED_TOTAL, "lane" => lane.as_str(), "channel" => channel)
                 .increment(1);
-            info!(message_id = %payload.id, attempts, delay_ms = delay.as_millis() as u64, error = %error, "Transient failure; retrying later.");
+            info!(
+                message_id = %payload.id,
+                tenant = %payload.tenant_id,
+                channel,
+                lane = lane.as_str(),
+                provider = gated.provider.name(),
+                attempts,
+                delay_ms = delay.as_millis() as u64,
+                error = %error,
+                "Transient failure; retrying later."
+            );
             if let Err(err) = context.delivery.queue.defer(lane, &message, delay).await {
                 warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
             }
         }
         Err(ProviderError::Permanent(error)) => {
-            dead_letter(context, &message, channel, &error, true).await;
+            dead_letter(context, &message, called, &error, true).await;
         }
     }
 }

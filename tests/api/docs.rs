@@ -1,0 +1,148 @@
+//! README.md against what the service says about itself: the API summary
+//! against the OpenAPI document (every operation listed, nothing listed
+//! that is not there), and the environment variables the README lists
+//! against those `fairlane --help` names. (The metrics table is checked
+//! against the first scrape in `ops.rs`.)
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use serde_json::Value;
+
+const README: &str = include_str!("../../README.md");
+const OPENAPI: &str = include_str!("../../openapi/openapi.json");
+
+/// The text of README's level-2 section `heading`, up to the next one.
+fn section(heading: &str) -> &'static str {
+    README
+        .split(&format!("\n## {heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has no \"## {heading}\" section"))
+        .split("\n## ")
+        .next()
+        .unwrap()
+}
+
+/// The cells of a Markdown table row, trimmed; `None` for other lines.
+fn cells(line: &str) -> Option<Vec<&str>> {
+    let inner = line.trim().strip_prefix('|')?.strip_suffix('|')?;
+    Some(inner.split('|').map(str::trim).collect())
+}
+
+/// `(METHOD, /path)` of every row of the API summary table.
+fn summarised_operations() -> BTreeSet<(String, String)> {
+    section("API summary")
+        .lines()
+        .filter_map(cells)
+        .filter(|row| row.len() >= 2)
+        .filter(|row| {
+            ["GET", "POST", "PUT", "PATCH", "DELETE"].contains(&row[0]) && row[1].starts_with('`')
+        })
+        .map(|row| (row[0].to_owned(), row[1].trim_matches('`').to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_readme_api_summary_lists_exactly_the_operations_of_the_openapi_document() {
+    let document: Value = serde_json::from_str(OPENAPI).unwrap();
+    let mut operations = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for method in ["get", "post", "put", "patch", "delete"] {
+            if item.get(method).is_some() {
+                operations.insert((method.to_ascii_uppercase(), path.clone()));
+            }
+        }
+    }
+    let summarised = summarised_operations();
+    for wanted in [
+        ("GET", "/v1/admin/queues"),
+        ("GET", "/v1/admin/dlq"),
+        ("POST", "/v1/admin/dlq/redrive"),
+        ("GET", "/metrics"),
+    ] {
+        let wanted = (wanted.0.to_owned(), wanted.1.to_owned());
+        assert!(
+            operations.contains(&wanted),
+            "{wanted:?} not in the document"
+        );
+    }
+    let missing: Vec<_> = operations.difference(&summarised).collect();
+    let unknown: Vec<_> = summarised.difference(&operations).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "README's API summary lacks {missing:?} and lists {unknown:?}, which the OpenAPI document does not have"
+    );
+}
+
+/// `fairlane ARGS --help`, with no `FAIRLANE_CONFIG` to show a value of.
+fn help(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_fairlane"))
+        .args(args)
+        .arg("--help")
+        .env_remove("FAIRLANE_CONFIG")
+        .output()
+        .expect("fairlane --help runs");
+    assert!(output.status.success(), "{args:?} --help failed");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Names that look like environment variables (upper case, digits and
+/// underscores, with an underscore); every `FAIRLANE__…` example counts as
+/// the form `FAIRLANE__SECTION__KEY`.
+fn variable_names(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|word| word.len() > 3 && word.contains('_') && !word.starts_with('_'))
+        .filter(|word| word.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(|word| {
+            if word.starts_with("FAIRLANE__") {
+                "FAIRLANE__SECTION__KEY".to_owned()
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_lists_every_environment_variable_help_shows_and_no_other() {
+    let mut shown = BTreeSet::new();
+    for args in [&[][..], &["serve"], &["admin-token"], &["openapi"]] {
+        shown.extend(variable_names(&help(args)));
+    }
+    for expected in ["FAIRLANE_CONFIG", "FAIRLANE__SECTION__KEY", "RUST_LOG"] {
+        assert!(
+            shown.contains(expected),
+            "--help does not show {expected}: {shown:?}"
+        );
+    }
+
+    let table = section("Configuration reference")
+        .split("\n### Environment variables\n")
+        .nth(1)
+        .expect("README has \"### Environment variables\" under \"## Configuration reference\"")
+        .split("\n#")
+        .next()
+        .unwrap();
+    let documented: BTreeSet<String> = table
+        .lines()
+        .filter_map(cells)
+        .filter_map(|row| row.first().map(|first| variable_names(first)))
+        .flatten()
+        .collect();
+    assert_eq!(
+        shown, documented,
+        "environment variables in --help (left) and in README's table (right) differ"
+    );
+}
+
+#[test]
+fn every_option_of_serve_and_admin_token_has_help_text() {
+    let serve = help(&["serve"]);
+    assert!(serve.contains("FAIRLANE__SECTION__KEY"), "{serve}");
+    let admin = help(&["admin-token"]);
+    let config = &admin[admin.find("--config").expect("admin-token has --config")..];
+    assert!(
+        config[..config.len().min(200)].contains("The configuration file"),
+        "admin-token --config has no help text:\n{admin}"
+    );
+}
