@@ -28,7 +28,8 @@ fn settings(sms_base: &str, backend: Backend) -> String {
         Backend::Sqs => sqs_settings(
             &moto_url("dedicated queues on SQS").expect("moto_url panics when unset"),
             "ded",
-            "stats_interval_secs = 1",
+            // A busy two-core machine must not turn a slow send into a 503.
+            "stats_interval_secs = 1\nsend_timeout_ms = 10000",
         ),
     };
     delivery_settings(sms_base, "http://127.0.0.1:9", &format!("{OPEN_PLAN}{queue}"))

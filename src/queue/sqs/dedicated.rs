@@ -11,7 +11,7 @@
 //! and batch call.
 //!
 //! SQS cannot write the work and its signal in one transaction. The signal
-//! is sent after the work, and the send counts as done only when both
+//! is sent beside the work, and the send counts as done only when both
 //! were: a failed signal fails the entry, so the outbox keeps its row and
 //! sends both again (the consumer skips a second copy of the work). Signals
 //! are not deduplicated by SQS; the attention workers drop a signal older
@@ -275,21 +275,28 @@ impl SqsQueue {
     ) {
         for (tenant_id, indexes) in groups {
             let chosen: Vec<Envelope> = indexes.iter().map(|&i| envelopes[i].clone()).collect();
-            let sent = match self.tenant_view(dedicated, lane, tenant_id, true).await {
-                Ok(Some(view)) => view.send_by_class(lane, &chosen).await,
-                Ok(None) => Err(anyhow::anyhow!("no dedicated queue for {tenant_id}")),
-                Err(err) => Err(err),
+            let work = async {
+                match self.tenant_view(dedicated, lane, tenant_id, true).await {
+                    Ok(Some(view)) => view.send_by_class(lane, &chosen).await,
+                    Ok(None) => Err(anyhow::anyhow!("no dedicated queue for {tenant_id}")),
+                    Err(err) => Err(err),
+                }
             };
+            // The signal goes at the same time as the work (one round trip
+            // of latency, not two). A worker that meets it before the work
+            // finds the queue empty and looks again when it settles; the
+            // sweep covers a count that lags.
+            let (sent, signalled) = tokio::join!(
+                work,
+                self.signal(dedicated, lane, tenant_id, Duration::ZERO)
+            );
             let mut sent: Vec<Result<(), String>> = match sent {
                 Ok(sent) => sent,
                 Err(err) => vec![Err(format!("{err:#}")); indexes.len()],
             };
             if sent.iter().any(Result::is_ok) {
                 dedicated.touch(lane, tenant_id);
-                if let Err(err) = self
-                    .signal(dedicated, lane, tenant_id, Duration::ZERO)
-                    .await
-                {
+                if let Err(err) = signalled {
                     // The work is there without its signal: fail the
                     // entries, so their outbox rows send both again.
                     let reason = format!("the attention signal could not be sent: {err:#}");
