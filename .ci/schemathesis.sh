@@ -76,5 +76,10 @@ fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1
 fuzz "the tenant's webhook and suppression list" "$key" "$checks" --include-tag webhooks --include-tag suppressions
 fuzz "SMS receipts (unsigned: each answers 403 or 404)" "$key" "$checks" --include-tag receipts
 fuzz "ops" "$key" "$checks" --include-tag ops
-fuzz "admin operations" "$admin" "$checks" --include-tag admin
+fuzz "admin operations but webhooks and suppression lists" "$admin" "$checks" --include-tag admin --exclude-path-regex '/(webhook|suppressions)'
+# A new tenant has no webhook and no suppression entry: its webhook's
+# operations answer 404 by design, which ensure_resource_availability's
+# inferred links (POST /v1/admin/tenants -> .../webhook/redrive) count as "a
+# created resource not found" when the stateful phase happens to pick them.
+fuzz "admin webhooks and suppression lists" "$admin" "${checks/,ensure_resource_availability/}" --include-tag admin --include-path-regex '/(webhook|suppressions)'
 exit $status
