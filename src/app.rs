@@ -354,12 +354,15 @@ impl Application {
             signal.await;
             let _ = trigger.send(true);
         });
-        let mut stopping = shutdown.subscribe();
+        let stopping = shutdown.subscribe();
+        let open_files = crate::serve::raise_open_file_limit();
+        let server = &state.settings.server;
+        let serve_limits = crate::serve::ServeLimits {
+            header_read_timeout: Duration::from_secs(server.header_read_timeout_secs.max(1)),
+            max_connections: crate::serve::connection_cap(server.max_connections, open_files),
+        };
         let router = api::app(state);
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stopping.wait_for(|stop| *stop).await;
-            })
+        let served = crate::serve::serve(listener, router, serve_limits, stopping)
             .await
             .context("serving HTTP");
         let _ = shutdown.send(true);

@@ -66,8 +66,20 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
     /// Largest body of a batch send (up to 1,000 messages; 413 beyond).
     pub max_batch_body_bytes: usize,
-    /// Upper bound on the time a request may take.
+    /// Upper bound on the time a request may take (reading its body
+    /// included).
     pub request_timeout_secs: u64,
+    /// A connection must send a whole request head within this many seconds
+    /// of opening or of going idle after a response, or it is closed
+    /// (slow or idle clients). Default 10.
+    #[serde(default = "default_header_read_timeout_secs")]
+    pub header_read_timeout_secs: u64,
+    /// Most connections open at once; 0 (default): what the open-file
+    /// limit leaves after a reserve of 128. At the cap the oldest
+    /// connection waiting for a request head makes room; when all are busy,
+    /// a new one gets 503.
+    #[serde(default)]
+    pub max_connections: usize,
     /// This instance's name among several: the `instance` label of every
     /// metric. Unset: the host name and process id.
     #[serde(default)]
@@ -78,6 +90,10 @@ pub struct ServerSettings {
     /// reports delivery; unset, SMS stay `sent`.
     #[serde(default)]
     pub public_url: Option<String>,
+}
+
+fn default_header_read_timeout_secs() -> u64 {
+    10
 }
 
 #[derive(Debug, Clone, Deserialize)]

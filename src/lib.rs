@@ -16,6 +16,7 @@ pub mod outbox;
 pub mod providers;
 pub mod queue;
 pub mod receipts;
+pub mod serve;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;

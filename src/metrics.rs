@@ -65,6 +65,10 @@ pub const ATTENTION_SIGNALS_TOTAL: &str = "fairlane_attention_signals_total";
 /// `empty`, `messages` (slice_max_messages), `time` (slice_max_secs),
 /// `shutdown`.
 pub const ATTENTION_SLICES_TOTAL: &str = "fairlane_attention_slices_total";
+/// Connections shed at `server.max_connections`, by `action`: `evicted` (the
+/// oldest connection waiting for a request head, closed to make room) or
+/// `refused` (every connection busy: answered 503 and closed).
+pub const CONNECTIONS_SHED_TOTAL: &str = "fairlane_connections_shed_total";
 /// Dedicated tenant queues of a `lane` this process knows to hold backlog:
 /// signalled, or held while their tenant is paused, and not yet found empty
 /// after a slice.
@@ -200,6 +204,11 @@ fn describe_and_register() {
         Unit::Count,
         "Slices worked on dedicated tenant queues, by lane and why each ended (empty, messages, time, shutdown)."
     );
+    describe_counter!(
+        CONNECTIONS_SHED_TOTAL,
+        Unit::Count,
+        "Connections shed at server.max_connections: evicted (oldest waiting for a request head) or refused (503, all busy)."
+    );
     describe_gauge!(
         DEDICATED_QUEUES_BACKLOGGED,
         Unit::Count,
@@ -328,6 +337,9 @@ fn describe_and_register() {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    for action in ["evicted", "refused"] {
+        metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
+    }
     for lane in ["fast", "slow"] {
         for event in ["published", "consumed", "dropped"] {
             metrics::counter!(ATTENTION_SIGNALS_TOTAL, "lane" => lane, "event" => event)

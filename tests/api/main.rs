@@ -24,6 +24,7 @@ mod redis_limits;
 mod restart;
 mod scheduled;
 mod shutdown;
+mod slow_clients;
 mod sqs;
 mod support;
 mod webhooks;
