@@ -65,6 +65,9 @@ pub const ATTENTION_SIGNALS_TOTAL: &str = "fairlane_attention_signals_total";
 /// `empty`, `messages` (slice_max_messages), `time` (slice_max_secs),
 /// `shutdown`.
 pub const ATTENTION_SLICES_TOTAL: &str = "fairlane_attention_slices_total";
+/// Pauses of a provider's gate after it answered 429 with `Retry-After`,
+/// by `provider`.
+pub const PROVIDER_PAUSES_TOTAL: &str = "fairlane_provider_pauses_total";
 /// Connections shed at `server.max_connections`, by `action`: `evicted` (the
 /// oldest connection waiting for a request head, closed to make room) or
 /// `refused` (every connection busy: answered 503 and closed).
@@ -205,6 +208,11 @@ fn describe_and_register() {
         "Slices worked on dedicated tenant queues, by lane and why each ended (empty, messages, time, shutdown)."
     );
     describe_counter!(
+        PROVIDER_PAUSES_TOTAL,
+        Unit::Count,
+        "Provider gate pauses after a 429 with Retry-After, by provider (every send of that provider waits)."
+    );
+    describe_counter!(
         CONNECTIONS_SHED_TOTAL,
         Unit::Count,
         "Connections shed at server.max_connections: evicted (oldest waiting for a request head) or refused (503, all busy)."
@@ -337,6 +345,9 @@ fn describe_and_register() {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    for provider in ["ses", "http", "log"] {
+        metrics::counter!(PROVIDER_PAUSES_TOTAL, "provider" => provider).increment(0);
+    }
     for action in ["evicted", "refused"] {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
     }

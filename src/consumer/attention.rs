@@ -91,6 +91,10 @@ impl ConsumerPermits {
     }
 }
 
+/// How often an attention worker with nothing to poll (no dedicated tenant
+/// known) looks again.
+const IDLE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Why a slice ended, as labelled in [`names::ATTENTION_SLICES_TOTAL`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum SliceEnd {
@@ -123,6 +127,13 @@ pub(super) async fn run_worker(
     loop {
         if *shutdown.borrow() {
             return;
+        }
+        if !consumer.delivery.queue.attention_wanted() {
+            // No dedicated tenant known yet: look again in a second.
+            tokio::select! {
+                _ = tokio::time::sleep(IDLE_RECHECK) => continue,
+                _ = shutdown.changed() => return,
+            }
         }
         let received = tokio::select! {
             received = attention.receive(lane, 1, wait) => received,

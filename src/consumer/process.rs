@@ -420,6 +420,17 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                     false,
                 )
                 .await;
+            if let Some(pause) = retry_after.filter(|pause| !pause.is_zero()) {
+                // Every message of this provider waits, not only this one.
+                gated.gate.pause_for(pause);
+                metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => gated.provider.name())
+                    .increment(1);
+                warn!(
+                    provider = gated.provider.name(),
+                    pause_secs = pause.as_secs_f64(),
+                    "Provider answered 429 with Retry-After; its gate pauses every send for that long."
+                );
+            }
             let delay = retry_after.unwrap_or_else(|| {
                 backoff(
                     Duration::from_millis(retry.base_delay_ms),

@@ -51,6 +51,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -93,6 +94,9 @@ pub struct ProviderGate {
     /// With `limits.backend = "redis"`: the fleet-wide bucket the head of
     /// the line takes its tokens from instead of `bucket`.
     global: Option<GlobalBucket>,
+    /// Until when no token is handed out (nanoseconds on the timeline),
+    /// after the provider answered 429 with a `Retry-After`; 0: never.
+    paused_until: AtomicU64,
 }
 
 /// A provider's bucket in Redis, shared by every instance, and this
@@ -161,7 +165,25 @@ impl ProviderGate {
             burst,
             line: Mutex::new(Line::new(low_priority_share)),
             global: None,
+            paused_until: AtomicU64::new(0),
         }
+    }
+
+    /// Hands out no token for `pause` from now (or until a later pause
+    /// ends): the provider said to wait, and every caller of the gate waits,
+    /// not only the one that was told. Afterwards the gate goes on at its
+    /// configured rate and burst.
+    pub fn pause_for(&self, pause: Duration) {
+        let until = Duration::from(self.timeline.now()) + pause;
+        let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
+        self.paused_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// The end of a pause still running, if any.
+    fn paused(&self) -> Option<Nanos> {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        let now = u64::try_from(Duration::from(self.timeline.now()).as_nanos()).unwrap_or(u64::MAX);
+        (until > now).then(|| Nanos::from(Duration::from_nanos(until)))
     }
 
     /// Makes the gate fleet-wide: the head of the line takes its tokens from
@@ -223,7 +245,7 @@ impl ProviderGate {
         // head of the line: it may take a token straight away if one is free.
         let place = {
             let mut line = self.line();
-            if line.would_lead(rank) && self.bucket.check().is_ok() {
+            if self.paused().is_none() && line.would_lead(rank) && self.bucket.check().is_ok() {
                 line.record_grant(rank);
                 return Duration::ZERO;
             }
@@ -235,6 +257,8 @@ impl ProviderGate {
                 let mut line = self.line();
                 if line.head_id() != Some(place.id) {
                     None
+                } else if let Some(until) = self.paused() {
+                    Some(until)
                 } else {
                     match self.bucket.check() {
                         Ok(()) => {
@@ -272,6 +296,10 @@ impl ProviderGate {
         loop {
             if self.line().head_id() != Some(place.id) {
                 place.wake.notified().await;
+                continue;
+            }
+            if let Some(until) = self.paused() {
+                self.timeline.sleep_until(until).await;
                 continue;
             }
             if global.redis.is_up() {
@@ -692,6 +720,52 @@ mod tests {
         assert_eq!(grants.len(), 5 + 20);
         assert_eq!(grants[5], rush + 50 * MS);
         assert_eq!(gate.waiting(), [0, 75, 0]);
+    }
+
+    #[test]
+    fn a_pause_holds_every_caller_and_the_rate_resumes_after_it() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        // A 429 with Retry-After: 2 at 50 ms: nobody passes before 2,050 ms,
+        // neither the callers waiting then nor those arriving meanwhile.
+        queue(&sim, &gate, &log, "waiting", Priority::Normal);
+        sim.run_until(50 * MS);
+        gate.pause_for(2 * SECOND);
+        sim.run_until(SECOND);
+        queue(&sim, &gate, &log, "high", Priority::High);
+        queue(&sim, &gate, &log, "later", Priority::Normal);
+        sim.run_until(2 * SECOND);
+        assert!(
+            log.borrow().is_empty(),
+            "granted during the pause: {:?}",
+            log.borrow()
+        );
+        sim.run_until(3 * SECOND);
+        let log = log.borrow();
+        assert_eq!(
+            log.iter()
+                .map(|(name, at, _)| (name.as_str(), *at))
+                .collect::<Vec<_>>(),
+            [
+                ("high", 2050 * MS),
+                ("waiting", 2150 * MS),
+                ("later", 2250 * MS),
+            ],
+            "after the pause: high first, then one every 100 ms (the rate)"
+        );
+    }
+
+    #[test]
+    fn a_shorter_pause_does_not_cut_a_longer_one() {
+        let sim = Sim::new(MS);
+        let gate = drained_gate(&sim);
+        let log = Log::default();
+        gate.pause_for(SECOND);
+        gate.pause_for(200 * MS);
+        queue(&sim, &gate, &log, "one", Priority::Normal);
+        sim.run_until(2 * SECOND);
+        assert_eq!(log.borrow()[0].1, SECOND);
     }
 
     /// Empties a 10/s, burst-1 gate at time 0, so the next token is due at

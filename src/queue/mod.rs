@@ -255,6 +255,13 @@ pub trait LaneQueue: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Whether attention workers should poll now. SQS: only once this
+    /// instance knows a dedicated tenant or tenant queue, so a deployment
+    /// without any pays for no attention long polls.
+    fn attention_wanted(&self) -> bool {
+        true
+    }
+
     /// Called every `consumers.attention_sweep_secs` per lane: signals
     /// attention again for dedicated queues that were written or worked
     /// since the last sweep and still hold backlog, where attention entries

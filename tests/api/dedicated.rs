@@ -123,6 +123,7 @@ on_both_backends!(
     isolation_and_consumer_limits_are_checked_and_named,
     a_strictly_serial_tenant_is_never_worked_by_two_workers_at_once,
     a_backlog_left_without_its_signal_is_found_at_start_up,
+    a_tenants_own_dead_letters_are_listed_and_redriven_without_touching_another_tenant,
 );
 
 async fn small_tenants_finish_within_a_few_slices_beside_a_dedicated_tenants_big_backlog(
@@ -513,5 +514,95 @@ async fn on_sqs_a_thousand_idle_dedicated_tenants_cost_only_the_attention_long_p
     // touched. Looking at 1,000 tenant queues would be thousands.
     for calls in &windows {
         assert!(*calls <= 40, "{windows:?} SQS calls per 20 idle seconds");
+    }
+}
+
+async fn own_dead_letters(app: &TestApp, id: &str) -> Vec<String> {
+    let response = app
+        .admin(Method::GET, &format!("/v1/admin/tenants/{id}/dlq"))
+        .send()
+        .await
+        .unwrap();
+    let listed = expect_json(response, StatusCode::OK).await;
+    listed["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|letter| letter["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn a_tenants_own_dead_letters_are_listed_and_redriven_without_touching_another_tenant(
+    backend: Backend,
+) {
+    let sms_api = MockServer::start().await;
+    // The provider fails every call until `failing` is cleared.
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = failing.clone();
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .respond_with(move |_: &Request| {
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                ResponseTemplate::new(500)
+            } else {
+                ResponseTemplate::new(201).set_body_json(json!({"sid": "SM1"}))
+            }
+        })
+        .mount(&sms_api)
+        .await;
+    let app = TestApp::start(&settings(&sms_api.uri(), backend)).await;
+    let acme = tenant(&app, "acme", "dedicated", 2).await;
+    let other = tenant(&app, "other", "dedicated", 2).await;
+    let mut acme_ids = send_many(&app, &acme, "acme", 3).await;
+    let mut other_ids = send_many(&app, &other, "other", 2).await;
+    // Three attempts each (retry.max_attempts), then each tenant's own DLQ.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (mut a, mut o) = (
+            own_dead_letters(&app, "acme").await,
+            own_dead_letters(&app, "other").await,
+        );
+        if a.len() == 3 && o.len() == 2 {
+            a.sort();
+            o.sort();
+            acme_ids.sort();
+            other_ids.sort();
+            assert_eq!(a, acme_ids);
+            assert_eq!(o, other_ids);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dead letters: acme {a:?}, other {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = sms_requests(&sms_api).await;
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    let response = app
+        .admin(Method::POST, "/v1/admin/tenants/acme/dlq/redrive")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let redriven = expect_json(response, StatusCode::OK).await;
+    assert_eq!(redriven["redriven"], 3, "{redriven}");
+    for id in &acme_ids {
+        let view =
+            crate::delivery::wait_for(&app, &acme, id, |view| view["status"] == "sent").await;
+        assert_eq!(view["status"], "sent", "{view}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let order = bodies(&sms_api).await;
+    assert_eq!(order.len() - before, 3, "{order:?}");
+    assert!(
+        order[before..].iter().all(|body| body.starts_with("acme ")),
+        "{order:?}"
+    );
+    assert_eq!(own_dead_letters(&app, "other").await.len(), 2);
+    for id in &other_ids {
+        let view = expect_json(app.get_message(&other, id).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "dead_lettered", "{view}");
     }
 }

@@ -26,5 +26,6 @@ mod scheduled;
 mod shutdown;
 mod slow_clients;
 mod sqs;
+mod storms;
 mod support;
 mod webhooks;

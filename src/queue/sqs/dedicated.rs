@@ -24,6 +24,7 @@
 //! prefix, then the depth of those found). Idle tenants cost no call.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -60,6 +61,9 @@ pub(super) struct Dedicated {
     attention: [Arc<SqsQueue>; 2],
     /// Tenant queues written to or worked since their lane's last sweep.
     touched: Mutex<HashSet<(Lane, String)>>,
+    /// Set once a tenant was made dedicated or a tenant queue was found:
+    /// from then on the attention queues are polled.
+    in_use: AtomicBool,
 }
 
 impl Dedicated {
@@ -87,6 +91,7 @@ impl Dedicated {
             views: tokio::sync::Mutex::new(HashMap::new()),
             attention: [fast, slow],
             touched: Mutex::new(HashSet::new()),
+            in_use: AtomicBool::new(false),
         })
     }
 
@@ -94,6 +99,7 @@ impl Dedicated {
         let mut tenants = self.tenants.write().unwrap_or_else(PoisonError::into_inner);
         if dedicated {
             tenants.insert(tenant_id.to_owned());
+            self.in_use.store(true, Ordering::Relaxed);
         } else {
             tenants.remove(tenant_id);
         }
@@ -104,6 +110,10 @@ impl Dedicated {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(tenant_id)
+    }
+
+    pub(super) fn in_use(&self) -> bool {
+        self.in_use.load(Ordering::Relaxed)
     }
 
     pub(super) fn attention(&self, lane: Lane) -> &Arc<SqsQueue> {
@@ -217,6 +227,8 @@ impl SqsQueue {
             let queues = open_lane(&self.client, &settings, &self.lanes, lane).await?;
             let view = Arc::new(self.view(lane, queues, Some(tenant_id.to_owned())));
             views.insert(key, view.clone());
+            // A tenant queue exists: its signals must be polled.
+            dedicated.in_use.store(true, Ordering::Relaxed);
             return Ok(Some(view));
         }
         let queues = open_lane(&self.client, &settings, &self.lanes, lane)
@@ -227,6 +239,7 @@ impl SqsQueue {
         info!(tenant = %tenant_id, lane = %lane, queue = %queues.class(Priority::Normal).name, "Dedicated tenant queues ready.");
         let view = Arc::new(self.view(lane, queues, Some(tenant_id.to_owned())));
         views.insert(key, view.clone());
+        dedicated.in_use.store(true, Ordering::Relaxed);
         Ok(Some(view))
     }
 

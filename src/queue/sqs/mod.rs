@@ -871,6 +871,12 @@ impl LaneQueue for SqsQueue {
         Ok(view.map(|view| view as Arc<dyn LaneQueue>))
     }
 
+    fn attention_wanted(&self) -> bool {
+        self.dedicated
+            .as_ref()
+            .is_some_and(|dedicated| dedicated.in_use())
+    }
+
     fn attention_queue(&self, lane: Lane) -> Option<Arc<dyn LaneQueue>> {
         let dedicated = self.dedicated.as_ref()?;
         Some(dedicated.attention(lane).clone() as Arc<dyn LaneQueue>)
