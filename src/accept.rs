@@ -111,6 +111,23 @@ impl AcceptWriter {
 }
 
 impl AcceptWriter {
+    /// The store writer's failure streak.
+    pub fn failures(&self) -> &FailureStreak {
+        match self {
+            AcceptWriter::Sqlite { writer, .. } => writer.failures(),
+            AcceptWriter::Postgres(writer) => writer.failures(),
+        }
+    }
+
+    /// Whether a write needing new room would commit now (see
+    /// [`StoreWriter::probe`]).
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        match self {
+            AcceptWriter::Sqlite { writer, .. } => writer.probe().await,
+            AcceptWriter::Postgres(writer) => writer.probe().await,
+        }
+    }
+
     /// Cancels those of `ids` (of `tenant_id`) that are still waiting to be
     /// sent; returns the ids cancelled. Ordered with the consumers' claims
     /// by the store, so a message cancelled here is never sent, and one

@@ -24,7 +24,7 @@ use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::TenantLimits;
-use crate::model::{Channel, Isolation, Lane, TenantStatus};
+use crate::model::{Channel, Lane, TenantStatus};
 use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
@@ -102,7 +102,11 @@ impl Application {
         }
         let (store_writer, writer_task) = match &db {
             Db::Sqlite(sqlite) => {
-                let (writer, done) = StoreWriter::spawn(sqlite, settings.storage.max_group)?;
+                let (writer, done) = StoreWriter::spawn_capped(
+                    sqlite,
+                    settings.storage.max_group,
+                    settings.storage.max_size_mb,
+                )?;
                 (Writer::Sqlite(writer), done)
             }
             Db::Postgres(pg) => {
@@ -133,10 +137,8 @@ impl Application {
                     if tenant.status != TenantStatus::Active {
                         embedded.set_tenant_held(&tenant.id, true).await?;
                     }
-                    if tenant.isolation == Isolation::Dedicated {
-                        embedded.set_tenant_dedicated(&tenant.id, true);
-                    }
                 }
+                registry.route_isolation_to(embedded.clone());
                 embedded
                     .release_unheld()
                     .await
@@ -155,11 +157,10 @@ impl Application {
                     .context("setting up the SQS lane queues")?
                     .with_status_store(db.clone())
                     .await?;
-                for tenant in registry.tenants() {
-                    if tenant.isolation == Isolation::Dedicated {
-                        sqs.set_tenant_dedicated(&tenant.id, true);
-                    }
-                }
+                let sqs = Arc::new(sqs);
+                // Each tenant's isolation, now and after every reload (so a
+                // change made on another instance routes here too).
+                registry.route_isolation_to(sqs.clone());
                 // Dedicated queues with backlog get a signal (one a
                 // crash cut off between the work and its signal).
                 match sqs.reconcile_attention().await {
@@ -171,7 +172,7 @@ impl Application {
                         warn!(error = %format!("{err:#}"), "Could not look for dedicated tenant queues with backlog; their next send or the attention sweep signals them.")
                     }
                 }
-                let queue: Arc<dyn LaneQueue> = Arc::new(sqs);
+                let queue: Arc<dyn LaneQueue> = sqs;
                 let (outbox, tasks) = Outbox::start(
                     db.clone(),
                     queue.clone(),
@@ -271,6 +272,7 @@ impl Application {
                 status,
                 delivering: Arc::default(),
                 log_addresses: settings.logging.log_addresses,
+                store_trouble: Default::default(),
             };
             Lane::ALL
                 .iter()
@@ -440,6 +442,9 @@ async fn gated(
     Ok(GatedProvider {
         provider,
         gate: Arc::new(gate),
+        breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
+            settings.breaker(),
+        )),
     })
 }
 

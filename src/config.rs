@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use figment::Figment;
@@ -108,6 +109,12 @@ pub struct StorageSettings {
     pub fsync: bool,
     /// Most accept requests grouped into one transaction.
     pub max_group: usize,
+    /// SQLite: the largest the file may grow, in MiB (0: no cap, the disk
+    /// is the limit). Past it, writes fail as on a full disk: sends answer
+    /// 503 with Retry-After and `/readyz` says why, until deliveries make
+    /// room.
+    #[serde(default)]
+    pub max_size_mb: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -322,6 +329,40 @@ pub struct ProviderSettings {
     /// events from it (with this provider's region, endpoint and keys).
     #[serde(default)]
     pub events_queue_url: Option<String>,
+    /// Failed calls in a row (5xx, timeouts, refused connections) that open
+    /// this provider's circuit breaker; 0 turns it off.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long the breaker stays open the first time, in milliseconds; it
+    /// doubles each time the failures go on, up to `breaker_max_open_secs`.
+    #[serde(default = "default_breaker_open_ms")]
+    pub breaker_open_ms: u64,
+    #[serde(default = "default_breaker_max_open_secs")]
+    pub breaker_max_open_secs: u64,
+}
+
+fn default_breaker_failures() -> u32 {
+    5
+}
+
+fn default_breaker_open_ms() -> u64 {
+    1000
+}
+
+fn default_breaker_max_open_secs() -> u64 {
+    30
+}
+
+impl ProviderSettings {
+    /// The circuit breaker's settings.
+    pub fn breaker(&self) -> crate::limits::breaker::BreakerSettings {
+        crate::limits::breaker::BreakerSettings {
+            failures: self.breaker_failures,
+            open_for: Duration::from_millis(self.breaker_open_ms.max(1)),
+            max_open_for: Duration::from_secs(self.breaker_max_open_secs)
+                .max(Duration::from_millis(self.breaker_open_ms.max(1))),
+        }
+    }
 }
 
 /// `[receipts]`.

@@ -68,6 +68,9 @@ pub const ATTENTION_SLICES_TOTAL: &str = "fairlane_attention_slices_total";
 /// Pauses of a provider's gate after it answered 429 with `Retry-After`,
 /// by `provider`.
 pub const PROVIDER_PAUSES_TOTAL: &str = "fairlane_provider_pauses_total";
+/// Openings of a provider's circuit breaker after a run of failed calls, by
+/// `provider`.
+pub const BREAKER_OPENS_TOTAL: &str = "fairlane_provider_breaker_opens_total";
 /// Connections shed at `server.max_connections`, by `action`: `evicted` (the
 /// oldest connection waiting for a request head, closed to make room) or
 /// `refused` (every connection busy: answered 503 and closed).
@@ -185,7 +188,7 @@ fn describe_and_register() {
     describe_counter!(
         DEFERRED_TOTAL,
         Unit::Count,
-        "Messages put back without an attempt, by lane and reason (paused, disabled, duplicate, throttled)."
+        "Messages put back without an attempt, by lane and reason (paused, disabled, duplicate, throttled, store)."
     );
     describe_counter!(
         REJECTED_TOTAL,
@@ -211,6 +214,11 @@ fn describe_and_register() {
         PROVIDER_PAUSES_TOTAL,
         Unit::Count,
         "Provider gate pauses after a 429 with Retry-After, by provider (every send of that provider waits)."
+    );
+    describe_counter!(
+        BREAKER_OPENS_TOTAL,
+        Unit::Count,
+        "Provider circuit breaker openings after a run of failed calls, by provider (no call to it while open)."
     );
     describe_counter!(
         CONNECTIONS_SHED_TOTAL,
@@ -311,7 +319,7 @@ fn describe_and_register() {
                 metrics::counter!(name, "lane" => lane, "channel" => channel).increment(0);
             }
         }
-        for reason in ["paused", "disabled", "duplicate", "throttled"] {
+        for reason in ["paused", "disabled", "duplicate", "throttled", "store"] {
             metrics::counter!(DEFERRED_TOTAL, "lane" => lane, "reason" => reason).increment(0);
         }
         for name in [
@@ -347,6 +355,7 @@ fn describe_and_register() {
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
     for provider in ["ses", "http", "log"] {
         metrics::counter!(PROVIDER_PAUSES_TOTAL, "provider" => provider).increment(0);
+        metrics::counter!(BREAKER_OPENS_TOTAL, "provider" => provider).increment(0);
     }
     for action in ["evicted", "refused"] {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);

@@ -27,6 +27,10 @@ pub struct Health {
     /// does not make it unready).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<std::collections::BTreeMap<String, String>>,
+    /// Per check that is not `ok`: why, in words (for example
+    /// `store` → `database or disk is full`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub reasons: std::collections::BTreeMap<String, String>,
 }
 
 /// The process is up.
@@ -38,24 +42,32 @@ pub async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         checks: None,
+        reasons: Default::default(),
     })
 }
 
-/// The store and the queue are reachable (and, with Redis-held limits,
-/// whether Redis is).
+/// The store answers and can write, and the queue answers (and, with
+/// Redis-held limits, whether Redis is).
 #[utoipa::path(
     get, path = "/readyz", tag = "ops",
     responses(
         (status = 200, description = "Ready: every check is `ok`.", body = Health),
-        (status = 503, description = "Not ready: `checks` names what is unavailable.", body = Health),
+        (status = 503, description = "Not ready: `checks` names what is unavailable and `reasons` says why.", body = Health),
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     let word = |ok: bool| if ok { "ok" } else { "unavailable" }.to_owned();
-    let (store, queue) = tokio::join!(state.db.ping(), state.queue.ping());
-    let ready = store && queue;
+    let (store, queue) = tokio::join!(store_check(&state), state.queue.ping());
+    let mut reasons = std::collections::BTreeMap::new();
+    if let Err(why) = &store {
+        reasons.insert("store".to_owned(), why.clone());
+    }
+    if !queue {
+        reasons.insert("queue".to_owned(), "the queue does not answer".to_owned());
+    }
+    let ready = store.is_ok() && queue;
     let mut checks: std::collections::BTreeMap<String, String> = [
-        ("store".to_owned(), word(store)),
+        ("store".to_owned(), word(store.is_ok())),
         ("queue".to_owned(), word(queue)),
     ]
     .into_iter()
@@ -73,6 +85,28 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
         Json(Health {
             status: word(ready),
             checks: Some(checks),
+            reasons,
         }),
     )
+}
+
+/// How long after a failed store write `/readyz` still proves with a probe
+/// write that writes commit, rather than trusting the last group's success
+/// (on a nearly full file small writes commit between sends that fail).
+const PROBE_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The store answers a query; and when a write failed lately (a full disk,
+/// an I/O error, a lost server), a probe write larger than any send commits.
+async fn store_check(state: &AppState) -> Result<(), String> {
+    if !state.db.ping().await {
+        return Err("the store does not answer a query".to_owned());
+    }
+    if !state.writer.failures().failed_within(PROBE_AFTER_FAILURE) {
+        return Ok(());
+    }
+    state
+        .writer
+        .probe()
+        .await
+        .map_err(|err| format!("writes fail: {err:#}"))
 }

@@ -273,6 +273,11 @@ async fn work_slice(
         if started.elapsed() >= budget {
             break SliceEnd::Time;
         }
+        if context.delivery.store_trouble.count() > 0 {
+            // The store cannot record deliveries: end the slice; the sweep
+            // or a later signal brings the queue back.
+            break SliceEnd::Empty;
+        }
         let want = (max - done).min(queue.max_batch());
         let messages = match queue.receive(lane, want, Duration::ZERO).await {
             Ok(messages) if messages.is_empty() => break SliceEnd::Empty,

@@ -54,6 +54,8 @@ const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 pub struct GatedProvider {
     pub provider: Arc<dyn Provider>,
     pub gate: Arc<ProviderGate>,
+    /// Opens the gate's pause after a run of failed calls.
+    pub breaker: Arc<crate::limits::breaker::CircuitBreaker>,
 }
 
 /// What every lane's consumer shares.
@@ -73,6 +75,10 @@ pub struct Delivery {
     /// `logging.log_addresses`: recipients' addresses in the INFO lines of
     /// sent and dead-lettered messages.
     pub log_addresses: bool,
+    /// Store writes of this process's deliveries that failed in a row (a
+    /// claim, a `sent`): while any did, the pollers wait before receiving
+    /// more, so a broken store is not met by a spin through the queue.
+    pub store_trouble: crate::store::writer::FailureStreak,
 }
 
 /// The ids of messages this process is delivering right now. A queue may
@@ -112,6 +118,20 @@ impl Drop for DeliveringGuard {
 }
 
 impl Delivery {
+    /// While this process's delivery writes fail: how long a poller waits
+    /// before receiving again (100 ms after the first failure, doubling to
+    /// [`MAX_ERROR_BACKOFF`]); the next write that commits ends the pause.
+    fn store_trouble_pause(&self) -> Option<Duration> {
+        let failures = self.store_trouble.count();
+        if failures == 0 {
+            return None;
+        }
+        let pause = Duration::from_millis(100).saturating_mul(1 << (failures - 1).min(10));
+        let pause = pause.min(MAX_ERROR_BACKOFF);
+        warn!(failures, pause_ms = pause.as_millis() as u64, reason = %self.store_trouble.failing().unwrap_or_default(), "Delivery writes fail; pausing before receiving more.");
+        Some(pause)
+    }
+
     pub fn provider(&self, channel: Channel) -> &GatedProvider {
         match channel {
             Channel::Email => &self.email,
@@ -416,6 +436,12 @@ impl LaneConsumer {
         loop {
             if *shutdown.borrow() {
                 return;
+            }
+            if let Some(pause) = self.delivery.store_trouble_pause() {
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.changed() => return,
+                }
             }
             let slots = tokio::select! {
                 slots = async {

@@ -22,12 +22,13 @@ use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::Delivery;
+use super::{Delivery, GatedProvider};
 use crate::config::LaneSettings;
+use crate::limits::breaker::Change;
 use crate::message::DeliveryPayload;
 use crate::metrics as names;
 use crate::model::{Lane, MessageStatus, TenantStatus};
-use crate::providers::ProviderError;
+use crate::providers::{Delivered, ProviderError};
 use crate::queue::{LaneQueue, ReceivedMessage};
 use crate::store::{messages, suppressions};
 
@@ -44,6 +45,56 @@ pub(super) struct Context {
     /// The lane's provider-call slots (`concurrency`), taken once the
     /// provider token is there.
     pub workers: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// Tells the provider's circuit breaker how a call went, and pauses its gate
+/// when the breaker opens. A 429 leaves it as it is (its Retry-After
+/// pauses the gate by itself); a permanent refusal is an answer the
+/// provider meant, so it counts as the provider working.
+fn note_provider_health(gated: &GatedProvider, outcome: &Result<Delivered, ProviderError>) {
+    let provider = gated.provider.name();
+    let change = match outcome {
+        Ok(_) | Err(ProviderError::Permanent(_)) => gated.breaker.succeeded(),
+        Err(ProviderError::Transient(_)) => gated.breaker.failed(),
+        Err(ProviderError::Throttled { .. }) => return,
+    };
+    match change {
+        Change::None => {}
+        Change::Opened { open_for, failures } => {
+            gated.gate.pause_for(open_for);
+            metrics::counter!(names::BREAKER_OPENS_TOTAL, "provider" => provider).increment(1);
+            warn!(
+                provider,
+                failures,
+                open_secs = open_for.as_secs_f64(),
+                "Provider failed calls in a row; its circuit breaker opens and nothing calls it for a while."
+            );
+        }
+        Change::Closed { opened } => {
+            info!(
+                provider,
+                opened, "Provider answers again; its circuit breaker closes."
+            );
+        }
+    }
+}
+
+/// Counts a delivery write's outcome in the streak that pauses the pollers
+/// (see [`super::Delivery::store_trouble`]).
+fn note_store_write(context: &Context, outcome: Result<(), &anyhow::Error>) {
+    let trouble = &context.delivery.store_trouble;
+    match outcome {
+        Ok(()) => {
+            if trouble.succeeded() > 0 {
+                info!(lane = %context.lane, "Delivery writes succeed again; polling resumes.");
+            }
+        }
+        Err(err) => {
+            trouble.failed_because(&crate::store::writer::WriteFailed(
+                format!("{err:#}").into(),
+            ));
+        }
+    }
 }
 
 /// Backoff before retry `attempt` (1-based): a uniformly random delay
@@ -339,7 +390,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         .record(waited.as_secs_f64());
     // Of several instances holding a copy, only the one whose claim takes
     // the message calls the provider.
-    match claim(context, &payload.id).await {
+    let claimed = claim(context, &payload.id).await;
+    note_store_write(context, claimed.as_ref().map(|_| ()));
+    match claimed {
         Ok(true) => {}
         Ok(false) => {
             drop(worker);
@@ -349,8 +402,13 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Err(err) => {
             drop(worker);
             beat.abort();
-            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not claim the message for sending; leaving it for redelivery.");
-            return;
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not claim the message for sending; putting it back.");
+            // Back soon rather than after the visibility timeout where the
+            // queue can still take the change (SQS while the store is away);
+            // on the embedded queue this write fails too and the timeout
+            // brings it back.
+            let pause = context.delivery.store_trouble.retry_after();
+            return defer(context, &message, pause, "store").await;
         }
     }
     let started = Instant::now();
@@ -365,6 +423,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let call_time = started.elapsed();
     metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => gated.provider.name(), "outcome" => outcome_label)
         .record(call_time.as_secs_f64());
+    note_provider_health(gated, &outcome);
     beat.abort();
     let called = Known {
         payload: Some(&payload),
@@ -374,12 +433,13 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let retry = &context.delivery.retry;
     match outcome {
         Ok(delivered) => {
-            if let Err(err) = context
+            let recorded = context
                 .delivery
                 .status
                 .sent(&payload.id, &delivered.provider_message_id)
-                .await
-            {
+                .await;
+            note_store_write(context, recorded.as_ref().map(|_| ()));
+            if let Err(err) = recorded {
                 // Leave the queue entry: its redelivery finds no `sent` and
                 // sends again (at-least-once) rather than losing the message.
                 warn!(message_id = %payload.id, error = %err, "Sent, but could not record it.");

@@ -7,6 +7,7 @@
 //! Redis for every instance together ([`redis`], `limits.backend = "redis"`).
 
 pub mod backpressure;
+pub mod breaker;
 pub mod gate;
 pub mod redis;
 pub mod tenant;

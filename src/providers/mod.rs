@@ -260,6 +260,9 @@ mod tests {
             log_path: None,
             configuration_set: None,
             events_queue_url: None,
+            breaker_failures: 5,
+            breaker_open_ms: 1000,
+            breaker_max_open_secs: 30,
         }
     }
 

@@ -29,7 +29,7 @@ use tracing::{error, warn};
 
 use crate::accept::AcceptEntry;
 use crate::model::{MessageStatus, now_ms};
-use crate::store::writer::FailureStreak;
+use crate::store::writer::{FailureStreak, WriteFailed};
 
 /// The channel registry changes are announced on.
 pub const REGISTRY_CHANNEL: &str = "fairlane_registry";
@@ -314,6 +314,28 @@ impl PgWriter {
         self.failures.retry_after()
     }
 
+    /// The writer's failure streak.
+    pub fn failures(&self) -> &FailureStreak {
+        &self.failures
+    }
+
+    /// Writes a row larger than any send and removes it in one
+    /// transaction: whether a write would commit now.
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO write_probe(filler) VALUES (decode(repeat('00', 262144), 'hex'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM write_probe")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if self.failures.succeeded() > 0 {
+            warn!("Store writes succeed again (a readiness probe committed).");
+        }
+        Ok(())
+    }
+
     /// Asks the writer to commit what it holds and stop; later work fails.
     pub async fn stop(&self) {
         let _ = self.commands.send(Command::Stop).await;
@@ -377,12 +399,19 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
     }
     match write_pieces(pool, &group).await {
         Ok(Written { attempts, claimed }) => {
-            streak.succeeded();
+            let ended = streak.succeeded();
+            if ended > 0 {
+                warn!(failures = ended, "Store writes succeed again.");
+            }
             answer(group, attempts, &claimed);
         }
         Err(err) if group.len() == 1 => {
-            let failures = streak.failed();
-            error!(error = %format!("{err:#}"), failures, "A store write failed.");
+            let failures = streak.failed_because(&WriteFailed(format!("{err:#}").into()));
+            // An unreachable server fails every write until it is back: say
+            // so when it starts and now and then.
+            if failures == 1 || failures % 1000 == 0 {
+                error!(error = %format!("{err:#}"), failures, "A store write failed; sends answer 503 until writes succeed.");
+            }
             for piece in group {
                 piece.fail(&format!("{err:#}"));
             }

@@ -28,8 +28,8 @@
 //! checkpoint never blocks the writer.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -42,6 +42,10 @@ use super::SqliteDb;
 /// How long the writer waits for another connection's write transaction
 /// (a rare admin write on sqlx's connection) before a group fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Size of the row a write probe adds: more than the largest send needs
+/// (a batch aside), so that a probe that commits means sends commit too.
+const PROBE_BYTES: i64 = 256 * 1024;
 
 /// How often the checkpoint thread copies the log into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
@@ -88,24 +92,102 @@ impl WriteFailed {
 }
 
 /// Failures in a row, which set the Retry-After of the next 503: 1 s after
-/// the first, doubling up to 30 s.
+/// the first, doubling up to 30 s. Also remembers what the last failure
+/// said, for `/readyz`.
 #[derive(Debug, Clone, Default)]
-pub struct FailureStreak(Arc<AtomicU32>);
+pub struct FailureStreak(Arc<Streak>);
+
+#[derive(Debug, Default)]
+struct Streak {
+    count: AtomicU32,
+    last: std::sync::Mutex<Option<Arc<str>>>,
+    /// When a failure last happened; kept past the streak's end, since on
+    /// a nearly full file small writes commit between large ones that fail.
+    last_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
 
 impl FailureStreak {
-    pub fn succeeded(&self) {
-        self.0.store(0, Ordering::Relaxed);
+    /// Ends the streak; returns how long it was.
+    pub fn succeeded(&self) -> u32 {
+        let ended = self.0.count.swap(0, Ordering::Relaxed);
+        if ended > 0 {
+            *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        ended
     }
 
     /// Counts a failure; returns the streak length.
     pub fn failed(&self) -> u32 {
-        self.0.fetch_add(1, Ordering::Relaxed) + 1
+        *self
+            .0
+            .last_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+        self.0.count.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether a failure happened within `window` (or the streak runs).
+    pub fn failed_within(&self, window: Duration) -> bool {
+        self.count() > 0
+            || self
+                .0
+                .last_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|at| at.elapsed() < window)
+    }
+
+    /// Counts a failure and remembers why; returns the streak length.
+    pub fn failed_because(&self, why: &WriteFailed) -> u32 {
+        *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(why.0.clone());
+        self.failed()
+    }
+
+    /// Failures in the current streak.
+    pub fn count(&self) -> u32 {
+        self.0.count.load(Ordering::Relaxed)
+    }
+
+    /// While failing: what the last failure said (or that there was one).
+    pub fn failing(&self) -> Option<Arc<str>> {
+        if self.0.count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let last = self.0.last.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(
+            last.clone()
+                .unwrap_or_else(|| "the last write failed".into()),
+        )
     }
 
     pub fn retry_after(&self) -> Duration {
-        let failures = self.0.load(Ordering::Relaxed).clamp(1, 6);
+        let failures = self.0.count.load(Ordering::Relaxed).clamp(1, 6);
         Duration::from_secs((1u64 << (failures - 1)).min(30))
     }
+}
+
+/// Whether `err` says the store itself cannot write (full, read-only, an
+/// I/O error, a broken file) rather than that one piece's data broke a
+/// rule: such failures make the store unready and its writers back off.
+fn is_store_fault(err: &anyhow::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<rusqlite::Error>(),
+            Some(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    DiskFull
+                        | SystemIoFailure
+                        | ReadOnly
+                        | CannotOpen
+                        | DatabaseCorrupt
+                        | NotADatabase
+                        | OutOfMemory
+                        | FileLockingProtocolFailed
+                )
+        )
+    })
 }
 
 enum Command {
@@ -127,9 +209,36 @@ impl StoreWriter {
     /// receiver completes once the writer has stopped (see
     /// [`StoreWriter::stop`]) with everything it was given committed.
     pub fn spawn(db: &SqliteDb, max_group: usize) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
+        Self::spawn_capped(db, max_group, 0)
+    }
+
+    /// [`StoreWriter::spawn`] with the file capped at `max_size_mb` MiB
+    /// (`storage.max_size_mb`; 0: no cap). Writes that would grow it past
+    /// the cap fail as on a full disk; deletes make room again.
+    pub fn spawn_capped(
+        db: &SqliteDb,
+        max_group: usize,
+        max_size_mb: u64,
+    ) -> anyhow::Result<(Self, oneshot::Receiver<()>)> {
         let conn = open_connection(&db.path, db.fsync)
             .with_context(|| format!("opening {} for the store writer", db.path.display()))?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        if max_size_mb > 0 {
+            let page_size: i64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
+            let page_size = u64::try_from(page_size).unwrap_or(4096);
+            let pages = (max_size_mb * 1024 * 1024 / page_size.max(1)).max(1);
+            // SQLite keeps the cap at no less than the pages in use.
+            let cap: i64 =
+                conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |row| {
+                    row.get(0)
+                })?;
+            tracing::info!(
+                max_size_mb,
+                max_pages = cap,
+                page_size,
+                "The store file is capped; writes past the cap answer 503."
+            );
+        }
         let checkpoints = open_connection(&db.path, db.fsync)
             .with_context(|| format!("opening {} for checkpoints", db.path.display()))?;
         let (commands, receiver) = mpsc::channel(max_group.max(1) * 8);
@@ -207,6 +316,25 @@ impl StoreWriter {
     /// The Retry-After to give when a write could not be made durable.
     pub fn retry_after(&self) -> Duration {
         self.failures.retry_after()
+    }
+
+    /// The writer's failure streak.
+    pub fn failures(&self) -> &FailureStreak {
+        &self.failures
+    }
+
+    /// Writes a row larger than any send and removes it in one
+    /// transaction: whether a send would find room now.
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        self.run(|tx| {
+            tx.execute(
+                "INSERT INTO write_probe(filler) VALUES (zeroblob(?1))",
+                [PROBE_BYTES],
+            )?;
+            tx.execute("DELETE FROM write_probe", [])?;
+            Ok(())
+        })
+        .await
     }
 
     /// Asks the writer to commit what it holds and stop; later work fails.
@@ -346,18 +474,33 @@ fn run(
         if !group.is_empty() {
             let committed = commit_group(&mut conn, &mut group);
             drop(my_turn);
-            match committed {
-                Ok(()) => {
-                    streak.succeeded();
+            let fault = match committed {
+                Ok(fault) => {
                     for work in group.drain(..) {
                         work.finish(Ok(()));
                     }
+                    fault
                 }
                 Err(failure) => {
-                    let failures = streak.failed();
-                    error!(error = %failure, pieces = group.len(), failures, "A write group could not be committed.");
                     for work in group.drain(..) {
                         work.finish(Err(failure.clone()));
+                    }
+                    Some(failure)
+                }
+            };
+            match fault {
+                None => {
+                    let ended = streak.succeeded();
+                    if ended > 0 {
+                        tracing::warn!(failures = ended, "Store writes succeed again.");
+                    }
+                }
+                Some(failure) => {
+                    let failures = streak.failed_because(&failure);
+                    // A full disk fails every group until it clears: say so
+                    // when it starts and now and then, not thousands of times.
+                    if failures == 1 || failures % 1000 == 0 {
+                        error!(error = %failure, failures, "The store cannot write; sends answer 503 until it can.");
                     }
                 }
             }
@@ -377,8 +520,12 @@ fn run(
 /// One transaction for the whole group. If a piece fails to apply, the
 /// group is rolled back and every piece applied alone (its failure kept to
 /// itself); the pieces that fail alone are finished here and removed, so
-/// what remains in `group` has committed.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Result<(), WriteFailed> {
+/// what remains in `group` has committed. `Ok` carries the first store
+/// fault (see [`is_store_fault`]) a piece met alone, if any.
+fn commit_group(
+    conn: &mut Connection,
+    group: &mut Vec<Box<dyn Work>>,
+) -> Result<Option<WriteFailed>, WriteFailed> {
     // Reads go first, so that those which write nothing read only
     // committed data and can be answered before the commit.
     group.sort_by_key(|work| !work.reads_first());
@@ -398,13 +545,12 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Result
         Ok(None)
     })();
     match applied {
-        Ok(None) => Ok(()),
+        Ok(None) => Ok(None),
         Ok(Some(failed_at)) => {
             for work in group.iter_mut().take(failed_at + 1) {
                 work.rolled_back();
             }
-            one_by_one(conn, group);
-            Ok(())
+            Ok(one_by_one(conn, group))
         }
         Err(err) => {
             for work in group.iter_mut() {
@@ -416,9 +562,10 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Result
 }
 
 /// Applies each piece in a transaction of its own; finishes and removes the
-/// ones that fail.
-fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) {
+/// ones that fail; returns the first store fault among their failures.
+fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Option<WriteFailed> {
     let mut kept = Vec::with_capacity(group.len());
+    let mut fault = None;
     for mut work in group.drain(..) {
         let outcome = (|| -> anyhow::Result<()> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -430,12 +577,18 @@ fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) {
             Ok(()) => kept.push(work),
             Err(err) => {
                 work.rolled_back();
-                error!(error = %format!("{err:#}"), "A write could not be committed.");
-                work.finish(Err(WriteFailed::from_error(&err)));
+                let failed = WriteFailed::from_error(&err);
+                if is_store_fault(&err) {
+                    fault.get_or_insert_with(|| failed.clone());
+                } else {
+                    error!(error = %failed, "A write could not be committed.");
+                }
+                work.finish(Err(failed));
             }
         }
     }
     *group = kept;
+    fault
 }
 
 #[cfg(test)]

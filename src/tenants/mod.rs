@@ -242,6 +242,9 @@ pub struct Registry {
     /// before a change committed never replaces the cache after the change
     /// updated it.
     changing: tokio::sync::Mutex<()>,
+    /// The queue told each tenant's isolation after every reload, so sends
+    /// on this instance follow a change made on another one.
+    isolation_sink: std::sync::OnceLock<Arc<dyn crate::queue::LaneQueue>>,
 }
 
 /// The cached form of a tenant row.
@@ -355,6 +358,7 @@ impl Registry {
             tenants: RwLock::new(tenants),
             keys: RwLock::new(keys),
             changing: tokio::sync::Mutex::new(()),
+            isolation_sink: std::sync::OnceLock::new(),
         })
     }
 
@@ -365,7 +369,23 @@ impl Registry {
         *self.plans.write().expect("plans lock") = plans;
         *self.tenants.write().expect("tenants lock") = tenants;
         *self.keys.write().expect("keys lock") = keys;
+        self.apply_isolation();
         Ok(())
+    }
+
+    /// Tells `queue` each tenant's isolation now and after every reload.
+    pub fn route_isolation_to(&self, queue: Arc<dyn crate::queue::LaneQueue>) {
+        let _ = self.isolation_sink.set(queue);
+        self.apply_isolation();
+    }
+
+    fn apply_isolation(&self) {
+        let Some(queue) = self.isolation_sink.get() else {
+            return;
+        };
+        for tenant in self.tenants.read().expect("tenants lock").values() {
+            queue.set_tenant_dedicated(&tenant.id, tenant.isolation == Isolation::Dedicated);
+        }
     }
 
     /// Tells the other instances that the tables changed (PostgreSQL; on

@@ -738,8 +738,8 @@ queue_prefix = "{prefix}"
 create_queues = true
 access_key_id = "test"
 secret_access_key = "test"
-send_timeout_ms = 1000
-outbox_sweep_secs = 2
+send_timeout_ms = 3000
+outbox_sweep_secs = 4
 
 [lanes.fast]
 concurrency = {FAST_CONCURRENCY}
@@ -1478,4 +1478,71 @@ async fn redis_going_away_mid_run_gives_no_5xx() {
         .map(|arrival| arrival.body)
         .collect();
     assert!(twice.is_empty(), "sent more than once: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_made_dedicated_on_one_instance_sends_to_its_own_queue_through_the_others() {
+    let cluster = Cluster::start().await;
+    let api = &cluster.api;
+    let key = cluster.tenant_with_key("acme", "open", 1000.0, 1000).await;
+    // Paused as well, so what reaches its own queue stays there to count.
+    let (status, body) = api
+        .admin(
+            A,
+            reqwest::Method::PATCH,
+            "/v1/admin/tenants/acme",
+            Some(json!({"isolation": "dedicated", "status": "paused"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    tokio::time::sleep(PROPAGATION + Duration::from_millis(500)).await;
+    for on in [B, C] {
+        for n in 0..5 {
+            // The first send through an instance opens the tenant's queues
+            // there (creating them on moto, slow on a busy machine): a 503
+            // with Retry-After is a clean refusal, and the client retries.
+            let mut tries = 0;
+            loop {
+                let answer = api
+                    .send(on, &key, &format!("via {} {n}", NAMES[on]))
+                    .await
+                    .unwrap();
+                tries += 1;
+                if answer.status == StatusCode::SERVICE_UNAVAILABLE && tries < 4 {
+                    assert!(answer.retry_after.is_some(), "{}", answer.body);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+                break;
+            }
+        }
+    }
+    // The ten sends made through b and c wait in the tenant's own queue
+    // (with any copy of a refused send that reached it after its 503: the
+    // consumer drops those, and here the tenant is paused).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, view) = api
+            .admin(
+                A,
+                reqwest::Method::GET,
+                "/v1/admin/tenants/acme/queue",
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        let depth: u64 = view["lanes"]
+            .as_array()
+            .map(|lanes| lanes.iter().filter_map(|lane| lane["depth"].as_u64()).sum())
+            .unwrap_or(0);
+        if depth >= 10 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tenant's own queue holds {depth} of the 10 sends made on b and c: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -11,6 +11,7 @@ mod crash;
 mod dedicated;
 mod delivery;
 mod docs;
+mod full_store;
 mod idempotency;
 mod instances;
 mod limits;
