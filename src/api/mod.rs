@@ -109,12 +109,70 @@ pub fn app(state: AppState) -> Router {
         .merge(timed)
         .fallback(|| async { ApiError::NotFound("No such route.".into()) })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(timeout, body_deadline))
         .layer(axum::middleware::map_response_with_state(
             timeout,
             problem_for_bare_errors,
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Gives every request body a deadline `request_timeout_secs` after its
+/// head arrived, sends included (they have no request timeout, see
+/// [`app`]): a client that drips its body cannot hold a connection, and its
+/// request is answered 503 once the deadline passes (see
+/// [`BodyDeadlinePassed`]).
+async fn body_deadline(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::Body::new(DeadlineBody {
+        inner: body,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
+    });
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
+}
+
+/// The request body did not arrive before its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within server.request_timeout_secs")]
+pub struct BodyDeadlinePassed;
+
+/// A body that fails with [`BodyDeadlinePassed`] once `deadline` is over,
+/// however steadily its bytes trickle in (tower-http's body timeout restarts
+/// with each frame).
+struct DeadlineBody {
+    inner: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Some(Err(Box::new(BodyDeadlinePassed))));
+        }
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Gives error answers made below the handlers (405 from the router, 503
@@ -245,6 +303,16 @@ fn read_json_bytes(
         )));
     }
     body.map_err(|rejection| {
+        let mut cause: Option<&dyn std::error::Error> = Some(&rejection);
+        while let Some(error) = cause {
+            if error.is::<BodyDeadlinePassed>() {
+                return ApiError::Unavailable {
+                    retry_after: Duration::from_secs(1),
+                    detail: "The request body did not arrive within server.request_timeout_secs; nothing was accepted.".into(),
+                };
+            }
+            cause = error.source();
+        }
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(
                 "Request body is larger than server.max_body_bytes (server.max_batch_body_bytes for a batch)."

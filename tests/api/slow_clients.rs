@@ -124,3 +124,65 @@ async fn half_open_connections_neither_lock_out_a_sending_client_nor_stay_open()
         opened.elapsed()
     );
 }
+
+/// A send whose body trickles in, a byte every 300 ms (each byte within
+/// any per-read timeout): answered 503 once `request_timeout_secs` has
+/// passed since its head, and its connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_whose_body_trickles_in_is_cut_off_at_the_request_timeout() {
+    let app = crate::support::TestApp::start_custom("", |settings| {
+        settings.server.request_timeout_secs = 2
+    })
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let body = r#"{"channel":"sms","to":"+15551234567","text":"drip"}"#;
+    let mut stream = TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    for byte in body.bytes() {
+        if stream.write_all(&[byte]).await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if !answer.is_empty() {
+            break;
+        }
+    }
+    // Whatever is still in flight, then the close.
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut buf)).await
+    {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let waited = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "after {waited:?} the trickling send got: {answer:?}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("request_timeout_secs"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(6),
+        "cut off after {waited:?}, with a request timeout of 2 s"
+    );
+    // And a whole send on a new connection is taken at once.
+    let sent = app.send(&key, &crate::support::sms()).await;
+    assert_eq!(sent.status(), reqwest::StatusCode::ACCEPTED);
+}
