@@ -411,6 +411,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             return defer(context, &message, pause, "store").await;
         }
     }
+    // Spaced again at the call itself: the claim's write may have held a
+    // group of granted messages up (see ProviderGate::pace_call).
+    gated.gate.pace_call().await;
     let started = Instant::now();
     let outcome = gated.provider.send(&payload).await;
     drop(worker);

@@ -97,6 +97,9 @@ pub struct ProviderGate {
     /// Until when no token is handed out (nanoseconds on the timeline),
     /// after the provider answered 429 with a `Retry-After`; 0: never.
     paused_until: AtomicU64,
+    /// A second bucket of the same rate and burst, taken from right before
+    /// each call (see [`ProviderGate::pace_call`]).
+    calls: Bucket,
 }
 
 /// A provider's bucket in Redis, shared by every instance, and this
@@ -160,6 +163,7 @@ impl ProviderGate {
             .allow_burst(max_burst);
         ProviderGate {
             bucket: RateLimiter::direct_with_clock(quota, timeline.clone()),
+            calls: RateLimiter::direct_with_clock(quota, timeline.clone()),
             timeline,
             rate_per_second,
             burst,
@@ -177,6 +181,33 @@ impl ProviderGate {
         let until = Duration::from(self.timeline.now()) + pause;
         let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
         self.paused_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Waits until a call may start without the provider seeing more than
+    /// `burst + rate × t` calls in any window t; returns the wait. A token
+    /// from [`ProviderGate::acquire_for`] spaces the grants, but what comes
+    /// between grant and call (the claim's store write, waiting for a
+    /// worker) can bunch calls after a stall: a writer held up for two
+    /// seconds releases two seconds' worth of granted messages at once.
+    /// This second bucket, of the same rate and burst, spaces them again at
+    /// the moment of the call. Normally it has a token ready and costs one
+    /// check. Fleet-wide gates (Redis) pace grants only: a local bucket
+    /// there would refuse what the fleet's bucket granted.
+    pub async fn pace_call(&self) -> Duration {
+        if self.global.is_some() {
+            return Duration::ZERO;
+        }
+        let started = self.timeline.now();
+        loop {
+            match self.calls.check() {
+                Ok(()) => return self.timeline.elapsed_since(started),
+                Err(not_until) => {
+                    self.timeline
+                        .sleep_until(not_until.earliest_possible())
+                        .await
+                }
+            }
+        }
     }
 
     /// The end of a pause still running, if any.
@@ -754,6 +785,48 @@ mod tests {
             ],
             "after the pause: high first, then one every 100 ms (the rate)"
         );
+    }
+
+    #[test]
+    fn calls_bunched_after_a_stall_are_spaced_again_at_the_call() {
+        // 10/s, burst 2. Twenty callers take their tokens over about two
+        // seconds, but the calls are held up (a stalled store write) until
+        // 2.5 s; then they all pace at once.
+        let sim = Sim::new(MS);
+        let gate = sim.gate(10.0, 2);
+        let calls: Rc<RefCell<Vec<Duration>>> = Rc::default();
+        let clock = sim.clock();
+        for _ in 0..20 {
+            let (gate, calls, clock) = (Arc::clone(&gate), calls.clone(), clock.clone());
+            sim.spawn(async move {
+                gate.acquire(Priority::Normal).await;
+                clock.sleep_until(Nanos::from(2500 * MS)).await;
+                gate.pace_call().await;
+                calls.borrow_mut().push(Duration::from(clock.now()));
+            });
+        }
+        sim.run_until(10 * SECOND);
+        let calls = calls.borrow();
+        assert_eq!(calls.len(), 20);
+        // Every window [calls[i], calls[j]] holds j - i + 1 calls: at most
+        // burst + rate x its length.
+        for i in 0..calls.len() {
+            for j in i..calls.len() {
+                let window = (calls[j] - calls[i]).as_secs_f64();
+                let allowed = 2.0 + 10.0 * window + 1e-9;
+                assert!(
+                    (j - i + 1) as f64 <= allowed,
+                    "{} calls in {window:.3} s: {calls:?}",
+                    j - i + 1
+                );
+            }
+        }
+        // The bucket for calls was full (idle until 2.5 s): two at once,
+        // then one every 100 ms.
+        assert_eq!(calls[0], 2500 * MS);
+        assert_eq!(calls[1], 2500 * MS);
+        assert_eq!(calls[2], 2600 * MS);
+        assert_eq!(calls[19], 4300 * MS);
     }
 
     #[test]
