@@ -22,14 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fairlane::accept::{AcceptEntry, AcceptWriter, Staging};
 use fairlane::model::{Channel, Lane, MessageStatus, Priority, now_ms};
 use fairlane::queue::OutboundMessage;
-use fairlane::store::SqliteDb;
 use fairlane::store::idempotency::StoredResponse;
 use fairlane::store::messages::MessageRecord;
-use fairlane::store::postgres::{PgDb, PgWriter};
-use fairlane::store::writer::StoreWriter;
+use fairlane::store::{AcceptEntry, Db, Writer};
 use sqlx::{Connection, Executor, PgConnection};
 
 fn entry(n: u64) -> AcceptEntry {
@@ -83,11 +80,7 @@ fn entry(n: u64) -> AcceptEntry {
 
 /// Drives `writers` (round robin) from `concurrency` tasks for `seconds`;
 /// returns accepts, and the sorted waits in µs.
-async fn drive(
-    writers: Vec<Arc<AcceptWriter>>,
-    seconds: u64,
-    concurrency: usize,
-) -> (u64, Vec<u64>) {
+async fn drive(writers: Vec<Arc<Writer>>, seconds: u64, concurrency: usize) -> (u64, Vec<u64>) {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for task in 0..concurrency {
@@ -147,9 +140,9 @@ async fn main() -> anyhow::Result<()> {
 
     // SQLite: the file and writer of one instance.
     let dir = tempfile::tempdir()?;
-    let sqlite = SqliteDb::open(&dir.path().join("bench.db"), false).await?;
-    let (writer, _stopped) = StoreWriter::spawn(&sqlite, 512)?;
-    let sqlite_writer = Arc::new(AcceptWriter::new(writer, Staging::Outbox));
+    let sqlite = Db::open(&dir.path().join("bench.db"), false).await?;
+    let (writer, _stopped) = Writer::start(&sqlite, 512, 0)?;
+    let sqlite_writer = Arc::new(writer);
     report(
         "sqlite, one instance",
         seconds,
@@ -168,9 +161,9 @@ async fn main() -> anyhow::Result<()> {
         for instances in [1usize, 2] {
             let mut writers = Vec::new();
             for _ in 0..instances {
-                let pg = PgDb::connect(&url).await?;
-                let (writer, _stopped) = PgWriter::spawn(&pg, 512);
-                writers.push(Arc::new(AcceptWriter::Postgres(writer)));
+                let pg = Db::connect(&url, false).await?;
+                let (writer, _stopped) = Writer::start(&pg, 512, 0)?;
+                writers.push(Arc::new(writer));
             }
             let label = format!("postgres, {instances} instance(s)");
             report(&label, seconds, drive(writers, seconds, concurrency).await);

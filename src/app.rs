@@ -15,43 +15,22 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::accept::{AcceptWriter, Staging};
+use crate::accept::outbox::Outbox;
+use crate::api::auth::AdminAuth;
 use crate::api::{self, AppInner, AppState};
-use crate::auth::AdminAuth;
 use crate::config::{LimitsBackend, QueueBackend, Settings};
 use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
+use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::gate::ProviderGate;
 use crate::limits::redis::RedisLimits;
-use crate::limits::tenant::TenantLimits;
+use crate::limits::tenant::SentCounts;
 use crate::model::{Channel, Lane, TenantStatus};
-use crate::outbox::Outbox;
 use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::queue::sqs::SqsQueue;
-use crate::store::postgres::PgWriter;
-use crate::store::status::StatusWriter;
-use crate::store::writer::StoreWriter;
-use crate::store::{Db, idempotency};
-
-/// The store's writer of hot changes, on either backend.
-enum Writer {
-    Sqlite(StoreWriter),
-    Postgres(PgWriter),
-}
-
-impl Writer {
-    async fn stop(&self) {
-        match self {
-            Writer::Sqlite(writer) => writer.stop().await,
-            Writer::Postgres(writer) => writer.stop().await,
-        }
-    }
-}
+use crate::store::{Db, Staging, Writer};
 use crate::tenants::Registry;
-
-/// How often expired idempotency keys are purged.
-const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Longest wait for the accept writer to commit what is left at shutdown.
 const WRITER_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,42 +63,26 @@ impl Application {
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
-        if let Some(sqlite) = db.sqlite() {
-            // The file belongs to this one instance: a message still marked
-            // `sending` was being sent by a process that is gone. It waits
-            // again, to be claimed by its redelivered copy (at least once).
-            let reset =
-                sqlx::query("UPDATE messages SET status = 'queued' WHERE status = 'sending'")
-                    .execute(&sqlite.write)
-                    .await
-                    .context("releasing messages a stopped process was sending")?;
-            if reset.rows_affected() > 0 {
-                info!(
-                    messages = reset.rows_affected(),
-                    "Messages an earlier run was sending wait to be sent again."
-                );
-            }
+        let released = crate::store::messages::release_interrupted_sends(&db)
+            .await
+            .context("releasing messages a stopped process was sending")?;
+        if released > 0 {
+            info!(
+                messages = released,
+                "Messages an earlier run was sending wait to be sent again."
+            );
         }
-        let (store_writer, writer_task) = match &db {
-            Db::Sqlite(sqlite) => {
-                let (writer, done) = StoreWriter::spawn_capped(
-                    sqlite,
-                    settings.storage.max_group,
-                    settings.storage.max_size_mb,
-                )?;
-                (Writer::Sqlite(writer), done)
-            }
-            Db::Postgres(pg) => {
-                let (writer, done) = PgWriter::spawn(pg, settings.storage.max_group);
-                (Writer::Postgres(writer), done)
-            }
-        };
+        let (mut store_writer, writer_task) = Writer::start(
+            &db,
+            settings.storage.max_group,
+            settings.storage.max_size_mb,
+        )?;
         let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) = match settings
             .queue
             .backend
         {
             QueueBackend::Embedded => {
-                let (Some(sqlite), Writer::Sqlite(sqlite_writer)) = (db.sqlite(), &store_writer)
+                let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite())
                 else {
                     anyhow::bail!(
                         "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
@@ -149,7 +112,7 @@ impl Application {
                     .reconcile_attention()
                     .await
                     .context("signalling dedicated tenant queues")?;
-                (embedded.clone(), Staging::Embedded(embedded), None, None)
+                (embedded.clone(), Staging::Queue(embedded), None, None)
             }
             QueueBackend::Sqs => {
                 let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
@@ -173,22 +136,18 @@ impl Application {
                     }
                 }
                 let queue: Arc<dyn LaneQueue> = sqs;
-                let (outbox, tasks) = Outbox::start(
-                    db.clone(),
-                    queue.clone(),
-                    &settings.queue.sqs,
+                let (outbox, tasks) = Outbox::start(db.clone(), queue.clone(), &settings.queue.sqs)
+                    .await
+                    .context("starting the SQS outbox")?;
+                background.push(tokio::spawn(crate::scheduler::run_outbox_sweeps(
+                    outbox.clone(),
+                    Duration::from_secs(settings.queue.sqs.outbox_sweep_secs),
                     shutdown_rx.clone(),
-                )
-                .await
-                .context("starting the SQS outbox")?;
-                background.push(tasks.sweeper);
+                )));
                 (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
             }
         };
-        let writer = match &store_writer {
-            Writer::Sqlite(sqlite_writer) => AcceptWriter::new(sqlite_writer.clone(), staging),
-            Writer::Postgres(pg_writer) => AcceptWriter::Postgres(pg_writer.clone()),
-        };
+        store_writer.stage_into(staging)?;
         let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
         let redis = match settings.limits.backend {
             LimitsBackend::Local => {
@@ -232,16 +191,12 @@ impl Application {
             crate::webhooks::dispatch::Dispatcher::new(db.clone(), settings.webhooks.clone())
                 .context("setting up the webhook dispatcher")?;
         background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
-        background.push(tokio::spawn(purge_idempotency_keys(
+        background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
             db.clone(),
             shutdown_rx,
         )));
 
         let consumers = if settings.consumers.enabled {
-            let status = match &store_writer {
-                Writer::Sqlite(writer) => StatusWriter::new(writer.clone()),
-                Writer::Postgres(writer) => StatusWriter::postgres(writer.clone()),
-            };
             let share = settings
                 .lanes
                 .fast
@@ -269,7 +224,7 @@ impl Application {
                 .await?,
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
-                status,
+                status: store_writer.clone(),
                 delivering: Arc::default(),
                 log_addresses: settings.logging.log_addresses,
                 store_trouble: Default::default(),
@@ -289,15 +244,15 @@ impl Application {
             .with_context(|| format!("binding {}", settings.server.listen))?;
         let state = AppState::new(AppInner {
             limits: match redis.clone() {
-                Some(redis) => TenantLimits::with_redis(db.clone(), redis),
-                None => TenantLimits::new(db.clone()),
+                Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
+                None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
             },
             redis,
             settings,
             db,
             registry,
             queue,
-            writer,
+            writer: store_writer.clone(),
             outbox,
             backpressure,
             admin,
@@ -401,19 +356,13 @@ impl Application {
     }
 }
 
-async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(IDEMPOTENCY_PURGE_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                match idempotency::purge_expired(&db, crate::model::now_ms()).await {
-                    Ok(None | Some(0)) => {}
-                    Ok(Some(purged)) => info!(purged, "Expired idempotency keys purged."),
-                    Err(err) => warn!(error = %err, "Could not purge idempotency keys."),
-                }
-            }
-            _ = shutdown.changed() => return,
-        }
+/// The tenant limits' day counts, read from the store.
+struct StoredCounts(Db);
+
+#[async_trait::async_trait]
+impl SentCounts for StoredCounts {
+    async fn sent_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
+        crate::store::messages::count_since(&self.0, tenant_id, since_ms).await
     }
 }
 
@@ -443,7 +392,7 @@ async fn gated(
         provider,
         gate: Arc::new(gate),
         breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
-            settings.breaker(),
+            crate::limits::breaker::BreakerSettings::of(settings),
         )),
     })
 }

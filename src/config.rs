@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use figment::Figment;
@@ -353,18 +352,6 @@ fn default_breaker_max_open_secs() -> u64 {
     30
 }
 
-impl ProviderSettings {
-    /// The circuit breaker's settings.
-    pub fn breaker(&self) -> crate::limits::breaker::BreakerSettings {
-        crate::limits::breaker::BreakerSettings {
-            failures: self.breaker_failures,
-            open_for: Duration::from_millis(self.breaker_open_ms.max(1)),
-            max_open_for: Duration::from_secs(self.breaker_max_open_secs)
-                .max(Duration::from_millis(self.breaker_open_ms.max(1))),
-        }
-    }
-}
-
 /// `[receipts]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -635,7 +622,7 @@ impl Settings {
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");
         }
-        let postgres = crate::store::is_postgres_url(&self.storage.url);
+        let postgres = is_postgres_url(&self.storage.url);
         if !self.storage.url.starts_with("sqlite:") && !postgres {
             bail!(
                 "storage.url must start with sqlite:// or postgres:// (got {:?})",
@@ -777,12 +764,8 @@ impl Settings {
         }
         self.validate_limits()?;
         for (name, plan) in &self.plans {
-            crate::tenants::validate_plan_figures(
-                plan.rate_per_second,
-                plan.burst,
-                plan.max_in_flight,
-            )
-            .with_context(|| format!("plans.{name}"))?;
+            validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
+                .with_context(|| format!("plans.{name}"))?;
         }
         Ok(())
     }
@@ -812,7 +795,7 @@ impl Settings {
 
     /// The SQLite file path from `storage.url`.
     pub fn sqlite_path(&self) -> PathBuf {
-        crate::store::sqlite_path(&self.storage.url)
+        sqlite_path(&self.storage.url)
     }
 
     /// This instance's name: `server.instance`, or `{host}-{pid}`.
@@ -826,6 +809,35 @@ impl Settings {
             format!("{host}-{}", std::process::id())
         })
     }
+}
+
+/// Checks the figures of a plan; shared by the config loader and the API.
+pub fn validate_plan_figures(
+    rate_per_second: f64,
+    burst: u32,
+    max_in_flight: u32,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rate_per_second.is_finite() && rate_per_second > 0.0 && rate_per_second <= 1_000_000.0,
+        "rate_per_second must be a positive number up to 1000000"
+    );
+    anyhow::ensure!(burst >= 1, "burst must be at least 1");
+    anyhow::ensure!(max_in_flight >= 1, "max_in_flight must be at least 1");
+    Ok(())
+}
+
+/// True for `postgres://` and `postgresql://` URLs.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The file path of a `sqlite://PATH` (or `sqlite:PATH`) URL.
+pub fn sqlite_path(url: &str) -> std::path::PathBuf {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    std::path::PathBuf::from(rest.split('?').next().unwrap_or(rest))
 }
 
 #[cfg(test)]
@@ -881,7 +893,7 @@ mod tests {
         );
         let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::file(example));
         let settings = Settings::from_figment(figment).unwrap();
-        assert!(crate::store::is_postgres_url(&settings.storage.url));
+        assert!(is_postgres_url(&settings.storage.url));
         assert_eq!(settings.queue.backend, QueueBackend::Sqs);
         assert_eq!(settings.limits.backend, LimitsBackend::Redis);
         assert_eq!(settings.instance_name(), "a");

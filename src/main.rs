@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
                 let db =
                     fairlane::store::Db::connect(&settings.storage.url, settings.storage.fsync)
                         .await?;
-                let token = fairlane::auth::AdminAuth::rotate(&db).await?;
+                let token = fairlane::api::auth::AdminAuth::rotate(&db).await?;
                 db.close().await;
                 if settings.server.admin_token.is_some() {
                     eprintln!(

@@ -4,14 +4,32 @@
 //! Validation reads the JSON object key by key instead of deserializing into
 //! a struct, so one answer names every bad field at once, and a misspelt key
 //! (`subjet`) is refused instead of silently dropped.
+//!
+//! Also the message's other shapes that cross the service: what goes on a
+//! lane ([`OutboundMessage`]), its status row ([`MessageRecord`]) and its
+//! status as clients and webhooks see it ([`MessageView`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::model::{Channel, Priority};
+use crate::model::{Channel, Lane, MessageStatus, Priority, ms_to_rfc3339, now_ms};
+
+/// A message to put on a lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboundMessage {
+    pub message_id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub priority: Priority,
+    /// The delivery payload (JSON); at most 256 KiB.
+    pub body: String,
+    /// Not receivable before this has passed.
+    pub delay: Duration,
+}
 
 /// Longest email address (RFC 5321 path limit).
 pub const MAX_EMAIL_LEN: usize = 254;
@@ -453,6 +471,84 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             send_at,
         }),
         _ => Err(errors),
+    }
+}
+
+/// A message's status row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageRecord {
+    pub id: String,
+    pub tenant_id: String,
+    pub channel: Channel,
+    pub status: MessageStatus,
+    pub priority: Priority,
+    pub lane: Lane,
+    pub attempts: u32,
+    pub reference: Option<String>,
+    /// The caller's metadata object as JSON text.
+    pub metadata: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub sent_at: Option<i64>,
+    pub last_error: Option<String>,
+    pub provider_message_id: Option<String>,
+    /// When a scheduled message is due (ms); `None`: at once.
+    pub send_at: Option<i64>,
+}
+
+/// A message's delivery status.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageView {
+    pub id: String,
+    pub channel: Channel,
+    pub status: MessageStatus,
+    pub priority: Priority,
+    pub lane: Lane,
+    /// Provider calls made, the successful one included.
+    pub attempts: u32,
+    pub reference: Option<String>,
+    /// The caller's metadata object.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// RFC 3339; set once the provider accepted the message.
+    pub sent_at: Option<String>,
+    pub last_error: Option<String>,
+    /// The provider's id (SES MessageId, SMS sid).
+    pub provider_message_id: Option<String>,
+    /// RFC 3339: when a scheduled message is (or was) due.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send_at: Option<String>,
+}
+
+impl From<MessageRecord> for MessageView {
+    fn from(record: MessageRecord) -> Self {
+        // A scheduled message that fell due waits in its lane like any
+        // other: `queued` (the embedded queue holds it as a delayed entry
+        // and changes no row when it falls due).
+        let status = match (record.status, record.send_at) {
+            (MessageStatus::Scheduled, Some(at)) if at <= now_ms() => MessageStatus::Queued,
+            (status, _) => status,
+        };
+        MessageView {
+            id: record.id,
+            channel: record.channel,
+            status,
+            priority: record.priority,
+            lane: record.lane,
+            attempts: record.attempts,
+            reference: record.reference,
+            metadata: record.metadata.and_then(|m| serde_json::from_str(&m).ok()),
+            created_at: ms_to_rfc3339(record.created_at),
+            updated_at: ms_to_rfc3339(record.updated_at),
+            sent_at: record.sent_at.map(ms_to_rfc3339),
+            last_error: record.last_error,
+            provider_message_id: record.provider_message_id,
+            send_at: record.send_at.map(ms_to_rfc3339),
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use super::error::{
     AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
 };
 use super::{AppState, json_typed};
-use crate::auth::AdminOnly;
+use crate::api::auth::AdminOnly;
 use crate::model::{Channel, Lane, Priority, ms_to_rfc3339};
 use crate::queue::{QueueStats, RedriveFilter};
 use crate::store::messages;

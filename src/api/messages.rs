@@ -21,7 +21,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, LimitReason, Problem, insert_rate_headers};
 use super::{ApiPath, AppState, json_value};
 use crate::accept::AcceptEntry;
-use crate::auth::TenantAuth;
+use crate::api::auth::TenantAuth;
 use crate::limits::tenant::Refusal;
 use crate::message::{DeliveryPayload, MAX_PAYLOAD_BYTES, NewMessage, validate};
 use crate::metrics as names;
@@ -57,61 +57,7 @@ pub struct SendAccepted {
     pub send_at: Option<String>,
 }
 
-/// A message's delivery status.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct MessageView {
-    pub id: String,
-    pub channel: Channel,
-    pub status: MessageStatus,
-    pub priority: Priority,
-    pub lane: Lane,
-    /// Provider calls made, the successful one included.
-    pub attempts: u32,
-    pub reference: Option<String>,
-    /// The caller's metadata object.
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Value>,
-    /// RFC 3339.
-    pub created_at: String,
-    /// RFC 3339.
-    pub updated_at: String,
-    /// RFC 3339; set once the provider accepted the message.
-    pub sent_at: Option<String>,
-    pub last_error: Option<String>,
-    /// The provider's id (SES MessageId, SMS sid).
-    pub provider_message_id: Option<String>,
-    /// RFC 3339: when a scheduled message is (or was) due.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub send_at: Option<String>,
-}
-
-impl From<MessageRecord> for MessageView {
-    fn from(record: MessageRecord) -> Self {
-        // A scheduled message that fell due waits in its lane like any
-        // other: `queued` (the embedded queue holds it as a delayed entry
-        // and changes no row when it falls due).
-        let status = match (record.status, record.send_at) {
-            (MessageStatus::Scheduled, Some(at)) if at <= now_ms() => MessageStatus::Queued,
-            (status, _) => status,
-        };
-        MessageView {
-            id: record.id,
-            channel: record.channel,
-            status,
-            priority: record.priority,
-            lane: record.lane,
-            attempts: record.attempts,
-            reference: record.reference,
-            metadata: record.metadata.and_then(|m| serde_json::from_str(&m).ok()),
-            created_at: ms_to_rfc3339(record.created_at),
-            updated_at: ms_to_rfc3339(record.updated_at),
-            sent_at: record.sent_at.map(ms_to_rfc3339),
-            last_error: record.last_error,
-            provider_message_id: record.provider_message_id,
-            send_at: record.send_at.map(ms_to_rfc3339),
-        }
-    }
-}
+pub use crate::message::MessageView;
 
 /// Longest accepted `Idempotency-Key`.
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -520,7 +466,7 @@ async fn hand_to_lane(state: &AppState, handed: &Handed) -> Result<(), ApiError>
         && outbox
             .reject(&handed.tenant_id, &handed.id, &failed.reason)
             .await
-            == crate::outbox::Rejection::Rejected
+            == crate::accept::outbox::Rejection::Rejected
     {
         metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
         return Err(ApiError::Unavailable {

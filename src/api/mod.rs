@@ -3,6 +3,7 @@
 //! document is [`ApiDoc`].
 
 pub mod admin;
+pub mod auth;
 pub mod dlq;
 pub mod error;
 pub mod health;
@@ -30,11 +31,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::accept::AcceptWriter;
-use crate::auth::AdminAuth;
+use crate::api::auth::AdminAuth;
 use crate::config::Settings;
+use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::LaneBackpressure;
-use crate::limits::tenant::TenantLimits;
 use crate::queue::LaneQueue;
 use crate::store::Db;
 use crate::tenants::Registry;
@@ -49,9 +49,9 @@ pub struct AppInner {
     pub db: Db,
     pub registry: Arc<Registry>,
     pub queue: Arc<dyn LaneQueue>,
-    pub writer: AcceptWriter,
+    pub writer: crate::store::Writer,
     /// SQS mode: sends what the writer committed to the outbox.
-    pub outbox: Option<Arc<crate::outbox::Outbox>>,
+    pub outbox: Option<Arc<crate::accept::outbox::Outbox>>,
     pub limits: TenantLimits,
     /// `limits.backend = "redis"`: the connection, for `/readyz`.
     pub redis: Option<Arc<crate::limits::redis::RedisLimits>>,

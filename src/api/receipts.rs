@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem, TenantUnauthorized};
 use super::{ApiPath, AppState};
-use crate::auth::TenantAuth;
+use crate::api::auth::TenantAuth;
 use crate::config::ProviderKind;
 use crate::model::{MessageStatus, ms_to_rfc3339};
 use crate::receipts::{self, twilio};

@@ -19,7 +19,7 @@ use super::error::{
     AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed};
-use crate::auth::AdminOnly;
+use crate::api::auth::AdminOnly;
 use crate::model::Isolation;
 use crate::queue::RedriveFilter;
 use crate::store::messages;

@@ -18,7 +18,7 @@ use super::error::{
     UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed, known_tenant};
-use crate::auth::{AdminOnly, TenantAuth};
+use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::webhooks::{self, WebhookInput, WebhookView, WebhookWithSecret};
 
 pub fn router() -> Router<AppState> {

@@ -42,7 +42,6 @@ use crate::model::{Channel, Lane};
 use crate::providers::Provider;
 use crate::queue::{LaneQueue, ReceivedMessage};
 use crate::store::Db;
-use crate::store::status::StatusWriter;
 use crate::tenants::Registry;
 use buffer::TieredBuffer;
 
@@ -69,7 +68,7 @@ pub struct Delivery {
     pub retry: RetrySettings,
     pub consumers: ConsumerSettings,
     /// Batches `sending`/`sent` status changes into shared transactions.
-    pub status: StatusWriter,
+    pub status: crate::store::Writer,
     /// Ids of the messages being delivered by this process.
     pub delivering: Arc<Delivering>,
     /// `logging.log_addresses`: recipients' addresses in the INFO lines of
@@ -78,7 +77,7 @@ pub struct Delivery {
     /// Store writes of this process's deliveries that failed in a row (a
     /// claim, a `sent`): while any did, the pollers wait before receiving
     /// more, so a broken store is not met by a spin through the queue.
-    pub store_trouble: crate::store::writer::FailureStreak,
+    pub store_trouble: crate::store::FailureStreak,
 }
 
 /// The ids of messages this process is delivering right now. A queue may

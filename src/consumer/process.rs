@@ -90,9 +90,7 @@ fn note_store_write(context: &Context, outcome: Result<(), &anyhow::Error>) {
             }
         }
         Err(err) => {
-            trouble.failed_because(&crate::store::writer::WriteFailed(
-                format!("{err:#}").into(),
-            ));
+            trouble.failed_because(&crate::store::WriteFailed(format!("{err:#}").into()));
         }
     }
 }
@@ -542,11 +540,11 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     }
 }
 
-/// Takes the message for this instance (see [`StatusWriter::claim`]). A
+/// Takes the message for this instance (see [`Writer::claim`]). A
 /// claim older than the visibility timeout belongs to an instance that
 /// died mid-call.
 ///
-/// [`StatusWriter::claim`]: crate::store::status::StatusWriter::claim
+/// [`Writer::claim`]: crate::store::Writer::claim
 async fn claim(context: &Context, id: &str) -> anyhow::Result<bool> {
     let stale_before = crate::model::now_ms()
         - Duration::from_secs(context.settings.visibility_timeout_secs).as_millis() as i64;

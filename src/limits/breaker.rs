@@ -58,6 +58,18 @@ pub enum Change {
     },
 }
 
+impl BreakerSettings {
+    /// The breaker a provider's settings ask for.
+    pub fn of(settings: &crate::config::ProviderSettings) -> Self {
+        let open_for = Duration::from_millis(settings.breaker_open_ms.max(1));
+        BreakerSettings {
+            failures: settings.breaker_failures,
+            open_for,
+            max_open_for: Duration::from_secs(settings.breaker_max_open_secs).max(open_for),
+        }
+    }
+}
+
 impl CircuitBreaker {
     pub fn new(settings: BreakerSettings) -> Self {
         CircuitBreaker {

@@ -1,11 +1,12 @@
 //! Admission limits on the accept path: per-tenant rate and daily quota
-//! ([`tenant`]) and per-lane backpressure ([`backpressure`]); and the
+//! ([`admission`], [`tenant`]) and per-lane backpressure ([`backpressure`]); and the
 //! provider gates that pace delivery ([`gate`]). Each refusal carries a
 //! Retry-After derived from real state, never a constant.
 //!
 //! Tenant limits and provider gates count in this process by default, or in
 //! Redis for every instance together ([`redis`], `limits.backend = "redis"`).
 
+pub mod admission;
 pub mod backpressure;
 pub mod breaker;
 pub mod gate;

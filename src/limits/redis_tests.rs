@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio::sync::watch;
 
+use super::admission::TenantLimits;
 use super::gate::ProviderGate;
 use super::redis::RedisLimits;
-use super::tenant::{Grant, Refusal, TenantLimits};
+use super::tenant::{Grant, Refusal};
+use crate::limits::tenant::tests::NoneSent;
 use crate::model::{Lane, Priority};
-use crate::store::Db;
 use crate::tenants::Plan;
 
 const CALL_TIMEOUT: Duration = Duration::from_millis(250);
@@ -103,13 +104,10 @@ impl Instance {
             .await
             .expect("a well-formed Redis URL");
         let dir = tempfile::tempdir().expect("temporary directory");
-        let db = Db::open(&dir.path().join("fairlane.db"), false)
-            .await
-            .expect("store opens");
         let (stop, stopped) = watch::channel(false);
         redis.spawn_heartbeat(stopped);
         Instance {
-            tenants: TenantLimits::with_redis(db, Arc::clone(&redis)),
+            tenants: TenantLimits::with_redis(Arc::new(NoneSent), Arc::clone(&redis)),
             redis,
             _dir: dir,
             _stop: stop,
@@ -594,11 +592,7 @@ async fn a_redis_that_is_down_at_start_up_means_local_shares_until_it_answers() 
 async fn reports_the_time_one_admission_takes_local_and_redis() {
     let prefix = Prefix::new(&shared_redis_url());
     let redis = Instance::on_shared_redis(&prefix).await;
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let db = Db::open(&dir.path().join("fairlane.db"), false)
-        .await
-        .expect("store opens");
-    let local = TenantLimits::new(db);
+    let local = TenantLimits::new(Arc::new(NoneSent));
     let plan = plan(1_000_000.0, 1_000_000, 100_000_000);
     let gate = redis.gate(1_000_000.0, 1_000_000);
     for (name, run) in [("local", 0), ("redis", 1), ("gate", 2)] {

@@ -18,10 +18,7 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
-use super::redis::RedisLimits;
 use super::retry_after_secs;
-use super::tenant_redis::RedisTenantLimits;
-use crate::store::Db;
 use crate::tenants::Plan;
 
 type PlanLimiter =
@@ -99,53 +96,13 @@ pub(crate) enum Via {
     Redis,
 }
 
-/// Admission limits of every tenant, in the configured backend.
-pub struct TenantLimits {
-    backend: Backend,
-}
-
-enum Backend {
-    Local(LocalLimits),
-    Redis(Arc<RedisTenantLimits>),
-}
-
-impl TenantLimits {
-    /// Limits counted in this process.
-    pub fn new(db: Db) -> Self {
-        TenantLimits {
-            backend: Backend::Local(LocalLimits::new(db)),
-        }
-    }
-
-    /// Limits counted in Redis for every instance that shares its key
-    /// prefix, with this instance's share as fallback.
-    pub fn with_redis(db: Db, redis: Arc<RedisLimits>) -> Self {
-        TenantLimits {
-            backend: Backend::Redis(RedisTenantLimits::start(db, redis)),
-        }
-    }
-
-    /// Takes one send from `tenant_id`'s bucket and quota, or says why not.
-    /// The quota is looked at first, so a tenant whose day is used up does
-    /// not also drain its bucket; a refusal takes nothing from either.
-    pub async fn admit(
-        &self,
-        tenant_id: &str,
-        plan: &Plan,
-    ) -> anyhow::Result<Result<Grant, Refusal>> {
-        match &self.backend {
-            Backend::Local(local) => local.admit(tenant_id, plan, |_| None).await,
-            Backend::Redis(redis) => redis.admit(tenant_id, plan).await,
-        }
-    }
-
-    /// Gives back the quota of a grant whose send was not accepted.
-    pub async fn release(&self, tenant_id: &str, grant: &Grant) {
-        match &self.backend {
-            Backend::Local(local) => local.release(tenant_id, grant),
-            Backend::Redis(redis) => redis.release(tenant_id, grant).await,
-        }
-    }
+/// Where a tenant's count of the day starts when this process (or Redis)
+/// has not counted it yet: what the store holds since midnight. Passed in
+/// by the caller, so the limits know nothing of the store.
+#[async_trait::async_trait]
+pub trait SentCounts: Send + Sync {
+    /// Messages `tenant_id` sent since `since_ms` (ms since the epoch).
+    async fn sent_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64>;
 }
 
 /// Sends counted today for one tenant.
@@ -163,7 +120,7 @@ pub(crate) const DAY_MS: i64 = 86_400_000;
 
 /// Buckets and day counts kept in this process.
 pub(crate) struct LocalLimits {
-    db: Db,
+    counts: Arc<dyn SentCounts>,
     buckets: RwLock<HashMap<String, PlanBucket>>,
     days: Mutex<HashMap<String, DayCount>>,
 }
@@ -177,9 +134,9 @@ fn quota_for(plan: &Plan) -> Quota {
 }
 
 impl LocalLimits {
-    pub(crate) fn new(db: Db) -> Self {
+    pub(crate) fn new(counts: Arc<dyn SentCounts>) -> Self {
         LocalLimits {
-            db,
+            counts,
             buckets: RwLock::new(HashMap::new()),
             days: Mutex::new(HashMap::new()),
         }
@@ -220,9 +177,7 @@ impl LocalLimits {
         if known.is_none_or(|c| c.day != today) {
             let counted = match seed(today) {
                 Some(count) => count,
-                None => {
-                    crate::store::messages::count_since(&self.db, tenant_id, today * DAY_MS).await?
-                }
+                None => self.counts.sent_since(tenant_id, today * DAY_MS).await?,
             };
             let mut days = self.days.lock().expect("days lock");
             let fresh = DayCount {
@@ -327,9 +282,19 @@ impl LocalLimits {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::Lane;
+
+    /// A store with nothing sent yet.
+    pub(crate) struct NoneSent;
+
+    #[async_trait::async_trait]
+    impl SentCounts for NoneSent {
+        async fn sent_since(&self, _tenant_id: &str, _since_ms: i64) -> anyhow::Result<u64> {
+            Ok(0)
+        }
+    }
 
     fn plan(burst: u32) -> Plan {
         Plan {
@@ -344,9 +309,7 @@ mod tests {
 
     #[tokio::test]
     async fn counts_beyond_a_seed_are_handed_over_once_and_settled_ones_forgotten() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("f.db"), false).await.unwrap();
-        let limits = LocalLimits::new(db);
+        let limits = LocalLimits::new(Arc::new(NoneSent));
         // "sender" is admitted twice on top of a reported count of 5;
         // "refused" was reported at its quota and only meets refusals.
         for _ in 0..2 {

@@ -22,12 +22,11 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::watch;
 
 use super::redis::{AdmitReply, RedisLimits, period_micros};
-use super::tenant::{DAY_MS, Grant, LocalLimits, RateInfo, Refusal, Via};
-use crate::store::Db;
+use super::tenant::{DAY_MS, Grant, LocalLimits, RateInfo, Refusal, SentCounts, Via};
 use crate::tenants::Plan;
 
 pub(crate) struct RedisTenantLimits {
-    db: Db,
+    counts: Arc<dyn SentCounts>,
     redis: Arc<RedisLimits>,
     /// This instance's share while Redis is unreachable.
     fallback: LocalLimits,
@@ -39,11 +38,11 @@ pub(crate) struct RedisTenantLimits {
 impl RedisTenantLimits {
     /// Builds the limits and a task that hands sends counted locally during
     /// an outage over to Redis when it comes back.
-    pub(crate) fn start(db: Db, redis: Arc<RedisLimits>) -> Arc<Self> {
+    pub(crate) fn start(counts: Arc<dyn SentCounts>, redis: Arc<RedisLimits>) -> Arc<Self> {
         let recoveries = redis.recoveries();
         let limits = Arc::new(RedisTenantLimits {
-            fallback: LocalLimits::new(db.clone()),
-            db,
+            fallback: LocalLimits::new(counts.clone()),
+            counts,
             redis,
             reported: Mutex::new(HashMap::new()),
         });
@@ -121,9 +120,7 @@ impl RedisTenantLimits {
                     })
                 }
                 AdmitReply::Unseeded => {
-                    let counted =
-                        crate::store::messages::count_since(&self.db, tenant_id, day * DAY_MS)
-                            .await?;
+                    let counted = self.counts.sent_since(tenant_id, day * DAY_MS).await?;
                     if self
                         .redis
                         .seed_quota(tenant_id, day, counted)

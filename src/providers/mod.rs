@@ -101,13 +101,10 @@ pub async fn build(
             Arc::new(SesProvider::from_settings(settings).await?)
         }
         (Channel::Sms, ProviderKind::Http) => Arc::new(
-            SmsHttpProvider::from_settings(settings)?.with_status_callback(public_url.map(|url| {
-                format!(
-                    "{}{}",
-                    url.trim_end_matches('/'),
-                    crate::receipts::twilio::CALLBACK_PATH
-                )
-            })),
+            SmsHttpProvider::from_settings(settings)?
+                .with_status_callback(public_url.map(|url| {
+                    format!("{}{}", url.trim_end_matches('/'), sms_http::CALLBACK_PATH)
+                })),
         ),
         (Channel::Email, ProviderKind::Http) => {
             bail!("providers.email.kind = \"http\" is not supported; use \"ses\" or \"log\"")

@@ -28,6 +28,11 @@ use crate::config::ProviderSettings;
 use crate::message::DeliveryPayload;
 use crate::model::Channel;
 
+/// Path of fairlane's status callback endpoint, named in each request
+/// (`StatusCallback`) when `server.public_url` is set; served by the API
+/// and read by `crate::receipts::twilio`.
+pub const CALLBACK_PATH: &str = "/v1/callbacks/sms";
+
 /// Longest piece of an unparseable answer kept in an error.
 const MAX_ANSWER_CHARS: usize = 300;
 

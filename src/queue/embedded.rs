@@ -1824,6 +1824,21 @@ impl EmbeddedQueue {
     }
 }
 
+/// The accept path's queue entries, written in its transaction.
+impl crate::store::QueueRows for EmbeddedQueue {
+    fn insert(
+        &self,
+        tx: &Transaction,
+        rows: &[(Lane, &OutboundMessage)],
+    ) -> anyhow::Result<crate::store::AfterCommit> {
+        let mut inserted = Inserted::default();
+        for (lane, message) in rows {
+            self.insert_rows(tx, *lane, &[message], &mut inserted)?;
+        }
+        Ok(Box::new(move || inserted.book()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,18 +20,7 @@ use utoipa::ToSchema;
 
 use crate::model::{Channel, Lane, MessageStatus, Priority};
 
-/// A message to put on a lane.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutboundMessage {
-    pub message_id: String,
-    pub tenant_id: String,
-    pub channel: Channel,
-    pub priority: Priority,
-    /// The delivery payload (JSON); at most 256 KiB.
-    pub body: String,
-    /// Not receivable before this has passed.
-    pub delay: Duration,
-}
+pub use crate::message::OutboundMessage;
 
 /// A message handed to a consumer. It stays invisible to other receivers
 /// until its visibility timeout ends or it is deleted.

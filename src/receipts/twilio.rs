@@ -16,8 +16,8 @@ use sha1::Sha1;
 use super::Receipt;
 use crate::model::MessageStatus;
 
-/// Path of the callback endpoint.
-pub const CALLBACK_PATH: &str = "/v1/callbacks/sms";
+/// Path of the callback endpoint, which each SMS request names.
+pub use crate::providers::sms_http::CALLBACK_PATH;
 
 /// Twilio error codes after which the number is suppressed: 21610, the
 /// recipient replied STOP (a complaint); 30005 (unknown or inactive

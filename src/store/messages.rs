@@ -5,29 +5,9 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::{Db, on_pool};
 
-use crate::model::{Channel, Lane, MessageStatus, Priority};
+use crate::model::Lane;
 
-/// A message's status row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MessageRecord {
-    pub id: String,
-    pub tenant_id: String,
-    pub channel: Channel,
-    pub status: MessageStatus,
-    pub priority: Priority,
-    pub lane: Lane,
-    pub attempts: u32,
-    pub reference: Option<String>,
-    /// The caller's metadata object as JSON text.
-    pub metadata: Option<String>,
-    pub created_at: i64,
-    pub updated_at: i64,
-    pub sent_at: Option<i64>,
-    pub last_error: Option<String>,
-    pub provider_message_id: Option<String>,
-    /// When a scheduled message is due (ms); `None`: at once.
-    pub send_at: Option<i64>,
-}
+pub use crate::message::MessageRecord;
 
 /// One status row, every column bound in order.
 const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at) \
@@ -235,10 +215,10 @@ pub async fn get_many(
     };
     match db {
         Db::Sqlite(sqlite) => {
-            for chunk in ids.chunks(super::IDS_PER_STATEMENT) {
+            for chunk in ids.chunks(super::sqlite::IDS_PER_STATEMENT) {
                 let mut builder: QueryBuilder<Sqlite> =
                     QueryBuilder::new(select_message!("WHERE id IN ("));
-                super::push_id_list(&mut builder, chunk);
+                super::sqlite::push_id_list(&mut builder, chunk);
                 keep(
                     builder
                         .build_query_as()
@@ -285,4 +265,62 @@ pub async fn ids_by_reference(
             .await?
     });
     Ok((pending, total.max(0) as usize))
+}
+
+/// Creates, if missing, the partial index of pending messages that
+/// [`oldest_pending`] reads (the PostgreSQL schema has it from its first
+/// migration). Its WHERE clause must match the query's word for word for
+/// SQLite to use it.
+pub async fn index_pending(db: &Db) -> anyhow::Result<()> {
+    if let Db::Sqlite(sqlite) = db {
+        sqlx::query(
+            "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
+        )
+        .execute(&sqlite.write)
+        .await?;
+    }
+    Ok(())
+}
+
+/// When the oldest pending message of `lane` (of `tenant`, when given) was
+/// created (ms).
+pub async fn oldest_pending(
+    db: &Db,
+    lane: Lane,
+    tenant: Option<&str>,
+) -> anyhow::Result<Option<i64>> {
+    Ok(match tenant {
+        None => on_pool!(db, read, |pool| {
+            sqlx::query_scalar(
+                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
+            )
+            .bind(lane.as_str())
+            .fetch_one(pool)
+            .await?
+        }),
+        Some(tenant) => on_pool!(db, read, |pool| {
+            sqlx::query_scalar(
+                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying') AND tenant_id = $2",
+            )
+            .bind(lane.as_str())
+            .bind(tenant)
+            .fetch_one(pool)
+            .await?
+        }),
+    })
+}
+
+/// Messages still `sending` in a SQLite file (which belongs to this one
+/// instance) were being sent by a process that is gone: they wait again,
+/// to be claimed by their redelivered copy (at least once). Returns how
+/// many. On PostgreSQL another instance may be sending them: nothing
+/// changes (a stale claim is taken over by [`crate::store::Writer::claim`]).
+pub async fn release_interrupted_sends(db: &Db) -> anyhow::Result<u64> {
+    let Db::Sqlite(sqlite) = db else {
+        return Ok(0);
+    };
+    let reset = sqlx::query("UPDATE messages SET status = 'queued' WHERE status = 'sending'")
+        .execute(&sqlite.write)
+        .await?;
+    Ok(reset.rows_affected())
 }

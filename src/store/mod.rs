@@ -1,42 +1,44 @@
-//! Durable state: tenants, plans, API keys, message status, idempotency
-//! keys, the SQS outbox and (on the embedded backend) the queues.
+//! Durable state: tenants, plans, API keys, message status and events,
+//! idempotency keys, suppressions, webhooks' rows and the SQS outbox. Every
+//! statement of the service's own tables lives under this folder; nothing
+//! above it writes SQL or asks which database it talks to.
 //!
 //! Two backends keep it, chosen by `storage.url`: one SQLite file
-//! ([`SqliteDb`], the default, one instance) or a PostgreSQL database
-//! ([`postgres::PgDb`], shared by several instances; the lanes are then SQS
-//! queues). [`Db`] is the handle the rest of the service holds. Rare reads
-//! and writes are written once, in SQL both engines take (`$1` parameters,
+//! ([`sqlite`], the default, one instance) or a PostgreSQL database
+//! ([`postgres`], shared by several instances; the lanes are then SQS
+//! queues). [`Db`] is the handle the rest of the service holds; the modules
+//! beside it are the operations, in the domain's words. Rare reads and
+//! writes are written once, in SQL both engines take (`$1` parameters,
 //! `ON CONFLICT`, `RETURNING`), and run on whichever pool the store has
-//! ([`on_pool!`]); the hot writes have one writer per backend that commits
-//! them in groups.
+//! ([`on_pool!`], [`in_transaction!`]); what differs per engine lives in
+//! the backend's folder. The hot writes go through one [`Writer`], which
+//! hands them to the backend's group-committing writer.
 //!
-//! SQLite allows one writer at a time. Every hot write (accepts, the
-//! embedded queue's receives, deletes, deferrals and DLQ moves, status
-//! changes) goes through the one store writer ([`writer::StoreWriter`]),
-//! a thread with a connection of its own that commits them in groups. Rare
-//! writes (admin changes, the outbox's bookkeeping) use sqlx's pool of
-//! exactly one write connection; the store writer takes [`Db::write_turn`],
-//! a FIFO lock, for each group, and so do the rare writers that would
-//! otherwise wait on `SQLITE_BUSY`. Take the turn before the pool
-//! connection, never while holding it. Reads use a separate pool and, in
-//! WAL mode, never wait for a writer.
+//! The embedded queue keeps its own tables in the SQLite file and runs its
+//! work on the SQLite writer ([`sqlite::writer`]).
 
 pub mod events;
+mod hot;
 pub mod idempotency;
 pub mod messages;
+pub mod outbox;
 pub mod postgres;
-pub mod status;
+pub mod receipts;
+pub mod registry;
+pub mod sqlite;
+mod staging;
+mod streak;
 pub mod suppressions;
-pub mod writer;
+pub mod webhooks;
+
+pub use hot::Writer;
+pub use sqlite::{SqliteDb, writer};
+pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
+pub use streak::{FailureStreak, WriteFailed};
 
 use std::path::Path;
-use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+pub use crate::config::{is_postgres_url, sqlite_path};
 
 /// The store, on one backend or the other.
 #[derive(Clone, Debug)]
@@ -122,6 +124,12 @@ impl Db {
         }
     }
 
+    /// Whether several instances may share this store (PostgreSQL); a
+    /// SQLite file belongs to one.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Db::Postgres(_))
+    }
+
     /// `sqlite` or `postgres`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -170,140 +178,4 @@ impl Db {
             Db::Postgres(db) => db.close().await,
         }
     }
-}
-
-/// True for `postgres://` and `postgresql://` URLs.
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-/// The file path of a `sqlite://PATH` (or `sqlite:PATH`) URL.
-pub fn sqlite_path(url: &str) -> std::path::PathBuf {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    std::path::PathBuf::from(rest.split('?').next().unwrap_or(rest))
-}
-
-/// Handles to the SQLite file.
-#[derive(Clone, Debug)]
-pub struct SqliteDb {
-    /// The single writer connection; hold it only for one transaction.
-    pub write: SqlitePool,
-    /// Readers; never block behind the writer in WAL mode.
-    pub read: SqlitePool,
-    /// Whose turn it is to write; see the module documentation.
-    pub turn: Arc<tokio::sync::Mutex<()>>,
-    /// The file, for writers on connections of their own (rusqlite).
-    pub path: std::path::PathBuf,
-    /// Whether commits are fsynced (`storage.fsync`).
-    pub fsync: bool,
-}
-
-impl SqliteDb {
-    /// Opens (creating if needed) and migrates the database at `path`.
-    /// `fsync` chooses `synchronous = FULL` (fsync per commit) over `NORMAL`
-    /// (the WAL reaches the OS on commit; durable across a process crash).
-    pub async fn open(path: &Path, fsync: bool) -> anyhow::Result<Self> {
-        if let Some(parent) = path.parent()
-            && !parent.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating directory {}", parent.display()))?;
-        }
-        let base = SqliteConnectOptions::from_str("sqlite://")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(if fsync {
-                SqliteSynchronous::Full
-            } else {
-                SqliteSynchronous::Normal
-            })
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10))
-            .statement_cache_capacity(256);
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(base.clone())
-            .await
-            .with_context(|| format!("opening SQLite database {}", path.display()))?;
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&write)
-            .await
-            .context("migrating the SQLite database")?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(base.read_only(true))
-            .await
-            .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
-        Ok(SqliteDb {
-            write,
-            read,
-            turn: Arc::default(),
-            path: path.to_owned(),
-            fsync,
-        })
-    }
-
-    /// True when both pools answer a trivial query.
-    pub async fn ping(&self) -> bool {
-        let read = sqlx::query("SELECT 1").execute(&self.read).await.is_ok();
-        let write = sqlx::query("SELECT 1").execute(&self.write).await.is_ok();
-        read && write
-    }
-
-    /// Waits for this side's turn to write (FIFO with the accept writer).
-    pub async fn write_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.turn.clone().lock_owned().await
-    }
-
-    pub async fn close(&self) {
-        self.read.close().await;
-        self.write.close().await;
-    }
-}
-
-impl SqliteDb {
-    /// Runs a statement over `ids` on the write connection, in its write
-    /// turn, a chunk of ids at a time: `head` writes the statement up to
-    /// its `IN (` (binding what it needs), and the ids close the list.
-    pub(crate) async fn execute_for_ids(
-        &self,
-        ids: &[String],
-        head: impl Fn(&mut QueryBuilder<Sqlite>),
-    ) -> anyhow::Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let _turn = self.write_turn().await;
-        let mut conn = self.write.acquire().await?;
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let mut builder = QueryBuilder::new("");
-            head(&mut builder);
-            push_id_list(&mut builder, chunk);
-            builder
-                .build()
-                .persistent(false)
-                .execute(&mut *conn)
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-/// Ids bound per `IN (…)` list, well under SQLite's parameter limit.
-pub(crate) const IDS_PER_STATEMENT: usize = 500;
-
-/// Appends `?, ?, …)` binding `ids`: the end of an `IN (` list.
-pub(crate) fn push_id_list(builder: &mut QueryBuilder<Sqlite>, ids: &[String]) {
-    let mut list = builder.separated(", ");
-    for id in ids {
-        list.push_bind(id.clone());
-    }
-    builder.push(")");
 }

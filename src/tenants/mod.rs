@@ -21,8 +21,10 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use crate::config::PlanSettings;
+pub use crate::config::validate_plan_figures;
 use crate::model::{Isolation, Lane, TenantStatus, now_ms};
-use crate::store::{Db, on_pool};
+use crate::store::Db;
+use crate::store::registry::{self, PlanRow, RegistryRows, TenantDeletion};
 
 /// A plan: which lane a tenant's messages take and how much it may send.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -86,32 +88,11 @@ pub enum RegistryError {
     Internal(#[from] anyhow::Error),
 }
 
-impl From<sqlx::Error> for RegistryError {
-    fn from(err: sqlx::Error) -> Self {
-        RegistryError::Internal(err.into())
-    }
-}
-
 fn invalid(field: &str, message: impl Into<String>) -> RegistryError {
     RegistryError::Invalid {
         field: field.to_owned(),
         message: message.into(),
     }
-}
-
-/// Checks the figures of a plan; shared by the config loader and the API.
-pub fn validate_plan_figures(
-    rate_per_second: f64,
-    burst: u32,
-    max_in_flight: u32,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        rate_per_second.is_finite() && rate_per_second > 0.0 && rate_per_second <= 1_000_000.0,
-        "rate_per_second must be a positive number up to 1000000"
-    );
-    anyhow::ensure!(burst >= 1, "burst must be at least 1");
-    anyhow::ensure!(max_in_flight >= 1, "max_in_flight must be at least 1");
-    Ok(())
 }
 
 /// True for identifiers of tenants and plans: 1–64 of `a-z 0-9 _ -`,
@@ -158,38 +139,11 @@ type Tables = (PlanMap, TenantMap, KeyMap);
 /// snapshot (`REPEATABLE READ`), so a change committed between the three
 /// reads is not half seen.
 async fn read_all(db: &Db) -> anyhow::Result<Tables> {
-    macro_rules! read_from {
-        ($ex:expr) => {{
-            let plans: Vec<(String, String, f64, i64, i64, i64)> = sqlx::query_as(
-                "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
-            )
-            .fetch_all($ex)
-            .await?;
-            let tenants: Vec<(String, String, String, String, String, i64, i64, i64)> = sqlx::query_as(
-                "SELECT id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at FROM tenants",
-            )
-            .fetch_all($ex)
-            .await?;
-            let keys: Vec<(String, String, String)> = sqlx::query_as(
-                "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
-            )
-            .fetch_all($ex)
-            .await?;
-            (plans, tenants, keys)
-        }};
-    }
-    let (plan_rows, tenant_rows, key_rows) = match db {
-        Db::Sqlite(sqlite) => read_from!(&sqlite.write),
-        Db::Postgres(pg) => {
-            let mut tx = pg.pool.begin().await?;
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                .execute(&mut *tx)
-                .await?;
-            let rows = read_from!(&mut *tx);
-            tx.commit().await?;
-            rows
-        }
-    };
+    let RegistryRows {
+        plans: plan_rows,
+        tenants: tenant_rows,
+        keys: key_rows,
+    } = registry::read_all(db).await?;
     let mut plans = HashMap::new();
     for (name, lane, rate, burst, quota, in_flight) in plan_rows {
         let plan = Plan {
@@ -330,26 +284,20 @@ impl Registry {
     pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
         let now = now_ms();
         for (name, plan) in configured {
-            on_pool!(&db, write, |pool| {
-                sqlx::query(
-                    "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, 'config', $7) \
-                     ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                     burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                     updated_at = excluded.updated_at WHERE plans.source = 'config'",
-                )
-                .bind(name)
-                .bind(plan.lane.as_str())
-                .bind(plan.rate_per_second)
-                .bind(plan.burst as i64)
-                .bind(plan.daily_quota as i64)
-                .bind(plan.max_in_flight as i64)
-                .bind(now)
-                .execute(pool)
-                .await
-                .with_context(|| format!("seeding plan {name}"))?
-                .rows_affected()
-            });
+            registry::seed_plan(
+                &db,
+                &PlanRow {
+                    name: name.clone(),
+                    lane: plan.lane,
+                    rate_per_second: plan.rate_per_second,
+                    burst: plan.burst,
+                    daily_quota: plan.daily_quota,
+                    max_in_flight: plan.max_in_flight,
+                },
+                now,
+            )
+            .await
+            .with_context(|| format!("seeding plan {name}"))?;
         }
         let (plans, tenants, keys) = read_all(&db).await?;
         Ok(Registry {
@@ -392,13 +340,7 @@ impl Registry {
     /// SQLite there are none). Best effort: a lost announcement is made up
     /// for by the followers' periodic reload.
     async fn announce(&self, what: &str) {
-        if let Db::Postgres(pg) = &self.db
-            && let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(crate::store::postgres::REGISTRY_CHANNEL)
-                .bind(what)
-                .execute(&pg.pool)
-                .await
-        {
+        if let Err(err) = registry::announce(&self.db, what).await {
             tracing::warn!(error = %err, "Could not announce a registry change; other instances pick it up at their next periodic reload.");
         }
     }
@@ -408,13 +350,13 @@ impl Registry {
     /// announcement, after each (re)connection of the listener, and every
     /// [`FOLLOW_RELOAD_INTERVAL`] in any case. Returns at once on SQLite.
     pub async fn follow(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let Db::Postgres(pg) = &self.db else {
+        if !self.db.is_shared() {
             return;
-        };
+        }
         let mut backoff = Duration::from_millis(100);
         loop {
             let listening = tokio::select! {
-                listening = pg.listen(crate::store::postgres::REGISTRY_CHANNEL) => listening,
+                listening = registry::listen(&self.db) => listening,
                 _ = shutdown.changed() => return,
             };
             let mut listener = match listening {
@@ -434,10 +376,10 @@ impl Registry {
             self.reload_logged().await;
             loop {
                 tokio::select! {
-                    received = listener.try_recv() => match received {
-                        Ok(Some(_)) => self.reload_logged().await,
+                    announced = listener.next() => match announced {
+                        true => self.reload_logged().await,
                         // The connection dropped: listen again, then reload.
-                        Ok(None) | Err(_) => break,
+                        false => break,
                     },
                     _ = tokio::time::sleep(FOLLOW_RELOAD_INTERVAL) => self.reload_logged().await,
                     _ = shutdown.changed() => return,
@@ -451,7 +393,7 @@ impl Registry {
     /// a moment ago). For admin changes and the rare miss of a consumer,
     /// not for authentication (an unknown key must not cost a reload).
     pub async fn tenant_fresh(&self, id: &str) -> Option<Arc<TenantRow>> {
-        if self.tenant(id).is_none() && matches!(self.db, Db::Postgres(_)) {
+        if self.tenant(id).is_none() && self.db.is_shared() {
             self.reload_logged().await;
         }
         self.tenant(id)
@@ -459,7 +401,7 @@ impl Registry {
 
     /// The plan `name`, read again like [`Registry::tenant_fresh`].
     async fn plan_fresh(&self, name: &str) -> Option<Arc<Plan>> {
-        if self.plan(name).is_none() && matches!(self.db, Db::Postgres(_)) {
+        if self.plan(name).is_none() && self.db.is_shared() {
             self.reload_logged().await;
         }
         self.plan(name)
@@ -505,25 +447,19 @@ impl Registry {
             },
         )?;
         let _changing = self.changing.lock().await;
-        on_pool!(&self.db, write, |pool| {
-            sqlx::query(
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'admin', $7) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 source = 'admin', updated_at = excluded.updated_at",
-            )
-            .bind(&plan.name)
-            .bind(plan.lane.as_str())
-            .bind(plan.rate_per_second)
-            .bind(plan.burst as i64)
-            .bind(plan.daily_quota as i64)
-            .bind(plan.max_in_flight as i64)
-            .bind(now_ms())
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
+        registry::put_plan(
+            &self.db,
+            &PlanRow {
+                name: plan.name.clone(),
+                lane: plan.lane,
+                rate_per_second: plan.rate_per_second,
+                burst: plan.burst,
+                daily_quota: plan.daily_quota,
+                max_in_flight: plan.max_in_flight,
+            },
+            now_ms(),
+        )
+        .await?;
         let created = self
             .plans
             .write()
@@ -581,28 +517,23 @@ impl Registry {
         };
         // The primary key decides races between two creates of the same id.
         let _changing = self.changing.lock().await;
-        let inserted = on_pool!(&self.db, write, |pool| {
-            sqlx::query("INSERT INTO tenants (id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
-                .bind(&row.id)
-                .bind(&row.name)
-                .bind(&row.plan)
-                .bind(row.status.as_str())
-                .bind(row.isolation.as_str())
-                .bind(i64::from(row.max_concurrent_consumers))
-                .bind(row.created_at)
-                .bind(row.updated_at)
-                .execute(pool)
-                .await
-                .map(|_| ())
-        });
-        match inserted {
-            Ok(_) => {}
-            Err(sqlx::Error::Database(err)) if err.is_unique_violation() => {
-                return Err(RegistryError::Conflict(format!(
-                    "tenant {id:?} already exists"
-                )));
-            }
-            Err(err) => return Err(err.into()),
+        let inserted = registry::insert_tenant(
+            &self.db,
+            &registry::TenantInsert {
+                id: &row.id,
+                name: &row.name,
+                plan: &row.plan,
+                status: row.status,
+                isolation: row.isolation,
+                max_concurrent_consumers: row.max_concurrent_consumers,
+                created_at: row.created_at,
+            },
+        )
+        .await?;
+        if !inserted {
+            return Err(RegistryError::Conflict(format!(
+                "tenant {id:?} already exists"
+            )));
         }
         let view = row.view();
         self.tenants
@@ -635,24 +566,18 @@ impl Registry {
         // Only the fields given change: another instance may have changed
         // the other one a moment ago.
         let _changing = self.changing.lock().await;
-        let stored: Option<(String, String, String, String, i64, i64, i64)> =
-            on_pool!(&self.db, write, |pool| {
-                sqlx::query_as(
-                    "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
-                     isolation = COALESCE($5, isolation), \
-                     max_concurrent_consumers = COALESCE($6, max_concurrent_consumers), \
-                     updated_at = $3 WHERE id = $4 RETURNING name, plan, status, isolation, \
-                     max_concurrent_consumers, created_at, updated_at",
-                )
-                .bind(plan)
-                .bind(status.map(|s| s.as_str()))
-                .bind(now_ms())
-                .bind(id)
-                .bind(change.isolation.map(|i| i.as_str()))
-                .bind(consumers.map(i64::from))
-                .fetch_optional(pool)
-                .await?
-            });
+        let stored = registry::update_tenant(
+            &self.db,
+            id,
+            &registry::TenantUpdate {
+                plan,
+                status,
+                isolation: change.isolation,
+                max_concurrent_consumers: consumers,
+            },
+            now_ms(),
+        )
+        .await?;
         let Some((name, plan, status, isolation, consumers, created_at, updated_at)) = stored
         else {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
@@ -683,45 +608,16 @@ impl Registry {
     /// drain, or redrive/inspect dead letters first.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
         let _changing = self.changing.lock().await;
-        // The same statements on either store, in one transaction.
-        macro_rules! delete_in {
-            ($tx:expr) => {{
-                let mut tx = $tx;
-                let pending: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND status IN ('queued', 'sending', 'retrying')",
-                )
-                .bind(id)
-                .fetch_one(&mut *tx)
-                .await?;
-                if pending > 0 {
-                    return Err(RegistryError::Conflict(format!(
-                        "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
-                    )));
-                }
-                for statement in [
-                    "DELETE FROM api_keys WHERE tenant_id = $1",
-                    "DELETE FROM idempotency_keys WHERE tenant_id = $1",
-                    "DELETE FROM messages WHERE tenant_id = $1",
-                    "DELETE FROM message_events WHERE tenant_id = $1",
-                    "DELETE FROM webhook_deliveries WHERE tenant_id = $1",
-                    "DELETE FROM webhooks WHERE tenant_id = $1",
-                    "DELETE FROM suppressions WHERE tenant_id = $1",
-                ] {
-                    sqlx::query(statement).bind(id).execute(&mut *tx).await?;
-                }
-                let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
-                if done.rows_affected() == 0 {
-                    return Err(RegistryError::NotFound(format!("tenant {id:?}")));
-                }
-                tx.commit().await?;
-            }};
-        }
-        match &self.db {
-            Db::Sqlite(sqlite) => delete_in!(sqlite.write.begin_with("BEGIN IMMEDIATE").await?),
-            Db::Postgres(pg) => delete_in!(pg.pool.begin().await?),
+        match registry::delete_tenant(&self.db, id).await? {
+            TenantDeletion::Deleted => {}
+            TenantDeletion::NotFound => {
+                return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+            }
+            TenantDeletion::Undelivered(pending) => {
+                return Err(RegistryError::Conflict(format!(
+                    "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
+                )));
+            }
         }
         self.keys
             .write()
@@ -744,18 +640,14 @@ impl Registry {
         let secret = random_hex(32);
         let secret_hash = hash_secret(&secret);
         let _changing = self.changing.lock().await;
-        on_pool!(&self.db, write, |pool| {
-            sqlx::query(
-                "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(&key_id)
-            .bind(tenant_id)
-            .bind(hex::encode(secret_hash))
-            .bind(now_ms())
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
+        registry::insert_key(
+            &self.db,
+            &key_id,
+            tenant_id,
+            &hex::encode(secret_hash),
+            now_ms(),
+        )
+        .await?;
         self.keys.write().expect("keys lock").insert(
             key_id.clone(),
             KeyEntry {
@@ -770,17 +662,7 @@ impl Registry {
 
     pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), RegistryError> {
         let _changing = self.changing.lock().await;
-        let revoked = on_pool!(&self.db, write, |pool| {
-            sqlx::query(
-                "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND tenant_id = $3 AND revoked_at IS NULL",
-            )
-            .bind(now_ms())
-            .bind(key_id)
-            .bind(tenant_id)
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
+        let revoked = registry::revoke_key(&self.db, tenant_id, key_id, now_ms()).await?;
         if revoked == 0 {
             return Err(RegistryError::NotFound(format!(
                 "active key {key_id:?} of tenant {tenant_id:?}"
@@ -792,14 +674,7 @@ impl Registry {
     }
 
     pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
-        let rows: Vec<(String, i64, Option<i64>)> = on_pool!(&self.db, read, |pool| {
-            sqlx::query_as(
-                "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
-            )
-            .bind(tenant_id)
-            .fetch_all(pool)
-            .await?
-        });
+        let rows = registry::keys_of(&self.db, tenant_id).await?;
         Ok(rows
             .into_iter()
             .map(|(id, created, revoked)| KeyInfo {

@@ -21,24 +21,12 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use super::sign::sign;
-use crate::api::messages::MessageView;
 use crate::config::WebhookSettings;
+use crate::message::MessageView;
 use crate::metrics as names;
-use crate::model::{MessageStatus, ms_to_rfc3339, now_ms};
-use crate::store::messages::MessageRecord;
-use crate::store::{Db, in_transaction, on_pool};
-
-/// A call taken for this instance.
-#[derive(Debug, Clone, sqlx::FromRow)]
-struct Due {
-    event_id: i64,
-    tenant_id: String,
-    message_id: String,
-    #[sqlx(rename = "type")]
-    kind: String,
-    created_at: i64,
-    attempts: i64,
-}
+use crate::model::{ms_to_rfc3339, now_ms};
+use crate::store::Db;
+use crate::store::webhooks::{self, DueCall};
 
 /// Makes the webhook calls of every tenant; one per instance.
 pub struct Dispatcher {
@@ -88,23 +76,8 @@ impl Dispatcher {
 
     /// One pass: takes and starts the due calls each tenant has room for.
     pub async fn pass(self: &Arc<Self>) -> anyhow::Result<()> {
-        let tenants: Vec<Option<String>> = on_pool!(&self.db, read, |pool| {
-            // One index probe per tenant with pending calls (a "loose index
-            // scan"), not a pass over every pending row: a dead endpoint's
-            // backlog can be millions of rows.
-            sqlx::query_scalar(
-                "WITH RECURSIVE pending(tenant_id) AS ( \
-                   SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
-                   UNION ALL \
-                   SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
-                           WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
-                   FROM pending WHERE pending.tenant_id IS NOT NULL) \
-                 SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL",
-            )
-            .fetch_all(pool)
-            .await?
-        });
-        for tenant in tenants.into_iter().flatten() {
+        let tenants = webhooks::tenants_with_pending(&self.db).await?;
+        for tenant in tenants {
             self.fill(&tenant).await?;
         }
         Ok(())
@@ -123,22 +96,9 @@ impl Dispatcher {
         if room == 0 {
             return Ok(());
         }
-        let candidates: Vec<Due> = on_pool!(&self.db, read, |pool| {
-            sqlx::query_as(
-                "SELECT d.event_id, d.tenant_id, d.message_id, d.type, d.created_at, d.attempts \
-                 FROM webhook_deliveries AS d \
-                 WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
-                                 WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
-                 ORDER BY d.next_attempt_at, d.event_id LIMIT $3",
-            )
-            .bind(tenant)
-            .bind(now)
-            .bind((room + busy.len()) as i64)
-            .fetch_all(pool)
-            .await?
-        });
-        let wanted: Vec<Due> = candidates
+        let candidates =
+            webhooks::due_calls(&self.db, tenant, now, (room + busy.len()) as i64).await?;
+        let wanted: Vec<DueCall> = candidates
             .into_iter()
             .filter(|due| !busy.contains(&due.event_id))
             .take(room)
@@ -173,14 +133,8 @@ impl Dispatcher {
     }
 
     /// Gives back a lease taken but not used: the call is due again now.
-    async fn release(&self, due: &Due) -> anyhow::Result<()> {
-        in_transaction!(&self.db, |tx| {
-            sqlx::query("UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2")
-                .bind(now_ms())
-                .bind(due.event_id)
-                .execute(&mut *tx)
-                .await?;
-        });
+    async fn release(&self, due: &DueCall) -> anyhow::Result<()> {
+        webhooks::release_lease(&self.db, due.event_id).await?;
         Ok(())
     }
 
@@ -205,31 +159,14 @@ impl Dispatcher {
 
     /// Leases `wanted` to this instance; returns those it got (another
     /// instance may have taken some since they were read).
-    async fn take(&self, wanted: Vec<Due>, now: i64) -> anyhow::Result<Vec<Due>> {
+    async fn take(&self, wanted: Vec<DueCall>, now: i64) -> anyhow::Result<Vec<DueCall>> {
         let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
-        let taken = in_transaction!(&self.db, |tx| {
-            let mut taken = Vec::with_capacity(wanted.len());
-            for due in wanted {
-                let done = sqlx::query(
-                    "UPDATE webhook_deliveries SET next_attempt_at = $1 \
-                     WHERE event_id = $2 AND state = 'pending' AND next_attempt_at <= $3",
-                )
-                .bind(lease_until)
-                .bind(due.event_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                if done.rows_affected() == 1 {
-                    taken.push(due);
-                }
-            }
-            taken
-        });
+        let taken = webhooks::lease(&self.db, wanted, lease_until, now).await?;
         Ok(taken)
     }
 
     /// Makes one call and records how it went.
-    async fn call(&self, due: &Due) -> anyhow::Result<()> {
+    async fn call(&self, due: &DueCall) -> anyhow::Result<()> {
         let _slot = self.slots.acquire().await?;
         let Some(webhook) = super::get(&self.db, &due.tenant_id).await? else {
             return self.forget(due).await;
@@ -286,30 +223,12 @@ impl Dispatcher {
     }
 
     /// The endpoint or the message is gone: the call is dropped.
-    async fn forget(&self, due: &Due) -> anyhow::Result<()> {
-        in_transaction!(&self.db, |tx| {
-            sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
-                .bind(due.event_id)
-                .execute(&mut *tx)
-                .await?;
-        });
-        Ok(())
+    async fn forget(&self, due: &DueCall) -> anyhow::Result<()> {
+        webhooks::forget_call(&self.db, due.event_id).await
     }
 
-    async fn delivered(&self, due: &Due) -> anyhow::Result<()> {
-        in_transaction!(&self.db, |tx| {
-            sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
-                .bind(due.event_id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
-                 WHERE tenant_id = $1 AND failing_since IS NOT NULL",
-            )
-            .bind(&due.tenant_id)
-            .execute(&mut *tx)
-            .await?;
-        });
+    async fn delivered(&self, due: &DueCall) -> anyhow::Result<()> {
+        webhooks::call_delivered(&self.db, due.event_id, &due.tenant_id).await?;
         let lag = (now_ms() - due.created_at).max(0) as f64 / 1000.0;
         metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "delivered").increment(1);
         metrics::histogram!(names::WEBHOOK_LAG_SECONDS).record(lag);
@@ -320,59 +239,13 @@ impl Dispatcher {
     /// Schedules the next try, or gives the event up once it has failed
     /// for `disable_after_secs`; disables the endpoint once it has failed
     /// that long.
-    async fn failed(&self, due: &Due, result: &'static str, error: &str) -> anyhow::Result<()> {
+    async fn failed(&self, due: &DueCall, result: &'static str, error: &str) -> anyhow::Result<()> {
         let now = now_ms();
         let limit = (self.settings.disable_after_secs * 1000) as i64;
         let gave_up = now - due.created_at >= limit;
         let next = now + self.backoff(due.attempts as u32 + 1).as_millis() as i64;
-        let disabled = in_transaction!(&self.db, |tx| {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $1, \
-                 next_attempt_at = $2, state = $3 WHERE event_id = $4",
-            )
-            .bind(error)
-            .bind(next)
-            .bind(if gave_up { "failed" } else { "pending" })
-            .bind(due.event_id)
-            .execute(&mut *tx)
-            .await?;
-            // The message's later events wait for this one anyway: moving
-            // them back with it keeps them out of the next passes' reads.
-            sqlx::query(
-                "UPDATE webhook_deliveries SET next_attempt_at = $1 \
-                 WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1",
-            )
-            .bind(next)
-            .bind(&due.message_id)
-            .bind(due.event_id)
-            .execute(&mut *tx)
-            .await?;
-            let failing_since: Option<Option<i64>> = sqlx::query_scalar(
-                "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), last_error = $2 \
-                 WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since",
-            )
-            .bind(now)
-            .bind(error)
-            .bind(&due.tenant_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let disable = matches!(failing_since, Some(Some(since)) if now - since >= limit);
-            if disable {
-                sqlx::query("UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2")
-                    .bind(now)
-                    .bind(&due.tenant_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "UPDATE webhook_deliveries SET state = 'failed' \
-                     WHERE tenant_id = $1 AND state = 'pending'",
-                )
-                .bind(&due.tenant_id)
-                .execute(&mut *tx)
-                .await?;
-            }
-            disable
-        });
+        let disabled =
+            webhooks::call_failed(&self.db, due, error, next, gave_up, now, limit).await?;
         metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => result).increment(1);
         if gave_up {
             metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "gave_up").increment(1);
@@ -401,77 +274,7 @@ impl Dispatcher {
 /// The message's status object as it was at event `event_id`: the
 /// webhook's `data`. None when the event or its message is gone.
 async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageView>> {
-    type Row = (
-        String,
-        String,
-        i64,
-        String,
-        i64,
-        Option<String>,
-        Option<String>,
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        i64,
-        Option<i64>,
-        Option<i64>,
-    );
-    let row: Option<Row> = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-             m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
-             FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1",
-        )
-        .bind(event_id)
-        .fetch_optional(pool)
+    Ok(webhooks::snapshot(db, event_id)
         .await?
-    });
-    let Some((
-        id,
-        tenant_id,
-        at,
-        status,
-        attempts,
-        detail,
-        provider_message_id,
-        channel,
-        priority,
-        lane,
-        reference,
-        metadata,
-        created_at,
-        sent_at,
-        send_at,
-    )) = row
-    else {
-        return Ok(None);
-    };
-    let status: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
-    let failure = !matches!(
-        status,
-        MessageStatus::Queued
-            | MessageStatus::Sent
-            | MessageStatus::Delivered
-            | MessageStatus::Cancelled
-    );
-    let record = MessageRecord {
-        id,
-        tenant_id,
-        channel: channel.parse().map_err(anyhow::Error::msg)?,
-        status,
-        priority: priority.parse().map_err(anyhow::Error::msg)?,
-        lane: lane.parse().map_err(anyhow::Error::msg)?,
-        attempts: attempts.max(0) as u32,
-        reference,
-        metadata,
-        created_at,
-        updated_at: at,
-        sent_at: sent_at.filter(|sent| *sent <= at),
-        last_error: detail.filter(|_| failure),
-        provider_message_id,
-        send_at,
-    };
-    Ok(Some(record.into()))
+        .map(MessageView::from))
 }

@@ -18,8 +18,10 @@ pub mod sign;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::model::{MessageStatus, ms_to_rfc3339, now_ms};
-use crate::store::{Db, in_transaction, on_pool};
+use crate::model::{MessageStatus, ms_to_rfc3339};
+use crate::store::Db;
+use crate::store::webhooks;
+pub use crate::store::webhooks::{Webhook, delete, failing, get, redrive};
 
 /// A rotated-out secret keeps signing (beside the new one) this long.
 pub const PREVIOUS_SECRET_GRACE_MS: i64 = 24 * 60 * 60 * 1000;
@@ -33,37 +35,6 @@ pub fn event_types() -> Vec<String> {
         .filter(|status| !matches!(status, MessageStatus::Sending | MessageStatus::Scheduled))
         .map(|status| format!("message.{}", status.as_str()))
         .collect()
-}
-
-/// A tenant's endpoint as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Webhook {
-    pub tenant_id: String,
-    pub url: String,
-    /// Space-separated, with a space at each end.
-    pub events: String,
-    pub secret: String,
-    pub previous_secret: Option<String>,
-    pub previous_until: Option<i64>,
-    pub failing_since: Option<i64>,
-    pub last_error: Option<String>,
-    pub disabled_at: Option<i64>,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
-
-impl Webhook {
-    /// The secrets that sign a call at `now`: the current one, and the
-    /// previous one during its grace period.
-    pub fn signing_secrets(&self, now: i64) -> Vec<&str> {
-        let mut secrets = vec![self.secret.as_str()];
-        if let (Some(previous), Some(until)) = (&self.previous_secret, self.previous_until)
-            && now < until
-        {
-            secrets.push(previous);
-        }
-        secrets
-    }
 }
 
 /// Body of `PUT …/webhook`.
@@ -147,38 +118,9 @@ pub fn validate(input: &WebhookInput) -> Result<String, (&'static str, String)> 
     Ok(format!(" {} ", events.join(" ")))
 }
 
-/// The columns of [`Webhook`], for `concat!`.
-macro_rules! columns {
-    () => {
-        "tenant_id, url, events, secret, previous_secret, previous_until, \
-         failing_since, last_error, disabled_at, created_at, updated_at"
-    };
-}
-
-/// The tenant's endpoint, if it has one.
-pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Webhook>(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM webhooks WHERE tenant_id = $1"
-        ))
-        .bind(tenant_id)
-        .fetch_optional(pool)
-        .await?
-    }))
-}
-
 /// The endpoint with its counts of pending and failed events.
 pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
-    let counts: Vec<(String, i64)> = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT state, COUNT(*) FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state",
-        )
-        .bind(&webhook.tenant_id)
-        .fetch_all(pool)
-        .await?
-    });
+    let counts = webhooks::delivery_counts(db, &webhook.tenant_id).await?;
     let count = |state: &str| {
         counts
             .iter()
@@ -220,138 +162,12 @@ pub async fn put(
     url: &str,
     events: &str,
 ) -> anyhow::Result<(Webhook, Option<String>)> {
-    let now = now_ms();
-    let secret = sign::new_secret();
-    let created = in_transaction!(db, |tx| {
-        let existed: Option<String> =
-            sqlx::query_scalar("SELECT tenant_id FROM webhooks WHERE tenant_id = $1")
-                .bind(tenant_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if existed.is_some() {
-            sqlx::query(
-                "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, last_error = NULL, \
-                 disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4",
-            )
-            .bind(url)
-            .bind(events)
-            .bind(now)
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(RESUME)
-                .bind(now)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            sqlx::query(
-                "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $5)",
-            )
-            .bind(tenant_id)
-            .bind(url)
-            .bind(events)
-            .bind(&secret)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-        existed.is_none()
-    });
-    let webhook = get(db, tenant_id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the webhook just written is gone"))?;
-    Ok((webhook, created.then_some(secret)))
+    webhooks::put(db, tenant_id, url, events, sign::new_secret()).await
 }
-
-/// Makes a tenant's failed events pending again, due now (`$1`), for
-/// tenant `$2`.
-const RESUME: &str = "UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, \
-     attempts = 0, last_error = NULL WHERE tenant_id = $2 AND state = 'failed'";
 
 /// Gives the tenant's endpoint a new secret; the old one keeps signing
 /// beside it for [`PREVIOUS_SECRET_GRACE_MS`]. None when there is no
 /// endpoint.
 pub async fn rotate(db: &Db, tenant_id: &str) -> anyhow::Result<Option<(Webhook, String)>> {
-    let now = now_ms();
-    let secret = sign::new_secret();
-    let rotated = in_transaction!(db, |tx| {
-        sqlx::query(
-            "UPDATE webhooks SET previous_secret = secret, previous_until = $1, secret = $2, \
-             updated_at = $3 WHERE tenant_id = $4",
-        )
-        .bind(now + PREVIOUS_SECRET_GRACE_MS)
-        .bind(&secret)
-        .bind(now)
-        .bind(tenant_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-    });
-    if rotated == 0 {
-        return Ok(None);
-    }
-    Ok(get(db, tenant_id).await?.map(|webhook| (webhook, secret)))
-}
-
-/// Removes the tenant's endpoint and the events still waiting for it;
-/// true when there was one.
-pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
-    let removed = in_transaction!(db, |tx| {
-        sqlx::query("DELETE FROM webhook_deliveries WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM webhooks WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-    });
-    Ok(removed == 1)
-}
-
-/// Enables the tenant's endpoint again and makes its failed events pending,
-/// due now; returns how many. None when there is no endpoint.
-pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
-    let now = now_ms();
-    let redriven = in_transaction!(db, |tx| {
-        let enabled = sqlx::query(
-            "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, updated_at = $1 \
-             WHERE tenant_id = $2",
-        )
-        .bind(now)
-        .bind(tenant_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if enabled == 0 {
-            None
-        } else {
-            Some(
-                sqlx::query(RESUME)
-                    .bind(now)
-                    .bind(tenant_id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected(),
-            )
-        }
-    });
-    Ok(redriven)
-}
-
-/// Endpoints that are failing or disabled, oldest failure first.
-pub async fn failing(db: &Db) -> anyhow::Result<Vec<Webhook>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Webhook>(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
-             ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
-        ))
-        .fetch_all(pool)
-        .await?
-    }))
+    webhooks::rotate(db, tenant_id, sign::new_secret(), PREVIOUS_SECRET_GRACE_MS).await
 }

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::ops::Range;
-use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use aws_sdk_sqs::Client;
@@ -15,6 +14,7 @@ use aws_sdk_sqs::types::{
 use tracing::warn;
 
 use super::envelope::Envelope;
+pub(super) use super::envelope::ceil_secs;
 use crate::queue::EntryResult;
 use crate::queue::priority::CLASSES;
 
@@ -24,13 +24,6 @@ pub(super) const MAX_BATCH_ENTRIES: usize = 10;
 /// up to 1 MiB since 2025; 256 KiB keeps older SQS-compatible servers working
 /// and costs extra calls only for unusually large messages.
 pub(super) const MAX_BATCH_BYTES: usize = 256 * 1024;
-
-/// Whole seconds of `duration`, rounded up (a delay is never shortened) and
-/// capped at `max`.
-pub(super) fn ceil_secs(duration: Duration, max: u64) -> i32 {
-    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
-    secs.min(max) as i32
-}
 
 /// An SDK error with its whole chain (code and message of service errors).
 pub(super) fn sdk_error<E, R>(err: SdkError<E, R>) -> anyhow::Error

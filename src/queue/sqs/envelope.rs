@@ -9,7 +9,6 @@ use aws_sdk_sqs::types::{
 };
 
 use super::MAX_DELAY_SECS;
-use super::batch::ceil_secs;
 use crate::model::{Channel, Priority};
 use crate::queue::{OutboundMessage, ReceivedMessage};
 
@@ -178,4 +177,11 @@ impl Parsed {
             status_at_receive: None,
         }
     }
+}
+
+/// Whole seconds of `duration`, rounded up (a delay is never shortened) and
+/// capped at `max`.
+pub(crate) fn ceil_secs(duration: Duration, max: u64) -> i32 {
+    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    secs.min(max) as i32
 }

@@ -243,17 +243,9 @@ impl SqsQueue {
     /// has no such attribute), with a partial index on the pending messages
     /// created for it if missing.
     pub async fn with_status_store(mut self, db: Db) -> anyhow::Result<SqsQueue> {
-        // The WHERE clause must match the query in `oldest_age_secs` word
-        // for word for SQLite to use this partial index. (The PostgreSQL
-        // schema has it from its first migration.)
-        if let Some(sqlite) = db.sqlite() {
-            sqlx::query(
-                "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
-            )
-            .execute(&sqlite.write)
+        crate::store::messages::index_pending(&db)
             .await
             .context("creating the index of pending messages")?;
-        }
         self.status_store = Some(db);
         Ok(self)
     }
@@ -262,27 +254,10 @@ impl SqsQueue {
         let Some(db) = &self.status_store else {
             return Ok(None);
         };
-        let oldest: Option<i64> = match &self.tenant {
-            None => crate::store::on_pool!(db, read, |pool| {
-                sqlx::query_scalar(
-                    "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
-                )
-                .bind(lane.as_str())
-                .fetch_one(pool)
-                .await?
-            }),
-            // A dedicated queue: the tenant's pending messages in the lane
-            // (after a switch, some may wait in the shared lane instead).
-            Some(tenant) => crate::store::on_pool!(db, read, |pool| {
-                sqlx::query_scalar(
-                    "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying') AND tenant_id = $2",
-                )
-                .bind(lane.as_str())
-                .bind(tenant)
-                .fetch_one(pool)
-                .await?
-            }),
-        };
+        // A dedicated queue: the tenant's pending messages in the lane
+        // (after a switch, some may wait in the shared lane instead).
+        let oldest =
+            crate::store::messages::oldest_pending(db, lane, self.tenant.as_deref()).await?;
         Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
     }
 

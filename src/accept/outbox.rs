@@ -29,15 +29,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use crate::accept::FailureStreak;
 use crate::config::SqsSettings;
-use crate::model::{Channel, Lane, MessageStatus, Priority, now_ms};
+use crate::model::{Channel, Lane, Priority, now_ms};
 use crate::queue::{EntryResult, LaneQueue, OutboundMessage};
-use crate::store::Db;
+use crate::store::outbox::{self, OutboxRow};
+use crate::store::{Db, FailureStreak};
 
 /// Entries per SendMessageBatch (the SQS limit).
 const BATCH_ENTRIES: usize = 10;
@@ -92,47 +92,16 @@ pub struct OutboxTasks {
     /// Ends once every [`Outbox`] handle is gone and the last removals are
     /// committed.
     pub forgetter: JoinHandle<()>,
-    /// Ends at shutdown.
-    pub sweeper: JoinHandle<()>,
-}
-
-/// Inserts the outbox rows of a group in the accept writer's transaction.
-/// Each row's `Option<i64>` is when a scheduled message is due (ms): the
-/// scheduler sends it then; `None` rows are sent by the request at once.
-pub fn insert_rows(
-    tx: &rusqlite::Transaction,
-    rows: &[(Lane, &OutboundMessage, Option<i64>)],
-    now: i64,
-) -> rusqlite::Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?;
-    for (lane, message, due_at) in rows {
-        insert.execute(rusqlite::params![
-            message.message_id,
-            lane.as_str(),
-            message.tenant_id,
-            message.channel.as_str(),
-            message.priority.as_str(),
-            message.body,
-            now,
-            due_at,
-        ])?;
-    }
-    Ok(())
 }
 
 impl Outbox {
-    /// Starts the batchers, the row remover and the sweeper. The first sweep
-    /// (every row left by an earlier process) runs before this returns.
+    /// Starts the batchers and the row remover. The first sweep (every row
+    /// left by an earlier process) runs before this returns; later sweeps
+    /// are the scheduler's (`crate::scheduler`).
     pub async fn start(
         db: Db,
         queue: Arc<dyn LaneQueue>,
         settings: &SqsSettings,
-        shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<(Arc<Outbox>, OutboxTasks)> {
         let window = Duration::from_millis(settings.batch_window_ms);
         let mut senders = Vec::new();
@@ -158,12 +127,10 @@ impl Outbox {
         // start-up belongs to a process that is gone. On PostgreSQL it may
         // belong to another instance that is sending it right now: only
         // rows past the sweep age are taken.
-        let first_cutoff = match &outbox.db {
-            Db::Sqlite(_) => None,
-            Db::Postgres(_) => {
-                Some(now_ms() - Duration::from_secs(settings.outbox_sweep_secs).as_millis() as i64)
-            }
-        };
+        let first_cutoff = outbox
+            .db
+            .is_shared()
+            .then(|| now_ms() - Duration::from_secs(settings.outbox_sweep_secs).as_millis() as i64);
         match outbox.sweep(first_cutoff).await {
             Ok(0) => {}
             Ok(resent) => info!(resent, "Re-sent outbox messages left by an earlier run."),
@@ -171,12 +138,7 @@ impl Outbox {
                 warn!(error = %format!("{err:#}"), "Could not re-send the outbox at start-up; the sweeper tries again.")
             }
         }
-        let sweeper = tokio::spawn(run_sweeper(
-            outbox.clone(),
-            Duration::from_secs(settings.outbox_sweep_secs),
-            shutdown,
-        ));
-        Ok((outbox, OutboxTasks { forgetter, sweeper }))
+        Ok((outbox, OutboxTasks { forgetter }))
     }
 
     /// Puts `message` on `lane` through the batcher. `Ok` once SQS has
@@ -252,45 +214,12 @@ impl Outbox {
         message_id: &str,
         detail: &str,
     ) -> anyhow::Result<Rejection> {
-        // The same three statements on either store, in one transaction.
-        macro_rules! reject_in {
-            ($tx:expr) => {{
-                let mut tx = $tx;
-                sqlx::query("DELETE FROM outbox WHERE message_id = $1")
-                    .bind(message_id)
-                    .execute(&mut *tx)
-                    .await?;
-                let marked = sqlx::query(
-                    "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4 AND status = $5",
-                )
-                .bind(MessageStatus::Rejected.as_str())
-                .bind(detail)
-                .bind(now_ms())
-                .bind(message_id)
-                .bind(MessageStatus::Queued.as_str())
-                .execute(&mut *tx)
-                .await?;
-                let outcome = if marked.rows_affected() == 1 {
-                    sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = $1 AND message_id = $2")
-                        .bind(tenant_id)
-                        .bind(message_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    Rejection::Rejected
-                } else {
-                    Rejection::InFlight
-                };
-                tx.commit().await?;
-                outcome
-            }};
-        }
-        Ok(match &self.db {
-            Db::Sqlite(sqlite) => {
-                let _turn = sqlite.write_turn().await;
-                reject_in!(sqlite.write.begin_with("BEGIN IMMEDIATE").await?)
-            }
-            Db::Postgres(pg) => reject_in!(pg.pool.begin().await?),
-        })
+        Ok(
+            match outbox::reject(&self.db, tenant_id, message_id, detail).await? {
+                true => Rejection::Rejected,
+                false => Rejection::InFlight,
+            },
+        )
     }
 
     /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
@@ -299,78 +228,7 @@ impl Outbox {
     /// were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
-        let sqlite = match &self.db {
-            Db::Sqlite(sqlite) => sqlite,
-            Db::Postgres(pg) => return self.sweep_claiming(pg, cutoff).await,
-        };
-        let mut resent = 0;
-        let mut after = String::new();
-        loop {
-            let rows: Vec<OutboxRow> = sqlx::query_as(
-                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
-                 WHERE ((due_at IS NULL AND created_at <= $1) OR due_at <= $2) AND message_id > $3 \
-                 ORDER BY message_id LIMIT $4",
-            )
-            .bind(cutoff)
-            .bind(now_ms())
-            .bind(&after)
-            .bind(SWEEP_PAGE)
-            .fetch_all(&sqlite.read)
-            .await?;
-            let Some(last) = rows.last() else {
-                return Ok(resent);
-            };
-            after = last.0.clone();
-            let page_len = rows.len();
-            let sent = self.resend(rows).await?;
-            resent += sent.len();
-            mark_due_queued(&self.db, &sent).await?;
-            forget_rows(&self.db, &sent).await?;
-            if (page_len as i64) < SWEEP_PAGE {
-                return Ok(resent);
-            }
-        }
-    }
-
-    /// The sweep on PostgreSQL, where several instances sweep: each page of
-    /// rows is claimed with `FOR UPDATE SKIP LOCKED` in a transaction that
-    /// also removes those SQS took, so two sweepers never send the same row
-    /// and a sweeper that dies mid-page leaves its rows to the next.
-    async fn sweep_claiming(
-        &self,
-        pg: &crate::store::postgres::PgDb,
-        cutoff: i64,
-    ) -> anyhow::Result<usize> {
-        let mut resent = 0;
-        loop {
-            let mut tx = pg.pool.begin().await?;
-            let rows: Vec<OutboxRow> = sqlx::query_as(
-                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
-                 WHERE (due_at IS NULL AND created_at <= $1) OR due_at <= $2 \
-                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(cutoff)
-            .bind(now_ms())
-            .bind(SWEEP_PAGE)
-            .fetch_all(&mut *tx)
-            .await?;
-            let page_len = rows.len();
-            let sent = self.resend(rows).await?;
-            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
-                .bind(&sent)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(MARK_DUE_QUEUED)
-                .bind(now_ms())
-                .bind(&sent)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            resent += sent.len();
-            if (page_len as i64) < SWEEP_PAGE || sent.is_empty() {
-                return Ok(resent);
-            }
-        }
+        outbox::drain_due(&self.db, cutoff, SWEEP_PAGE, |rows| self.resend(rows)).await
     }
 
     /// Sends outbox rows to their lanes; returns the ids SQS took.
@@ -412,74 +270,6 @@ impl Outbox {
             }
         }
         Ok(sent)
-    }
-}
-
-/// An outbox row: message id, lane, tenant, channel, priority, body.
-type OutboxRow = (String, String, String, String, String, String);
-
-/// A scheduled message that reached its lane is `queued` (unless it was
-/// cancelled meanwhile: the consumer then drops it).
-const MARK_DUE_QUEUED: &str = "UPDATE messages SET status = 'queued', updated_at = $1 \
-     WHERE status = 'scheduled' AND id = ANY($2)";
-
-async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    match db {
-        Db::Sqlite(sqlite) => {
-            let now = now_ms();
-            sqlite
-                .execute_for_ids(ids, |query| {
-                    query
-                        .push("UPDATE messages SET status = 'queued', updated_at = ")
-                        .push_bind(now)
-                        .push(" WHERE status = 'scheduled' AND id IN (");
-                })
-                .await?;
-        }
-        Db::Postgres(pg) => {
-            sqlx::query(MARK_DUE_QUEUED)
-                .bind(now_ms())
-                .bind(ids)
-                .execute(&pg.pool)
-                .await?;
-        }
-    }
-    Ok(())
-}
-
-/// How often scheduled messages are looked for: a message is in its lane
-/// at most this long after it is due.
-const SCHEDULER_TICK: Duration = Duration::from_secs(1);
-
-/// Every [`SCHEDULER_TICK`], sends the scheduled messages that are due;
-/// every half sweep age, also re-sends rows whose send outcome was never
-/// recorded. With several instances each row is claimed by one of them.
-async fn run_sweeper(outbox: Arc<Outbox>, age: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(SCHEDULER_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    let mut last_sweep = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                // Between sweeps only due scheduled rows qualify.
-                let cutoff = if last_sweep.elapsed() >= age / 2 {
-                    last_sweep = tokio::time::Instant::now();
-                    now_ms() - age.as_millis() as i64
-                } else {
-                    i64::MIN
-                };
-                match outbox.sweep(Some(cutoff)).await {
-                    Ok(0) => {}
-                    Ok(resent) => info!(resent, "Outbox sent scheduled messages that fell due or re-sent messages whose send outcome was unknown."),
-                    Err(err) => warn!(error = %err, "Outbox sweep failed; the next one tries again."),
-                }
-            }
-            _ = shutdown.changed() => return,
-        }
     }
 }
 
@@ -560,31 +350,78 @@ async fn run_forgetter(db: Db, mut ids: mpsc::Receiver<String>, window: Duration
                 }
             }
         }
-        if let Err(err) = forget_rows(&db, &batch).await {
+        if let Err(err) = outbox::forget(&db, &batch).await {
             warn!(error = %err, count = batch.len(), "Could not remove sent messages from the outbox; the sweeper will send them again.");
         }
         batch.clear();
     }
 }
 
-async fn forget_rows(db: &Db, ids: &[String]) -> anyhow::Result<()> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    match db {
-        Db::Sqlite(sqlite) => {
-            sqlite
-                .execute_for_ids(ids, |query| {
-                    query.push("DELETE FROM outbox WHERE message_id IN (");
-                })
-                .await?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::tests::TestDatabase;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_sweepers_never_send_the_same_outbox_row() {
+        let database = TestDatabase::create().await;
+        let db = database.open().await;
+        let mut sqs = crate::config::Settings::from_toml_overlay("")
+            .unwrap()
+            .queue
+            .sqs;
+        sqs.outbox_sweep_secs = 3600;
+        // Two instances' outboxes, each sending to a queue of its own (the
+        // embedded queue in a SQLite file), so every row sent is counted
+        // where it went.
+        let dir = tempfile::tempdir().unwrap();
+        let mut outboxes = Vec::new();
+        let mut files = Vec::new();
+        for name in ["a", "b"] {
+            let sqlite =
+                crate::store::SqliteDb::open(&dir.path().join(format!("{name}.db")), false)
+                    .await
+                    .unwrap();
+            let lanes = crate::config::Settings::from_toml_overlay("")
+                .unwrap()
+                .lanes;
+            let (writer, _done) = crate::store::writer::StoreWriter::spawn(&sqlite, 64).unwrap();
+            let queue: Arc<dyn crate::queue::LaneQueue> = Arc::new(
+                crate::queue::embedded::EmbeddedQueue::open(sqlite.clone(), lanes, writer)
+                    .await
+                    .unwrap(),
+            );
+            let (outbox, _tasks) = Outbox::start(db.clone(), queue, &sqs).await.unwrap();
+            outboxes.push(outbox);
+            files.push(sqlite);
         }
-        Db::Postgres(pg) => {
-            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
-                .bind(ids)
-                .execute(&pg.pool)
-                .await?;
+        // 250 rows an instance that died left behind, 10 minutes ago.
+        let old = now_ms() - 600_000;
+        sqlx::query(
+            "INSERT INTO outbox SELECT 'm' || n, 'fast', 't', 'sms', 'normal', '{}', $1 FROM generate_series(1, 250) AS n",
+        )
+        .bind(old)
+        .execute(&db.postgres().unwrap().pool)
+        .await
+        .unwrap();
+        let cutoff = Some(now_ms() - 1000);
+        let (a, b) = tokio::join!(outboxes[0].sweep(cutoff), outboxes[1].sweep(cutoff));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a + b, 250, "every row re-sent once ({a} + {b})");
+        let mut ids = std::collections::HashSet::new();
+        for sqlite in &files {
+            let sent: Vec<String> = sqlx::query_scalar("SELECT message_id FROM queue_messages")
+                .fetch_all(&sqlite.read)
+                .await
+                .unwrap();
+            for id in sent {
+                assert!(ids.insert(id.clone()), "{id} was sent by both sweepers");
+            }
         }
+        assert_eq!(ids.len(), 250);
+        assert_eq!(
+            crate::store::postgres::tests::count(&db, "SELECT COUNT(*) FROM outbox").await,
+            0
+        );
     }
-    Ok(())
 }

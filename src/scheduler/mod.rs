@@ -1,0 +1,74 @@
+//! Work on a clock: scheduled sends that fall due, and the jobs that must
+//! run once across instances (expiry of idempotency keys; the outbox sweep,
+//! which re-sends rows whose send outcome was never recorded). Each is a
+//! task started by `crate::app` and stopped by the shutdown signal; with
+//! several instances, the store makes sure each row or purge is taken by
+//! one of them (row claims, advisory locks).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::accept::outbox::Outbox;
+use crate::model::now_ms;
+use crate::store::{Db, idempotency};
+
+/// How often expired idempotency keys are purged.
+const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// How often scheduled messages are looked for: a message is in its lane
+/// at most this long after it is due.
+const SCHEDULER_TICK: Duration = Duration::from_secs(1);
+
+/// Every [`SCHEDULER_TICK`], sends the scheduled messages that are due;
+/// every half sweep age, also re-sends rows whose send outcome was never
+/// recorded. With several instances each row is claimed by one of them.
+pub async fn run_outbox_sweeps(
+    outbox: Arc<Outbox>,
+    age: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(SCHEDULER_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut last_sweep = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                // Between sweeps only due scheduled rows qualify.
+                let cutoff = if last_sweep.elapsed() >= age / 2 {
+                    last_sweep = tokio::time::Instant::now();
+                    now_ms() - age.as_millis() as i64
+                } else {
+                    i64::MIN
+                };
+                match outbox.sweep(Some(cutoff)).await {
+                    Ok(0) => {}
+                    Ok(resent) => info!(resent, "Outbox sent scheduled messages that fell due or re-sent messages whose send outcome was unknown."),
+                    Err(err) => warn!(error = %err, "Outbox sweep failed; the next one tries again."),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Every [`IDEMPOTENCY_PURGE_INTERVAL`], removes the idempotency keys past
+/// their 24 hours (on one instance at a time).
+pub async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(IDEMPOTENCY_PURGE_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match idempotency::purge_expired(&db, now_ms()).await {
+                    Ok(None | Some(0)) => {}
+                    Ok(Some(purged)) => info!(purged, "Expired idempotency keys purged."),
+                    Err(err) => warn!(error = %err, "Could not purge idempotency keys."),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The hot path's one writer: accepts and the delivery path's status
+//! changes, on either backend.
+//!
+//! A transaction per request would cap the accept rate at the number of
+//! commits the store can make per second. Instead each piece goes to the
+//! backend's group-committing writer (SQLite: [`StoreWriter`], a thread
+//! that also runs the embedded queue's receives and deletes; PostgreSQL:
+//! [`PgWriter`], a task of multi-row statements), which commits everything
+//! waiting in one transaction and only then answers each caller. Under
+//! load, groups grow by themselves while a commit is running; when idle, a
+//! lone piece commits at once.
+//!
+//! Where an accept's queue entry goes is the [`Staging`]: on SQLite with
+//! the embedded queue, into the queue's own rows in the same transaction
+//! (written by the queue through [`QueueRows`], so the store knows nothing
+//! of queue tables); otherwise into the outbox, sent to SQS afterwards.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::Db;
+use super::postgres::PgWriter;
+use super::sqlite::hot;
+use super::sqlite::writer::StoreWriter;
+use super::staging::{AcceptEntry, NotDurable, Staging};
+use super::streak::FailureStreak;
+use crate::model::MessageStatus;
+
+/// The hot path's writer; cheap to clone.
+#[derive(Clone)]
+pub struct Writer {
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Sqlite {
+        writer: StoreWriter,
+        staging: Arc<Staging>,
+    },
+    /// Always through the outbox: the lanes are SQS queues.
+    Postgres(PgWriter),
+}
+
+impl Writer {
+    /// Starts the writer of `db`'s backend, staging accepts into the
+    /// outbox until [`Writer::stage_into`] says otherwise. `max_group`
+    /// bounds the pieces per transaction; `max_size_mb` caps a SQLite file
+    /// (0: no cap). The receiver completes once the writer has stopped
+    /// with everything it was given committed.
+    pub fn start(
+        db: &Db,
+        max_group: usize,
+        max_size_mb: u64,
+    ) -> anyhow::Result<(Writer, oneshot::Receiver<()>)> {
+        Ok(match db {
+            Db::Sqlite(sqlite) => {
+                let (writer, done) = StoreWriter::spawn_capped(sqlite, max_group, max_size_mb)?;
+                let staging = Arc::new(Staging::Outbox);
+                (
+                    Writer {
+                        backend: Backend::Sqlite { writer, staging },
+                    },
+                    done,
+                )
+            }
+            Db::Postgres(pg) => {
+                let (writer, done) = PgWriter::spawn(pg, max_group);
+                (
+                    Writer {
+                        backend: Backend::Postgres(writer),
+                    },
+                    done,
+                )
+            }
+        })
+    }
+
+    /// Sends accepted entries to `staging` from now on. Call before the
+    /// writer is cloned for the accept path. A PostgreSQL store stages
+    /// into its outbox only.
+    pub fn stage_into(&mut self, new: Staging) -> anyhow::Result<()> {
+        match (&mut self.backend, new) {
+            (Backend::Sqlite { staging, .. }, new) => *staging = Arc::new(new),
+            (Backend::Postgres(_), Staging::Outbox) => {}
+            (Backend::Postgres(_), Staging::Queue(_)) => anyhow::bail!(
+                "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
+            ),
+        }
+        Ok(())
+    }
+
+    /// The SQLite writer thread, for the embedded queue's own work; `None`
+    /// on PostgreSQL.
+    pub fn sqlite(&self) -> Option<&StoreWriter> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => Some(writer),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Makes `entry` durable; returns once its group has committed.
+    pub async fn accept(&self, entry: AcceptEntry) -> Result<(), NotDurable> {
+        self.accept_all(vec![entry]).await
+    }
+
+    /// Makes every entry durable in one transaction, all or none (a batch
+    /// send); returns once it has committed.
+    pub async fn accept_all(&self, entries: Vec<AcceptEntry>) -> Result<(), NotDurable> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let committed = match &self.backend {
+            Backend::Sqlite { writer, staging } => hot::accept(writer, staging, entries).await,
+            Backend::Postgres(writer) => writer.accept(entries).await,
+        };
+        match committed {
+            true => Ok(()),
+            false => Err(NotDurable {
+                retry_after: self.retry_after(),
+            }),
+        }
+    }
+
+    /// Cancels those of `ids` (of `tenant_id`) that are still waiting to be
+    /// sent; returns the ids cancelled. Ordered with the consumers' claims
+    /// by the store, so a message cancelled here is never sent, and one
+    /// being sent is not cancelled. A scheduled message's outbox row goes
+    /// too, so it never reaches its lane.
+    pub async fn cancel(&self, tenant_id: &str, ids: Vec<String>) -> anyhow::Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => hot::cancel(writer, tenant_id.to_owned(), ids).await,
+            Backend::Postgres(writer) => writer.cancel(tenant_id, &ids).await,
+        }
+    }
+
+    /// Marks a message `sending` (best effort: the status is informational
+    /// and is overwritten by the outcome, so this does not wait). Applied
+    /// only to a `queued` or `retrying` message not changed since: an
+    /// outcome written first wins.
+    pub async fn sending(&self, id: &str) {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => hot::sending(writer, id).await,
+            Backend::Postgres(writer) => writer.sending(id).await,
+        }
+    }
+
+    /// Takes the message for this instance's provider call: `scheduled`,
+    /// `queued` or `retrying` (or `sending` since before `stale_before`, in
+    /// ms: its sender died mid-call) → `sending`, atomically and committed
+    /// before it answers. False when the message is no longer waiting (sent,
+    /// cancelled, …) or another instance is sending it: then nobody may
+    /// call the provider for this copy. A cancel and a claim of one message
+    /// are ordered by the store, so a cancelled message is never sent.
+    pub async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => hot::claim(writer, id, stale_before).await,
+            Backend::Postgres(writer) => writer.claim(id, stale_before).await,
+        }
+    }
+
+    /// True when `address` (normalised) is on `tenant_id`'s suppression
+    /// list. It runs for every message delivered.
+    pub async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => hot::is_suppressed(writer, tenant_id, address).await,
+            Backend::Postgres(writer) => writer.is_suppressed(tenant_id, address).await,
+        }
+    }
+
+    /// Records a successful send; returns once it is committed (the caller
+    /// deletes the queue entry only then, so a redelivery finds `sent`).
+    pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => hot::sent(writer, id, provider_message_id).await,
+            Backend::Postgres(writer) => writer.sent(id, provider_message_id).await,
+        }
+    }
+
+    /// Records a failed provider call (`counted`: whether it was an
+    /// attempt) and the state the message moves to; returns the attempts
+    /// made so far.
+    pub async fn failure(
+        &self,
+        id: &str,
+        status: MessageStatus,
+        error: &str,
+        counted: bool,
+    ) -> anyhow::Result<u32> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                hot::failure(writer, id, status, error, counted).await
+            }
+            Backend::Postgres(writer) => writer.failure(id, status, error, counted).await,
+        }
+    }
+
+    /// The writer's failure streak.
+    pub fn failures(&self) -> &FailureStreak {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => writer.failures(),
+            Backend::Postgres(writer) => writer.failures(),
+        }
+    }
+
+    /// The Retry-After to give when a write could not be made durable.
+    pub fn retry_after(&self) -> Duration {
+        self.failures().retry_after()
+    }
+
+    /// Whether a write needing new room would commit now: writes a row
+    /// larger than any send and removes it in one transaction.
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => writer.probe().await,
+            Backend::Postgres(writer) => writer.probe().await,
+        }
+    }
+
+    /// Asks the writer to commit what it holds and stop; later work fails.
+    pub async fn stop(&self) {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => writer.stop().await,
+            Backend::Postgres(writer) => writer.stop().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Channel, Lane, Priority};
+    use crate::store::messages;
+    use crate::store::messages::MessageRecord;
+
+    #[tokio::test]
+    async fn sending_then_sent_are_committed_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("s.db"), false).await.unwrap();
+        let record = MessageRecord {
+            id: "m1".into(),
+            tenant_id: "t".into(),
+            channel: Channel::Sms,
+            status: MessageStatus::Queued,
+            priority: Priority::Normal,
+            lane: Lane::Fast,
+            attempts: 0,
+            reference: None,
+            metadata: None,
+            created_at: 1,
+            updated_at: 1,
+            sent_at: None,
+            last_error: None,
+            provider_message_id: None,
+            send_at: None,
+        };
+        let (writer, finished) = Writer::start(&db, 64, 0).unwrap();
+        let store = writer.sqlite().unwrap().clone();
+        let inserted = record.clone();
+        store
+            .run(move |tx| Ok(messages::insert_rows(tx, &[&inserted])?))
+            .await
+            .unwrap();
+        writer.sending("m1").await;
+        writer.sent("m1", "SM1").await.unwrap();
+        // A late `sending` never overwrites `sent`.
+        writer.sending("m1").await;
+        let attempts = writer
+            .failure("nope", MessageStatus::Retrying, "x", true)
+            .await
+            .unwrap();
+        assert_eq!(attempts, 0, "an unknown id changes nothing");
+        writer.stop().await;
+        finished.await.unwrap();
+        let stored = messages::get(&db, "m1").await.unwrap().unwrap();
+        assert_eq!(stored.status, MessageStatus::Sent);
+        assert_eq!(stored.attempts, 1);
+        assert_eq!(stored.provider_message_id.as_deref(), Some("SM1"));
+    }
+}

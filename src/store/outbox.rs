@@ -1,0 +1,214 @@
+//! The outbox's rows: queue messages waiting to reach SQS, written in the
+//! accept's transaction (see `crate::accept::outbox` for the relay). A
+//! scheduled message's row waits here until it is due.
+
+use std::future::Future;
+
+use super::Db;
+use crate::message::OutboundMessage;
+use crate::model::{Lane, MessageStatus, now_ms};
+
+/// An outbox row: message id, lane, tenant, channel, priority, body.
+pub type OutboxRow = (String, String, String, String, String, String);
+
+/// Inserts the outbox rows of a group in the SQLite writer's transaction.
+/// Each row's `Option<i64>` is when a scheduled message is due (ms): the
+/// scheduler sends it then; `None` rows are sent by the request at once.
+pub(crate) fn insert_rows(
+    tx: &rusqlite::Transaction,
+    rows: &[(Lane, &OutboundMessage, Option<i64>)],
+    now: i64,
+) -> rusqlite::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (lane, message, due_at) in rows {
+        insert.execute(rusqlite::params![
+            message.message_id,
+            lane.as_str(),
+            message.tenant_id,
+            message.channel.as_str(),
+            message.priority.as_str(),
+            message.body,
+            now,
+            due_at,
+        ])?;
+    }
+    Ok(())
+}
+
+/// Records that a message's send failed, in one transaction: removes its
+/// outbox row and, if it is still `queued` (no consumer took it), marks it
+/// `rejected` with `detail` and removes its idempotency record. Returns
+/// whether it was marked; false means a consumer already has it.
+pub async fn reject(
+    db: &Db,
+    tenant_id: &str,
+    message_id: &str,
+    detail: &str,
+) -> anyhow::Result<bool> {
+    Ok(super::in_transaction!(db, |tx| {
+        sqlx::query("DELETE FROM outbox WHERE message_id = $1")
+            .bind(message_id)
+            .execute(&mut *tx)
+            .await?;
+        let marked = sqlx::query(
+            "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4 AND status = $5",
+        )
+        .bind(MessageStatus::Rejected.as_str())
+        .bind(detail)
+        .bind(now_ms())
+        .bind(message_id)
+        .bind(MessageStatus::Queued.as_str())
+        .execute(&mut *tx)
+        .await?;
+        if marked.rows_affected() == 1 {
+            sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = $1 AND message_id = $2")
+                .bind(tenant_id)
+                .bind(message_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        marked.rows_affected() == 1
+    }))
+}
+
+/// Hands the rows created at or before `cutoff` (ms) and the scheduled
+/// rows that are due to `send`, a page of `page` rows at a time; `send`
+/// answers the ids the queue took, whose rows are then removed (a
+/// scheduled message is `queued` from then on). Returns how many were
+/// sent.
+///
+/// On PostgreSQL, where several instances sweep, each page is claimed with
+/// `FOR UPDATE SKIP LOCKED` in a transaction that also removes the rows
+/// sent, so two sweepers never send the same row and one that dies
+/// mid-page leaves its rows to the next.
+pub async fn drain_due<F, Fut>(
+    db: &Db,
+    cutoff: i64,
+    page: i64,
+    mut send: F,
+) -> anyhow::Result<usize>
+where
+    F: FnMut(Vec<OutboxRow>) -> Fut,
+    Fut: Future<Output = anyhow::Result<Vec<String>>>,
+{
+    let mut resent = 0;
+    match db {
+        Db::Sqlite(sqlite) => {
+            let mut after = String::new();
+            loop {
+                let rows: Vec<OutboxRow> = sqlx::query_as(
+                    "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+                     WHERE ((due_at IS NULL AND created_at <= $1) OR due_at <= $2) AND message_id > $3 \
+                     ORDER BY message_id LIMIT $4",
+                )
+                .bind(cutoff)
+                .bind(now_ms())
+                .bind(&after)
+                .bind(page)
+                .fetch_all(&sqlite.read)
+                .await?;
+                let Some(last) = rows.last() else {
+                    return Ok(resent);
+                };
+                after = last.0.clone();
+                let page_len = rows.len();
+                let sent = send(rows).await?;
+                resent += sent.len();
+                mark_due_queued(db, &sent).await?;
+                forget(db, &sent).await?;
+                if (page_len as i64) < page {
+                    return Ok(resent);
+                }
+            }
+        }
+        Db::Postgres(pg) => loop {
+            let mut tx = pg.pool.begin().await?;
+            let rows: Vec<OutboxRow> = sqlx::query_as(
+                "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+                 WHERE (due_at IS NULL AND created_at <= $1) OR due_at <= $2 \
+                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(cutoff)
+            .bind(now_ms())
+            .bind(page)
+            .fetch_all(&mut *tx)
+            .await?;
+            let page_len = rows.len();
+            let sent = send(rows).await?;
+            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(MARK_DUE_QUEUED)
+                .bind(now_ms())
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            resent += sent.len();
+            if (page_len as i64) < page || sent.is_empty() {
+                return Ok(resent);
+            }
+        },
+    }
+}
+
+/// A scheduled message that reached its lane is `queued` (unless it was
+/// cancelled meanwhile: the consumer then drops it).
+const MARK_DUE_QUEUED: &str = "UPDATE messages SET status = 'queued', updated_at = $1 \
+     WHERE status = 'scheduled' AND id = ANY($2)";
+
+async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    match db {
+        Db::Sqlite(sqlite) => {
+            let now = now_ms();
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query
+                        .push("UPDATE messages SET status = 'queued', updated_at = ")
+                        .push_bind(now)
+                        .push(" WHERE status = 'scheduled' AND id IN (");
+                })
+                .await?;
+        }
+        Db::Postgres(pg) => {
+            sqlx::query(MARK_DUE_QUEUED)
+                .bind(now_ms())
+                .bind(ids)
+                .execute(&pg.pool)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the outbox rows of `ids` (sent messages).
+pub async fn forget(db: &Db, ids: &[String]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    match db {
+        Db::Sqlite(sqlite) => {
+            sqlite
+                .execute_for_ids(ids, |query| {
+                    query.push("DELETE FROM outbox WHERE message_id IN (");
+                })
+                .await?;
+        }
+        Db::Postgres(pg) => {
+            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(ids)
+                .execute(&pg.pool)
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,373 @@
+//! Against the PostgreSQL of this machine (`FAIRLANE_TEST_PG_URL`,
+//! default `postgres://root@127.0.0.1:5432/postgres`): each test makes a
+//! database of its own and drops it at the end, even when it fails.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, Executor, PgConnection};
+
+use super::*;
+use crate::model::{Channel, Lane, MessageStatus, Priority, now_ms};
+use crate::queue::OutboundMessage;
+use crate::store::idempotency::{self, StoredResponse};
+use crate::store::messages::{self, MessageRecord};
+use crate::store::{AcceptEntry, Db, Writer};
+
+/// A database of the test's own, dropped with this value.
+pub(crate) struct TestDatabase {
+    pub url: String,
+    server: String,
+    name: String,
+}
+
+impl TestDatabase {
+    pub(crate) async fn create() -> TestDatabase {
+        let server = std::env::var("FAIRLANE_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into());
+        let mut admin = PgConnection::connect(&server).await.unwrap_or_else(|err| {
+            panic!(
+                "no PostgreSQL answers at {server} (FAIRLANE_TEST_PG_URL): these tests need a real \
+                 PostgreSQL server: {err}"
+            )
+        });
+        let name = format!("fairlane_test_{}", crate::tenants::random_hex(6));
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create the test database");
+        let (base, _) = server.rsplit_once('/').expect("a database URL");
+        TestDatabase {
+            url: format!("{base}/{name}"),
+            server,
+            name,
+        }
+    }
+
+    pub(crate) async fn open(&self) -> Db {
+        Db::Postgres(PgDb::connect(&self.url).await.expect("connect and migrate"))
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        // A thread of its own: Drop may run inside a runtime.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect(&server).await?;
+                admin
+                    .execute(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .await?;
+                anyhow::Ok(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
+
+fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
+    let now = now_ms();
+    AcceptEntry {
+        lane: Lane::Fast,
+        record: MessageRecord {
+            id: id.into(),
+            tenant_id: tenant.into(),
+            channel: Channel::Sms,
+            status: MessageStatus::Queued,
+            priority: Priority::Normal,
+            lane: Lane::Fast,
+            attempts: 0,
+            reference: Some(format!("ref-{id}")),
+            metadata: None,
+            created_at: now,
+            updated_at: now,
+            sent_at: None,
+            last_error: None,
+            provider_message_id: None,
+            send_at: None,
+        },
+        outbound: OutboundMessage {
+            message_id: id.into(),
+            tenant_id: tenant.into(),
+            channel: Channel::Sms,
+            priority: Priority::Normal,
+            body: format!("{{\"id\":\"{id}\"}}"),
+            delay: Duration::ZERO,
+        },
+        idempotency: Vec::from_iter(key.map(|key| StoredResponse {
+            tenant_id: tenant.into(),
+            key: key.into(),
+            request_hash: "h".into(),
+            status_code: 202,
+            response_body: "{}".into(),
+            message_id: id.into(),
+            created_at: now,
+        })),
+    }
+}
+
+pub(crate) async fn count(db: &Db, sql: &str) -> i64 {
+    let pg = db.postgres().unwrap();
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(&pg.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    let (writer, done) = Writer::start(&db, 64, 0).unwrap();
+    let accept = Arc::new(writer.clone());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let accept = accept.clone();
+            tokio::spawn(async move {
+                let key = (i % 2 == 0).then(|| format!("key-{i}"));
+                accept
+                    .accept(entry(&format!("m{i}"), "acme", key.as_deref()))
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("accepted");
+    }
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM messages").await, 200);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox").await, 200);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM idempotency_keys").await,
+        100
+    );
+    let remembered = idempotency::lookup(&db, "acme", "key-4", now_ms())
+        .await
+        .unwrap()
+        .expect("remembered");
+    assert_eq!(remembered.message_id, "m4");
+
+    let status = writer.clone();
+    status.sending("m1").await;
+    status.sent("m1", "SM1").await.unwrap();
+    status.sending("m1").await; // late: never overwrites `sent`
+    let attempts = status
+        .failure("m2", MessageStatus::Retrying, "503 from provider", true)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
+    let unknown = status
+        .failure("nope", MessageStatus::Retrying, "x", true)
+        .await
+        .unwrap();
+    assert_eq!(unknown, 0, "an unknown id changes nothing");
+    writer.stop().await;
+    done.await.unwrap();
+    assert!(accept.accept(entry("late", "acme", None)).await.is_err());
+
+    let sent = messages::get(&db, "m1").await.unwrap().unwrap();
+    assert_eq!(sent.status, MessageStatus::Sent);
+    assert_eq!(sent.attempts, 1);
+    assert_eq!(sent.provider_message_id.as_deref(), Some("SM1"));
+    let retrying = messages::get_for_tenant(&db, "acme", "m2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(retrying.status, MessageStatus::Retrying);
+    assert_eq!(retrying.last_error.as_deref(), Some("503 from provider"));
+    assert!(
+        messages::get_for_tenant(&db, "other", "m2")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let many = messages::get_many(&db, &["m3".into(), "m5".into(), "zz".into()])
+        .await
+        .unwrap();
+    assert_eq!(many.len(), 2);
+    assert_eq!(messages::count_since(&db, "acme", 0).await.unwrap(), 200);
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_piece_fails_alone_and_the_rest_of_its_group_commits() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    let (writer, _done) = PgWriter::spawn(db.postgres().unwrap(), 64);
+    // Submitted together, so they share a group; "dup" twice breaks the
+    // primary key.
+    let (a, d1, d2, c) = tokio::join!(
+        writer.accept(vec![entry("a", "t", None)]),
+        writer.accept(vec![entry("dup", "t", None)]),
+        writer.accept(vec![entry("dup", "t", None)]),
+        writer.accept(vec![entry("c", "t", None)]),
+    );
+    assert!(a && c);
+    assert!(d1 != d2, "exactly one of the two copies commits");
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM messages").await, 3);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM outbox").await, 3);
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_instances_claiming_one_message_exactly_one_gets_it() {
+    let database = TestDatabase::create().await;
+    let (one, two) = (database.open().await, database.open().await);
+    let (first, _) = PgWriter::spawn(one.postgres().unwrap(), 64);
+    let (second, _) = PgWriter::spawn(two.postgres().unwrap(), 64);
+    for i in 0..50 {
+        assert!(first.accept(vec![entry(&format!("m{i}"), "t", None)]).await);
+    }
+    let stale_before = now_ms() - 60_000;
+    let claims: Vec<_> = (0..50)
+        .map(|i| {
+            let (first, second) = (first.clone(), second.clone());
+            tokio::spawn(async move {
+                let id = format!("m{i}");
+                let (a, b) = tokio::join!(
+                    first.claim(&id, stale_before),
+                    second.claim(&id, stale_before)
+                );
+                (a.unwrap(), b.unwrap())
+            })
+        })
+        .collect();
+    for claim in claims {
+        let (a, b) = claim.await.unwrap();
+        assert!(a != b, "exactly one of the two claims succeeds ({a}, {b})");
+    }
+    // A sent message is claimed by nobody; a claim older than
+    // `stale_before` (its sender died) is taken over.
+    first.sent("m0", "SM0").await.unwrap();
+    assert!(!second.claim("m0", now_ms() + 1).await.unwrap());
+    assert!(!second.claim("m1", now_ms() - 60_000).await.unwrap());
+    assert!(second.claim("m1", now_ms() + 1).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_once_lock_is_held_by_one_instance_at_a_time() {
+    let database = TestDatabase::create().await;
+    let (first, second) = (database.open().await, database.open().await);
+    let (first, second) = (first.postgres().unwrap(), second.postgres().unwrap());
+    let held = try_lock(first, locks::OUTBOX_SWEEP)
+        .await
+        .unwrap()
+        .expect("free at first");
+    assert!(
+        try_lock(second, locks::OUTBOX_SWEEP)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        try_lock(second, locks::IDEMPOTENCY_PURGE)
+            .await
+            .unwrap()
+            .is_some(),
+        "another job's lock is independent"
+    );
+    held.commit().await.unwrap();
+    assert!(
+        try_lock(second, locks::OUTBOX_SWEEP)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The purge runs under its lock and reports what it removed.
+    let old = now_ms() - idempotency::RETENTION_MS - 1;
+    sqlx::query(
+        "INSERT INTO idempotency_keys VALUES ('t', 'k', 'h', 202, '{}', 'm', $1), ('t', 'k2', 'h', 202, '{}', 'm2', $2)",
+    )
+    .bind(old)
+    .bind(now_ms())
+    .execute(&first.pool)
+    .await
+    .unwrap();
+    let db = Db::Postgres(first.clone());
+    assert_eq!(
+        idempotency::purge_expired(&db, now_ms()).await.unwrap(),
+        Some(1)
+    );
+    let blocker = try_lock(second, locks::IDEMPOTENCY_PURGE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        idempotency::purge_expired(&db, now_ms()).await.unwrap(),
+        None,
+        "skipped while another instance purges"
+    );
+    blocker.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_change_made_through_one_instance_reaches_another_within_a_second() {
+    let database = TestDatabase::create().await;
+    let plans = crate::config::Settings::from_toml_overlay("")
+        .unwrap()
+        .plans;
+    let a = Arc::new(
+        crate::tenants::Registry::load(database.open().await, &plans)
+            .await
+            .unwrap(),
+    );
+    let b = Arc::new(
+        crate::tenants::Registry::load(database.open().await, &plans)
+            .await
+            .unwrap(),
+    );
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(b.clone().follow(stopped));
+    // The follower's first reload tells us it listens.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let within_a_second = |check: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(1) {
+            if check() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    };
+    a.create_tenant("acme", "Acme", "pro", Default::default())
+        .await
+        .unwrap();
+    let (key_id, key) = a.issue_key("acme").await.unwrap();
+    let seen = tokio::task::block_in_place(|| within_a_second(&|| b.authenticate(&key).is_some()));
+    assert!(seen.is_some(), "the new key works on the other instance");
+
+    a.update_tenant(
+        "acme",
+        &crate::tenants::TenantChange {
+            plan: Some("basic".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let moved = tokio::task::block_in_place(|| {
+        within_a_second(&|| b.tenant("acme").is_some_and(|t| t.plan == "basic"))
+    });
+    assert!(
+        moved.is_some(),
+        "the plan change reaches the other instance"
+    );
+
+    a.revoke_key("acme", &key_id).await.unwrap();
+    let refused =
+        tokio::task::block_in_place(|| within_a_second(&|| b.authenticate(&key).is_none()));
+    assert!(
+        refused.is_some(),
+        "a revoked key is refused on the other instance within 1 s"
+    );
+}

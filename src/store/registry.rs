@@ -1,0 +1,326 @@
+//! The registry's rows: plans, tenants and API keys (stored as hashes),
+//! which `crate::tenants::Registry` serves from memory; and on PostgreSQL
+//! the announcement that makes every instance reload them after a change.
+
+use sqlx::postgres::PgListener;
+
+use super::{Db, on_pool};
+use crate::model::{Isolation, Lane, TenantStatus};
+
+/// The channel registry changes are announced on.
+const REGISTRY_CHANNEL: &str = "fairlane_registry";
+
+/// A plan row: name, lane, rate per second, burst, daily quota, in-flight cap.
+pub type PlanTuple = (String, String, f64, i64, i64, i64);
+/// A tenant row: id, name, plan, status, isolation, consumers, created, updated.
+pub type TenantTuple = (String, String, String, String, String, i64, i64, i64);
+/// An active key: id, tenant id, hex SHA-256 of its secret.
+pub type KeyTuple = (String, String, String);
+
+/// Plans, tenants and active keys as stored.
+pub struct RegistryRows {
+    pub plans: Vec<PlanTuple>,
+    pub tenants: Vec<TenantTuple>,
+    pub keys: Vec<KeyTuple>,
+}
+
+/// A plan's figures, as written.
+#[derive(Debug, Clone)]
+pub struct PlanRow {
+    pub name: String,
+    pub lane: Lane,
+    pub rate_per_second: f64,
+    pub burst: u32,
+    pub daily_quota: u64,
+    pub max_in_flight: u32,
+}
+
+/// A new tenant.
+pub struct TenantInsert<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub plan: &'a str,
+    pub status: TenantStatus,
+    pub isolation: Isolation,
+    pub max_concurrent_consumers: u32,
+    pub created_at: i64,
+}
+
+/// What a tenant update changes; `None` fields stay as they are.
+pub struct TenantUpdate<'a> {
+    pub plan: Option<&'a str>,
+    pub status: Option<TenantStatus>,
+    pub isolation: Option<Isolation>,
+    pub max_concurrent_consumers: Option<u32>,
+}
+
+/// What [`delete_tenant`] did.
+pub enum TenantDeletion {
+    Deleted,
+    NotFound,
+    /// Refused: this many of its messages are not delivered yet.
+    Undelivered(i64),
+}
+
+/// Plans, tenants and active keys as stored now: on PostgreSQL from one
+/// snapshot (`REPEATABLE READ`), so a change committed between the three
+/// reads is not half seen.
+pub async fn read_all(db: &Db) -> anyhow::Result<RegistryRows> {
+    macro_rules! read_from {
+        ($ex:expr) => {{
+            let plans: Vec<PlanTuple> = sqlx::query_as(
+                "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans",
+            )
+            .fetch_all($ex)
+            .await?;
+            let tenants: Vec<TenantTuple> = sqlx::query_as(
+                "SELECT id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at FROM tenants",
+            )
+            .fetch_all($ex)
+            .await?;
+            let keys: Vec<KeyTuple> = sqlx::query_as(
+                "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
+            )
+            .fetch_all($ex)
+            .await?;
+            RegistryRows {
+                plans,
+                tenants,
+                keys,
+            }
+        }};
+    }
+    Ok(match db {
+        Db::Sqlite(sqlite) => read_from!(&sqlite.write),
+        Db::Postgres(pg) => {
+            let mut tx = pg.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let rows = read_from!(&mut *tx);
+            tx.commit().await?;
+            rows
+        }
+    })
+}
+
+/// Writes a configured plan, unless an admin has changed it since.
+pub async fn seed_plan(db: &Db, plan: &PlanRow, now: i64) -> anyhow::Result<()> {
+    on_pool!(db, write, |pool| {
+        sqlx::query(
+            "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'config', $7) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             updated_at = excluded.updated_at WHERE plans.source = 'config'",
+        )
+        .bind(&plan.name)
+        .bind(plan.lane.as_str())
+        .bind(plan.rate_per_second)
+        .bind(plan.burst as i64)
+        .bind(plan.daily_quota as i64)
+        .bind(plan.max_in_flight as i64)
+        .bind(now)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    });
+    Ok(())
+}
+
+/// Creates or replaces a plan as an admin's (configuration no longer
+/// changes it).
+pub async fn put_plan(db: &Db, plan: &PlanRow, now: i64) -> anyhow::Result<()> {
+    on_pool!(db, write, |pool| {
+        sqlx::query(
+            "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'admin', $7) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             source = 'admin', updated_at = excluded.updated_at",
+        )
+        .bind(&plan.name)
+        .bind(plan.lane.as_str())
+        .bind(plan.rate_per_second)
+        .bind(plan.burst as i64)
+        .bind(plan.daily_quota as i64)
+        .bind(plan.max_in_flight as i64)
+        .bind(now)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    });
+    Ok(())
+}
+
+/// Inserts a tenant; false when one with its id exists (the primary key
+/// decides races between two creates of the same id).
+pub async fn insert_tenant(db: &Db, tenant: &TenantInsert<'_>) -> anyhow::Result<bool> {
+    let inserted = on_pool!(db, write, |pool| {
+        sqlx::query("INSERT INTO tenants (id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)")
+            .bind(tenant.id)
+            .bind(tenant.name)
+            .bind(tenant.plan)
+            .bind(tenant.status.as_str())
+            .bind(tenant.isolation.as_str())
+            .bind(i64::from(tenant.max_concurrent_consumers))
+            .bind(tenant.created_at)
+            .execute(pool)
+            .await
+            .map(|_| ())
+    });
+    match inserted {
+        Ok(()) => Ok(true),
+        Err(sqlx::Error::Database(err)) if err.is_unique_violation() => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Changes only the fields given (another instance may have changed the
+/// others a moment ago); returns the tenant's row after it, `None` when
+/// there is no such tenant: name, plan, status, isolation, consumers,
+/// created, updated.
+pub async fn update_tenant(
+    db: &Db,
+    id: &str,
+    change: &TenantUpdate<'_>,
+    now: i64,
+) -> anyhow::Result<Option<(String, String, String, String, i64, i64, i64)>> {
+    Ok(on_pool!(db, write, |pool| {
+        sqlx::query_as(
+            "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
+             isolation = COALESCE($5, isolation), \
+             max_concurrent_consumers = COALESCE($6, max_concurrent_consumers), \
+             updated_at = $3 WHERE id = $4 RETURNING name, plan, status, isolation, \
+             max_concurrent_consumers, created_at, updated_at",
+        )
+        .bind(change.plan)
+        .bind(change.status.map(|s| s.as_str()))
+        .bind(now)
+        .bind(id)
+        .bind(change.isolation.map(|i| i.as_str()))
+        .bind(change.max_concurrent_consumers.map(i64::from))
+        .fetch_optional(pool)
+        .await?
+    }))
+}
+
+/// Deletes a tenant with its keys, message history, events, webhook,
+/// suppressions and idempotency keys, in one transaction; refused while
+/// any of its messages is undelivered (`queued`, `sending`, `retrying`).
+pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> {
+    Ok(super::in_transaction!(db, |tx| {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND status IN ('queued', 'sending', 'retrying')",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if pending > 0 {
+            TenantDeletion::Undelivered(pending)
+        } else {
+            for statement in [
+                "DELETE FROM api_keys WHERE tenant_id = $1",
+                "DELETE FROM idempotency_keys WHERE tenant_id = $1",
+                "DELETE FROM messages WHERE tenant_id = $1",
+                "DELETE FROM message_events WHERE tenant_id = $1",
+                "DELETE FROM webhook_deliveries WHERE tenant_id = $1",
+                "DELETE FROM webhooks WHERE tenant_id = $1",
+                "DELETE FROM suppressions WHERE tenant_id = $1",
+            ] {
+                sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+            }
+            let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            match done.rows_affected() {
+                0 => TenantDeletion::NotFound,
+                _ => TenantDeletion::Deleted,
+            }
+        }
+    }))
+}
+
+/// Stores a key's id and the hex SHA-256 of its secret.
+pub async fn insert_key(
+    db: &Db,
+    key_id: &str,
+    tenant_id: &str,
+    secret_hash_hex: &str,
+    now: i64,
+) -> anyhow::Result<()> {
+    on_pool!(db, write, |pool| {
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(key_id)
+        .bind(tenant_id)
+        .bind(secret_hash_hex)
+        .bind(now)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    });
+    Ok(())
+}
+
+/// Revokes an active key of `tenant_id`; returns how many (0 or 1).
+pub async fn revoke_key(db: &Db, tenant_id: &str, key_id: &str, now: i64) -> anyhow::Result<u64> {
+    Ok(on_pool!(db, write, |pool| {
+        sqlx::query(
+            "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND tenant_id = $3 AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(key_id)
+        .bind(tenant_id)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    }))
+}
+
+/// A tenant's keys, revoked ones too: id, created, revoked (ms).
+pub async fn keys_of(db: &Db, tenant_id: &str) -> anyhow::Result<Vec<(String, i64, Option<i64>)>> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
+        )
+        .bind(tenant_id)
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// Tells the other instances that the registry changed (`what`, for
+/// logs). Nothing to tell on SQLite, where there are none.
+pub async fn announce(db: &Db, what: &str) -> anyhow::Result<()> {
+    if let Db::Postgres(pg) = db {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(REGISTRY_CHANNEL)
+            .bind(what)
+            .execute(&pg.pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Hears the announcements of [`announce`], on a connection of its own.
+pub struct RegistryListener(PgListener);
+
+impl RegistryListener {
+    /// Waits for the next announcement: true when one came, false when the
+    /// connection dropped (listen again, then reload).
+    pub async fn next(&mut self) -> bool {
+        matches!(self.0.try_recv().await, Ok(Some(_)))
+    }
+}
+
+/// Listens for registry announcements; fails on SQLite, which has none
+/// (see [`Db::is_shared`]).
+pub async fn listen(db: &Db) -> anyhow::Result<RegistryListener> {
+    match db {
+        Db::Postgres(pg) => Ok(RegistryListener(pg.listen(REGISTRY_CHANNEL).await?)),
+        Db::Sqlite(_) => anyhow::bail!("a SQLite store has no other instances to hear from"),
+    }
+}

@@ -1,0 +1,269 @@
+//! The hot statements of the SQLite store, as pieces of work for its one
+//! writer ([`StoreWriter`]): accepts (status rows, queue entries or outbox
+//! rows, idempotency records), claims, the `sending` and `sent` changes,
+//! failures and cancels. They ride in the same groups as the embedded
+//! queue's receives and deletes instead of taking transactions of their
+//! own; each answers only once its group has committed.
+
+use std::sync::Arc;
+
+use rusqlite::Transaction;
+use tokio::sync::oneshot;
+
+use super::writer::{StoreWriter, Work, WriteFailed};
+use crate::model::{MessageStatus, now_ms};
+use crate::store::idempotency::{self, StoredResponse};
+use crate::store::messages;
+use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
+
+/// Makes `entries` durable in one transaction, all or none; true once
+/// committed.
+pub(crate) async fn accept(
+    writer: &StoreWriter,
+    staging: &Arc<Staging>,
+    entries: Vec<AcceptEntry>,
+) -> bool {
+    let (reply, answer) = oneshot::channel();
+    writer
+        .submit(Box::new(AcceptWork {
+            entries,
+            staging: staging.clone(),
+            after_commit: None,
+            reply: Some(reply),
+        }))
+        .await;
+    matches!(answer.await, Ok(true))
+}
+
+/// Accepted messages: their status rows, queue entries (or outbox rows)
+/// and idempotency records, all or nothing.
+struct AcceptWork {
+    entries: Vec<AcceptEntry>,
+    staging: Arc<Staging>,
+    /// What the queue does once its rows are committed.
+    after_commit: Option<AfterCommit>,
+    reply: Option<oneshot::Sender<bool>>,
+}
+
+impl Work for AcceptWork {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        self.after_commit = None;
+        let now = now_ms();
+        for entry in &self.entries {
+            messages::insert_rows(tx, &[&entry.record])?;
+            if let Staging::Outbox = self.staging.as_ref() {
+                crate::store::outbox::insert_rows(
+                    tx,
+                    &[(entry.lane, &entry.outbound, entry.record.send_at)],
+                    now,
+                )?;
+            }
+            let remembered: Vec<&StoredResponse> = entry.idempotency.iter().collect();
+            idempotency::insert_rows(tx, &remembered)?;
+        }
+        if let Staging::Queue(queue) = self.staging.as_ref() {
+            let rows: Vec<_> = self
+                .entries
+                .iter()
+                .map(|entry| (entry.lane, &entry.outbound))
+                .collect();
+            self.after_commit = Some(queue.insert(tx, &rows)?);
+        }
+        Ok(())
+    }
+
+    fn rolled_back(&mut self) {
+        self.after_commit = None;
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if outcome.is_ok()
+            && let Some(after_commit) = self.after_commit.take()
+        {
+            after_commit();
+        }
+        if let Some(reply) = self.reply.take()
+            && reply.send(outcome.is_ok()).is_err()
+        {
+            let first = self.entries.first().map(|entry| entry.record.id.as_str());
+            tracing::warn!(
+                message_id = first.unwrap_or(""),
+                count = self.entries.len(),
+                "Caller went away before its messages were committed."
+            );
+        }
+    }
+}
+
+/// See [`crate::store::Writer::cancel`].
+pub(crate) async fn cancel(
+    writer: &StoreWriter,
+    tenant_id: String,
+    ids: Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    writer
+        .run(move |tx| {
+            let mut cancel = tx.prepare_cached(
+                "UPDATE messages SET status = 'cancelled', updated_at = ?1 \
+                 WHERE id = ?2 AND tenant_id = ?3 AND status IN ('scheduled', 'queued', 'retrying')",
+            )?;
+            let mut forget = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
+            let mut cancelled = Vec::new();
+            let now = now_ms();
+            for id in &ids {
+                if cancel.execute(rusqlite::params![now, id, tenant_id])? == 1 {
+                    forget.execute([id])?;
+                    cancelled.push(id.clone());
+                }
+            }
+            Ok(cancelled)
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::sending`].
+pub(crate) async fn sending(writer: &StoreWriter, id: &str) {
+    writer
+        .submit(Box::new(Sending {
+            id: id.to_owned(),
+            at: now_ms(),
+        }))
+        .await;
+}
+
+/// See [`crate::store::Writer::claim`].
+pub(crate) async fn claim(
+    writer: &StoreWriter,
+    id: &str,
+    stale_before: i64,
+) -> anyhow::Result<bool> {
+    let id = id.to_owned();
+    writer
+        .run(move |tx| {
+            let taken = tx
+                .prepare_cached(
+                    "UPDATE messages SET status = 'sending', updated_at = ?1 WHERE id = ?2 \
+                     AND (status IN ('scheduled', 'queued', 'retrying') \
+                     OR (status = 'sending' AND updated_at < ?3))",
+                )?
+                .execute(rusqlite::params![now_ms(), id, stale_before])?;
+            Ok(taken == 1)
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::is_suppressed`]: the writer's connection
+/// reads it ahead of its next group, which costs a few microseconds
+/// against a pool round trip's tens.
+pub(crate) async fn is_suppressed(
+    writer: &StoreWriter,
+    tenant_id: &str,
+    address: &str,
+) -> anyhow::Result<bool> {
+    let (tenant_id, address) = (tenant_id.to_owned(), address.to_owned());
+    writer
+        .read(move |tx| {
+            Ok(tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant_id = ?1 AND address = ?2)",
+                )?
+                .query_row(rusqlite::params![tenant_id, address], |row| row.get(0))?)
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::sent`].
+pub(crate) async fn sent(
+    writer: &StoreWriter,
+    id: &str,
+    provider_message_id: &str,
+) -> anyhow::Result<()> {
+    let (done, committed) = oneshot::channel();
+    writer
+        .submit(Box::new(Sent {
+            id: id.to_owned(),
+            provider_message_id: provider_message_id.to_owned(),
+            done: Some(done),
+        }))
+        .await;
+    match committed.await {
+        Ok(true) => Ok(()),
+        _ => anyhow::bail!("status change could not be committed"),
+    }
+}
+
+/// See [`crate::store::Writer::failure`].
+pub(crate) async fn failure(
+    writer: &StoreWriter,
+    id: &str,
+    status: MessageStatus,
+    error: &str,
+    counted: bool,
+) -> anyhow::Result<u32> {
+    let (id, error) = (id.to_owned(), error.to_owned());
+    writer
+        .run(move |tx| {
+            let attempts: Option<i64> = tx
+                .prepare_cached(
+                    "UPDATE messages SET status = ?1, attempts = attempts + ?2, last_error = ?3, \
+                     updated_at = ?4 WHERE id = ?5 RETURNING attempts",
+                )?
+                .query_row(
+                    rusqlite::params![status.as_str(), i64::from(counted), error, now_ms(), id],
+                    |row| row.get(0),
+                )
+                .map(Some)
+                .or_else(|err| match err {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                    err => Err(err),
+                })?;
+            Ok(attempts.unwrap_or(0).max(0) as u32)
+        })
+        .await
+}
+
+struct Sending {
+    id: String,
+    /// When the change was asked for (ms).
+    at: i64,
+}
+
+impl Work for Sending {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        tx.prepare_cached(
+            "UPDATE messages SET status = 'sending', updated_at = ?1 \
+             WHERE id = ?2 AND status IN ('queued', 'retrying') AND updated_at <= ?3",
+        )?
+        .execute(rusqlite::params![now_ms(), self.id, self.at])?;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _outcome: Result<(), WriteFailed>) {}
+}
+
+struct Sent {
+    id: String,
+    provider_message_id: String,
+    done: Option<oneshot::Sender<bool>>,
+}
+
+impl Work for Sent {
+    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        tx.prepare_cached(
+            "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
+             sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3",
+        )?
+        .execute(rusqlite::params![
+            now_ms(),
+            self.provider_message_id,
+            self.id
+        ])?;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(outcome.is_ok());
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! The rows of tenant webhooks: each tenant's endpoint (`webhooks`) and
+//! the calls waiting for it (`webhook_deliveries`, written by a trigger
+//! with each status event), read and leased by the dispatcher
+//! (`crate::webhooks::dispatch`).
+
+use super::messages::MessageRecord;
+use super::{Db, in_transaction, on_pool};
+use crate::model::{MessageStatus, now_ms};
+
+/// A tenant's endpoint as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Webhook {
+    pub tenant_id: String,
+    pub url: String,
+    /// Space-separated, with a space at each end.
+    pub events: String,
+    pub secret: String,
+    pub previous_secret: Option<String>,
+    pub previous_until: Option<i64>,
+    pub failing_since: Option<i64>,
+    pub last_error: Option<String>,
+    pub disabled_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Webhook {
+    /// The secrets that sign a call at `now`: the current one, and the
+    /// previous one during its grace period.
+    pub fn signing_secrets(&self, now: i64) -> Vec<&str> {
+        let mut secrets = vec![self.secret.as_str()];
+        if let (Some(previous), Some(until)) = (&self.previous_secret, self.previous_until)
+            && now < until
+        {
+            secrets.push(previous);
+        }
+        secrets
+    }
+}
+
+/// The columns of [`Webhook`], for `concat!`.
+macro_rules! columns {
+    () => {
+        "tenant_id, url, events, secret, previous_secret, previous_until, \
+         failing_since, last_error, disabled_at, created_at, updated_at"
+    };
+}
+
+/// The tenant's endpoint, if it has one.
+pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as::<_, Webhook>(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM webhooks WHERE tenant_id = $1"
+        ))
+        .bind(tenant_id)
+        .fetch_optional(pool)
+        .await?
+    }))
+}
+
+/// The tenant's calls by state: `(state, count)`.
+pub async fn delivery_counts(db: &Db, tenant_id: &str) -> anyhow::Result<Vec<(String, i64)>> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT state, COUNT(*) FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state",
+        )
+        .bind(tenant_id)
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// Sets the tenant's endpoint. A new endpoint gets `secret` (returned); a
+/// changed one keeps its secret (None) and is enabled again, its failed
+/// events pending once more.
+pub async fn put(
+    db: &Db,
+    tenant_id: &str,
+    url: &str,
+    events: &str,
+    secret: String,
+) -> anyhow::Result<(Webhook, Option<String>)> {
+    let now = now_ms();
+    let created = in_transaction!(db, |tx| {
+        let existed: Option<String> =
+            sqlx::query_scalar("SELECT tenant_id FROM webhooks WHERE tenant_id = $1")
+                .bind(tenant_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if existed.is_some() {
+            sqlx::query(
+                "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, last_error = NULL, \
+                 disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4",
+            )
+            .bind(url)
+            .bind(events)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(RESUME)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(
+                "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $5)",
+            )
+            .bind(tenant_id)
+            .bind(url)
+            .bind(events)
+            .bind(&secret)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        existed.is_none()
+    });
+    let webhook = get(db, tenant_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the webhook just written is gone"))?;
+    Ok((webhook, created.then_some(secret)))
+}
+
+/// Makes a tenant's failed events pending again, due now (`$1`), for
+/// tenant `$2`.
+const RESUME: &str = "UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, \
+     attempts = 0, last_error = NULL WHERE tenant_id = $2 AND state = 'failed'";
+
+/// Gives the tenant's endpoint the new `secret`; the old one keeps signing
+/// beside it for `grace_ms`. None when there is no endpoint.
+pub async fn rotate(
+    db: &Db,
+    tenant_id: &str,
+    secret: String,
+    grace_ms: i64,
+) -> anyhow::Result<Option<(Webhook, String)>> {
+    let now = now_ms();
+    let rotated = in_transaction!(db, |tx| {
+        sqlx::query(
+            "UPDATE webhooks SET previous_secret = secret, previous_until = $1, secret = $2, \
+             updated_at = $3 WHERE tenant_id = $4",
+        )
+        .bind(now + grace_ms)
+        .bind(&secret)
+        .bind(now)
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+    });
+    if rotated == 0 {
+        return Ok(None);
+    }
+    Ok(get(db, tenant_id).await?.map(|webhook| (webhook, secret)))
+}
+
+/// Removes the tenant's endpoint and the events still waiting for it;
+/// true when there was one.
+pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
+    let removed = in_transaction!(db, |tx| {
+        sqlx::query("DELETE FROM webhook_deliveries WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM webhooks WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+    });
+    Ok(removed == 1)
+}
+
+/// Enables the tenant's endpoint again and makes its failed events pending,
+/// due now; returns how many. None when there is no endpoint.
+pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
+    let now = now_ms();
+    let redriven = in_transaction!(db, |tx| {
+        let enabled = sqlx::query(
+            "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, updated_at = $1 \
+             WHERE tenant_id = $2",
+        )
+        .bind(now)
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if enabled == 0 {
+            None
+        } else {
+            Some(
+                sqlx::query(RESUME)
+                    .bind(now)
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected(),
+            )
+        }
+    });
+    Ok(redriven)
+}
+
+/// Endpoints that are failing or disabled, oldest failure first.
+pub async fn failing(db: &Db) -> anyhow::Result<Vec<Webhook>> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as::<_, Webhook>(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
+             ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
+        ))
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// A call taken for this instance.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DueCall {
+    pub event_id: i64,
+    pub tenant_id: String,
+    pub message_id: String,
+    #[sqlx(rename = "type")]
+    pub kind: String,
+    pub created_at: i64,
+    pub attempts: i64,
+}
+
+/// The tenants with calls pending.
+pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
+    let tenants: Vec<Option<String>> = on_pool!(db, read, |pool| {
+        // One index probe per tenant with pending calls (a "loose index
+        // scan"), not a pass over every pending row: a dead endpoint's
+        // backlog can be millions of rows.
+        sqlx::query_scalar(
+            "WITH RECURSIVE pending(tenant_id) AS ( \
+               SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
+               UNION ALL \
+               SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
+                       WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
+               FROM pending WHERE pending.tenant_id IS NOT NULL) \
+             SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL",
+        )
+        .fetch_all(pool)
+        .await?
+    });
+    Ok(tenants.into_iter().flatten().collect())
+}
+
+/// Up to `limit` of the tenant's calls due at `now`, each the earliest
+/// waiting event of its message, soonest first.
+pub async fn due_calls(
+    db: &Db,
+    tenant: &str,
+    now: i64,
+    limit: i64,
+) -> anyhow::Result<Vec<DueCall>> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT d.event_id, d.tenant_id, d.message_id, d.type, d.created_at, d.attempts \
+             FROM webhook_deliveries AS d \
+             WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
+             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
+                             WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
+             ORDER BY d.next_attempt_at, d.event_id LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(now)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// Gives back a lease taken but not used: the call is due again now.
+pub async fn release_lease(db: &Db, event_id: i64) -> anyhow::Result<()> {
+    in_transaction!(db, |tx| {
+        sqlx::query("UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2")
+            .bind(now_ms())
+            .bind(event_id)
+            .execute(&mut *tx)
+            .await?;
+    });
+    Ok(())
+}
+
+/// Leases `wanted` until `lease_until` (if still due at `now`); returns
+/// those this instance got (another may have taken some since they were
+/// read).
+pub async fn lease(
+    db: &Db,
+    wanted: Vec<DueCall>,
+    lease_until: i64,
+    now: i64,
+) -> anyhow::Result<Vec<DueCall>> {
+    let taken = in_transaction!(db, |tx| {
+        let mut taken = Vec::with_capacity(wanted.len());
+        for due in wanted {
+            let done = sqlx::query(
+                "UPDATE webhook_deliveries SET next_attempt_at = $1 \
+                 WHERE event_id = $2 AND state = 'pending' AND next_attempt_at <= $3",
+            )
+            .bind(lease_until)
+            .bind(due.event_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 1 {
+                taken.push(due);
+            }
+        }
+        taken
+    });
+    Ok(taken)
+}
+
+/// Drops a call (its endpoint or message is gone).
+pub async fn forget_call(db: &Db, event_id: i64) -> anyhow::Result<()> {
+    in_transaction!(db, |tx| {
+        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
+            .bind(event_id)
+            .execute(&mut *tx)
+            .await?;
+    });
+    Ok(())
+}
+
+/// A call succeeded: it is removed and its endpoint is healthy again.
+pub async fn call_delivered(db: &Db, event_id: i64, tenant_id: &str) -> anyhow::Result<()> {
+    in_transaction!(db, |tx| {
+        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
+            .bind(event_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
+             WHERE tenant_id = $1 AND failing_since IS NOT NULL",
+        )
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    });
+    Ok(())
+}
+
+/// A call failed at `now` with `error`: it is due again at `next` (or
+/// given up, `gave_up`), the message's later events move back with it,
+/// and the endpoint is marked failing; once it has failed for `limit` ms
+/// it is disabled and its pending calls given up. Returns whether it was
+/// disabled now.
+pub async fn call_failed(
+    db: &Db,
+    due: &DueCall,
+    error: &str,
+    next: i64,
+    gave_up: bool,
+    now: i64,
+    limit: i64,
+) -> anyhow::Result<bool> {
+    let disabled = in_transaction!(db, |tx| {
+        sqlx::query(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $1, \
+             next_attempt_at = $2, state = $3 WHERE event_id = $4",
+        )
+        .bind(error)
+        .bind(next)
+        .bind(if gave_up { "failed" } else { "pending" })
+        .bind(due.event_id)
+        .execute(&mut *tx)
+        .await?;
+        // The message's later events wait for this one anyway: moving
+        // them back with it keeps them out of the next passes' reads.
+        sqlx::query(
+            "UPDATE webhook_deliveries SET next_attempt_at = $1 \
+             WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1",
+        )
+        .bind(next)
+        .bind(&due.message_id)
+        .bind(due.event_id)
+        .execute(&mut *tx)
+        .await?;
+        let failing_since: Option<Option<i64>> = sqlx::query_scalar(
+            "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), last_error = $2 \
+             WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since",
+        )
+        .bind(now)
+        .bind(error)
+        .bind(&due.tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let disable = matches!(failing_since, Some(Some(since)) if now - since >= limit);
+        if disable {
+            sqlx::query("UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2")
+                .bind(now)
+                .bind(&due.tenant_id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "UPDATE webhook_deliveries SET state = 'failed' \
+                 WHERE tenant_id = $1 AND state = 'pending'",
+            )
+            .bind(&due.tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        disable
+    });
+    Ok(disabled)
+}
+
+/// The message's status row as it was at event `event_id`. None when
+/// the event or its message is gone.
+pub async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageRecord>> {
+    type Row = (
+        String,
+        String,
+        i64,
+        String,
+        i64,
+        Option<String>,
+        Option<String>,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        i64,
+        Option<i64>,
+        Option<i64>,
+    );
+    let row: Option<Row> = on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
+             m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
+             FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1",
+        )
+        .bind(event_id)
+        .fetch_optional(pool)
+        .await?
+    });
+    let Some((
+        id,
+        tenant_id,
+        at,
+        status,
+        attempts,
+        detail,
+        provider_message_id,
+        channel,
+        priority,
+        lane,
+        reference,
+        metadata,
+        created_at,
+        sent_at,
+        send_at,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let status: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
+    let failure = !matches!(
+        status,
+        MessageStatus::Queued
+            | MessageStatus::Sent
+            | MessageStatus::Delivered
+            | MessageStatus::Cancelled
+    );
+    let record = MessageRecord {
+        id,
+        tenant_id,
+        channel: channel.parse().map_err(anyhow::Error::msg)?,
+        status,
+        priority: priority.parse().map_err(anyhow::Error::msg)?,
+        lane: lane.parse().map_err(anyhow::Error::msg)?,
+        attempts: attempts.max(0) as u32,
+        reference,
+        metadata,
+        created_at,
+        updated_at: at,
+        sent_at: sent_at.filter(|sent| *sent <= at),
+        last_error: detail.filter(|_| failure),
+        provider_message_id,
+        send_at,
+    };
+    Ok(Some(record))
+}
