@@ -4,9 +4,8 @@
 //! Tests build an [`Application`] on port 0 with a temporary database and
 //! drive it over real HTTP.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,6 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::accept::Acceptor;
 use crate::accept::outbox::Outbox;
 use crate::api::auth::AdminAuth;
 use crate::api::{self, AppInner, AppState};
@@ -242,22 +242,28 @@ impl Application {
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
+        let limits = match redis.clone() {
+            Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
+            None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
+        };
+        let accept = Acceptor::new(
+            db.clone(),
+            store_writer.clone(),
+            outbox,
+            limits,
+            backpressure.clone(),
+        );
         let state = AppState::new(AppInner {
-            limits: match redis.clone() {
-                Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
-                None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
-            },
+            accept,
             redis,
             settings,
             db,
             registry,
             queue,
             writer: store_writer.clone(),
-            outbox,
             backpressure,
             admin,
             metrics,
-            idempotency_in_flight: Mutex::new(HashSet::new()),
         });
         Ok(Application {
             listener,

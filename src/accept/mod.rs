@@ -1,8 +1,519 @@
-//! The accept path: a send request becomes a durable message. Validation
-//! and the answer's shape are the API's; here the accepted messages are
-//! made durable through the store's one [`Writer`](crate::store::Writer)
-//! and, on SQS, handed to their lane through the [`outbox`].
+//! The accept path: a send request becomes a durable message, or a refusal
+//! that says why. One path for the single and the batch send:
+//!
+//! validate → idempotency (hold the key, replay a remembered answer) →
+//! prepare (id, status row, queue message, answer) → admit (the lane's
+//! high-water mark, then the tenant's rate and daily quota) → make durable
+//! through the store's one [`Writer`] (with the embedded queue's entry, or
+//! an outbox row on SQS) → on SQS, hand the message to its lane through
+//! the [`outbox`] → count it.
+//!
+//! A refusal after admission gives the tenant's quota back. HTTP stays in
+//! the API: it reads headers and bodies, calls [`Acceptor`], and writes
+//! answers and problems from what comes back ([`Sent`], [`Refused`]).
 
+mod idempotency;
 pub mod outbox;
+mod prepare;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use self::idempotency::{InFlightKey, InFlightKeys, remembered};
+pub use self::idempotency::{MAX_KEY_LEN, header_key, is_valid_key, request_hash};
+use self::outbox::{Outbox, Rejection};
+use self::prepare::{Handed, Prepared, prepare};
+use crate::limits::admission::TenantLimits;
+use crate::limits::backpressure::LaneBackpressure;
+use crate::limits::tenant::{Grant, RateInfo, Refusal};
+use crate::message::validate;
+use crate::metrics as names;
+use crate::model::{Channel, Lane, MessageStatus, Priority, TenantStatus, now_ms};
 pub use crate::store::{AcceptEntry, FailureStreak, NotDurable};
+use crate::store::{Db, Writer, idempotency as remembered_answers};
+use crate::tenants::Caller;
+
+/// Most messages in one batch.
+pub const MAX_BATCH: usize = 1000;
+
+/// The answer to an accepted send.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SendAccepted {
+    pub id: String,
+    /// `queued`, or `scheduled` with a `send_at` in the future.
+    pub status: MessageStatus,
+    pub channel: Channel,
+    pub lane: Lane,
+    pub priority: Priority,
+    /// RFC 3339: when a scheduled message is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_at: Option<String>,
+}
+
+/// Why a limit refused a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitReason {
+    Rate,
+    Quota,
+    Lane,
+}
+
+impl LimitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitReason::Rate => "rate",
+            LimitReason::Quota => "quota",
+            LimitReason::Lane => "lane",
+        }
+    }
+}
+
+/// Why a send was not accepted. Nothing of a refused message is durable.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// Field → what is wrong with it (422).
+    #[error("request body has invalid fields")]
+    Invalid(BTreeMap<String, String>),
+    /// A malformed `Idempotency-Key` header (400).
+    #[error("{0}")]
+    BadKey(String),
+    /// The tenant is disabled (403).
+    #[error("{0}")]
+    Disabled(String),
+    /// A request with the same key is still being answered (409).
+    #[error("{0}")]
+    KeyInFlight(String),
+    /// The key was used with another body (422).
+    #[error("{0}")]
+    KeyReused(String),
+    /// The message would not fit in the queue (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A limit refused it (429).
+    #[error("{detail}")]
+    Limited {
+        reason: LimitReason,
+        detail: String,
+        retry_after: Duration,
+        /// The tenant's rate figures, for a rate refusal.
+        rate: Option<RateInfo>,
+    },
+    /// It could not be made durable, or its queue did not take it (503).
+    #[error("{detail}")]
+    Unavailable {
+        detail: String,
+        retry_after: Duration,
+    },
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl Refused {
+    /// 422 naming `field`.
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        Refused::Invalid(BTreeMap::from([(field.to_owned(), message.into())]))
+    }
+}
+
+/// What a single send came to.
+#[derive(Debug)]
+pub enum Sent {
+    /// Durable (and, on SQS, in its lane): answer 202 with `body`.
+    Accepted {
+        id: String,
+        body: String,
+        rate: RateInfo,
+    },
+    /// The answer remembered for its `Idempotency-Key`.
+    Replayed {
+        id: String,
+        status: u16,
+        body: String,
+    },
+}
+
+/// One message of a batch, in the batch's order.
+#[derive(Debug)]
+pub enum BatchItem {
+    Accepted {
+        answer: SendAccepted,
+        /// The remembered answer to an earlier send with the item's key.
+        replayed: bool,
+    },
+    Refused(Refused),
+}
+
+/// What a batch came to: the answer's body, written by the caller's
+/// `render` from the items.
+#[derive(Debug)]
+pub enum BatchSent {
+    Answered(String),
+    /// The answer remembered for the batch's `Idempotency-Key`.
+    Replayed(String),
+}
+
+/// The accept path, with what it needs; one per instance.
+pub struct Acceptor {
+    db: Db,
+    writer: Writer,
+    /// SQS mode: sends what the writer committed to its lane.
+    outbox: Option<Arc<Outbox>>,
+    limits: TenantLimits,
+    backpressure: Arc<LaneBackpressure>,
+    in_flight: InFlightKeys,
+}
+
+impl Acceptor {
+    pub fn new(
+        db: Db,
+        writer: Writer,
+        outbox: Option<Arc<Outbox>>,
+        limits: TenantLimits,
+        backpressure: Arc<LaneBackpressure>,
+    ) -> Self {
+        Acceptor {
+            db,
+            writer,
+            outbox,
+            limits,
+            backpressure,
+            in_flight: InFlightKeys::default(),
+        }
+    }
+
+    /// 403 for a disabled tenant: its sends are refused until re-enabled.
+    pub fn refuse_disabled(caller: &Caller) -> Result<(), Refused> {
+        if caller.tenant.status == TenantStatus::Disabled {
+            return Err(Refused::Disabled(format!(
+                "Tenant {:?} is disabled; sends are refused until an admin re-enables it.",
+                caller.tenant.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Accepts one send request (`value`, the JSON body) for `caller`;
+    /// `key_header` is the `Idempotency-Key` header's text, if sent.
+    pub async fn send(
+        &self,
+        caller: &Caller,
+        value: &Value,
+        key_header: Option<&str>,
+    ) -> Result<Sent, Refused> {
+        let message = validate(value).map_err(Refused::Invalid)?;
+        let tenant_id = caller.tenant.id.as_str();
+        let mut remembered_as = None;
+        let _in_flight = match header_key(key_header)? {
+            None => None,
+            Some(key) => {
+                let hash = request_hash(value);
+                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
+                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                    return Ok(Sent::Replayed {
+                        id: stored.message_id,
+                        status: stored.status_code,
+                        body: stored.response_body,
+                    });
+                }
+                remembered_as = Some((key, hash));
+                Some(guard)
+            }
+        };
+        let prepared = prepare(caller, message, remembered_as)?;
+        let grant = self.admit(caller, prepared.lane).await?;
+        let (entry, handed) = prepared.into_parts(self.outbox.is_some());
+        if let Err(failed) = self.writer.accept(entry).await {
+            self.limits.release(tenant_id, &grant).await;
+            return Err(Refused::Unavailable {
+                detail: "The message could not be queued durably; nothing was accepted.".into(),
+                retry_after: failed.retry_after,
+            });
+        }
+        if let Err(refused) = self.hand_to_lane(&handed).await {
+            self.limits.release(tenant_id, &grant).await;
+            return Err(refused);
+        }
+        self.counted(&handed);
+        Ok(Sent::Accepted {
+            id: handed.id,
+            body: handed.answer_body,
+            rate: grant.info,
+        })
+    }
+
+    /// Accepts a batch (`value`, the JSON body: `{"messages": [...]}`):
+    /// each message validated, rate-limited and charged on its own, the
+    /// accepted ones made durable in one transaction. `render` writes the
+    /// answer's body from the items; with a batch key, the answer is
+    /// remembered with the batch (and corrected if a message's queue did
+    /// not take it).
+    pub async fn send_batch(
+        &self,
+        caller: &Caller,
+        value: &Value,
+        key_header: Option<&str>,
+        render: impl Fn(&[BatchItem]) -> anyhow::Result<String>,
+    ) -> Result<BatchSent, Refused> {
+        let items = batch_items(value)?;
+        let tenant_id = caller.tenant.id.as_str();
+        let mut batch_key = None;
+        let _batch_in_flight = match header_key(key_header)? {
+            None => None,
+            Some(key) => {
+                let hash = request_hash(value);
+                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
+                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                    return Ok(BatchSent::Replayed(stored.response_body));
+                }
+                batch_key = Some((key, hash));
+                Some(guard)
+            }
+        };
+
+        // Each item: validated, replayed, or admitted and prepared.
+        let mut results: Vec<BatchItem> = Vec::with_capacity(items.len());
+        let mut admitted = Vec::new();
+        let mut item_guards = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            match self.admit_item(caller, item).await {
+                Ok(Admitted::Replayed(answer)) => results.push(BatchItem::Accepted {
+                    answer,
+                    replayed: true,
+                }),
+                Ok(Admitted::Ready(prepared, grant, guard)) => {
+                    results.push(BatchItem::Accepted {
+                        answer: prepared.answer.clone(),
+                        replayed: false,
+                    });
+                    item_guards.extend(guard);
+                    admitted.push((index, *prepared, grant));
+                }
+                Err(refused) => results.push(refused_item(refused)),
+            }
+        }
+
+        // The answer as it will read if every admitted message is accepted;
+        // remembered under the batch's key in the same transaction.
+        let answer_body = render(&results)?;
+        let sqs = self.outbox.is_some();
+        let (mut entries, admitted): (Vec<AcceptEntry>, Vec<_>) = admitted
+            .into_iter()
+            .map(|(index, prepared, grant)| {
+                let (entry, handed) = prepared.into_parts(sqs);
+                (entry, (index, handed, grant))
+            })
+            .unzip();
+        if let (Some((key, request_hash)), Some(first)) = (batch_key.clone(), entries.first_mut()) {
+            first.idempotency.push(remembered_answers::StoredResponse {
+                tenant_id: tenant_id.to_owned(),
+                key,
+                request_hash,
+                status_code: 200,
+                response_body: answer_body,
+                message_id: first.record.id.clone(),
+                created_at: now_ms(),
+            });
+        }
+        if let Err(failed) = self.writer.accept_all(entries).await {
+            for (_, _, grant) in &admitted {
+                self.limits.release(tenant_id, grant).await;
+            }
+            return Err(Refused::Unavailable {
+                detail: "The batch could not be queued durably; nothing was accepted.".into(),
+                retry_after: failed.retry_after,
+            });
+        }
+
+        // SQS mode: each message to its lane; one SQS did not take is
+        // refused on its own (503), and the remembered answer is corrected.
+        // Polled together, so the outbox batcher coalesces them into batch
+        // calls.
+        let handed = futures_util::future::join_all(
+            admitted
+                .iter()
+                .map(|(_, handed, _)| self.hand_to_lane(handed)),
+        )
+        .await;
+        let mut corrected = false;
+        for ((index, message, grant), outcome) in admitted.iter().zip(handed) {
+            match outcome {
+                Ok(()) => self.counted(message),
+                Err(refused) => {
+                    self.limits.release(tenant_id, grant).await;
+                    results[*index] = refused_item(refused);
+                    corrected = true;
+                }
+            }
+        }
+        let body = render(&results)?;
+        if corrected && let Some((key, _)) = &batch_key {
+            remembered_answers::replace_answer(&self.db, tenant_id, key, &body).await?;
+        }
+        drop(item_guards);
+        Ok(BatchSent::Answered(body))
+    }
+
+    /// One item of a batch through the single send's checks, in its order.
+    async fn admit_item(&self, caller: &Caller, item: &Value) -> Result<Admitted, Refused> {
+        let tenant_id = caller.tenant.id.as_str();
+        let mut item = item.clone();
+        let key = match &mut item {
+            Value::Object(object) => match object.remove("idempotency_key") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(key)) if is_valid_key(&key) => Some(key),
+                Some(_) => {
+                    return Err(Refused::field(
+                        "idempotency_key",
+                        format!("must be 1-{MAX_KEY_LEN} visible ASCII characters"),
+                    ));
+                }
+            },
+            _ => None,
+        };
+        let message = validate(&item).map_err(Refused::Invalid)?;
+        let (remembered_as, guard) = match key {
+            None => (None, None),
+            Some(key) => {
+                let hash = request_hash(&item);
+                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
+                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                    let answer: SendAccepted =
+                        serde_json::from_str(&stored.response_body).map_err(anyhow::Error::from)?;
+                    return Ok(Admitted::Replayed(answer));
+                }
+                (Some((key, hash)), Some(guard))
+            }
+        };
+        let prepared = prepare(caller, message, remembered_as)?;
+        let grant = self.admit(caller, prepared.lane).await?;
+        Ok(Admitted::Ready(Box::new(prepared), grant, guard))
+    }
+
+    /// The lane's high-water mark and the tenant's rate and daily quota, in
+    /// that order: a refusal charges nothing.
+    async fn admit(&self, caller: &Caller, lane: Lane) -> Result<Grant, Refused> {
+        if let Err(full) = self.backpressure.check(lane) {
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "lane").increment(1);
+            return Err(Refused::Limited {
+                reason: LimitReason::Lane,
+                detail: format!(
+                    "Lane {} holds about {} messages, at or above its high-water mark of {}.",
+                    full.lane, full.depth, full.high_water_mark
+                ),
+                retry_after: full.retry_after,
+                rate: None,
+            });
+        }
+        match self.limits.admit(&caller.tenant.id, &caller.plan).await? {
+            Ok(grant) => Ok(grant),
+            Err(Refusal::Rate { retry_after, info }) => {
+                metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);
+                Err(Refused::Limited {
+                    reason: LimitReason::Rate,
+                    detail: format!(
+                        "Plan {:?} allows {} messages per second with bursts of {}.",
+                        caller.plan.name, caller.plan.rate_per_second, caller.plan.burst
+                    ),
+                    retry_after,
+                    rate: Some(info),
+                })
+            }
+            Err(Refusal::Quota { retry_after, quota }) => {
+                metrics::counter!(names::REJECTED_TOTAL, "reason" => "quota").increment(1);
+                Err(Refused::Limited {
+                    reason: LimitReason::Quota,
+                    detail: format!(
+                        "The daily quota of {quota} messages is used up; it renews at 00:00 UTC."
+                    ),
+                    retry_after,
+                    rate: None,
+                })
+            }
+        }
+    }
+
+    /// SQS mode: sends a committed message to its lane (a scheduled one
+    /// waits for the scheduler instead). A failed send is a 503 unless a
+    /// consumer already has the message (it reached SQS late): then it is
+    /// delivered.
+    async fn hand_to_lane(&self, handed: &Handed) -> Result<(), Refused> {
+        let (Some(outbox), Some(message)) = (&self.outbox, &handed.to_send) else {
+            return Ok(());
+        };
+        if let Err(failed) = outbox.send(handed.lane, message.clone()).await
+            && outbox
+                .reject(&handed.tenant_id, &handed.id, &failed.reason)
+                .await
+                == Rejection::Rejected
+        {
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
+            return Err(Refused::Unavailable {
+                detail: format!(
+                    "The queue did not take the message ({}); nothing was accepted.",
+                    failed.reason
+                ),
+                retry_after: failed.retry_after,
+            });
+        }
+        Ok(())
+    }
+
+    fn counted(&self, handed: &Handed) {
+        tracing::debug!(message_id = %handed.id, tenant = %handed.tenant_id, channel = handed.channel.as_str(), lane = handed.lane.as_str(), "Message accepted.");
+        self.backpressure.record_accepted(handed.lane, 1);
+        metrics::counter!(names::ACCEPTED_TOTAL, "lane" => handed.lane.as_str(), "channel" => handed.channel.as_str())
+            .increment(1);
+    }
+}
+
+/// A batch item past its checks.
+enum Admitted {
+    /// The stored answer to an earlier send with the item's key.
+    Replayed(SendAccepted),
+    /// To be made durable, with its limit grant and the hold on its key.
+    Ready(Box<Prepared>, Grant, Option<InFlightKey>),
+}
+
+/// A refused batch item; an internal failure is logged here, once.
+fn refused_item(refused: Refused) -> BatchItem {
+    if let Refused::Internal(err) = &refused {
+        tracing::error!(error = %format!("{err:#}"), "A batch item failed with an internal error.");
+    }
+    BatchItem::Refused(refused)
+}
+
+/// The `messages` of a batch body, or 422 naming what is wrong.
+fn batch_items(value: &Value) -> Result<&Vec<Value>, Refused> {
+    let Value::Object(object) = value else {
+        return Err(Refused::field(
+            "body",
+            "must be a JSON object with a `messages` list",
+        ));
+    };
+    if let Some(other) = object.keys().find(|key| key.as_str() != "messages") {
+        return Err(Refused::field(
+            other,
+            "unknown field; a batch has only `messages`",
+        ));
+    }
+    match object.get("messages") {
+        Some(Value::Array(items)) if items.is_empty() => {
+            Err(Refused::field("messages", "must hold at least one message"))
+        }
+        Some(Value::Array(items)) if items.len() > MAX_BATCH => Err(Refused::field(
+            "messages",
+            format!("must hold at most {MAX_BATCH} messages"),
+        )),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(Refused::field(
+            "messages",
+            "must be a list of send requests",
+        )),
+        None => Err(Refused::field("messages", "is required")),
+    }
+}

@@ -83,23 +83,7 @@ pub struct PayloadTooLarge(pub Problem);
 #[response(content_type = "application/problem+json")]
 pub struct UnsupportedMediaType(pub Problem);
 
-/// Why a request was refused because of a limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitReason {
-    Rate,
-    Quota,
-    Lane,
-}
-
-impl LimitReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LimitReason::Rate => "rate",
-            LimitReason::Quota => "quota",
-            LimitReason::Lane => "lane",
-        }
-    }
-}
+pub use crate::accept::LimitReason;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -288,5 +272,44 @@ impl From<RegistryError> for ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
         ApiError::Internal(err.into())
+    }
+}
+
+impl From<crate::accept::Refused> for ApiError {
+    fn from(refused: crate::accept::Refused) -> Self {
+        ApiError::from(&refused)
+    }
+}
+
+impl From<&crate::accept::Refused> for ApiError {
+    fn from(refused: &crate::accept::Refused) -> Self {
+        use crate::accept::Refused;
+        match refused {
+            Refused::Invalid(errors) => ApiError::Validation(errors.clone()),
+            Refused::BadKey(detail) => ApiError::BadRequest(detail.clone()),
+            Refused::Disabled(detail) => ApiError::Forbidden(detail.clone()),
+            Refused::KeyInFlight(detail) => ApiError::Conflict(detail.clone()),
+            Refused::KeyReused(detail) => ApiError::IdempotencyMismatch(detail.clone()),
+            Refused::TooLarge(detail) => ApiError::PayloadTooLarge(detail.clone()),
+            Refused::Limited {
+                reason,
+                detail,
+                retry_after,
+                rate,
+            } => ApiError::TooManyRequests {
+                reason: *reason,
+                detail: detail.clone(),
+                retry_after: *retry_after,
+                rate: *rate,
+            },
+            Refused::Unavailable {
+                detail,
+                retry_after,
+            } => ApiError::Unavailable {
+                detail: detail.clone(),
+                retry_after: *retry_after,
+            },
+            Refused::Internal(err) => ApiError::Internal(anyhow::anyhow!("{err:#}")),
+        }
     }
 }

@@ -13,9 +13,8 @@ pub mod suppressions;
 pub mod tenant_queue;
 pub mod webhooks;
 
-use std::collections::HashSet;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -33,7 +32,6 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::api::auth::AdminAuth;
 use crate::config::Settings;
-use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::LaneBackpressure;
 use crate::queue::LaneQueue;
 use crate::store::Db;
@@ -50,18 +48,14 @@ pub struct AppInner {
     pub registry: Arc<Registry>,
     pub queue: Arc<dyn LaneQueue>,
     pub writer: crate::store::Writer,
-    /// SQS mode: sends what the writer committed to the outbox.
-    pub outbox: Option<Arc<crate::accept::outbox::Outbox>>,
-    pub limits: TenantLimits,
+    /// The accept path of the single and the batch send.
+    pub accept: crate::accept::Acceptor,
     /// `limits.backend = "redis"`: the connection, for `/readyz`.
     pub redis: Option<Arc<crate::limits::redis::RedisLimits>>,
     pub backpressure: Arc<LaneBackpressure>,
     pub admin: AdminAuth,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// `(tenant, Idempotency-Key)` pairs whose first request is still being
-    /// answered; a duplicate meanwhile gets 409.
-    pub idempotency_in_flight: Mutex<HashSet<(String, String)>>,
 }
 
 impl AppState {

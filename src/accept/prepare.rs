@@ -1,0 +1,149 @@
+//! A validated message made ready for the store: its id, status row,
+//! queue message (the delivery payload) and the answer it will get, built
+//! once and shared by the single and the batch send.
+
+use serde_json::Value;
+
+use super::{Refused, SendAccepted};
+use crate::message::{DeliveryPayload, MAX_PAYLOAD_BYTES, NewMessage, OutboundMessage};
+use crate::model::{Channel, Lane, MessageStatus, ms_to_rfc3339, now_ms};
+use crate::store::AcceptEntry;
+use crate::store::idempotency::StoredResponse;
+use crate::store::messages::MessageRecord;
+use crate::tenants::Caller;
+
+/// One validated message on its way in: its entry for the store and the
+/// answer it gets once durable.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) id: String,
+    pub(crate) lane: Lane,
+    pub(crate) channel: Channel,
+    /// Due later: the SQS backend's scheduler (not the request) sends it.
+    pub(crate) scheduled: bool,
+    pub(crate) answer: SendAccepted,
+    pub(crate) answer_body: String,
+    pub(crate) entry: AcceptEntry,
+}
+
+/// What is left of a [`Prepared`] message once its entry went to the store:
+/// enough to hand it to its lane and answer.
+#[derive(Debug)]
+pub(crate) struct Handed {
+    pub(crate) id: String,
+    pub(crate) tenant_id: String,
+    pub(crate) lane: Lane,
+    pub(crate) channel: Channel,
+    pub(crate) answer_body: String,
+    /// SQS mode, not scheduled: the message for the request to send now.
+    pub(crate) to_send: Option<OutboundMessage>,
+}
+
+impl Prepared {
+    /// Splits off the store entry; the queue message is copied only where
+    /// the request itself sends it (SQS mode, not scheduled).
+    pub(crate) fn into_parts(self, sqs: bool) -> (AcceptEntry, Handed) {
+        let to_send = (sqs && !self.scheduled).then(|| self.entry.outbound.clone());
+        let handed = Handed {
+            id: self.id,
+            tenant_id: self.entry.record.tenant_id.clone(),
+            lane: self.lane,
+            channel: self.channel,
+            answer_body: self.answer_body,
+            to_send,
+        };
+        (self.entry, handed)
+    }
+}
+
+/// Builds the store entry and the answer of a validated message;
+/// `remembered` is its `(Idempotency-Key, request hash)`.
+pub(crate) fn prepare(
+    caller: &Caller,
+    message: NewMessage,
+    remembered: Option<(String, String)>,
+) -> Result<Prepared, Refused> {
+    let tenant_id = caller.tenant.id.as_str();
+    let lane = caller.plan.lane;
+    let id = uuid::Uuid::now_v7().to_string();
+    let now = now_ms();
+    let payload = DeliveryPayload {
+        id: id.clone(),
+        tenant_id: tenant_id.to_owned(),
+        channel: message.channel,
+        to: message.to,
+        subject: message.subject,
+        text: message.text,
+        html: message.html,
+        priority: message.priority,
+        reference: message.reference.clone(),
+    };
+    let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
+    if body.len() > MAX_PAYLOAD_BYTES {
+        return Err(Refused::TooLarge(format!(
+            "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
+            body.len()
+        )));
+    }
+    let status = match message.send_at {
+        Some(_) => MessageStatus::Scheduled,
+        None => MessageStatus::Queued,
+    };
+    let answer = SendAccepted {
+        id: id.clone(),
+        status,
+        channel: message.channel,
+        lane,
+        priority: message.priority,
+        send_at: message.send_at.map(ms_to_rfc3339),
+    };
+    let answer_body = serde_json::to_string(&answer).map_err(anyhow::Error::from)?;
+    let delay = message.send_at.map_or(0, |at| (at - now).max(0) as u64);
+    let entry = AcceptEntry {
+        lane,
+        record: MessageRecord {
+            id: id.clone(),
+            tenant_id: tenant_id.to_owned(),
+            channel: message.channel,
+            status,
+            priority: message.priority,
+            lane,
+            attempts: 0,
+            reference: message.reference,
+            metadata: message.metadata.map(|m| Value::Object(m).to_string()),
+            created_at: now,
+            updated_at: now,
+            sent_at: None,
+            last_error: None,
+            provider_message_id: None,
+            send_at: message.send_at,
+        },
+        outbound: OutboundMessage {
+            message_id: id.clone(),
+            tenant_id: tenant_id.to_owned(),
+            channel: message.channel,
+            priority: message.priority,
+            body,
+            // The embedded queue holds a scheduled message as a delayed one.
+            delay: std::time::Duration::from_millis(delay),
+        },
+        idempotency: Vec::from_iter(remembered.map(|(key, request_hash)| StoredResponse {
+            tenant_id: tenant_id.to_owned(),
+            key,
+            request_hash,
+            status_code: 202,
+            response_body: answer_body.clone(),
+            message_id: id.clone(),
+            created_at: now,
+        })),
+    };
+    Ok(Prepared {
+        id,
+        lane,
+        channel: message.channel,
+        scheduled: message.send_at.is_some(),
+        answer,
+        answer_body,
+        entry,
+    })
+}
