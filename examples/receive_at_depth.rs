@@ -16,7 +16,7 @@ use fairlane::model::{Channel, Lane, Priority};
 use fairlane::queue::embedded::EmbeddedQueue;
 use fairlane::queue::{LaneQueue, OutboundMessage};
 use fairlane::store::SqliteDb;
-use fairlane::store::writer::StoreWriter;
+use fairlane::store::sqlite::writer::StoreWriter;
 
 async fn measure(rows: usize, tenants: usize) -> anyhow::Result<(Duration, Duration)> {
     let dir = tempfile::tempdir()?;

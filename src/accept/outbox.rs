@@ -385,7 +385,8 @@ mod tests {
             let lanes = crate::config::Settings::from_toml_overlay("")
                 .unwrap()
                 .lanes;
-            let (writer, _done) = crate::store::writer::StoreWriter::spawn(&sqlite, 64).unwrap();
+            let (writer, _done) =
+                crate::store::sqlite::writer::StoreWriter::spawn(&sqlite, 64).unwrap();
             let queue: Arc<dyn crate::queue::LaneQueue> = Arc::new(
                 crate::queue::embedded::EmbeddedQueue::open(sqlite.clone(), lanes, writer)
                     .await

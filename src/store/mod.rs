@@ -32,7 +32,7 @@ pub mod suppressions;
 pub mod webhooks;
 
 pub use hot::Writer;
-pub use sqlite::{SqliteDb, writer};
+pub use sqlite::SqliteDb;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
 pub use streak::{FailureStreak, WriteFailed};
 
