@@ -8,7 +8,7 @@
 #
 # Needs: wrk, the PostgreSQL and Redis of this machine (127.0.0.1:5432 user
 # root, 127.0.0.1:6379), and moto (FAIRLANE_BENCH_SQS_URL, or the venv that
-# .ci/run installs in ~/.cache/fairlane-moto-venv, started here on a free
+# `cargo test` makes in ~/.cache/fairlane-test-venv, started here on a free
 # port and stopped by its PID at the end). Each configuration gets a fresh
 # database (or file), queue prefix and Redis prefix.
 #
@@ -50,7 +50,7 @@ trap cleanup EXIT
 sqs=${FAIRLANE_BENCH_SQS_URL:-}
 if [ -z "$sqs" ]; then
   moto_port=$(free_port)
-  "$HOME/.cache/fairlane-moto-venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
+  "${XDG_CACHE_HOME:-$HOME/.cache}/fairlane-test-venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
   moto_pid=$!
   sqs="http://127.0.0.1:$moto_port"
   for _ in $(seq 100); do curl -sf "$sqs/moto-api/" >/dev/null 2>&1 && break; sleep 0.2; done

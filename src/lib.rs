@@ -20,3 +20,9 @@ pub mod store;
 pub mod telemetry;
 pub mod tenants;
 pub mod webhooks;
+
+/// The servers the unit tests need (moto, Redis, PostgreSQL), shared with
+/// the integration tests.
+#[cfg(test)]
+#[path = "../tests/servers/mod.rs"]
+mod test_servers;

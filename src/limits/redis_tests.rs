@@ -2,8 +2,8 @@
 //! `RedisLimits`, two `TenantLimits`, two `ProviderGate`s) sharing one key
 //! prefix, and outages of a Redis server the test starts and kills itself.
 //!
-//! The shared Redis comes from `FAIRLANE_TEST_REDIS_URL` (default
-//! `redis://127.0.0.1:6379`); outage tests start `redis-server` (or
+//! The shared Redis comes from `crate::test_servers` (`FAIRLANE_TEST_REDIS_URL`,
+//! else 6379, else one it starts); outage tests start `redis-server` (or
 //! `FAIRLANE_TEST_REDIS_SERVER`) on a free port and stop it by its PID.
 //! Without either, the tests fail saying so. Each test uses a random key
 //! prefix and deletes its keys at the end.
@@ -31,7 +31,7 @@ use crate::tenants::Plan;
 const CALL_TIMEOUT: Duration = Duration::from_millis(250);
 
 fn shared_redis_url() -> String {
-    std::env::var("FAIRLANE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    crate::test_servers::redis_url()
 }
 
 fn plan(rate_per_second: f64, burst: u32, daily_quota: u64) -> Plan {

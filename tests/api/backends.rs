@@ -1,9 +1,7 @@
 //! The delivery flows, run once on each queue backend: the embedded queue
-//! and SQS (moto's server at `FAIRLANE_TEST_SQS_URL`). Email goes through
-//! SES on moto and is read back from moto's recorded sends; SMS goes to
-//! wiremock. Without `FAIRLANE_TEST_SQS_URL` the SQS runs (and the email
-//! runs, which need moto's SES) print why they are skipped and pass;
-//! `.ci/run` always sets it.
+//! and SQS (moto: `FAIRLANE_TEST_SQS_URL`, or one the test support starts).
+//! Email goes through SES on moto and is read back from moto's recorded
+//! sends; SMS goes to wiremock.
 
 use std::time::Duration;
 
@@ -24,15 +22,10 @@ pub enum Backend {
     Sqs,
 }
 
-/// moto's base URL; `test` fails with a clear message without one, rather
-/// than passing unrun.
-pub fn moto_url(test: &str) -> Option<String> {
-    match std::env::var("FAIRLANE_TEST_SQS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => panic!(
-            "{test}: FAIRLANE_TEST_SQS_URL is not set: start moto_server and point it there, or run .ci/run"
-        ),
-    }
+/// moto's base URL: `FAIRLANE_TEST_SQS_URL`, or a moto the test support
+/// starts (see `tests/servers`).
+pub fn moto_url() -> String {
+    crate::servers::sqs_url()
 }
 
 /// A queue prefix no other test uses on the shared moto server.
@@ -94,12 +87,12 @@ struct Flow {
 }
 
 impl Flow {
-    /// `None` when the run is skipped (printed). `needs_ses`: the flow sends
-    /// email, which needs moto's SES whatever the queue backend.
-    async fn start(backend: Backend, test: &str, needs_ses: bool, extra: &str) -> Option<Flow> {
+    /// `needs_ses`: the flow sends email, which needs moto's SES whatever
+    /// the queue backend.
+    async fn start(backend: Backend, needs_ses: bool, extra: &str) -> Flow {
         let moto = match (backend, needs_ses) {
             (Backend::Embedded, false) => None,
-            _ => Some(moto_url(&format!("{test} ({backend:?})"))?),
+            _ => Some(moto_url()),
         };
         let sms_api = MockServer::start().await;
         let ses_endpoint = match &moto {
@@ -115,7 +108,7 @@ impl Flow {
         };
         let settings = delivery_settings(&sms_api.uri(), &ses_endpoint, &format!("{queue}{extra}"));
         let app = TestApp::start(&settings).await;
-        Some(Flow { app, sms_api })
+        Flow { app, sms_api }
     }
 
     async fn dead_letter_ids(&self) -> Vec<String> {
@@ -161,10 +154,8 @@ on_both_backends!(
 );
 
 async fn an_email_goes_through_ses_and_ends_sent(backend: Backend) {
-    let Some(flow) = Flow::start(backend, "email flow", true, "").await else {
-        return;
-    };
-    let moto = moto_url("email flow").expect("checked by Flow::start");
+    let flow = Flow::start(backend, true, "").await;
+    let moto = moto_url();
     let key = flow.app.tenant_with_key("acme", "pro").await;
     let subject = format!("Receipt {}", uuid::Uuid::new_v4());
     let id = flow
@@ -189,9 +180,7 @@ async fn an_email_goes_through_ses_and_ends_sent(backend: Backend) {
 }
 
 async fn an_sms_goes_through_the_sms_api_and_ends_sent(backend: Backend) {
-    let Some(flow) = Flow::start(backend, "sms flow", false, "").await else {
-        return;
-    };
+    let flow = Flow::start(backend, false, "").await;
     mock_sms_ok(&flow.sms_api, "SM-FLOW").await;
     let key = flow.app.tenant_with_key("acme", "pro").await;
     let text = format!(
@@ -213,9 +202,7 @@ async fn an_sms_goes_through_the_sms_api_and_ends_sent(backend: Backend) {
 }
 
 async fn a_5xx_dead_letters_after_retries_and_redrive_delivers_it(backend: Backend) {
-    let Some(flow) = Flow::start(backend, "5xx flow", false, "").await else {
-        return;
-    };
+    let flow = Flow::start(backend, false, "").await;
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
         .respond_with(ResponseTemplate::new(503))
@@ -270,9 +257,7 @@ async fn a_paused_tenant_is_held_past_max_receive_count_without_dead_lettering(b
     // Held messages come back every second; two receives would dead-letter
     // a message that was not deferred properly.
     let extra = "[lanes.fast]\nmax_receive_count = 2\n";
-    let Some(flow) = Flow::start(backend, "paused flow", false, extra).await else {
-        return;
-    };
+    let flow = Flow::start(backend, false, extra).await;
     mock_sms_ok(&flow.sms_api, "SM-HELD").await;
     let key = flow.app.tenant_with_key("acme", "pro").await;
     flow.app

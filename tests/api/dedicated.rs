@@ -26,7 +26,7 @@ fn settings(sms_base: &str, backend: Backend) -> String {
     let queue = match backend {
         Backend::Embedded => String::new(),
         Backend::Sqs => sqs_settings(
-            &moto_url("dedicated queues on SQS").expect("moto_url panics when unset"),
+            &moto_url(),
             "ded",
             // A busy two-core machine must not turn a slow send into a 503:
             // moto takes 10 to 11 s for the first 500-message batch to a
@@ -470,7 +470,7 @@ fn sqs_calls(app: &TestApp) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sqs_a_thousand_idle_dedicated_tenants_cost_only_the_attention_long_polls() {
-    let moto = moto_url("idle dedicated tenants").expect("moto_url panics when unset");
+    let moto = moto_url();
     let sms_api = MockServer::start().await;
     mock_sms_ok(&sms_api, "SM1").await;
     let queue = sqs_settings(&moto, "idle-ded", "stats_interval_secs = 60");

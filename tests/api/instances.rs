@@ -5,14 +5,12 @@
 //! killing one instance loses no accepted message, and Redis going away turns
 //! into local shares, not errors.
 //!
-//! Needs PostgreSQL (`FAIRLANE_TEST_PG_URL`, default
-//! `postgres://root@127.0.0.1:5432/postgres`: each test creates a database of
-//! its own there and drops it at the end, or keeps it when the test fails and
-//! `FAIRLANE_TEST_KEEP_DB` is set), Redis (`FAIRLANE_TEST_REDIS_URL`,
-//! default `redis://127.0.0.1:6379`: a random key prefix, deleted at the end)
-//! and moto (`FAIRLANE_TEST_SQS_URL`: a random queue prefix). Without any of
-//! them the tests fail saying so. The Redis outage test starts a
-//! `redis-server` of its own on a free port and kills only that.
+//! Needs PostgreSQL (each test creates a database of its own there and drops
+//! it at the end, or keeps it when the test fails and `FAIRLANE_TEST_KEEP_DB`
+//! is set), Redis (a random key prefix, deleted at the end) and moto (a
+//! random queue prefix), found or started by `tests/servers`. The Redis
+//! outage test starts a `redis-server` of its own on a free port and kills
+//! only that.
 //!
 //! The SMS provider is a small Twilio-compatible server in the test that
 //! records when each call arrived and what it carried; every message text
@@ -66,19 +64,8 @@ const PROPAGATION: Duration = Duration::from_secs(1);
 // The services the cluster shares.
 // ---------------------------------------------------------------------------
 
-/// moto's base URL; fails the test when none is configured.
-fn required_moto() -> String {
-    match std::env::var("FAIRLANE_TEST_SQS_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => panic!(
-            "FAIRLANE_TEST_SQS_URL is not set: the several-instances tests need moto's SQS; \
-             start `moto_server -H 127.0.0.1 -p PORT` and point the variable at it (see .ci/run)"
-        ),
-    }
-}
-
 fn default_redis_url() -> String {
-    std::env::var("FAIRLANE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    crate::servers::redis_url()
 }
 
 /// A random key prefix on a Redis; its keys are deleted on drop.
@@ -558,7 +545,7 @@ impl Cluster {
     }
 
     async fn start_with_redis(redis_url: &str) -> Cluster {
-        let moto = required_moto();
+        let moto = crate::backends::moto_url();
         let prefix = crate::backends::unique_prefix("inst");
         let redis = RedisKeys::new(redis_url, &prefix);
         let db = TestDatabase::create().await;

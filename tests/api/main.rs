@@ -24,6 +24,8 @@ mod receipts;
 mod redis_limits;
 mod restart;
 mod scheduled;
+#[path = "../servers/mod.rs"]
+mod servers;
 mod shutdown;
 mod slow_clients;
 mod sqs;

@@ -2,9 +2,9 @@
 //! with the local backend (status, problem type, Retry-After and the
 //! `RateLimit-*` headers), and switching backends keeps its day's count.
 //!
-//! Needs a Redis at `FAIRLANE_TEST_REDIS_URL` (default
-//! `redis://127.0.0.1:6379`); without one the tests fail saying so. Each test
-//! uses a random key prefix and deletes its keys at the end.
+//! Needs a Redis (`FAIRLANE_TEST_REDIS_URL`, else 6379, else one
+//! `tests/servers` starts). Each test uses a random key prefix and deletes
+//! its keys at the end.
 
 use reqwest::StatusCode;
 
@@ -20,7 +20,7 @@ const CAPPED_PLAN: &str = "[plans.capped]\nlane = \"fast\"\nrate_per_second = 0.
                            burst = 10\ndaily_quota = 3\nmax_in_flight = 1\n";
 
 fn redis_url() -> String {
-    std::env::var("FAIRLANE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    crate::servers::redis_url()
 }
 
 /// A random key prefix on the test Redis; its keys are deleted on drop.

@@ -278,9 +278,7 @@ on_both_stores! {
     /// On SQS (the only queue of the PostgreSQL store) a scheduled message
     /// waits in the outbox and the scheduler puts it on its lane when due.
     async fn a_scheduled_message_on_sqs_is_sent_once_due_and_a_cancelled_one_is_not() {
-        let Some(moto) = moto_url("scheduled sends on SQS") else {
-            return;
-        };
+        let moto = moto_url();
         let sms_api = MockServer::start().await;
         mock_sms_ok(&sms_api, "SM-SQS-LATER").await;
         // A PostgreSQL app is on SQS already; a SQLite one is moved there.

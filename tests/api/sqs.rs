@@ -1,4 +1,4 @@
-//! SQS mode only, against moto's server (`FAIRLANE_TEST_SQS_URL`): what SQS
+//! SQS mode only, against moto (see `tests/servers`): what SQS
 //! costs per message, what an idle lane costs, the 503 when SQS does not
 //! take a message, and the outbox sweeper after a crash between the status
 //! write and the send. Failures are injected by a small HTTP proxy between
@@ -139,9 +139,7 @@ fn api_calls(app: &TestApp) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_messages_from_concurrent_clients_cost_at_most_0_35_sqs_calls_each() {
-    let Some(moto) = moto_url("SQS calls per message") else {
-        return;
-    };
+    let moto = moto_url();
     let sms_api = MockServer::start().await;
     mock_sms_ok(&sms_api, "SM-COST").await;
     let queue = sqs_settings(
@@ -222,9 +220,7 @@ async fn two_hundred_messages_from_concurrent_clients_cost_at_most_0_35_sqs_call
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_lane_waits_in_long_polls_instead_of_calling_sqs_again_and_again() {
-    let Some(moto) = moto_url("idle SQS lane") else {
-        return;
-    };
+    let moto = moto_url();
     let queue = sqs_settings(&moto, "idle", "stats_interval_secs = 60");
     let app = TestApp::start_custom(
         &format!("[consumers]\nenabled = true\nreceive_wait_secs = 20\n\n{queue}"),
@@ -244,9 +240,7 @@ async fn an_idle_lane_waits_in_long_polls_instead_of_calling_sqs_again_and_again
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_sqs_does_not_take_answers_503_and_the_message_is_marked_rejected() {
-    let Some(moto) = moto_url("SQS send failure") else {
-        return;
-    };
+    let moto = moto_url();
     let proxy = SqsProxy::start(&moto).await;
     let app = TestApp::start(&sqs_settings(&proxy.url, "reject", "")).await;
     let key = app.tenant_with_key("acme", "pro").await;
@@ -311,9 +305,7 @@ fn start_binary(config: &std::path::Path, log: &std::path::Path) -> ChildGuard {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once() {
-    let Some(moto) = moto_url("outbox sweeper") else {
-        return;
-    };
+    let moto = moto_url();
     let proxy = SqsProxy::start(&moto).await;
     let sms_api = MockServer::start().await;
     mock_sms_ok(&sms_api, "SM-SWEPT").await;
@@ -420,9 +412,7 @@ async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_sqs_never_answers_is_a_503_once_send_timeout_passes() {
-    let Some(moto) = moto_url("SQS send that hangs") else {
-        return;
-    };
+    let moto = moto_url();
     let proxy = SqsProxy::start(&moto).await;
     let app = TestApp::start(&sqs_settings(&proxy.url, "hang", "send_timeout_ms = 800")).await;
     let key = app.tenant_with_key("acme", "pro").await;
@@ -445,17 +435,6 @@ async fn a_send_sqs_never_answers_is_a_503_once_send_timeout_passes() {
 }
 
 // Priority and fairness on SQS (one queue per priority class per lane).
-// These fail, rather than skip, without a local SQS server.
-
-/// moto's base URL; fails the test when none is configured.
-fn required_moto() -> String {
-    match std::env::var("FAIRLANE_TEST_SQS_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => panic!(
-            "FAIRLANE_TEST_SQS_URL is not set: start moto_server (see .ci/run) and point it there"
-        ),
-    }
-}
 
 /// The SMS provider's gate in the priority tests: slow enough that a
 /// backlog builds up in the queue.
@@ -464,7 +443,7 @@ const GATE_PER_SECOND: f64 = 20.0;
 /// An app on SQS (moto) delivering SMS to `sms_api` through a gate of
 /// [`GATE_PER_SECOND`], with 20 s receives as in production.
 async fn gated_sqs_app(sms_api: &MockServer, tag: &str) -> TestApp {
-    let queue = sqs_settings(&required_moto(), tag, "batch_window_ms = 10");
+    let queue = sqs_settings(&moto_url(), tag, "batch_window_ms = 10");
     TestApp::start_custom(
         &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue),
         |settings| {
@@ -715,7 +694,7 @@ async fn on_sqs_a_quiet_tenant_is_delivered_promptly_beside_a_noisy_tenants_back
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sqs_the_lanes_share_setting_gives_lows_their_share_of_receives_under_a_flood_of_highs()
 {
-    let app = TestApp::start_custom(&sqs_settings(&required_moto(), "share", ""), |settings| {
+    let app = TestApp::start_custom(&sqs_settings(&moto_url(), "share", ""), |settings| {
         settings.lanes.fast.low_priority_share = 0.2
     })
     .await;

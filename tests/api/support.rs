@@ -112,8 +112,7 @@ impl TestApp {
             Store::Sqlite => (settings_for(dir.path(), extra), None),
             Store::Postgres => {
                 let database = TestDatabase::create().await;
-                let moto = crate::backends::moto_url("a test on the PostgreSQL store")
-                    .expect("moto_url fails rather than skipping");
+                let moto = crate::backends::moto_url();
                 let queue = crate::backends::sqs_settings(&moto, "pg", "");
                 let mut settings = settings_for(dir.path(), &format!("{queue}\n{extra}"));
                 settings.storage.url = database.url.clone();
@@ -485,9 +484,9 @@ pub async fn wait_until_the_fast_lane_is_empty(app: &TestApp) {
 
 // ----- PostgreSQL -----
 
+/// The test PostgreSQL server (see `tests/servers`).
 pub fn pg_server_url() -> String {
-    std::env::var("FAIRLANE_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into())
+    crate::servers::pg_url()
 }
 
 /// `server` (a PostgreSQL URL naming any database) with the database

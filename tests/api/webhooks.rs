@@ -19,14 +19,9 @@ use crate::support::{TestApp, expect_field_error, expect_json, on_both_stores, s
 /// Fast retries and polls so the tests run in seconds.
 const FAST_WEBHOOKS: &str = "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 200\nretry_max_secs = 1\ntimeout_ms = 2000\n";
 
-/// The Python with `standardwebhooks` that `.ci/run` provides.
+/// A Python with `standardwebhooks` (see `tests/servers`).
 fn verifier_python() -> String {
-    match std::env::var("FAIRLANE_TEST_PYTHON") {
-        Ok(python) if !python.is_empty() => python,
-        _ => panic!(
-            "FAIRLANE_TEST_PYTHON is not set: point it at a Python with the `standardwebhooks` package (pip install standardwebhooks==1.1.0), or run .ci/run"
-        ),
-    }
+    crate::servers::python()
 }
 
 /// Checks every recorded call's signature with the reference library.

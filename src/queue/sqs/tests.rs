@@ -1,5 +1,5 @@
 //! Tests against a local SQS-compatible server (moto) at
-//! `FAIRLANE_TEST_SQS_URL`.
+//! `FAIRLANE_TEST_SQS_URL`, or one `crate::test_servers` starts.
 
 use super::batch::{chunks, entry_results};
 use super::lanes::{MAX_RETENTION_SECS, queue_url};
@@ -20,12 +20,7 @@ fn server_url() -> Option<String> {
 /// The local server for tests that must not be skipped: a clear failure
 /// without one.
 fn required_server_url() -> String {
-    match std::env::var("FAIRLANE_TEST_SQS_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => panic!(
-            "FAIRLANE_TEST_SQS_URL is not set: start moto_server (see .ci/run) and point it there"
-        ),
-    }
+    crate::test_servers::sqs_url()
 }
 
 /// A client for a local server: static credentials, one attempt per
@@ -336,11 +331,12 @@ async fn existing_queues_are_found_when_creation_is_off() {
 
 #[tokio::test]
 async fn connect_uses_the_standard_credential_chain_and_the_endpoint_override() {
+    // The chain's variables are set for a run of this test in a child process.
+    let name = "connect_uses_the_standard_credential_chain_and_the_endpoint_override";
+    if !crate::test_servers::in_child_with_aws_env(module_path!(), name) {
+        return;
+    }
     let Some(url) = server_url() else { return };
-    assert!(
-        std::env::var_os("AWS_ACCESS_KEY_ID").is_some(),
-        "AWS_ACCESS_KEY_ID is not set: this test reads the standard credential chain (any value works with moto; .ci/run sets it)"
-    );
     let settings = settings(&url, &unique_prefix(), true, 5);
     let queue = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
         .await

@@ -1,5 +1,5 @@
-//! Against the PostgreSQL of this machine (`FAIRLANE_TEST_PG_URL`,
-//! default `postgres://root@127.0.0.1:5432/postgres`): each test makes a
+//! Against the PostgreSQL `crate::test_servers` finds or starts
+//! (`FAIRLANE_TEST_PG_URL`, default 5432): each test makes a
 //! database of its own and drops it at the end, even when it fails.
 
 use std::sync::Arc;
@@ -23,8 +23,7 @@ pub(crate) struct TestDatabase {
 
 impl TestDatabase {
     pub(crate) async fn create() -> TestDatabase {
-        let server = std::env::var("FAIRLANE_TEST_PG_URL")
-            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".into());
+        let server = crate::test_servers::pg_url();
         let mut admin = PgConnection::connect(&server).await.unwrap_or_else(|err| {
             panic!(
                 "no PostgreSQL answers at {server} (FAIRLANE_TEST_PG_URL): these tests need a real \

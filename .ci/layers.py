@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Checks the layering rules of README.md ("Layers, and the rules that keep
+them") against the code: every `crate::X` path in non-test code of `src/`
+is an edge from the file's top-level module to X. Fails on an import cycle
+between top-level modules, on an edge a rule forbids, on SQL outside
+src/store/ and src/queue/embedded/, and on a match of the store's backend
+outside src/store/. Standard library only: `python3 .ci/layers.py`."""
+
+import pathlib
+import re
+import sys
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+
+# (from, to) pairs that must not exist; "queue.embedded" is the embedded
+# queue's folder, which may use the store's SQLite writer.
+FORBIDDEN = {
+    "store": {"api", "accept", "queue", "consumer", "scheduler", "receipts", "webhooks", "tenants", "limits", "providers", "app"},
+    "providers": {"queue", "store"},
+    "queue": {"api", "consumer"},
+    "consumer": {"api"},
+    "message": {"store", "api"},
+    "model": {"store", "api"},
+    "config": {"tenants", "store", "limits", "api", "accept", "queue", "consumer", "providers"},
+    "limits": {"store"},
+    "webhooks": {"api"},
+}
+SQL = re.compile(r'"[^"\n]*\b(SELECT\s|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE (TABLE|INDEX))')
+BACKEND = re.compile(r"\bDb::(Sqlite|Postgres)\b")
+PATH = re.compile(r"\bcrate::([a-z_]+)")
+
+
+def code_of(path):
+    """The file's non-test code, comments dropped."""
+    if path.name in ("tests.rs",) or path.name.endswith("_tests.rs") or "test_servers" in path.parts:
+        return ""
+    text = path.read_text()
+    cut = text.find("#[cfg(test)]\nmod tests")
+    if cut < 0:
+        cut = text.find("#[cfg(test)]\npub(crate) mod tests")
+    if cut >= 0:
+        text = text[:cut]
+    return "\n".join(line.split("//")[0] for line in text.splitlines())
+
+
+def module_of(path):
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".rs")
+
+
+def main():
+    edges = {}
+    problems = []
+    for path in sorted(SRC.rglob("*.rs")):
+        rel = path.relative_to(SRC).as_posix()
+        code = code_of(path)
+        if not code:
+            continue
+        here = module_of(path)
+        for target in set(PATH.findall(code)):
+            if target != here and target not in ("lib", "main"):
+                edges.setdefault(here, set()).add(target)
+        if SQL.search(code) and not (rel.startswith("store/") or rel.startswith("queue/embedded/")):
+            problems.append(f"SQL outside store/ and queue/embedded/: src/{rel}")
+        if BACKEND.search(code) and not rel.startswith("store/"):
+            problems.append(f"the store's backend matched outside store/: src/{rel}")
+    for source, targets in FORBIDDEN.items():
+        for target in sorted(edges.get(source, set()) & targets):
+            problems.append(f"{source} must not reach {target}")
+    # Cycles between top-level modules (depth-first search).
+    state = {}
+    stack = []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                problems.append("import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    for problem in problems:
+        print(problem)
+    print(f"layers: {len(edges)} modules, {sum(len(t) for t in edges.values())} edges, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
