@@ -183,6 +183,21 @@ pub fn ms_to_rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// A plan: which lane a tenant's messages take and how much it may send.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Plan {
+    pub name: String,
+    pub lane: Lane,
+    /// Sustained sends per second.
+    pub rate_per_second: f64,
+    /// Sends allowed at once after idle.
+    pub burst: u32,
+    /// Sends allowed per UTC day.
+    pub daily_quota: u64,
+    /// Messages of one tenant a lane consumer works on at once.
+    pub max_in_flight: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 use sqlx::postgres::PgListener;
 
 use super::{Db, on_pool};
-use crate::model::{Isolation, Lane, TenantStatus};
+use crate::model::{Isolation, Plan, TenantStatus};
 
 /// The channel registry changes are announced on.
 const REGISTRY_CHANNEL: &str = "fairlane_registry";
@@ -24,15 +24,12 @@ pub struct RegistryRows {
     pub keys: Vec<KeyTuple>,
 }
 
-/// A plan's figures, as written.
-#[derive(Debug, Clone)]
-pub struct PlanRow {
-    pub name: String,
-    pub lane: Lane,
-    pub rate_per_second: f64,
-    pub burst: u32,
-    pub daily_quota: u64,
-    pub max_in_flight: u32,
+/// Who wrote a plan: the configuration seeds its plans at start-up until
+/// an admin changes one; from then on the admin's figures stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanSource {
+    Config,
+    Admin,
 }
 
 /// A new tenant.
@@ -104,51 +101,37 @@ pub async fn read_all(db: &Db) -> anyhow::Result<RegistryRows> {
     })
 }
 
-/// Writes a configured plan, unless an admin has changed it since.
-pub async fn seed_plan(db: &Db, plan: &PlanRow, now: i64) -> anyhow::Result<()> {
-    on_pool!(db, write, |pool| {
-        sqlx::query(
+/// Creates or replaces a plan. A configured plan (`PlanSource::Config`)
+/// does not replace one an admin has changed; an admin's always replaces.
+pub async fn write_plan(db: &Db, plan: &Plan, source: PlanSource, now: i64) -> anyhow::Result<()> {
+    let sql = match source {
+        PlanSource::Config => {
             "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, 'config', $7) \
              ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
              burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-             updated_at = excluded.updated_at WHERE plans.source = 'config'",
-        )
-        .bind(&plan.name)
-        .bind(plan.lane.as_str())
-        .bind(plan.rate_per_second)
-        .bind(plan.burst as i64)
-        .bind(plan.daily_quota as i64)
-        .bind(plan.max_in_flight as i64)
-        .bind(now)
-        .execute(pool)
-        .await?
-        .rows_affected()
-    });
-    Ok(())
-}
-
-/// Creates or replaces a plan as an admin's (configuration no longer
-/// changes it).
-pub async fn put_plan(db: &Db, plan: &PlanRow, now: i64) -> anyhow::Result<()> {
-    on_pool!(db, write, |pool| {
-        sqlx::query(
+             updated_at = excluded.updated_at WHERE plans.source = 'config'"
+        }
+        PlanSource::Admin => {
             "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, 'admin', $7) \
              ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
              burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-             source = 'admin', updated_at = excluded.updated_at",
-        )
-        .bind(&plan.name)
-        .bind(plan.lane.as_str())
-        .bind(plan.rate_per_second)
-        .bind(plan.burst as i64)
-        .bind(plan.daily_quota as i64)
-        .bind(plan.max_in_flight as i64)
-        .bind(now)
-        .execute(pool)
-        .await?
-        .rows_affected()
+             source = 'admin', updated_at = excluded.updated_at"
+        }
+    };
+    on_pool!(db, write, |pool| {
+        sqlx::query(sql)
+            .bind(&plan.name)
+            .bind(plan.lane.as_str())
+            .bind(plan.rate_per_second)
+            .bind(plan.burst as i64)
+            .bind(plan.daily_quota as i64)
+            .bind(plan.max_in_flight as i64)
+            .bind(now)
+            .execute(pool)
+            .await?
+            .rows_affected()
     });
     Ok(())
 }

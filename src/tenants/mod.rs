@@ -16,30 +16,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use crate::config::PlanSettings;
 pub use crate::config::validate_plan_figures;
-use crate::model::{Isolation, Lane, TenantStatus, now_ms};
+use crate::model::{Isolation, TenantStatus, now_ms};
 use crate::store::Db;
-use crate::store::registry::{self, PlanRow, RegistryRows, TenantDeletion};
+use crate::store::registry::{self, PlanSource, RegistryRows, TenantDeletion};
 
-/// A plan: which lane a tenant's messages take and how much it may send.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct Plan {
-    pub name: String,
-    pub lane: Lane,
-    /// Sustained sends per second.
-    pub rate_per_second: f64,
-    /// Sends allowed at once after idle.
-    pub burst: u32,
-    /// Sends allowed per UTC day.
-    pub daily_quota: u64,
-    /// Messages of one tenant a lane consumer works on at once.
-    pub max_in_flight: u32,
-}
+pub use crate::model::Plan;
 
 /// A tenant of the gateway.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -284,9 +271,9 @@ impl Registry {
     pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
         let now = now_ms();
         for (name, plan) in configured {
-            registry::seed_plan(
+            registry::write_plan(
                 &db,
-                &PlanRow {
+                &Plan {
                     name: name.clone(),
                     lane: plan.lane,
                     rate_per_second: plan.rate_per_second,
@@ -294,6 +281,7 @@ impl Registry {
                     daily_quota: plan.daily_quota,
                     max_in_flight: plan.max_in_flight,
                 },
+                PlanSource::Config,
                 now,
             )
             .await
@@ -447,19 +435,7 @@ impl Registry {
             },
         )?;
         let _changing = self.changing.lock().await;
-        registry::put_plan(
-            &self.db,
-            &PlanRow {
-                name: plan.name.clone(),
-                lane: plan.lane,
-                rate_per_second: plan.rate_per_second,
-                burst: plan.burst,
-                daily_quota: plan.daily_quota,
-                max_in_flight: plan.max_in_flight,
-            },
-            now_ms(),
-        )
-        .await?;
+        registry::write_plan(&self.db, &plan, PlanSource::Admin, now_ms()).await?;
         let created = self
             .plans
             .write()
