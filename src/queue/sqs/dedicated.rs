@@ -324,7 +324,7 @@ impl SqsQueue {
         }
     }
 
-    /// See [`crate::queue::LaneQueue::settle_attention`]: signals at once
+    /// See [`crate::queue::TenantQueues::settle_attention`]: signals at once
     /// when messages are receivable, after [`RECHECK_DELAY`] when some are
     /// delayed or in flight.
     pub(super) async fn settle(

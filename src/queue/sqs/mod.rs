@@ -47,7 +47,8 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName
 use tracing::{info, warn};
 
 use super::{
-    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage,
+    RedriveFilter, TenantQueues,
 };
 use crate::config::{LanesSettings, SqsSettings};
 use crate::model::{Lane, Priority};
@@ -824,6 +825,19 @@ impl LaneQueue for SqsQueue {
         self.receiver(lane).release_all().await;
     }
 
+    async fn ping(&self) -> bool {
+        queue_attributes(
+            &self.client,
+            &self.fast.class(Priority::Normal).url,
+            &[QueueAttributeName::ApproximateNumberOfMessages],
+        )
+        .await
+        .is_ok()
+    }
+}
+
+#[async_trait]
+impl TenantQueues for SqsQueue {
     fn has_dedicated_queues(&self) -> bool {
         self.dedicated.is_some()
     }
@@ -897,16 +911,6 @@ impl LaneQueue for SqsQueue {
             Some(dedicated) => self.lanes_of(dedicated, tenant_id).await,
             None => Ok(Vec::new()),
         }
-    }
-
-    async fn ping(&self) -> bool {
-        queue_attributes(
-            &self.client,
-            &self.fast.class(Priority::Normal).url,
-            &[QueueAttributeName::ApproximateNumberOfMessages],
-        )
-        .await
-        .is_ok()
     }
 }
 
