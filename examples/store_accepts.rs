@@ -62,7 +62,7 @@ fn entry(n: u64) -> AcceptEntry {
             ),
             delay: Duration::ZERO,
         },
-        idempotency: if n % 2 == 0 {
+        idempotency: if n.is_multiple_of(2) {
             vec![StoredResponse {
                 tenant_id: tenant,
                 key: format!("key-{id}"),

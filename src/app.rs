@@ -26,9 +26,9 @@ use crate::limits::gate::ProviderGate;
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::SentCounts;
 use crate::model::{Channel, Lane, TenantStatus};
-use crate::queue::LaneQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::queue::sqs::SqsQueue;
+use crate::queue::{LaneQueue, TenantQueues};
 use crate::store::{Db, Staging, Writer};
 use crate::tenants::Registry;
 
@@ -77,10 +77,13 @@ impl Application {
             settings.storage.max_group,
             settings.storage.max_size_mb,
         )?;
-        let (queue, staging, outbox, outbox_task): (Arc<dyn LaneQueue>, _, _, _) = match settings
-            .queue
-            .backend
-        {
+        let (queue, tenant_queues, staging, outbox, outbox_task): (
+            Arc<dyn LaneQueue>,
+            Arc<dyn TenantQueues>,
+            _,
+            _,
+            _,
+        ) = match settings.queue.backend {
             QueueBackend::Embedded => {
                 let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite())
                 else {
@@ -112,7 +115,13 @@ impl Application {
                     .reconcile_attention()
                     .await
                     .context("signalling dedicated tenant queues")?;
-                (embedded.clone(), Staging::Queue(embedded), None, None)
+                (
+                    embedded.clone(),
+                    embedded.clone(),
+                    Staging::Queue(embedded),
+                    None,
+                    None,
+                )
             }
             QueueBackend::Sqs => {
                 let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
@@ -135,6 +144,7 @@ impl Application {
                         warn!(error = %format!("{err:#}"), "Could not look for dedicated tenant queues with backlog; their next send or the attention sweep signals them.")
                     }
                 }
+                let tenant_queues: Arc<dyn TenantQueues> = sqs.clone();
                 let queue: Arc<dyn LaneQueue> = sqs;
                 let (outbox, tasks) = Outbox::start(db.clone(), queue.clone(), &settings.queue.sqs)
                     .await
@@ -144,7 +154,13 @@ impl Application {
                     Duration::from_secs(settings.queue.sqs.outbox_sweep_secs),
                     shutdown_rx.clone(),
                 )));
-                (queue, Staging::Outbox, Some(outbox), Some(tasks.forgetter))
+                (
+                    queue,
+                    tenant_queues,
+                    Staging::Outbox,
+                    Some(outbox),
+                    Some(tasks.forgetter),
+                )
             }
         };
         store_writer.stage_into(staging)?;
@@ -206,6 +222,7 @@ impl Application {
                 db: db.clone(),
                 registry: registry.clone(),
                 queue: queue.clone(),
+                tenant_queues: tenant_queues.clone(),
                 email: gated(
                     &settings.providers.email,
                     Channel::Email,
@@ -260,6 +277,7 @@ impl Application {
             db,
             registry,
             queue,
+            tenant_queues,
             writer: store_writer.clone(),
             backpressure,
             admin,
@@ -346,15 +364,12 @@ impl Application {
         {
             warn!("Store writer did not finish in time.");
         }
-        if let Some(task) = outbox_task {
-            if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, task)
+        if let Some(task) = outbox_task
+            && tokio::time::timeout(WRITER_DRAIN_TIMEOUT, task)
                 .await
                 .is_err()
-            {
-                warn!(
-                    "Outbox did not record its last sends in time; the next start re-sends them."
-                );
-            }
+        {
+            warn!("Outbox did not record its last sends in time; the next start re-sends them.");
         }
         db.close().await;
         info!("Shutdown complete.");

@@ -313,14 +313,14 @@ pub async fn create_tenant(
         .create_tenant(&input.id, &input.name, &input.plan, options)
         .await?;
     state
-        .queue
+        .tenant_queues
         .set_tenant_dedicated(&tenant.id, tenant.isolation == Isolation::Dedicated);
     Ok(created(format!("/v1/admin/tenants/{}", tenant.id), tenant))
 }
 
 /// Dedicated queues need a backend that has them.
 fn check_isolation(state: &AppState, isolation: Option<Isolation>) -> Result<(), ApiError> {
-    if isolation == Some(Isolation::Dedicated) && !state.queue.has_dedicated_queues() {
+    if isolation == Some(Isolation::Dedicated) && !state.tenant_queues.has_dedicated_queues() {
         return Err(ApiError::field(
             "isolation",
             "dedicated queues need queue.backend = \"embedded\" in this version",
@@ -414,7 +414,7 @@ pub async fn patch_tenant(
     // New messages go to the queue of the isolation now in force; those
     // already queued are delivered from where they wait.
     state
-        .queue
+        .tenant_queues
         .set_tenant_dedicated(&id, tenant.isolation == Isolation::Dedicated);
     // A paused or disabled tenant's queued messages are set aside until it
     // is active again (embedded queue); consumers hold any they still see.
@@ -425,10 +425,10 @@ pub async fn patch_tenant(
     // Resumed: its own queues are signalled again (signals met while it
     // was held were dropped).
     if !held {
-        match state.queue.dedicated_lanes(&id).await {
+        match state.tenant_queues.dedicated_lanes(&id).await {
             Ok(lanes) => {
                 for lane in lanes {
-                    if let Err(err) = state.queue.settle_attention(lane, &id).await {
+                    if let Err(err) = state.tenant_queues.settle_attention(lane, &id).await {
                         warn!(tenant = %id, error = %format!("{err:#}"), "Could not signal the tenant's own queue; the next start reconciles it.");
                     }
                 }

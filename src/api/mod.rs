@@ -33,7 +33,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::api::auth::AdminAuth;
 use crate::config::Settings;
 use crate::limits::backpressure::LaneBackpressure;
-use crate::queue::LaneQueue;
+use crate::queue::{LaneQueue, TenantQueues};
 use crate::store::Db;
 use crate::tenants::Registry;
 use error::ApiError;
@@ -47,6 +47,8 @@ pub struct AppInner {
     pub db: Db,
     pub registry: Arc<Registry>,
     pub queue: Arc<dyn LaneQueue>,
+    /// The same backend's dedicated tenant queues.
+    pub tenant_queues: Arc<dyn TenantQueues>,
     pub writer: crate::store::Writer,
     /// The accept path of the single and the batch send.
     pub accept: crate::accept::Acceptor,

@@ -95,8 +95,8 @@ pub async fn tenant_queue(
 ) -> Result<Json<TenantQueueView>, ApiError> {
     let isolation = known_tenant(&state, &id).await?;
     let mut lanes = Vec::new();
-    for lane in state.queue.dedicated_lanes(&id).await? {
-        if let Some(queue) = state.queue.dedicated_queue(lane, &id).await? {
+    for lane in state.tenant_queues.dedicated_lanes(&id).await? {
+        if let Some(queue) = state.tenant_queues.dedicated_queue(lane, &id).await? {
             lanes.push(LaneView {
                 lane,
                 stats: queue.stats(lane).await?,
@@ -130,10 +130,10 @@ pub async fn purge_tenant_queue(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<PurgeResult>, ApiError> {
     known_tenant(&state, &id).await?;
-    let mut ids = state.queue.purge_dedicated(&id).await?;
+    let mut ids = state.tenant_queues.purge_dedicated(&id).await?;
     // The embedded queue marks them in its own transaction; otherwise this
     // does. Messages that were sent meanwhile keep their status.
-    if !ids.is_empty() && !state.queue.purge_marks_cancelled() {
+    if !ids.is_empty() && !state.tenant_queues.purge_marks_cancelled() {
         ids = state.writer.cancel(&id, ids).await?;
     }
     info!(tenant = %id, purged = ids.len(), "Dedicated tenant queue purged.");
@@ -163,8 +163,8 @@ pub async fn tenant_dlq(
 ) -> Result<Json<DeadLetterList>, ApiError> {
     known_tenant(&state, &id).await?;
     let mut dead_letters = Vec::new();
-    for lane in state.queue.dedicated_lanes(&id).await? {
-        if let Some(queue) = state.queue.dedicated_queue(lane, &id).await? {
+    for lane in state.tenant_queues.dedicated_lanes(&id).await? {
+        if let Some(queue) = state.tenant_queues.dedicated_queue(lane, &id).await? {
             let letters = queue.list_dead_letters(lane, DLQ_LIMIT).await?;
             dead_letters.extend(dead_letter_views(&state, lane, letters).await?);
         }
@@ -213,15 +213,15 @@ pub async fn redrive_tenant_dlq(
         message_ids: request.ids,
     };
     let mut redriven = 0;
-    for lane in state.queue.dedicated_lanes(&id).await? {
-        let Some(queue) = state.queue.dedicated_queue(lane, &id).await? else {
+    for lane in state.tenant_queues.dedicated_lanes(&id).await? {
+        let Some(queue) = state.tenant_queues.dedicated_queue(lane, &id).await? else {
             continue;
         };
         let started = crate::model::now_ms();
         let ids = queue.redrive(lane, &filter).await?;
         messages::mark_requeued(&state.db, &ids, started).await?;
         redriven += ids.len();
-        state.queue.settle_attention(lane, &id).await?;
+        state.tenant_queues.settle_attention(lane, &id).await?;
     }
     Ok(Json(RedriveResult { redriven }))
 }

@@ -128,7 +128,7 @@ pub(super) async fn run_worker(
         if *shutdown.borrow() {
             return;
         }
-        if !consumer.delivery.queue.attention_wanted() {
+        if !consumer.delivery.tenant_queues.attention_wanted() {
             // No dedicated tenant known yet: look again in a second.
             tokio::select! {
                 _ = tokio::time::sleep(IDLE_RECHECK) => continue,
@@ -205,7 +205,11 @@ async fn handle(
     };
     count_signal(lane, "consumed");
     book.set_backlogged(lane, &tenant_id, true);
-    let queue = match delivery.queue.dedicated_queue(lane, &tenant_id).await {
+    let queue = match delivery
+        .tenant_queues
+        .dedicated_queue(lane, &tenant_id)
+        .await
+    {
         Ok(Some(queue)) => queue,
         Ok(None) => {
             book.set_backlogged(lane, &tenant_id, false);
@@ -228,7 +232,11 @@ async fn handle(
     if let Err(err) = attention.delete_batch(lane, &[signal.receipt]).await {
         warn!(lane = %lane, tenant = %tenant_id, error = %err, "Could not remove an attention signal; it comes back after its visibility timeout.");
     }
-    match delivery.queue.settle_attention(lane, &tenant_id).await {
+    match delivery
+        .tenant_queues
+        .settle_attention(lane, &tenant_id)
+        .await
+    {
         Ok(backlog) => book.set_backlogged(lane, &tenant_id, backlog),
         Err(err) => {
             warn!(lane = %lane, tenant = %tenant_id, error = %format!("{err:#}"), "Could not signal a dedicated queue's remaining backlog; the attention sweep or the next start finds it.");
@@ -310,7 +318,7 @@ async fn work_slice(
 
 /// Runs `consumer`'s lane's attention sweep every
 /// `consumers.attention_sweep_secs` until shutdown (see
-/// [`LaneQueue::sweep_attention`]).
+/// [`crate::queue::TenantQueues::sweep_attention`]).
 pub(super) async fn run_sweeper(consumer: Arc<LaneConsumer>, mut shutdown: watch::Receiver<bool>) {
     let lane = consumer.lane;
     let every = Duration::from_secs(consumer.delivery.consumers.attention_sweep_secs.max(1));
@@ -322,7 +330,7 @@ pub(super) async fn run_sweeper(consumer: Arc<LaneConsumer>, mut shutdown: watch
         if *shutdown.borrow() {
             return;
         }
-        match consumer.delivery.queue.sweep_attention(lane).await {
+        match consumer.delivery.tenant_queues.sweep_attention(lane).await {
             Ok(0) => {}
             Ok(signalled) => {
                 debug!(lane = %lane, signalled, "Attention sweep signalled dedicated queues with backlog.")

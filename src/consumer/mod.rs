@@ -40,7 +40,7 @@ use crate::limits::gate::ProviderGate;
 use crate::metrics::{self as names, GaugeHold};
 use crate::model::{Channel, Lane};
 use crate::providers::Provider;
-use crate::queue::{LaneQueue, ReceivedMessage};
+use crate::queue::{LaneQueue, ReceivedMessage, TenantQueues};
 use crate::store::Db;
 use crate::tenants::Registry;
 use buffer::TieredBuffer;
@@ -63,6 +63,10 @@ pub struct Delivery {
     pub db: Db,
     pub registry: Arc<Registry>,
     pub queue: Arc<dyn LaneQueue>,
+    /// The same backend's dedicated tenant queues, served by attention
+    /// workers. A slice's delivery keeps it while its `queue` is the
+    /// tenant's own.
+    pub tenant_queues: Arc<dyn TenantQueues>,
     pub email: GatedProvider,
     pub sms: GatedProvider,
     pub retry: RetrySettings,
@@ -377,7 +381,7 @@ impl LaneConsumer {
         ));
         let poller = tokio::spawn(self.clone().poll(shutdown.clone()));
         let mut attention_workers = JoinSet::new();
-        if let Some(attention) = self.delivery.queue.attention_queue(lane) {
+        if let Some(attention) = self.delivery.tenant_queues.attention_queue(lane) {
             for _ in 0..self.delivery.consumers.attention_workers {
                 attention_workers.spawn(attention::run_worker(
                     self.clone(),

@@ -5,7 +5,10 @@
 //!
 //! Two backends implement [`LaneQueue`]: [`embedded::EmbeddedQueue`] (a
 //! durable queue in the SQLite file, the default) and the SQS backend. Code
-//! above this module does not care which one runs.
+//! above this module does not care which one runs. Each also implements
+//! [`TenantQueues`] on the same object: dedicated tenant queues and the
+//! attention queues through which they are served, whose views are
+//! [`LaneQueue`]s of their own.
 
 pub mod embedded;
 pub mod priority;
@@ -184,55 +187,52 @@ pub trait LaneQueue: Send + Sync {
     fn batch_window(&self) -> Duration {
         Duration::from_millis(5)
     }
+}
 
+/// A backend's dedicated tenant queues: a tenant's own queue in each lane,
+/// served by attention workers through the lane's attention queue (one
+/// entry per tenant queue that needs a slice of work), as against the
+/// shared lanes of [`LaneQueue`]. Both backends implement it on the same
+/// object as their lanes; the views it hands out (one tenant's queue, one
+/// lane's attention queue) are [`LaneQueue`]s only.
+#[async_trait]
+pub trait TenantQueues: Send + Sync {
     /// True when this backend keeps dedicated tenant queues (a queue of a
     /// tenant's own, consumed by attention workers).
-    fn has_dedicated_queues(&self) -> bool {
-        false
-    }
+    fn has_dedicated_queues(&self) -> bool;
 
     /// Routes `tenant_id`'s new messages to its own queue (`true`) or to
     /// its lane's shared queue. Messages already queued stay where they are
     /// and are delivered from there.
-    fn set_tenant_dedicated(&self, _tenant_id: &str, _dedicated: bool) {}
+    fn set_tenant_dedicated(&self, tenant_id: &str, dedicated: bool);
 
     /// `tenant_id`'s own queue in `lane` as a queue of its own (its `lane`
     /// arguments then name only the lane's settings); `None` while the
     /// tenant has never had one in `lane`.
     async fn dedicated_queue(
         &self,
-        _lane: Lane,
-        _tenant_id: &str,
-    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
-        Ok(None)
-    }
+        lane: Lane,
+        tenant_id: &str,
+    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>>;
 
     /// `lane`'s attention queue: one entry per dedicated tenant queue that
     /// needs a slice of work, the tenant in `tenant_id`.
-    fn attention_queue(&self, _lane: Lane) -> Option<Arc<dyn LaneQueue>> {
-        None
-    }
+    fn attention_queue(&self, lane: Lane) -> Option<Arc<dyn LaneQueue>>;
 
     /// After a slice of `tenant_id`'s queue in `lane`: when rows remain, an
     /// attention entry waits for them, visible when the first of them can
     /// be received. Returns whether backlog remains.
-    async fn settle_attention(&self, _lane: Lane, _tenant_id: &str) -> anyhow::Result<bool> {
-        Ok(false)
-    }
+    async fn settle_attention(&self, lane: Lane, tenant_id: &str) -> anyhow::Result<bool>;
 
     /// Signals attention for every dedicated tenant queue that has rows and
     /// no attention entry (after a restart, or a tenant resumed).
-    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
-        Ok(0)
-    }
+    async fn reconcile_attention(&self) -> anyhow::Result<usize>;
 
     /// Removes the messages waiting (not in flight) in `tenant_id`'s own
     /// queues, marks those not yet sent `cancelled`, and returns their ids.
-    async fn purge_dedicated(&self, _tenant_id: &str) -> anyhow::Result<Vec<String>> {
-        Ok(Vec::new())
-    }
+    async fn purge_dedicated(&self, tenant_id: &str) -> anyhow::Result<Vec<String>>;
 
-    /// Whether [`LaneQueue::purge_dedicated`] marks what it removed
+    /// Whether [`TenantQueues::purge_dedicated`] marks what it removed
     /// `cancelled` itself (with the status store in the same transaction);
     /// otherwise the caller does.
     fn purge_marks_cancelled(&self) -> bool {
@@ -240,9 +240,7 @@ pub trait LaneQueue: Send + Sync {
     }
 
     /// The lanes in which `tenant_id` has a queue of its own.
-    async fn dedicated_lanes(&self, _tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
-        Ok(Vec::new())
-    }
+    async fn dedicated_lanes(&self, tenant_id: &str) -> anyhow::Result<Vec<Lane>>;
 
     /// Whether attention workers should poll now. SQS: only once this
     /// instance knows a dedicated tenant or tenant queue, so a deployment

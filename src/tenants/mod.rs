@@ -185,7 +185,7 @@ pub struct Registry {
     changing: tokio::sync::Mutex<()>,
     /// The queue told each tenant's isolation after every reload, so sends
     /// on this instance follow a change made on another one.
-    isolation_sink: std::sync::OnceLock<Arc<dyn crate::queue::LaneQueue>>,
+    isolation_sink: std::sync::OnceLock<Arc<dyn crate::queue::TenantQueues>>,
 }
 
 /// The cached form of a tenant row.
@@ -310,7 +310,7 @@ impl Registry {
     }
 
     /// Tells `queue` each tenant's isolation now and after every reload.
-    pub fn route_isolation_to(&self, queue: Arc<dyn crate::queue::LaneQueue>) {
+    pub fn route_isolation_to(&self, queue: Arc<dyn crate::queue::TenantQueues>) {
         let _ = self.isolation_sink.set(queue);
         self.apply_isolation();
     }

@@ -349,9 +349,7 @@ fn venv() -> Result<PathBuf, String> {
         let lock = File::create(&lock_path)
             .map_err(|err| format!("cannot create {}: {err}", lock_path.display()))?;
         // Another test binary may be installing at this moment: wait for
-        // it, then look again. (`File::lock` is Rust 1.89, above the
-        // declared rust-version; the crate's let chains need 1.88 already.)
-        #[allow(clippy::incompatible_msrv)]
+        // it, then look again.
         let locked = lock.lock();
         locked.map_err(|err| format!("cannot lock {}: {err}", lock_path.display()))?;
         if venv_is_current(&venv) {

@@ -53,8 +53,8 @@
 //!
 //! The folder, by concern. This file holds the queue itself, its opening
 //! (the one scan of the table, which rebuilds the state), the way to the
-//! writer, and the [`LaneQueue`] impl, which hands each call to the file of
-//! its concern:
+//! writer, and the [`LaneQueue`] and [`TenantQueues`] impls, which hand
+//! each call to the file of its concern:
 //! - `state.rs`: what each queue keeps in memory beside its rows, and the
 //!   registry of dedicated tenant queues; it uses none of the files beside
 //!   it;
@@ -84,7 +84,8 @@ use rusqlite::Transaction;
 use tokio::sync::oneshot;
 
 use super::{
-    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage,
+    RedriveFilter, TenantQueues,
 };
 use crate::config::LanesSettings;
 use crate::model::{Lane, now_ms};
@@ -344,6 +345,13 @@ impl LaneQueue for EmbeddedQueue {
         self.state(lane).deleted.load(Ordering::Relaxed)
     }
 
+    async fn ping(&self) -> bool {
+        self.db.ping().await
+    }
+}
+
+#[async_trait]
+impl TenantQueues for EmbeddedQueue {
     fn has_dedicated_queues(&self) -> bool {
         true
     }
@@ -378,9 +386,5 @@ impl LaneQueue for EmbeddedQueue {
 
     async fn dedicated_lanes(&self, tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
         Ok(self.tenant_lanes(tenant_id))
-    }
-
-    async fn ping(&self) -> bool {
-        self.db.ping().await
     }
 }

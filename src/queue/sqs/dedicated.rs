@@ -324,7 +324,7 @@ impl SqsQueue {
         }
     }
 
-    /// See [`crate::queue::LaneQueue::settle_attention`]: signals at once
+    /// See [`crate::queue::TenantQueues::settle_attention`]: signals at once
     /// when messages are receivable, after [`RECHECK_DELAY`] when some are
     /// delayed or in flight.
     pub(super) async fn settle(
@@ -461,10 +461,10 @@ impl SqsQueue {
                         messages.iter().filter_map(|m| m.receipt_handle()).collect();
                     let deleted = delete_receipts(&self.client, &class.url, &receipts).await?;
                     for (message, result) in messages.iter().zip(deleted) {
-                        if result.is_ok() {
-                            if let Ok(parsed) = Parsed::from_sqs(message) {
-                                ids.push(parsed.message_id);
-                            }
+                        if result.is_ok()
+                            && let Ok(parsed) = Parsed::from_sqs(message)
+                        {
+                            ids.push(parsed.message_id);
                         }
                     }
                 }

@@ -47,7 +47,8 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName
 use tracing::{info, warn};
 
 use super::{
-    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage,
+    RedriveFilter, TenantQueues,
 };
 use crate::config::{LanesSettings, SqsSettings};
 use crate::model::{Lane, Priority};
@@ -408,10 +409,10 @@ impl SqsQueue {
 
     /// Undoes [`SqsQueue::mark_requeued`] for messages that stayed in the DLQ.
     async fn restore_dead_lettered(&self, ids: &[String]) {
-        if let (Some(db), false) = (&self.status_store, ids.is_empty()) {
-            if let Err(err) = crate::store::messages::restore_dead_lettered(db, ids).await {
-                warn!(error = %format!("{err:#}"), count = ids.len(), "Messages left in the DLQ could not be marked dead_lettered again; they show as queued.");
-            }
+        if let (Some(db), false) = (&self.status_store, ids.is_empty())
+            && let Err(err) = crate::store::messages::restore_dead_lettered(db, ids).await
+        {
+            warn!(error = %format!("{err:#}"), count = ids.len(), "Messages left in the DLQ could not be marked dead_lettered again; they show as queued.");
         }
     }
 
@@ -714,10 +715,10 @@ impl LaneQueue for SqsQueue {
     async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
         let slot = usize::from(lane == Lane::Slow);
         let fresh_for = self.stats_interval.mul_f64(0.8);
-        if let Some((at, stats)) = &self.stats_cache.lock().expect("stats cache")[slot] {
-            if at.elapsed() < fresh_for {
-                return Ok(stats.clone());
-            }
+        if let Some((at, stats)) = &self.stats_cache.lock().expect("stats cache")[slot]
+            && at.elapsed() < fresh_for
+        {
+            return Ok(stats.clone());
         }
         let stats = self.fetch_stats(lane).await?;
         self.stats_cache.lock().expect("stats cache")[slot] = Some((Instant::now(), stats.clone()));
@@ -824,6 +825,19 @@ impl LaneQueue for SqsQueue {
         self.receiver(lane).release_all().await;
     }
 
+    async fn ping(&self) -> bool {
+        queue_attributes(
+            &self.client,
+            &self.fast.class(Priority::Normal).url,
+            &[QueueAttributeName::ApproximateNumberOfMessages],
+        )
+        .await
+        .is_ok()
+    }
+}
+
+#[async_trait]
+impl TenantQueues for SqsQueue {
     fn has_dedicated_queues(&self) -> bool {
         self.dedicated.is_some()
     }
@@ -897,16 +911,6 @@ impl LaneQueue for SqsQueue {
             Some(dedicated) => self.lanes_of(dedicated, tenant_id).await,
             None => Ok(Vec::new()),
         }
-    }
-
-    async fn ping(&self) -> bool {
-        queue_attributes(
-            &self.client,
-            &self.fast.class(Priority::Normal).url,
-            &[QueueAttributeName::ApproximateNumberOfMessages],
-        )
-        .await
-        .is_ok()
     }
 }
 

@@ -304,7 +304,7 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
             let failures = streak.failed_because(&WriteFailed(format!("{err:#}").into()));
             // An unreachable server fails every write until it is back: say
             // so when it starts and now and then.
-            if failures == 1 || failures % 1000 == 0 {
+            if failures == 1 || failures.is_multiple_of(1000) {
                 error!(error = %format!("{err:#}"), failures, "A store write failed; sends answer 503 until writes succeed.");
             }
             for piece in group {

@@ -413,7 +413,7 @@ fn run(
                     let failures = streak.failed_because(&failure);
                     // A full disk fails every group until it clears: say so
                     // when it starts and now and then, not thousands of times.
-                    if failures == 1 || failures % 1000 == 0 {
+                    if failures == 1 || failures.is_multiple_of(1000) {
                         error!(error = %failure, failures, "The store cannot write; sends answer 503 until it can.");
                     }
                 }
