@@ -269,6 +269,11 @@ impl Application {
             outbox,
             limits,
             backpressure.clone(),
+            settings.server.max_batches_per_tenant,
+        );
+        let writes = crate::limits::writes::TenantWrites::new(
+            settings.limits.tenant_writes_per_second,
+            settings.limits.tenant_writes_burst,
         );
         let state = AppState::new(AppInner {
             accept,
@@ -280,6 +285,7 @@ impl Application {
             tenant_queues,
             writer: store_writer.clone(),
             backpressure,
+            writes,
             admin,
             metrics,
         });
@@ -341,6 +347,7 @@ impl Application {
         let serve_limits = crate::serve::ServeLimits {
             header_read_timeout: Duration::from_secs(server.header_read_timeout_secs.max(1)),
             max_connections: crate::serve::connection_cap(server.max_connections, open_files),
+            http2_max_streams: server.http2_max_streams,
         };
         let router = api::app(state);
         let served = crate::serve::serve(listener, router, serve_limits, stopping)

@@ -80,6 +80,13 @@ pub struct ServerSettings {
     /// a new one gets 503.
     #[serde(default)]
     pub max_connections: usize,
+    /// Most requests in progress at once on one HTTP/2 connection. Default 16.
+    #[serde(default = "default_http2_max_streams")]
+    pub http2_max_streams: u32,
+    /// Most batch sends one tenant may have in progress at once; one more
+    /// is answered 429. Default 2.
+    #[serde(default = "default_max_batches_per_tenant")]
+    pub max_batches_per_tenant: usize,
     /// This instance's name among several: the `instance` label of every
     /// metric. Unset: the host name and process id.
     #[serde(default)]
@@ -94,6 +101,14 @@ pub struct ServerSettings {
 
 fn default_header_read_timeout_secs() -> u64 {
     10
+}
+
+fn default_http2_max_streams() -> u32 {
+    16
+}
+
+fn default_max_batches_per_tenant() -> usize {
+    2
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -184,7 +199,8 @@ impl LanesSettings {
 pub struct LaneSettings {
     /// Messages processed at once by this lane's consumer.
     pub concurrency: usize,
-    /// Depth at which sends to this lane answer 429.
+    /// Backlog (waiting, delayed and held by a consumer) at which sends to
+    /// this lane answer 429.
     pub high_water_mark: u64,
     /// Invisibility of a received message before it is delivered again.
     pub visibility_timeout_secs: u64,
@@ -453,6 +469,21 @@ pub struct LimitsSettings {
     /// being down, so a dead connection never holds up a request for long.
     #[serde(default = "default_redis_timeout_ms")]
     pub timeout_ms: u64,
+    /// A tenant's changes other than sends (webhook and suppression
+    /// changes, cancels) per second, in this process. Default 10.
+    #[serde(default = "default_tenant_writes_per_second")]
+    pub tenant_writes_per_second: f64,
+    /// Changes a tenant may make at once after a quiet spell. Default 50.
+    #[serde(default = "default_tenant_writes_burst")]
+    pub tenant_writes_burst: u32,
+}
+
+fn default_tenant_writes_per_second() -> f64 {
+    10.0
+}
+
+fn default_tenant_writes_burst() -> u32 {
+    50
 }
 
 impl Default for LimitsSettings {
@@ -462,6 +493,8 @@ impl Default for LimitsSettings {
             redis_url: None,
             key_prefix: default_key_prefix(),
             timeout_ms: default_redis_timeout_ms(),
+            tenant_writes_per_second: default_tenant_writes_per_second(),
+            tenant_writes_burst: default_tenant_writes_burst(),
         }
     }
 }
@@ -614,6 +647,12 @@ impl Settings {
                 "server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)"
             );
         }
+        if self.server.http2_max_streams == 0 {
+            bail!("server.http2_max_streams must be at least 1");
+        }
+        if self.server.max_batches_per_tenant == 0 {
+            bail!("server.max_batches_per_tenant must be at least 1");
+        }
         if self.server.max_batch_body_bytes < self.server.max_body_bytes
             || self.server.max_batch_body_bytes > 64 * 1024 * 1024
         {
@@ -698,8 +737,10 @@ impl Settings {
             ("email", &self.providers.email),
             ("sms", &self.providers.sms),
         ] {
-            if !(provider.rate_per_second.is_finite() && provider.rate_per_second > 0.0) {
-                bail!("providers.{name}.rate_per_second must be a positive number");
+            if !is_sensible_rate(provider.rate_per_second) {
+                bail!(
+                    "providers.{name}.rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
+                );
             }
             if provider.burst == 0 {
                 bail!("providers.{name}.burst must be at least 1");
@@ -754,9 +795,12 @@ impl Settings {
                         bail!("providers.sms.{key} is required when providers.sms.kind = \"http\"");
                     }
                 }
-                if self.providers.sms.auth_token.is_none() {
+                // An empty token would sign callbacks with an empty key,
+                // which anyone can forge.
+                let token = self.providers.sms.auth_token.as_ref();
+                if token.is_none_or(|token| token.expose_secret().trim().is_empty()) {
                     bail!(
-                        "providers.sms.auth_token is required when providers.sms.kind = \"http\""
+                        "providers.sms.auth_token is required (and must not be empty) when providers.sms.kind = \"http\""
                     );
                 }
             }
@@ -772,6 +816,14 @@ impl Settings {
 
     fn validate_limits(&self) -> anyhow::Result<()> {
         let limits = &self.limits;
+        if !is_sensible_rate(limits.tenant_writes_per_second) {
+            bail!(
+                "limits.tenant_writes_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
+            );
+        }
+        if limits.tenant_writes_burst == 0 {
+            bail!("limits.tenant_writes_burst must be at least 1");
+        }
         if limits.key_prefix.is_empty() {
             bail!("limits.key_prefix must not be empty");
         }
@@ -812,14 +864,25 @@ impl Settings {
 }
 
 /// Checks the figures of a plan; shared by the config loader and the API.
+/// The slowest rate a plan or provider may have: one send in 1,000 s.
+/// (Fewer sends a day are what a daily quota is for.)
+pub const MIN_RATE_PER_SECOND: f64 = 0.001;
+/// The fastest rate a plan or provider may have.
+pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
+
+/// A rate within [`MIN_RATE_PER_SECOND`] and [`MAX_RATE_PER_SECOND`].
+pub fn is_sensible_rate(rate_per_second: f64) -> bool {
+    (MIN_RATE_PER_SECOND..=MAX_RATE_PER_SECOND).contains(&rate_per_second)
+}
+
 pub fn validate_plan_figures(
     rate_per_second: f64,
     burst: u32,
     max_in_flight: u32,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
-        rate_per_second.is_finite() && rate_per_second > 0.0 && rate_per_second <= 1_000_000.0,
-        "rate_per_second must be a positive number up to 1000000"
+        is_sensible_rate(rate_per_second),
+        "rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
     );
     anyhow::ensure!(burst >= 1, "burst must be at least 1");
     anyhow::ensure!(max_in_flight >= 1, "max_in_flight must be at least 1");
@@ -1062,6 +1125,41 @@ mod tests {
     fn http_sms_without_base_url_is_rejected() {
         let err = Settings::from_toml_overlay("[providers.sms]\nkind = \"http\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("base_url"));
+    }
+
+    #[test]
+    fn http_sms_with_an_empty_auth_token_is_rejected() {
+        let sms = "[providers.sms]\nkind = \"http\"\nbase_url = \"http://127.0.0.1:9\"\n\
+                   account_sid = \"AC1\"\nfrom = \"+15550001111\"\n";
+        for token in ["", "  "] {
+            let err = Settings::from_toml_overlay(&format!("{sms}auth_token = \"{token}\"\n"))
+                .unwrap_err();
+            assert!(format!("{err:#}").contains("auth_token"), "{err:#}");
+        }
+        Settings::from_toml_overlay(&format!("{sms}auth_token = \"t\"\n")).unwrap();
+    }
+
+    #[test]
+    fn rates_outside_the_sensible_range_are_rejected() {
+        for rate in ["1e-20", "0.0009", "0", "-1", "2000000"] {
+            let err = Settings::from_toml_overlay(&format!(
+                "[providers.email]\nrate_per_second = {rate}\n"
+            ))
+            .unwrap_err();
+            assert!(
+                format!("{err:#}").contains("rate_per_second"),
+                "{rate}: {err:#}"
+            );
+            let err = Settings::from_toml_overlay(&format!(
+                "[plans.tiny]\nlane = \"slow\"\nrate_per_second = {rate}\nburst = 1\n\
+                 daily_quota = 10\nmax_in_flight = 1\n"
+            ))
+            .unwrap_err();
+            assert!(
+                format!("{err:#}").contains("rate_per_second"),
+                "{rate}: {err:#}"
+            );
+        }
     }
 
     #[test]

@@ -246,6 +246,23 @@ pub fn is_email_address(address: &str) -> bool {
 
 type Errors = BTreeMap<String, String>;
 
+/// Most unknown fields of one request object named in its errors; the rest
+/// are counted in one more error, so the answer to a body of thousands of
+/// unknown keys stays small.
+pub const MAX_UNKNOWN_FIELDS_NAMED: usize = 3;
+
+/// Longest field name echoed in an error, in characters; a longer one is
+/// cut and ends in `…`.
+pub const MAX_FIELD_NAME_ECHOED: usize = 64;
+
+/// `key` as an error names it: cut to [`MAX_FIELD_NAME_ECHOED`] characters.
+pub fn field_name(key: &str) -> String {
+    match key.char_indices().nth(MAX_FIELD_NAME_ECHOED) {
+        None => key.to_owned(),
+        Some((cut, _)) => format!("{}…", &key[..cut]),
+    }
+}
+
 fn optional_string<'a>(
     object: &'a Map<String, Value>,
     field: &str,
@@ -306,15 +323,29 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         Some(Channel::Sms) => SMS_FIELDS,
         None => EMAIL_FIELDS,
     };
+    let mut unknown = 0usize;
     for key in object.keys() {
         if !allowed.contains(&key.as_str()) {
+            unknown += 1;
+            if unknown > MAX_UNKNOWN_FIELDS_NAMED {
+                continue;
+            }
             let message = if channel == Some(Channel::Sms) && EMAIL_FIELDS.contains(&key.as_str()) {
                 "is not allowed for sms messages".to_owned()
             } else {
                 format!("unknown field; allowed fields are {}", allowed.join(", "))
             };
-            errors.insert(key.clone(), message);
+            errors.insert(field_name(key), message);
         }
+    }
+    if unknown > MAX_UNKNOWN_FIELDS_NAMED {
+        errors.insert(
+            "body".into(),
+            format!(
+                "has {} more unknown fields, not named here",
+                unknown - MAX_UNKNOWN_FIELDS_NAMED
+            ),
+        );
     }
 
     let to = required_string(object, "to", &mut errors);
@@ -578,6 +609,36 @@ mod tests {
         .unwrap_err();
         assert!(errors["subjet"].starts_with("unknown field"));
         assert_eq!(errors["subject"], "is required");
+    }
+
+    #[test]
+    fn thousands_of_unknown_fields_give_a_few_errors_and_a_count() {
+        let mut body =
+            json!({"channel": "email", "to": "a@example.com", "subject": "Hi", "text": "Hello"});
+        for n in 0..5_000 {
+            body[format!("x{n:05}")] = json!(n);
+        }
+        body["y".repeat(10_000)] = json!(1);
+        let errors = validate(&body).unwrap_err();
+        assert_eq!(errors.len(), MAX_UNKNOWN_FIELDS_NAMED + 1, "{errors:?}");
+        assert_eq!(
+            errors["body"],
+            "has 4998 more unknown fields, not named here"
+        );
+        assert!(errors.contains_key("x00000"), "{errors:?}");
+        let size: usize = errors.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(size < 1_000, "{size} bytes of errors");
+    }
+
+    #[test]
+    fn a_long_unknown_field_name_is_cut_in_its_error() {
+        let long = "é".repeat(1_000);
+        let errors = validate(&json!({
+            "channel": "sms", "to": "+15551234567", "text": "hi", long.clone(): 1
+        }))
+        .unwrap_err();
+        let named = format!("{}…", "é".repeat(MAX_FIELD_NAME_ECHOED));
+        assert!(errors.contains_key(&named), "{errors:?}");
     }
 
     #[test]

@@ -20,8 +20,9 @@ pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 /// `throttled`). A tenant at its cap parks messages instead (see
 /// [`MESSAGES_WAITING`]).
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
-/// Requests refused, by `reason`: `rate`, `quota`, `lane` (429) or `queue`
-/// (503: SQS did not take the message).
+/// Requests refused, by `reason`: `rate`, `quota`, `lane`, `batches` (a
+/// tenant's batches in progress), `writes` (a tenant's changes other than
+/// sends) (429) or `queue` (503: SQS did not take the message).
 pub const REJECTED_TOTAL: &str = "fairlane_requests_rejected_total";
 /// SQS API calls started, by `operation` (SQS mode only; what SQS bills).
 pub const SQS_CALLS_TOTAL: &str = "fairlane_sqs_calls_total";
@@ -75,6 +76,8 @@ pub const BREAKER_OPENS_TOTAL: &str = "fairlane_provider_breaker_opens_total";
 /// oldest connection waiting for a request head, closed to make room) or
 /// `refused` (every connection busy: answered 503 and closed).
 pub const CONNECTIONS_SHED_TOTAL: &str = "fairlane_connections_shed_total";
+/// Requests whose handler panicked, answered 500 (every one is a bug).
+pub const HANDLER_PANICS_TOTAL: &str = "fairlane_handler_panics_total";
 /// Dedicated tenant queues of a `lane` this process knows to hold backlog:
 /// signalled, or held while their tenant is paused, and not yet found empty
 /// after a slice.
@@ -225,6 +228,11 @@ fn describe_and_register() {
         Unit::Count,
         "Connections shed at server.max_connections: evicted (oldest waiting for a request head) or refused (503, all busy)."
     );
+    describe_counter!(
+        HANDLER_PANICS_TOTAL,
+        Unit::Count,
+        "Requests whose handler panicked, answered 500 (each one is a bug; the log has the panic)."
+    );
     describe_gauge!(
         DEDICATED_QUEUES_BACKLOGGED,
         Unit::Count,
@@ -337,7 +345,7 @@ fn describe_and_register() {
             }
         }
     }
-    for reason in ["rate", "quota", "lane", "queue"] {
+    for reason in ["rate", "quota", "lane", "batches", "writes", "queue"] {
         metrics::counter!(REJECTED_TOTAL, "reason" => reason).increment(0);
     }
     for operation in [
@@ -360,6 +368,7 @@ fn describe_and_register() {
     for action in ["evicted", "refused"] {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
     }
+    metrics::counter!(HANDLER_PANICS_TOTAL).increment(0);
     for lane in ["fast", "slow"] {
         for event in ["published", "consumed", "dropped"] {
             metrics::counter!(ATTENTION_SIGNALS_TOTAL, "lane" => lane, "event" => event)

@@ -15,6 +15,13 @@
 //!   idle), which is closed; when every connection is busy with a request,
 //!   the new one is answered `503` with `Retry-After` and closed. A flood of
 //!   connections that send nothing cannot lock out a client that does.
+//! - **A cap on requests per connection.** An HTTP/2 connection carries at
+//!   most `server.http2_max_streams` requests at once, so
+//!   `max_connections × http2_max_streams` bounds the requests in progress.
+//!
+//! The bookkeeping of a connection and of its requests is kept by drop
+//! guards: a request or connection that ends by a panic gives its slot
+//! back as one that ends normally does.
 //!
 //! At start the process raises its soft open-file limit to the hard limit
 //! ([`raise_open_file_limit`]).
@@ -57,6 +64,8 @@ content-length: 124\r\n\r\n\
 pub struct ServeLimits {
     pub header_read_timeout: Duration,
     pub max_connections: usize,
+    /// Most requests in progress on one HTTP/2 connection.
+    pub http2_max_streams: u32,
 }
 
 /// Raises the soft limit on open files to the hard limit and logs both;
@@ -155,6 +164,38 @@ impl Connections {
     }
 }
 
+/// A request in progress on connection `id`: counted while it lives.
+struct BusyGuard {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl BusyGuard {
+    fn new(connections: Arc<Connections>, id: u64) -> Self {
+        connections.busy(id, 1);
+        BusyGuard { connections, id }
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.connections.busy(self.id, -1);
+    }
+}
+
+/// An open connection's place in [`Connections`], given back when it ends,
+/// however it ends.
+struct OpenGuard {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.connections.lock().remove(&self.id);
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` turns true, then stops
 /// accepting, lets requests in progress finish and closes idle connections.
 pub async fn serve(
@@ -170,6 +211,7 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout);
     builder
         .http2()
+        .max_concurrent_streams(limits.http2_max_streams)
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.header_read_timeout)
         .keep_alive_timeout(limits.header_read_timeout);
@@ -179,6 +221,7 @@ pub async fn serve(
     let mut next_id: u64 = 0;
     info!(
         max_connections = limits.max_connections,
+        http2_max_streams = limits.http2_max_streams,
         header_read_timeout_secs = limits.header_read_timeout.as_secs_f64(),
         "Serving HTTP."
     );
@@ -247,15 +290,17 @@ async fn serve_one(
     closed: oneshot::Receiver<()>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let _open = OpenGuard {
+        connections: connections.clone(),
+        id,
+    };
     let _ = stream.set_nodelay(true);
-    let tracked = connections.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let router = router.clone();
-        let tracked = tracked.clone();
+        let busy = BusyGuard::new(connections.clone(), id);
         async move {
-            tracked.busy(id, 1);
             let response = router.oneshot(request.map(axum::body::Body::new)).await;
-            tracked.busy(id, -1);
+            drop(busy);
             Ok::<_, Infallible>(response.unwrap_or_else(|never| match never {}))
         }
     });
@@ -281,7 +326,6 @@ async fn serve_one(
             }
         }
     }
-    connections.lock().remove(&id);
 }
 
 #[cfg(test)]

@@ -39,34 +39,36 @@ pub fn header_key(raw: Option<&str>) -> Result<Option<String>, Refused> {
 /// SHA-256 of the request with object keys sorted, so the same request
 /// with other whitespace or key order counts as the same.
 pub fn request_hash(value: &Value) -> String {
-    fn feed(hasher: &mut Sha256, value: &Value) {
-        match value {
-            Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
-                keys.sort();
-                hasher.update(b"{");
-                for key in keys {
-                    hasher.update(serde_json::to_string(key).unwrap_or_default().as_bytes());
-                    hasher.update(b":");
-                    feed(hasher, &map[key]);
-                    hasher.update(b",");
-                }
-                hasher.update(b"}");
-            }
-            Value::Array(items) => {
-                hasher.update(b"[");
-                for item in items {
-                    feed(hasher, item);
-                    hasher.update(b",");
-                }
-                hasher.update(b"]");
-            }
-            scalar => hasher.update(scalar.to_string().as_bytes()),
-        }
-    }
     let mut hasher = Sha256::new();
-    feed(&mut hasher, value);
+    feed_hash(&mut hasher, value);
     hex::encode(hasher.finalize())
+}
+
+/// Feeds `value` to `hasher` as [`request_hash`] reads it.
+pub(crate) fn feed_hash(hasher: &mut Sha256, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            hasher.update(b"{");
+            for key in keys {
+                hasher.update(serde_json::to_string(key).unwrap_or_default().as_bytes());
+                hasher.update(b":");
+                feed_hash(hasher, &map[key]);
+                hasher.update(b",");
+            }
+            hasher.update(b"}");
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for item in items {
+                feed_hash(hasher, item);
+                hasher.update(b",");
+            }
+            hasher.update(b"]");
+        }
+        scalar => hasher.update(scalar.to_string().as_bytes()),
+    }
 }
 
 /// `(tenant, key)` pairs whose first request is still being answered.

@@ -12,6 +12,7 @@
 //! the API: it reads headers and bodies, calls [`Acceptor`], and writes
 //! answers and problems from what comes back ([`Sent`], [`Refused`]).
 
+mod batch;
 mod idempotency;
 pub mod outbox;
 mod prepare;
@@ -22,8 +23,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+pub use self::batch::MAX_ITEM_BYTES;
+use self::batch::{BatchSlot, BatchSlots};
 use self::idempotency::{InFlightKey, InFlightKeys, remembered};
 pub use self::idempotency::{MAX_KEY_LEN, header_key, is_valid_key, request_hash};
 use self::outbox::{Outbox, Rejection};
@@ -61,6 +65,10 @@ pub enum LimitReason {
     Rate,
     Quota,
     Lane,
+    /// The tenant has `server.max_batches_per_tenant` batches in progress.
+    Batches,
+    /// The tenant's changes other than sends (`limits.tenant_writes_*`).
+    Writes,
 }
 
 impl LimitReason {
@@ -69,6 +77,8 @@ impl LimitReason {
             LimitReason::Rate => "rate",
             LimitReason::Quota => "quota",
             LimitReason::Lane => "lane",
+            LimitReason::Batches => "batches",
+            LimitReason::Writes => "writes",
         }
     }
 }
@@ -82,6 +92,9 @@ pub enum Refused {
     /// A malformed `Idempotency-Key` header (400).
     #[error("{0}")]
     BadKey(String),
+    /// The body is not JSON (400).
+    #[error("{0}")]
+    Malformed(String),
     /// The tenant is disabled (403).
     #[error("{0}")]
     Disabled(String),
@@ -166,6 +179,7 @@ pub struct Acceptor {
     limits: TenantLimits,
     backpressure: Arc<LaneBackpressure>,
     in_flight: InFlightKeys,
+    batches: BatchSlots,
 }
 
 impl Acceptor {
@@ -175,6 +189,7 @@ impl Acceptor {
         outbox: Option<Arc<Outbox>>,
         limits: TenantLimits,
         backpressure: Arc<LaneBackpressure>,
+        max_batches_per_tenant: usize,
     ) -> Self {
         Acceptor {
             db,
@@ -183,6 +198,7 @@ impl Acceptor {
             limits,
             backpressure,
             in_flight: InFlightKeys::default(),
+            batches: BatchSlots::new(max_batches_per_tenant),
         }
     }
 
@@ -246,26 +262,29 @@ impl Acceptor {
         })
     }
 
-    /// Accepts a batch (`value`, the JSON body: `{"messages": [...]}`):
-    /// each message validated, rate-limited and charged on its own, the
-    /// accepted ones made durable in one transaction. `render` writes the
-    /// answer's body from the items; with a batch key, the answer is
-    /// remembered with the batch (and corrected if a message's queue did
-    /// not take it).
+    /// Accepts a batch (`body`, the JSON text `{"messages": [...]}`): each
+    /// message validated, rate-limited and charged on its own, in turn
+    /// (see [`batch`] for what that costs), the accepted ones made durable
+    /// in one transaction. `render` writes the answer's body from the
+    /// items, once (again only if a message's queue did not take it); with
+    /// a batch key, the answer is remembered with the batch.
     pub async fn send_batch(
         &self,
         caller: &Caller,
-        value: &Value,
+        body: &[u8],
         key_header: Option<&str>,
         render: impl Fn(&[BatchItem]) -> anyhow::Result<String>,
     ) -> Result<BatchSent, Refused> {
-        let items = batch_items(value)?;
         let tenant_id = caller.tenant.id.as_str();
+        let _slot: BatchSlot = self.batches.take(tenant_id).inspect_err(|_| {
+            metrics::counter!(names::REJECTED_TOTAL, "reason" => "batches").increment(1);
+        })?;
+        let items = batch::items(body)?;
         let mut batch_key = None;
         let _batch_in_flight = match header_key(key_header)? {
             None => None,
             Some(key) => {
-                let hash = request_hash(value);
+                let hash = batch::request_hash(&items);
                 let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
                 if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
                     return Ok(BatchSent::Replayed(stored.response_body));
@@ -314,7 +333,7 @@ impl Acceptor {
                 key,
                 request_hash,
                 status_code: 200,
-                response_body: answer_body,
+                response_body: answer_body.clone(),
                 message_id: first.record.id.clone(),
                 created_at: now_ms(),
             });
@@ -350,18 +369,24 @@ impl Acceptor {
                 }
             }
         }
+        if !corrected {
+            drop(item_guards);
+            return Ok(BatchSent::Answered(answer_body));
+        }
         let body = render(&results)?;
-        if corrected && let Some((key, _)) = &batch_key {
+        if let Some((key, _)) = &batch_key {
             remembered_answers::replace_answer(&self.db, tenant_id, key, &body).await?;
         }
         drop(item_guards);
         Ok(BatchSent::Answered(body))
     }
 
-    /// One item of a batch through the single send's checks, in its order.
-    async fn admit_item(&self, caller: &Caller, item: &Value) -> Result<Admitted, Refused> {
+    /// One item of a batch through the single send's checks, in its order;
+    /// parsed here and dropped when done.
+    async fn admit_item(&self, caller: &Caller, item: &RawValue) -> Result<Admitted, Refused> {
+        batch::refuse_oversized(item)?;
         let tenant_id = caller.tenant.id.as_str();
-        let mut item = item.clone();
+        let mut item: Value = serde_json::from_str(item.get()).map_err(anyhow::Error::from)?;
         let key = match &mut item {
             Value::Object(object) => match object.remove("idempotency_key") {
                 None | Some(Value::Null) => None,
@@ -389,6 +414,7 @@ impl Acceptor {
                 (Some((key, hash)), Some(guard))
             }
         };
+        drop(item);
         let prepared = prepare(caller, message, remembered_as)?;
         let grant = self.admit(caller, prepared.lane).await?;
         Ok(Admitted::Ready(Box::new(prepared), grant, guard))
@@ -402,8 +428,8 @@ impl Acceptor {
             return Err(Refused::Limited {
                 reason: LimitReason::Lane,
                 detail: format!(
-                    "Lane {} holds about {} messages, at or above its high-water mark of {}.",
-                    full.lane, full.depth, full.high_water_mark
+                    "Lane {} holds about {} messages not yet delivered, at or above its high-water mark of {}.",
+                    full.lane, full.backlog, full.high_water_mark
                 ),
                 retry_after: full.retry_after,
                 rate: None,
@@ -453,10 +479,7 @@ impl Acceptor {
         {
             metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
             return Err(Refused::Unavailable {
-                detail: format!(
-                    "The queue did not take the message ({}); nothing was accepted.",
-                    failed.reason
-                ),
+                detail: "The queue did not take the message; nothing was accepted.".into(),
                 retry_after: failed.retry_after,
             });
         }
@@ -485,35 +508,4 @@ fn refused_item(refused: Refused) -> BatchItem {
         tracing::error!(error = %format!("{err:#}"), "A batch item failed with an internal error.");
     }
     BatchItem::Refused(refused)
-}
-
-/// The `messages` of a batch body, or 422 naming what is wrong.
-fn batch_items(value: &Value) -> Result<&Vec<Value>, Refused> {
-    let Value::Object(object) = value else {
-        return Err(Refused::field(
-            "body",
-            "must be a JSON object with a `messages` list",
-        ));
-    };
-    if let Some(other) = object.keys().find(|key| key.as_str() != "messages") {
-        return Err(Refused::field(
-            other,
-            "unknown field; a batch has only `messages`",
-        ));
-    }
-    match object.get("messages") {
-        Some(Value::Array(items)) if items.is_empty() => {
-            Err(Refused::field("messages", "must hold at least one message"))
-        }
-        Some(Value::Array(items)) if items.len() > MAX_BATCH => Err(Refused::field(
-            "messages",
-            format!("must hold at most {MAX_BATCH} messages"),
-        )),
-        Some(Value::Array(items)) => Ok(items),
-        Some(_) => Err(Refused::field(
-            "messages",
-            "must be a list of send requests",
-        )),
-        None => Err(Refused::field("messages", "is required")),
-    }
 }

@@ -192,7 +192,10 @@ impl Outbox {
     /// attempt). Returns [`Rejection::InFlight`] in that case: the request
     /// should answer 202 after all.
     pub async fn reject(&self, tenant_id: &str, message_id: &str, reason: &str) -> Rejection {
-        let detail = format!("not queued: {reason}");
+        // The reason is the SDK's text (it may name queue ARNs and the
+        // account): logged, not stored where the tenant reads it.
+        warn!(%message_id, %reason, "The queue did not take a message.");
+        let detail = "not queued: the queue did not take it".to_owned();
         for attempt in 1..=REJECT_ATTEMPTS {
             match self.try_reject(tenant_id, message_id, &detail).await {
                 Ok(outcome) => return outcome,

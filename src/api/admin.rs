@@ -45,8 +45,8 @@ pub fn router() -> Router<AppState> {
 #[serde(deny_unknown_fields)]
 pub struct PlanInput {
     pub lane: Lane,
-    /// Sustained sends per second: more than 0, at most 1,000,000.
-    #[schema(exclusive_minimum = 0.0, maximum = 1000000.0)]
+    /// Sustained sends per second: 0.001 (one in 1,000 s) to 1,000,000.
+    #[schema(minimum = 0.001, maximum = 1000000.0)]
     pub rate_per_second: f64,
     /// Sends allowed at once after idle: 1 to 4,294,967,295.
     #[serde(deserialize_with = "whole::u32_at_least_1")]
@@ -443,9 +443,9 @@ pub async fn patch_tenant(
 
 /// Delete a tenant with its keys and message history.
 ///
-/// Refused with 409 while any of its messages is undelivered (queued,
-/// sending or retrying), so a tenant re-created under the same id starts
-/// clean.
+/// Refused with 409 while any of its messages is undelivered (scheduled,
+/// queued, sending or retrying), so a tenant re-created under the same id
+/// starts clean; cancel scheduled messages first.
 #[utoipa::path(
     delete, path = "/v1/admin/tenants/{id}", tag = "admin",
     params(("id" = String, Path, description = "Tenant id.")),

@@ -9,8 +9,9 @@ use secrecy::ExposeSecret;
 use tracing::warn;
 
 use crate::api::AppState;
-use crate::api::error::ApiError;
+use crate::api::error::{ApiError, LimitReason};
 use crate::config::Settings;
+use crate::model::TenantStatus;
 use crate::store::Db;
 use crate::tenants::{Caller, hash_secret, random_hex};
 
@@ -112,6 +113,43 @@ impl FromRequestParts<AppState> for TenantAuth {
             ));
         }
         Err(ApiError::Unauthorized("Invalid or revoked API key.".into()))
+    }
+}
+
+/// A tenant's change other than a send (a webhook or suppression change,
+/// a cancel): authenticated as [`TenantAuth`], refused 403 for a disabled
+/// tenant, and charged to the tenant's bucket of changes (429 when empty;
+/// see [`crate::limits::writes`]).
+pub struct TenantWrite(pub Caller);
+
+impl FromRequestParts<AppState> for TenantWrite {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let TenantAuth(caller) = TenantAuth::from_request_parts(parts, state).await?;
+        if caller.tenant.status == TenantStatus::Disabled {
+            return Err(ApiError::Forbidden(format!(
+                "Tenant {:?} is disabled; its changes are refused until an admin re-enables it.",
+                caller.tenant.id
+            )));
+        }
+        if let Err(retry_after) = state.writes.take(&caller.tenant.id) {
+            metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "writes").increment(1);
+            return Err(ApiError::TooManyRequests {
+                reason: LimitReason::Writes,
+                detail: format!(
+                    "Changes other than sends are limited to {} per second with bursts of {} per tenant.",
+                    state.settings.limits.tenant_writes_per_second,
+                    state.settings.limits.tenant_writes_burst
+                ),
+                retry_after,
+                rate: None,
+            });
+        }
+        Ok(TenantWrite(caller))
     }
 }
 

@@ -39,6 +39,24 @@ pub struct LaneView {
     pub lane: Lane,
     #[serde(flatten)]
     pub stats: QueueStats,
+    /// Not yet delivered: `depth` (waiting, delayed and scheduled) plus
+    /// `in_flight` (held by a consumer). Sends answer 429 while a lane's
+    /// backlog is at or above its `high_water_mark`.
+    pub backlog: u64,
+    /// The lane's mark (not set for a tenant's dedicated queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_water_mark: Option<u64>,
+}
+
+impl LaneView {
+    pub fn new(lane: Lane, stats: QueueStats, high_water_mark: Option<u64>) -> Self {
+        LaneView {
+            lane,
+            backlog: stats.backlog(),
+            high_water_mark,
+            stats,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -110,7 +128,8 @@ fn lanes_of(lane: Option<Lane>) -> Vec<Lane> {
     lane.map_or_else(|| Lane::ALL.to_vec(), |lane| vec![lane])
 }
 
-/// Depth, in-flight, delayed, oldest age and DLQ depth per lane.
+/// Depth, in-flight, delayed, held, backlog (against the high-water
+/// mark), oldest age and DLQ depth per lane.
 #[utoipa::path(
     get, path = "/v1/admin/queues", tag = "admin",
     responses(
@@ -127,7 +146,8 @@ pub async fn queues(
     let mut lanes = Vec::new();
     for lane in Lane::ALL {
         let stats = state.queue.stats(*lane).await?;
-        lanes.push(LaneView { lane: *lane, stats });
+        let mark = state.settings.lanes.get(*lane).high_water_mark;
+        lanes.push(LaneView::new(*lane, stats, Some(mark)));
     }
     Ok(Json(QueuesView { lanes }))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::error;
 use utoipa::{ToResponse, ToSchema};
 
@@ -17,7 +17,7 @@ use crate::limits::tenant::RateInfo;
 use crate::tenants::RegistryError;
 
 /// An RFC 9457 problem document.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Problem {
     /// A URI naming the kind of problem, e.g. `urn:fairlane:problem:validation`.
     #[serde(rename = "type")]
@@ -56,6 +56,21 @@ pub struct TenantUnauthorized(pub Problem);
 #[derive(ToResponse)]
 #[response(content_type = "application/problem+json")]
 pub struct TenantDisabled(pub Problem);
+
+/// The tenant's changes other than sends are over
+/// `limits.tenant_writes_per_second` (`urn:fairlane:problem:too-many-changes`).
+#[derive(ToResponse)]
+#[response(
+    content_type = "application/problem+json",
+    headers(("Retry-After" = u64, description = "Seconds until the change may be made"))
+)]
+pub struct TooManyChanges(pub Problem);
+
+/// The tenant is disabled: its changes are refused until an admin
+/// re-enables it.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct TenantDisabledChange(pub Problem);
 
 /// A request with the same `Idempotency-Key` is still being answered.
 #[derive(ToResponse)]
@@ -169,6 +184,8 @@ impl ApiError {
                 LimitReason::Rate => ("rate-limited", "Tenant rate limit exceeded"),
                 LimitReason::Quota => ("quota-exhausted", "Daily quota exhausted"),
                 LimitReason::Lane => ("lane-full", "Lane is at its high-water mark"),
+                LimitReason::Batches => ("too-many-batches", "Too many batches in progress"),
+                LimitReason::Writes => ("too-many-changes", "Too many changes"),
             },
             ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),
             ApiError::Internal(_) => ("internal", "Internal error"),
@@ -286,7 +303,9 @@ impl From<&crate::accept::Refused> for ApiError {
         use crate::accept::Refused;
         match refused {
             Refused::Invalid(errors) => ApiError::Validation(errors.clone()),
-            Refused::BadKey(detail) => ApiError::BadRequest(detail.clone()),
+            Refused::BadKey(detail) | Refused::Malformed(detail) => {
+                ApiError::BadRequest(detail.clone())
+            }
             Refused::Disabled(detail) => ApiError::Forbidden(detail.clone()),
             Refused::KeyInFlight(detail) => ApiError::Conflict(detail.clone()),
             Refused::KeyReused(detail) => ApiError::IdempotencyMismatch(detail.clone()),

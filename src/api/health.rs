@@ -27,8 +27,10 @@ pub struct Health {
     /// does not make it unready).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<std::collections::BTreeMap<String, String>>,
-    /// Per check that is not `ok`: why, in words (for example
-    /// `store` → `database or disk is full`).
+    /// Per check that is not `ok`: why, as a code (`store_unreachable`,
+    /// `store_full`, `store_writes_fail`, `queue_unreachable`). The
+    /// error's own text goes to the log, not here: this route needs no
+    /// authentication.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub reasons: std::collections::BTreeMap<String, String>,
 }
@@ -63,7 +65,8 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
         reasons.insert("store".to_owned(), why.clone());
     }
     if !queue {
-        reasons.insert("queue".to_owned(), "the queue does not answer".to_owned());
+        tracing::warn!("Readiness: the queue does not answer.");
+        reasons.insert("queue".to_owned(), "queue_unreachable".to_owned());
     }
     let ready = store.is_ok() && queue;
     let mut checks: std::collections::BTreeMap<String, String> = [
@@ -97,16 +100,22 @@ const PROBE_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_secs(
 
 /// The store answers a query; and when a write failed lately (a full disk,
 /// an I/O error, a lost server), a probe write larger than any send commits.
+/// Fails with a reason code; the detail is logged.
 async fn store_check(state: &AppState) -> Result<(), String> {
     if !state.db.ping().await {
-        return Err("the store does not answer a query".to_owned());
+        tracing::warn!("Readiness: the store does not answer a query.");
+        return Err("store_unreachable".to_owned());
     }
     if !state.writer.failures().failed_within(PROBE_AFTER_FAILURE) {
         return Ok(());
     }
-    state
-        .writer
-        .probe()
-        .await
-        .map_err(|err| format!("writes fail: {err:#}"))
+    state.writer.probe().await.map_err(|err| {
+        let detail = format!("{err:#}");
+        tracing::warn!(error = %detail, "Readiness: a probe write to the store failed.");
+        if detail.to_ascii_lowercase().contains("full") {
+            "store_full".to_owned()
+        } else {
+            "store_writes_fail".to_owned()
+        }
+    })
 }

@@ -14,13 +14,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem, insert_rate_headers};
-use super::{ApiPath, AppState, json_value};
+use super::{ApiPath, AppState, json_value, read_json_bytes};
 use crate::accept::{Acceptor, BatchItem, BatchSent, Sent};
-use crate::api::auth::TenantAuth;
+use crate::api::auth::{TenantAuth, TenantWrite};
 use crate::store::messages;
 
 /// The send route (not subject to the request timeout; see `api::app`).
@@ -144,8 +143,7 @@ pub struct BatchItemResult {
     pub message: Option<SendAccepted>,
     /// Set when refused: the problem a single send would have answered.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::error::Problem>)]
-    pub problem: Option<Value>,
+    pub problem: Option<super::error::Problem>,
     /// For a 429 or 503: seconds to wait before sending this one again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
@@ -208,10 +206,10 @@ pub async fn send_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     Acceptor::refuse_disabled(&caller)?;
-    let value = json_value(&headers, body)?;
+    let body = read_json_bytes(&headers, body)?;
     let sent = state
         .accept
-        .send_batch(&caller, &value, key_header(&headers), |items| {
+        .send_batch(&caller, &body, key_header(&headers), |items| {
             Ok(serde_json::to_string(&batch_answer(items))?)
         })
         .await?;
@@ -247,7 +245,7 @@ fn batch_answer(items: &[BatchItem]) -> BatchAccepted {
                     index,
                     status: refused.status().as_u16(),
                     message: None,
-                    problem: serde_json::to_value(refused.problem()).ok(),
+                    problem: Some(refused.problem()),
                     retry_after: refused.retry_after().map(crate::limits::retry_after_secs),
                     replayed: false,
                 }
@@ -312,12 +310,14 @@ pub async fn get_message(
         (status = 401, response = super::error::TenantUnauthorized),
         (status = 404, description = "No message with this id for this tenant.", body = super::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "Too late: the message is being sent or has ended; `detail` names its status.", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 429, response = super::error::TooManyChanges),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn cancel_message(
     State(state): State<AppState>,
-    TenantAuth(caller): TenantAuth,
+    TenantWrite(caller): TenantWrite,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
     let tenant_id = caller.tenant.id.as_str();
@@ -377,12 +377,14 @@ const MAX_CANCEL_BY_REFERENCE: i64 = 10_000;
         (status = 400, description = "`reference` missing or malformed.", body = super::error::Problem, content_type = "application/problem+json"),
         (status = 401, response = super::error::TenantUnauthorized),
         (status = 422, description = "`reference` is empty or longer than 255 characters.", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 429, response = super::error::TooManyChanges),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn cancel_by_reference(
     State(state): State<AppState>,
-    TenantAuth(caller): TenantAuth,
+    TenantWrite(caller): TenantWrite,
     query: Result<axum::extract::Query<CancelQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<CancelResult>, ApiError> {
     let axum::extract::Query(query) = query

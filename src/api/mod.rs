@@ -24,6 +24,7 @@ use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -55,6 +56,8 @@ pub struct AppInner {
     /// `limits.backend = "redis"`: the connection, for `/readyz`.
     pub redis: Option<Arc<crate::limits::redis::RedisLimits>>,
     pub backpressure: Arc<LaneBackpressure>,
+    /// Tenants' changes other than sends, per tenant.
+    pub writes: crate::limits::writes::TenantWrites,
     pub admin: AdminAuth,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -99,7 +102,7 @@ pub fn app(state: AppState) -> Router {
     let batch = messages::batch_router().layer(DefaultBodyLimit::max(
         state.settings.server.max_batch_body_bytes,
     ));
-    Router::new()
+    let router = Router::new()
         .merge(messages::send_router())
         .merge(batch)
         .merge(timed)
@@ -109,9 +112,30 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::middleware::map_response_with_state(
             timeout,
             problem_for_bare_errors,
-        ))
+        ));
+    answering_panics(router)
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Wraps `router` as [`app`] wraps the API: a handler that panics is
+/// answered 500 problem+json (and logged) instead of the connection being
+/// dropped without an answer.
+pub fn answering_panics<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router.layer(CatchPanicLayer::custom(answer_panic))
+}
+
+/// The answer to a request whose handler panicked: a 500 that shows no
+/// internals; the panic's text goes to the log.
+fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message");
+    metrics::counter!(crate::metrics::HANDLER_PANICS_TOTAL).increment(1);
+    ApiError::Internal(anyhow::anyhow!("a request handler panicked: {text}")).into_response()
 }
 
 /// Gives every request body a deadline `request_timeout_secs` after its
@@ -276,7 +300,7 @@ pub fn json_typed<T: DeserializeOwned>(
     })
 }
 
-fn read_json_bytes(
+pub(crate) fn read_json_bytes(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Bytes, ApiError> {
@@ -550,6 +574,8 @@ impl Modify for SecurityAddon {
             error::AdminForbidden,
             error::TenantUnauthorized,
             error::TenantDisabled,
+            error::TenantDisabledChange,
+            error::TooManyChanges,
             error::IdempotencyInFlight,
             error::Malformed,
             error::PayloadTooLarge,

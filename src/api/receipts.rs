@@ -5,6 +5,7 @@
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
@@ -21,10 +22,17 @@ use crate::model::{MessageStatus, ms_to_rfc3339};
 use crate::receipts::{self, twilio};
 use crate::store::{events, messages};
 
+/// Largest SMS status callback read: a provider's form is about 1 KiB, and
+/// the whole body must be read before its signature can be checked.
+pub const MAX_CALLBACK_BYTES: usize = 16 * 1024;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/messages/{id}/events", get(list_events))
-        .route(twilio::CALLBACK_PATH, post(sms_callback))
+        .route(
+            twilio::CALLBACK_PATH,
+            post(sms_callback).layer(DefaultBodyLimit::max(MAX_CALLBACK_BYTES)),
+        )
 }
 
 /// One step of a message's history.
@@ -161,7 +169,9 @@ pub struct SmsStatusForm {
 /// every SMS request carries `StatusCallback = {public_url}/v1/callbacks/sms`.
 /// The request must carry a valid `X-Twilio-Signature` (HMAC-SHA1 with the
 /// provider's auth token over the full URL and the sorted form); otherwise
-/// the answer is 403 and nothing changes. `delivered` makes the message
+/// the answer is 403 and nothing changes. The body may have at most 16 KiB
+/// (413 beyond). A report that moves nothing and was recorded before (a
+/// replay) is answered 204 and adds nothing. `delivered` makes the message
 /// `delivered`; `undelivered` and `failed` make it `failed` with the
 /// `ErrorCode` in `last_error`; other statuses are recorded as events.
 #[utoipa::path(
@@ -174,6 +184,7 @@ pub struct SmsStatusForm {
         (status = 204, description = "Recorded (or kept until the message's provider id is known)."),
         (status = 400, description = "The body is not a readable form.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The signature is missing or wrong.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is larger than 16 KiB.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "SMS receipts are not set up: no server.public_url, or the SMS provider is not `http`.", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "The body is not application/x-www-form-urlencoded.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A signed form without `MessageSid` or `MessageStatus` (named in `errors`).", body = Problem, content_type = "application/problem+json"),
@@ -217,7 +228,13 @@ pub async fn sms_callback(
         )));
     }
     let body = body.map_err(|rejection| {
-        ApiError::BadRequest(format!("Request body could not be read: {rejection}."))
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!(
+                "A status callback may have at most {MAX_CALLBACK_BYTES} bytes."
+            ))
+        } else {
+            ApiError::BadRequest(format!("Request body could not be read: {rejection}."))
+        }
     })?;
     let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
     let url = match uri.query() {

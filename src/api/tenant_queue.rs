@@ -97,10 +97,7 @@ pub async fn tenant_queue(
     let mut lanes = Vec::new();
     for lane in state.tenant_queues.dedicated_lanes(&id).await? {
         if let Some(queue) = state.tenant_queues.dedicated_queue(lane, &id).await? {
-            lanes.push(LaneView {
-                lane,
-                stats: queue.stats(lane).await?,
-            });
+            lanes.push(LaneView::new(lane, queue.stats(lane).await?, None));
         }
     }
     Ok(Json(TenantQueueView {

@@ -1,8 +1,11 @@
-//! Lane backpressure: answers 429 when a lane's depth reaches its
+//! Lane backpressure: answers 429 when a lane's backlog reaches its
 //! high-water mark, with a Retry-After estimated from the lane's recent
-//! drain rate.
+//! drain rate. The backlog is what is not yet delivered
+//! ([`QueueStats::backlog`]): waiting, delayed and scheduled messages and
+//! those a consumer holds (in flight), so a consumer's buffer cannot carry
+//! the lane past its mark.
 //!
-//! The queue is asked for its depth by a background sampler every
+//! The queue is asked for its figures by a background sampler every
 //! [`LaneQueue::stats_interval`] (a second for the embedded queue,
 //! `queue.sqs.stats_interval_secs` for SQS), not on every request. Between samples, accepts made by this
 //! process are added to the sampled depth, so a burst cannot overshoot the
@@ -50,7 +53,8 @@ pub struct LaneBackpressure {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaneFull {
     pub lane: Lane,
-    pub depth: u64,
+    /// Messages the lane holds not yet delivered.
+    pub backlog: u64,
     pub high_water_mark: u64,
     pub retry_after: Duration,
 }
@@ -71,10 +75,10 @@ impl LaneBackpressure {
         }
     }
 
-    /// Sampled depth plus what was accepted since.
-    pub fn estimated_depth(&self, lane: Lane) -> u64 {
+    /// Sampled backlog plus what was accepted since.
+    pub fn estimated_backlog(&self, lane: Lane) -> u64 {
         let gauge = self.gauge(lane);
-        let sampled = gauge.stats.read().expect("stats lock").0.depth;
+        let sampled = gauge.stats.read().expect("stats lock").0.backlog();
         sampled + gauge.accepted_since_sample.load(Ordering::Relaxed)
     }
 
@@ -91,11 +95,11 @@ impl LaneBackpressure {
     /// `Err` when `lane` is at or above its high-water mark.
     pub fn check(&self, lane: Lane) -> Result<(), LaneFull> {
         let high_water_mark = self.lanes.get(lane).high_water_mark;
-        let depth = self.estimated_depth(lane);
-        if depth < high_water_mark {
+        let backlog = self.estimated_backlog(lane);
+        if backlog < high_water_mark {
             return Ok(());
         }
-        let excess = (depth - high_water_mark + 1) as f64;
+        let excess = (backlog - high_water_mark + 1) as f64;
         let rate = self.drain_rate(lane);
         let retry_after = if rate > 0.01 {
             Duration::from_secs_f64(excess / rate).min(MAX_RETRY_AFTER)
@@ -104,7 +108,7 @@ impl LaneBackpressure {
         };
         Err(LaneFull {
             lane,
-            depth,
+            backlog,
             high_water_mark,
             retry_after,
         })

@@ -157,7 +157,7 @@ impl ProviderGate {
             "provider rate must be a positive number, not {rate_per_second}"
         );
         let max_burst = NonZeroU32::new(burst).expect("provider burst must be at least 1");
-        let period = Duration::from_secs_f64(1.0 / rate_per_second).max(Duration::from_nanos(1));
+        let period = super::period_of(rate_per_second);
         let quota = Quota::with_period(period)
             .expect("period is at least one nanosecond")
             .allow_burst(max_burst);
@@ -408,7 +408,7 @@ impl GlobalBucket {
         let instances = self.redis.live_instances().max(1);
         let rate = gate.rate_per_second / f64::from(instances);
         let burst = NonZeroU32::new((gate.burst / instances).max(1)).expect("at least 1");
-        let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
+        let period = super::period_of(rate);
         let quota = Quota::with_period(period)
             .expect("period is at least one nanosecond")
             .allow_burst(burst);

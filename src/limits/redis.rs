@@ -521,5 +521,8 @@ impl RedisLimits {
 /// A rate as a whole number of microseconds per send, rounded up so the
 /// rate kept is never above the one configured.
 pub(crate) fn period_micros(rate_per_second: f64) -> u64 {
-    ((1_000_000.0 / rate_per_second).ceil() as u64).max(1)
+    let period = super::period_of(rate_per_second);
+    u64::try_from(period.as_nanos().div_ceil(1_000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }

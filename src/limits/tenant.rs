@@ -126,7 +126,7 @@ pub(crate) struct LocalLimits {
 }
 
 fn quota_for(plan: &Plan) -> Quota {
-    let period = Duration::from_secs_f64(1.0 / plan.rate_per_second).max(Duration::from_nanos(1));
+    let period = super::period_of(plan.rate_per_second);
     let burst = NonZeroU32::new(plan.burst.max(1)).expect("burst is at least 1");
     Quota::with_period(period)
         .expect("period is positive")

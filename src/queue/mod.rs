@@ -66,6 +66,17 @@ pub struct QueueStats {
     pub held: u64,
 }
 
+impl QueueStats {
+    /// What the lane holds that is not yet delivered and competes for its
+    /// drain: waiting (visible or delayed, scheduled included) and held by
+    /// a consumer. This is what a lane's high-water mark bounds. Messages
+    /// of paused tenants, set aside, are not counted: a paused tenant
+    /// would otherwise close the lane to every other tenant.
+    pub fn backlog(&self) -> u64 {
+        self.depth.saturating_add(self.in_flight)
+    }
+}
+
 /// A message in a dead-letter queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {

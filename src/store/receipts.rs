@@ -87,18 +87,31 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
                             (Some(new), Some(old)) => new > old,
                             _ => false,
                         });
-                let duplicate = receipt.outcome.is_some() && receipt.outcome == Some(current);
+                let (event, after) = match (moves, receipt.outcome) {
+                    (Some(outcome), _) => (outcome.as_str().to_owned(), outcome),
+                    // Reported, but the message is already further on.
+                    (None, Some(outcome)) => (format!("provider_{}", outcome.as_str()), current),
+                    (None, None) => (receipt.event.clone(), current),
+                };
+                let mut duplicate = receipt.outcome.is_some() && receipt.outcome == Some(current);
+                if !duplicate && moves.is_none() {
+                    // A report that moves nothing and was recorded before
+                    // (a replayed callback, a provider's retry) adds no
+                    // second event and no second webhook call.
+                    let seen: Option<i32> = sqlx::query_scalar(
+                        "SELECT 1 FROM message_events WHERE message_id = $1 AND event = $2 \
+                         AND detail IS NOT DISTINCT FROM $3 LIMIT 1",
+                    )
+                    .bind(&id)
+                    .bind(&event)
+                    .bind(&receipt.detail)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    duplicate = seen.is_some();
+                }
                 if duplicate {
                     Applied::Duplicate
                 } else {
-                    let (event, after) = match (moves, receipt.outcome) {
-                        (Some(outcome), _) => (outcome.as_str().to_owned(), outcome),
-                        // Reported, but the message is already further on.
-                        (None, Some(outcome)) => {
-                            (format!("provider_{}", outcome.as_str()), current)
-                        }
-                        (None, None) => (receipt.event.clone(), current),
-                    };
                     if let Some(outcome) = moves {
                         // `last_error` carries a failure's reason; a delivery clears it.
                         let error = (outcome != MessageStatus::Delivered)

@@ -190,11 +190,13 @@ pub async fn update_tenant(
 
 /// Deletes a tenant with its keys, message history, events, webhook,
 /// suppressions and idempotency keys, in one transaction; refused while
-/// any of its messages is undelivered (`queued`, `sending`, `retrying`).
+/// any of its messages is undelivered (`scheduled`, `queued`, `sending`,
+/// `retrying`): a scheduled one would otherwise be sent for a tenant that
+/// no longer exists.
 pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> {
     Ok(super::in_transaction!(db, |tx| {
         let pending: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND status IN ('queued', 'sending', 'retrying')",
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND status IN ('scheduled', 'queued', 'sending', 'retrying')",
         )
         .bind(id)
         .fetch_one(&mut *tx)

@@ -123,6 +123,10 @@ on_both_stores! {
         let cases = [
             ("rate_per_second", json!(0)),
             ("rate_per_second", json!(-1.0)),
+            // A typo that once panicked every send of the plan's tenants.
+            ("rate_per_second", json!(1e-20)),
+            ("rate_per_second", json!(0.000_9)),
+            ("rate_per_second", json!(1_000_001.0)),
             ("burst", json!(0)),
             ("max_in_flight", json!(0)),
         ];
@@ -159,6 +163,21 @@ on_both_stores! {
             .await
             .unwrap();
         expect_field_error(missing, "burst").await;
+    }
+}
+
+on_both_stores! {
+    async fn the_slowest_plan_rate_is_one_send_in_1000_seconds_and_its_tenants_send() {
+        let app = TestApp::start("").await;
+        let response = app
+            .admin(Method::PUT, "/v1/admin/plans/tiny")
+            .json(&with(plan_body(), "rate_per_second", json!(0.001)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let key = app.tenant_with_key("acme", "tiny").await;
+        assert_eq!(app.send(&key, &email()).await.status(), StatusCode::ACCEPTED);
     }
 }
 
@@ -301,6 +320,22 @@ on_both_stores! {
             StatusCode::ACCEPTED
         );
 
+        // A scheduled message is undelivered too.
+        let later = app.tenant_with_key("later", "pro").await;
+        let send_at = crate::scheduled::rfc3339_in(chrono::Duration::hours(1));
+        let scheduled = expect_json(
+            app.send(&later, &with(email(), "send_at", serde_json::json!(send_at))).await,
+            StatusCode::ACCEPTED,
+        )
+        .await;
+        assert_eq!(scheduled["status"], "scheduled");
+        let refused = app
+            .admin(Method::DELETE, "/v1/admin/tenants/later")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(refused, StatusCode::CONFLICT).await;
+
         let quiet = app.tenant_with_key("quiet", "pro").await;
         let deleted = app
             .admin(Method::DELETE, "/v1/admin/tenants/quiet")
@@ -334,7 +369,7 @@ on_both_stores! {
             .iter()
             .map(|t| t["id"].as_str().unwrap())
             .collect();
-        assert_eq!(ids, ["acme"]);
+        assert_eq!(ids, ["acme", "later"]);
     }
 }
 

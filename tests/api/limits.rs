@@ -178,3 +178,130 @@ async fn a_full_lane_stays_full_after_the_depth_is_sampled_again() {
     let response = app.send(&key, &sms()).await;
     expect_problem_kind(response, StatusCode::TOO_MANY_REQUESTS, "lane-full").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_consumer_holds_count_toward_the_high_water_mark() {
+    // The slow lane's consumer takes messages into its buffer while they
+    // wait for a provider that sends one every 5 s: they are in flight, not
+    // waiting, and must still count, or the lane takes its mark plus the
+    // consumer's whole buffer.
+    let dir = tempfile::tempdir().unwrap();
+    let deliveries = dir.path().join("deliveries.jsonl");
+    let app = TestApp::start_in(
+        dir,
+        &format!(
+            "[consumers]\nenabled = true\nreceive_wait_secs = 1\n\n\
+             [lanes.slow]\nconcurrency = 8\nhigh_water_mark = 30\nvisibility_timeout_secs = 60\nmax_receive_count = 5\n\n\
+             [providers.email]\nkind = \"log\"\nrate_per_second = 0.2\nburst = 1\nlog_path = \"{}\"\n\n\
+             [plans.bulk]\nlane = \"slow\"\nrate_per_second = 1000.0\nburst = 1000\ndaily_quota = 100000\nmax_in_flight = 100\n",
+            deliveries.display()
+        ),
+        |_| {},
+    )
+    .await;
+    let key = app.tenant_with_key("bulk", "bulk").await;
+    let mut first_refused = None;
+    for n in 1..=120 {
+        let response = app.send(&key, &email()).await;
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            let (_, problem) =
+                expect_problem_kind(response, StatusCode::TOO_MANY_REQUESTS, "lane-full").await;
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not yet delivered"),
+                "{problem}"
+            );
+            first_refused.get_or_insert(n);
+        } else {
+            assert_eq!(response.status(), StatusCode::ACCEPTED, "send {n}");
+            // Give the consumer time to take what is waiting into its buffer.
+            if n % 10 == 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    let first_refused = first_refused.expect("no send was refused");
+    // 30 accepted, plus the few the provider sent meanwhile (one at once,
+    // then one in 5 s).
+    assert!(
+        (31..=34).contains(&first_refused),
+        "the first 429 came at send {first_refused}, not near 31"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let queues = expect_json(
+        app.admin(reqwest::Method::GET, "/v1/admin/queues")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    let slow = &queues["lanes"][1];
+    assert_eq!(slow["lane"], "slow", "{queues}");
+    assert_eq!(slow["high_water_mark"], 30);
+    let (depth, in_flight, backlog) = (
+        slow["depth"].as_u64().unwrap(),
+        slow["in_flight"].as_u64().unwrap(),
+        slow["backlog"].as_u64().unwrap(),
+    );
+    assert_eq!(backlog, depth + in_flight, "{slow}");
+    assert!(in_flight > 0, "the consumer holds messages: {slow}");
+    assert!((28..=30).contains(&backlog), "{slow}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_changes_other_than_sends_have_a_bucket_of_their_own() {
+    let app =
+        TestApp::start("[limits]\ntenant_writes_per_second = 0.5\ntenant_writes_burst = 3\n").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let other = app.tenant_with_key("globex", "pro").await;
+    let add = |key: &str, n: usize| {
+        app.tenant(key, reqwest::Method::POST, "/v1/suppressions")
+            .json(&serde_json::json!({"address": format!("x{n}@example.com")}))
+            .send()
+    };
+    for n in 0..3 {
+        assert_eq!(
+            add(&key, n).await.unwrap().status(),
+            StatusCode::CREATED,
+            "change {n}"
+        );
+    }
+    let (headers, _) = expect_problem_kind(
+        add(&key, 3).await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-changes",
+    )
+    .await;
+    assert!((1..=2).contains(&header_u64(&headers, "retry-after")));
+    // A cancel draws on the same bucket; sends and other tenants do not.
+    let cancel = app
+        .tenant(&key, reqwest::Method::DELETE, "/v1/messages?reference=r-1")
+        .send()
+        .await
+        .unwrap();
+    expect_problem_kind(cancel, StatusCode::TOO_MANY_REQUESTS, "too-many-changes").await;
+    assert_eq!(
+        app.send(&key, &email()).await.status(),
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(add(&other, 0).await.unwrap().status(), StatusCode::CREATED);
+
+    // A disabled tenant can change nothing.
+    app.patch_tenant("globex", serde_json::json!({"status": "disabled"}))
+        .await;
+    let refused = add(&other, 1).await.unwrap();
+    expect_problem_kind(refused, StatusCode::FORBIDDEN, "forbidden").await;
+    let refused = app
+        .tenant(
+            &other,
+            reqwest::Method::DELETE,
+            "/v1/suppressions/x0@example.com",
+        )
+        .send()
+        .await
+        .unwrap();
+    expect_problem_kind(refused, StatusCode::FORBIDDEN, "forbidden").await;
+}

@@ -138,12 +138,25 @@ on_both_stores! {
     assert_eq!(history[3]["status"], "delivered");
     assert_eq!(history[3]["provider_message_id"], "SM-RCPT-1");
 
-    // The same report again changes nothing.
-    assert_eq!(
-        callback(&app, AUTH_TOKEN, &delivered).await.status(),
-        StatusCode::NO_CONTENT
-    );
+    // The same report again changes nothing; nor does a replayed
+    // intermediate status (no second event, so no second webhook call).
+    for replayed in [&delivered[..], &sent[..], &sent[..]] {
+        assert_eq!(
+            callback(&app, AUTH_TOKEN, replayed).await.status(),
+            StatusCode::NO_CONTENT
+        );
+    }
     assert_eq!(events(&app, &key, &id).await.len(), 4);
+
+    // A body larger than any provider's form is refused before its
+    // signature is computed.
+    let padding = "x".repeat(20 * 1024);
+    let padded = [("MessageSid", "SM-RCPT-1"), ("MessageStatus", "sent"), ("Pad", padding.as_str())];
+    expect_problem(
+        callback(&app, AUTH_TOKEN, &padded).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+    )
+    .await;
 
     // A signed form without the fields it needs names them.
     let (_, problem) = expect_problem(

@@ -1,0 +1,105 @@
+//! A handler that panics: answered 500 problem+json, and neither a caught
+//! nor an uncaught panic keeps a connection slot.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use fairlane::serve::{ServeLimits, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Few slots, so a leak of one per panic shows within a handful.
+const SLOTS: usize = 4;
+
+async fn always_panics() -> &'static str {
+    panic!("a handler bug");
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+/// Serves `router` with [`SLOTS`] connections; returns its address and the
+/// switch that stops it.
+async fn start(router: Router) -> (std::net::SocketAddr, watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopping) = watch::channel(false);
+    let limits = ServeLimits {
+        header_read_timeout: Duration::from_secs(5),
+        max_connections: SLOTS,
+        http2_max_streams: 4,
+    };
+    tokio::spawn(serve(listener, router, limits, stopping));
+    (address, stop)
+}
+
+/// One GET on a new connection; the whole response as text ("" when the
+/// server closed the connection without an answer).
+async fn get_once(address: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server neither answered nor closed the connection");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn routes() -> Router {
+    Router::new()
+        .route("/panic", get(always_panics))
+        .route("/ok", get(ok))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_answered_500_and_frees_its_connection_every_time() {
+    let (address, stop) = start(fairlane::api::answering_panics(routes())).await;
+    for round in 0..1_000 {
+        let answer = get_once(address, "/panic").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 500"),
+            "round {round}: {answer}"
+        );
+        assert!(
+            answer.contains("application/problem+json")
+                && answer.contains("urn:fairlane:problem:internal")
+                && !answer.contains("a handler bug"),
+            "round {round}: the 500 must be problem+json without internals: {answer}"
+        );
+        let answer = get_once(address, "/ok").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "round {round}: a request after a panic was not served: {answer}"
+        );
+    }
+    let _ = stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_that_is_not_caught_still_gives_its_connection_slot_back() {
+    // No catch-panic layer: the connection's task unwinds. Its slot must
+    // come back all the same, or after SLOTS panics every connection would
+    // be refused 503.
+    let (address, stop) = start(routes()).await;
+    for round in 0..(SLOTS * 25) {
+        let answer = get_once(address, "/panic").await;
+        assert!(
+            !answer.starts_with("HTTP/1.1 200"),
+            "round {round}: {answer}"
+        );
+        let answer = get_once(address, "/ok").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "round {round}: a connection slot leaked with the panic: {answer}"
+        );
+    }
+    let _ = stop.send(true);
+}
