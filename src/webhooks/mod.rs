@@ -13,6 +13,7 @@
 //! as failed, listed by [`failing`], and sent again by [`redrive`].
 
 pub mod dispatch;
+pub mod endpoint;
 pub mod sign;
 
 use serde::{Deserialize, Serialize};
