@@ -52,6 +52,8 @@ FAIRLANE__PROVIDERS__EMAIL__KIND=log \
 FAIRLANE__PROVIDERS__EMAIL__LOG_PATH=/dev/null \
 FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=10000000 \
 FAIRLANE__PROVIDERS__EMAIL__BURST=100000 \
+FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
+FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
 RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done

@@ -6,12 +6,13 @@
 //! [`SecretString`] so they never reach a log line through `Debug`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use figment::Figment;
 use figment::providers::{Format, Toml};
+use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -409,6 +410,37 @@ pub struct WebhookSettings {
     /// How often due calls are looked for, when no event wakes the
     /// dispatcher first. Default 500.
     pub poll_interval_ms: u64,
+    /// Accept `http://` endpoints as well as `https://`. For development
+    /// against a local receiver: over plain HTTP anyone on the path reads
+    /// the events. Default false.
+    pub allow_http: bool,
+    /// Internal addresses endpoints may have anyway, as CIDR ranges
+    /// (`"10.1.2.0/24"`, `"fd00:1::/64"`) or single addresses
+    /// (`"127.0.0.1"`). Loopback, private, link-local (cloud metadata),
+    /// carrier-grade NAT, multicast and reserved addresses are otherwise
+    /// refused, when a URL is set and again when it is called, so a tenant
+    /// cannot make fairlane call services inside its network. Default none.
+    #[serde(deserialize_with = "ip_ranges")]
+    pub allow_private: Vec<IpNet>,
+}
+
+/// `webhooks.allow_private`: CIDR ranges, or single addresses as one-address
+/// ranges.
+fn ip_ranges<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
+    let given = Vec::<String>::deserialize(deserializer)?;
+    given
+        .iter()
+        .map(|text| {
+            let text = text.trim();
+            text.parse::<IpNet>()
+                .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{text:?} is not a CIDR range or an IP address, like \"10.1.2.0/24\", \"fd00::/8\" or \"127.0.0.1\""
+                    ))
+                })
+        })
+        .collect()
 }
 
 impl Default for WebhookSettings {
@@ -421,6 +453,8 @@ impl Default for WebhookSettings {
             retry_max_secs: 3_600,
             disable_after_secs: 86_400,
             poll_interval_ms: 500,
+            allow_http: false,
+            allow_private: Vec::new(),
         }
     }
 }
@@ -1119,6 +1153,48 @@ mod tests {
         .unwrap();
         assert_eq!(settings.limits.backend, LimitsBackend::Redis);
         assert_eq!(settings.limits.key_prefix, "eu1");
+    }
+
+    #[test]
+    fn webhook_allow_private_takes_cidr_ranges_and_addresses_and_names_a_bad_one() {
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert!(!settings.webhooks.allow_http);
+        assert!(settings.webhooks.allow_private.is_empty());
+
+        let settings = Settings::from_toml_overlay(
+            "[webhooks]\nallow_http = true\nallow_private = [\"10.1.2.0/24\", \"127.0.0.1\", \"fd00:1::/64\"]\n",
+        )
+        .unwrap();
+        assert!(settings.webhooks.allow_http);
+        let listed: Vec<String> = settings
+            .webhooks
+            .allow_private
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(listed, ["10.1.2.0/24", "127.0.0.1/32", "fd00:1::/64"]);
+
+        // As the bench scripts set them.
+        let vars = [
+            ("FAIRLANE__WEBHOOKS__ALLOW_HTTP", "true"),
+            ("FAIRLANE__WEBHOOKS__ALLOW_PRIVATE", "[\"127.0.0.1/32\"]"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
+        let settings = Settings::from_figment(figment).unwrap();
+        assert!(settings.webhooks.allow_http);
+        assert_eq!(settings.webhooks.allow_private.len(), 1);
+
+        for bad in ["10.1.2.0/33", "10.1.2", "localhost", "fd00::/129"] {
+            let err =
+                Settings::from_toml_overlay(&format!("[webhooks]\nallow_private = [\"{bad}\"]\n"))
+                    .unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.contains("webhooks.allow_private") && text.contains(bad),
+                "{text}"
+            );
+        }
     }
 
     #[test]

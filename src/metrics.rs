@@ -93,8 +93,9 @@ pub const RECEIPTS_TOTAL: &str = "fairlane_receipts_total";
 /// list, by `channel`.
 pub const SUPPRESSED_TOTAL: &str = "fairlane_messages_suppressed_total";
 /// Webhook calls, by `result`: `delivered` (2xx), `rejected` (another
-/// status), `unreachable` (connection failed or timed out), `gave_up`
-/// (the event failed for `webhooks.disable_after_secs`).
+/// status), `unreachable` (connection failed or timed out), `not_allowed`
+/// (not made: the URL or the address it resolved to is not allowed),
+/// `gave_up` (the event failed for `webhooks.disable_after_secs`).
 pub const WEBHOOK_ATTEMPTS_TOTAL: &str = "fairlane_webhook_attempts_total";
 /// Seconds from an event to its webhook's successful delivery.
 pub const WEBHOOK_LAG_SECONDS: &str = "fairlane_webhook_lag_seconds";
@@ -117,7 +118,13 @@ pub const RECEIPT_OUTCOMES: &[&str] = &[
 ];
 
 /// Webhook call results, as labelled in [`WEBHOOK_ATTEMPTS_TOTAL`].
-pub const WEBHOOK_RESULTS: &[&str] = &["delivered", "rejected", "unreachable", "gave_up"];
+pub const WEBHOOK_RESULTS: &[&str] = &[
+    "delivered",
+    "rejected",
+    "unreachable",
+    "not_allowed",
+    "gave_up",
+];
 
 /// Raises a gauge by one for as long as it lives.
 pub struct GaugeHold(metrics::Gauge);

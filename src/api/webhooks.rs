@@ -18,7 +18,10 @@ use super::error::{
     UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed, known_tenant};
+use crate::accept::Acceptor;
 use crate::api::auth::{AdminOnly, TenantAuth};
+use crate::tenants::Caller;
+use crate::webhooks::endpoint::{self, EndpointPolicy};
 use crate::webhooks::{self, WebhookInput, WebhookView, WebhookWithSecret};
 
 pub fn router() -> Router<AppState> {
@@ -49,21 +52,49 @@ fn no_webhook(tenant: &str) -> ApiError {
     ApiError::NotFound(format!("Tenant {tenant:?} has no webhook."))
 }
 
+/// Who sets a webhook: the tenant itself (refused while it is disabled),
+/// or an admin for a tenant named in the path.
+enum Setter<'a> {
+    Tenant(&'a Caller),
+    Admin,
+}
+
+/// 403 while the tenant is disabled, as its sends are.
+fn refuse_disabled(caller: &Caller) -> Result<(), ApiError> {
+    Acceptor::refuse_disabled(caller).map_err(|_| {
+        ApiError::Forbidden(format!(
+            "Tenant {:?} is disabled; its webhook cannot be changed until an admin re-enables it.",
+            caller.tenant.id
+        ))
+    })
+}
+
 async fn put_for(
     state: &AppState,
     tenant: &str,
-    by_admin: bool,
+    setter: Setter<'_>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    if let Setter::Tenant(caller) = setter {
+        refuse_disabled(caller)?;
+    }
     let input: WebhookInput = json_typed(headers, body)?;
     // An admin names the tenant in the path: checked once the body is
     // known to be JSON, as the other admin writes do.
-    if by_admin {
+    if let Setter::Admin = setter {
         known_tenant(state, tenant)?;
     }
-    let events = webhooks::validate(&input).map_err(|(field, why)| ApiError::field(field, why))?;
-    let (webhook, secret) = webhooks::put(&state.db, tenant, input.url.trim(), &events).await?;
+    let policy = EndpointPolicy::new(&state.settings.webhooks);
+    let (url, events) =
+        webhooks::validate(&input, &policy).map_err(|(field, why)| ApiError::field(field, why))?;
+    if let Err(refusal) = policy.check_reachable(&url).await {
+        // The tenant learns that the URL is refused, not what its host
+        // resolves to: the log has that.
+        tracing::info!(%tenant, %url, reason = %refusal, "Webhook URL refused: it does not lead to a public address.");
+        return Err(ApiError::field("url", endpoint::refused_because(&url)));
+    }
+    let (webhook, secret) = webhooks::put(&state.db, tenant, url.as_str(), &events).await?;
     let view = webhooks::view(&state.db, webhook).await?;
     tracing::info!(%tenant, url = %view.url, events = ?view.events, "Webhook set.");
     Ok(match secret {
@@ -107,6 +138,10 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
 
 /// Set this tenant's webhook endpoint.
 ///
+/// The URL must be `https` and lead to a public address: a host that is,
+/// or resolves to, a loopback, private, link-local or other internal
+/// address is refused, here and again at every call.
+///
 /// The first `PUT` answers 201 with the signing secret (`whsec_…`), shown
 /// only then; a later `PUT` changes the URL or the event types, keeps the
 /// secret, and enables a disabled endpoint again with its failed events.
@@ -121,9 +156,10 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
         (status = 201, description = "Created; `secret` is not shown again.", body = WebhookWithSecret),
         (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = TenantUnauthorized),
+        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
-        (status = 422, description = "Invalid fields (named in `errors`): not an http(s) URL, an unknown event type, no event type.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields (named in `errors`): `url` not an https URL (http only where `webhooks.allow_http` is set), with a user name, a password or control characters, or whose host is or resolves to an internal address (loopback, private, link-local, …) outside `webhooks.allow_private`; `events` empty or naming an unknown event type.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
 )]
@@ -133,7 +169,14 @@ pub async fn put_webhook(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    put_for(&state, &caller.tenant.id, false, &headers, body).await
+    put_for(
+        &state,
+        &caller.tenant.id,
+        Setter::Tenant(&caller),
+        &headers,
+        body,
+    )
+    .await
 }
 
 /// This tenant's webhook endpoint and its health.
@@ -159,6 +202,7 @@ pub async fn get_webhook(
     responses(
         (status = 204, description = "Removed."),
         (status = 401, response = TenantUnauthorized),
+        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
@@ -167,6 +211,7 @@ pub async fn delete_webhook(
     State(state): State<AppState>,
     TenantAuth(caller): TenantAuth,
 ) -> Result<StatusCode, ApiError> {
+    refuse_disabled(&caller)?;
     delete_for(&state, &caller.tenant.id).await
 }
 
@@ -180,6 +225,7 @@ pub async fn delete_webhook(
     responses(
         (status = 200, description = "The new secret; it is not shown again.", body = WebhookWithSecret),
         (status = 401, response = TenantUnauthorized),
+        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
@@ -188,6 +234,7 @@ pub async fn rotate_webhook(
     State(state): State<AppState>,
     TenantAuth(caller): TenantAuth,
 ) -> Result<Json<WebhookWithSecret>, ApiError> {
+    refuse_disabled(&caller)?;
     rotate_for(&state, &caller.tenant.id).await
 }
 
@@ -205,7 +252,7 @@ pub async fn rotate_webhook(
         (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
-        (status = 422, description = "Invalid fields (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields (named in `errors`), as for `PUT /v1/webhook`.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -216,7 +263,7 @@ pub async fn put_tenant_webhook(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    put_for(&state, &id, true, &headers, body).await
+    put_for(&state, &id, Setter::Admin, &headers, body).await
 }
 
 /// A tenant's webhook endpoint and its health.

@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
+use super::endpoint::{EndpointPolicy, Refusal, refusal_in};
 use super::sign::sign;
 use crate::config::WebhookSettings;
 use crate::message::MessageView;
@@ -32,6 +33,10 @@ use crate::store::webhooks::{self, DueCall};
 pub struct Dispatcher {
     db: Db,
     settings: WebhookSettings,
+    /// Checks each call's URL before it is made.
+    policy: EndpointPolicy,
+    /// Resolves names through [`EndpointPolicy`], follows no redirects and
+    /// uses no proxy, so a call only reaches an address checked for it.
     client: reqwest::Client,
     /// Event ids being called, by tenant.
     in_flight: Mutex<HashMap<String, HashSet<i64>>>,
@@ -44,15 +49,22 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(db: Db, settings: WebhookSettings) -> anyhow::Result<Arc<Self>> {
+        let policy = EndpointPolicy::new(&settings);
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(settings.timeout_ms))
+            // A redirect would go to an address nobody checked.
             .redirect(reqwest::redirect::Policy::none())
+            // Through a proxy the resolver would check the proxy's address,
+            // not the endpoint's.
+            .no_proxy()
+            .dns_resolver(policy.resolver())
             .user_agent(concat!("fairlane-webhooks/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Arc::new(Dispatcher {
             slots: Arc::new(Semaphore::new(settings.concurrency)),
             db,
             settings,
+            policy,
             client,
             in_flight: Mutex::default(),
             wake: Notify::new(),
@@ -188,37 +200,29 @@ impl Dispatcher {
             .map(|secret| sign(secret, &id, timestamp, &body))
             .collect::<anyhow::Result<Vec<_>>>()?
             .join(" ");
-        let answer = self
-            .client
-            .post(&webhook.url)
-            .header("content-type", "application/json")
-            .header("webhook-id", &id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signatures)
-            .body(body)
-            .send()
-            .await;
-        let failure = match answer {
-            Ok(response) if response.status().is_success() => None,
-            Ok(response) => Some((
-                "rejected",
-                format!("the endpoint answered HTTP {}", response.status().as_u16()),
-            )),
-            Err(err) if err.is_timeout() => Some((
-                "unreachable",
-                format!("no answer within {} ms", self.settings.timeout_ms),
-            )),
-            Err(err) => Some((
-                "unreachable",
-                format!(
-                    "cannot reach the endpoint: {}",
-                    crate::providers::causes(&err)
-                ),
-            )),
+        let failure = match self.policy.check_call(&webhook.url) {
+            Err((reason, detail)) => Some(Failure {
+                result: "not_allowed",
+                reason: reason.into(),
+                detail,
+            }),
+            Ok(url) => {
+                let answer = self
+                    .client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header("webhook-id", &id)
+                    .header("webhook-timestamp", timestamp.to_string())
+                    .header("webhook-signature", signatures)
+                    .body(body)
+                    .send()
+                    .await;
+                Failure::of(answer, self.settings.timeout_ms)
+            }
         };
         match failure {
             None => self.delivered(due).await,
-            Some((result, error)) => self.failed(due, result, &error).await,
+            Some(failure) => self.failed(due, &failure).await,
         }
     }
 
@@ -238,23 +242,26 @@ impl Dispatcher {
 
     /// Schedules the next try, or gives the event up once it has failed
     /// for `disable_after_secs`; disables the endpoint once it has failed
-    /// that long.
-    async fn failed(&self, due: &DueCall, result: &'static str, error: &str) -> anyhow::Result<()> {
+    /// that long. The tenant's view gets only the failure's general
+    /// reason; the log has its detail.
+    async fn failed(&self, due: &DueCall, failure: &Failure) -> anyhow::Result<()> {
         let now = now_ms();
         let limit = (self.settings.disable_after_secs * 1000) as i64;
         let gave_up = now - due.created_at >= limit;
         let next = now + self.backoff(due.attempts as u32 + 1).as_millis() as i64;
         let disabled =
-            webhooks::call_failed(&self.db, due, error, next, gave_up, now, limit).await?;
-        metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => result).increment(1);
+            webhooks::call_failed(&self.db, due, &failure.reason, next, gave_up, now, limit)
+                .await?;
+        metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => failure.result).increment(1);
         if gave_up {
             metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "gave_up").increment(1);
         }
+        let (reason, detail) = (&failure.reason, &failure.detail);
         if disabled {
             metrics::counter!(names::WEBHOOKS_DISABLED_TOTAL).increment(1);
-            warn!(tenant = %due.tenant_id, error, "Webhook endpoint disabled after failing for webhooks.disable_after_secs; its events are kept for a redrive.");
+            warn!(tenant = %due.tenant_id, %reason, %detail, "Webhook endpoint disabled after failing for webhooks.disable_after_secs; its events are kept for a redrive.");
         } else {
-            info!(tenant = %due.tenant_id, event_id = due.event_id, attempts = due.attempts + 1, error, retry_in_ms = next - now, "Webhook call failed; retrying later.");
+            info!(tenant = %due.tenant_id, event_id = due.event_id, attempts = due.attempts + 1, %reason, %detail, retry_in_ms = next - now, "Webhook call failed; retrying later.");
         }
         Ok(())
     }
@@ -268,6 +275,57 @@ impl Dispatcher {
             .min(self.settings.retry_max_secs.saturating_mul(1000))
             .max(1);
         Duration::from_millis(rand::rng().random_range(ceiling / 2..=ceiling))
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+struct Failure {
+    /// The `result` label of [`names::WEBHOOK_ATTEMPTS_TOTAL`].
+    result: &'static str,
+    /// What the tenant sees in `last_error`: `connection failed`,
+    /// `timeout`, `HTTP <status>`, `address not allowed` or `URL not
+    /// allowed`. No addresses, ports or error text: the endpoint is the
+    /// tenant's choice, and the detail would tell it what answers inside
+    /// the operator's network.
+    reason: String,
+    /// What the log gets.
+    detail: String,
+}
+
+impl Failure {
+    /// None for a 2xx answer.
+    fn of(answer: Result<reqwest::Response, reqwest::Error>, timeout_ms: u64) -> Option<Failure> {
+        let err = match answer {
+            Ok(response) if response.status().is_success() => return None,
+            Ok(response) => {
+                let status = response.status().as_u16();
+                return Some(Failure {
+                    result: "rejected",
+                    reason: format!("HTTP {status}"),
+                    detail: format!("the endpoint answered HTTP {status}"),
+                });
+            }
+            Err(err) => err,
+        };
+        let detail = crate::providers::causes(&err);
+        Some(match refusal_in(&err) {
+            Some(Refusal::NotAllowed { .. }) => Failure {
+                result: "not_allowed",
+                reason: "address not allowed".into(),
+                detail,
+            },
+            _ if err.is_timeout() => Failure {
+                result: "unreachable",
+                reason: "timeout".into(),
+                detail: format!("no answer within {timeout_ms} ms: {detail}"),
+            },
+            _ => Failure {
+                result: "unreachable",
+                reason: "connection failed".into(),
+                detail,
+            },
+        })
     }
 }
 

@@ -13,10 +13,14 @@
 //! as failed, listed by [`failing`], and sent again by [`redrive`].
 
 pub mod dispatch;
+pub mod endpoint;
 pub mod sign;
 
+use reqwest::Url;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+use self::endpoint::EndpointPolicy;
 
 use crate::model::{MessageStatus, ms_to_rfc3339};
 use crate::store::Db;
@@ -41,9 +45,11 @@ pub fn event_types() -> Vec<String> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookInput {
-    /// Where events are POSTed: an `http` or `https` URL, at most 2,048
-    /// characters.
-    #[schema(min_length = 1, max_length = 2048)]
+    /// Where events are POSTed: an `https` URL (`http` only where the
+    /// operator allows it), at most 2,048 characters, with no user name,
+    /// password or control characters, whose host is, or resolves only to,
+    /// public addresses. Stored as parsed (normalised).
+    #[schema(format = "uri", min_length = 1, max_length = 2048)]
     pub url: String,
     /// Event types to send, e.g. `["message.delivered", "message.bounced"]`;
     /// at least one, each `message.{status}` for a status other than
@@ -56,6 +62,8 @@ pub struct WebhookInput {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WebhookView {
     pub tenant_id: String,
+    /// As parsed when it was set (normalised).
+    #[schema(format = "uri")]
     pub url: String,
     pub events: Vec<String>,
     /// `active`, `failing` (its last call failed; retrying) or `disabled`
@@ -63,6 +71,9 @@ pub struct WebhookView {
     pub state: String,
     /// RFC 3339: first failure of the current run of failures.
     pub failing_since: Option<String>,
+    /// Why the last call failed, in general terms: `connection failed`,
+    /// `timeout`, `HTTP <status>`, `address not allowed` (the host resolved
+    /// to an internal address) or `URL not allowed`.
     pub last_error: Option<String>,
     /// RFC 3339.
     pub disabled_at: Option<String>,
@@ -86,16 +97,14 @@ pub struct WebhookWithSecret {
     pub secret: String,
 }
 
-/// Checks a `PUT` body; Err names the field and what is wrong.
-pub fn validate(input: &WebhookInput) -> Result<String, (&'static str, String)> {
-    let url = input.url.trim();
-    let parsed = reqwest::Url::parse(url).map_err(|err| ("url", format!("is not a URL: {err}")))?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-        return Err(("url", "must be an http or https URL with a host".into()));
-    }
-    if url.len() > 2048 {
-        return Err(("url", "must be at most 2048 characters".into()));
-    }
+/// Checks a `PUT` body's form: the URL as parsed, and the event types as
+/// stored; Err names the field and what is wrong. Where the URL leads is
+/// checked next, by [`endpoint::EndpointPolicy::check_reachable`].
+pub fn validate(
+    input: &WebhookInput,
+    policy: &EndpointPolicy,
+) -> Result<(Url, String), (&'static str, String)> {
+    let url = policy.parse(&input.url).map_err(|why| ("url", why))?;
     if input.events.is_empty() {
         return Err(("events", "must name at least one event type".into()));
     }
@@ -115,7 +124,7 @@ pub fn validate(input: &WebhookInput) -> Result<String, (&'static str, String)> 
             events.push(event);
         }
     }
-    Ok(format!(" {} ", events.join(" ")))
+    Ok((url, format!(" {} ", events.join(" "))))
 }
 
 /// The endpoint with its counts of pending and failed events.

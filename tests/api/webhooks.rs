@@ -1,7 +1,9 @@
 //! Tenant webhooks end to end: signed calls checked by the Standard
 //! Webhooks reference library, isolation between tenants' endpoints,
 //! at-least-once delivery in order per message, disabling and redrive,
-//! and no event lost over a restart.
+//! no event lost over a restart, and where an endpoint may lead: https
+//! only, no internal address (at `PUT` and again at every call), no
+//! redirect, and only a general reason for a failure shown to the tenant.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -14,10 +16,26 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::delivery::{mock_sms_ok, status_is, wait_for};
 use crate::receipts::{app_with_callbacks, callback};
-use crate::support::{TestApp, expect_field_error, expect_json, on_both_stores, sms, with};
+use crate::support::{
+    TestApp, expect_field_error, expect_json, expect_problem, on_both_stores, sms, with,
+};
 
 /// Fast retries and polls so the tests run in seconds.
-const FAST_WEBHOOKS: &str = "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 200\nretry_max_secs = 1\ntimeout_ms = 2000\n";
+macro_rules! fast_webhooks {
+    () => {
+        "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 200\nretry_max_secs = 1\ntimeout_ms = 2000\n"
+    };
+}
+
+/// Fast, and the endpoints these tests run (wiremock on
+/// `http://127.0.0.1`) allowed: plain http and that one internal address.
+const FAST_WEBHOOKS: &str = concat!(
+    fast_webhooks!(),
+    "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n"
+);
+
+/// Fast, with http allowed but no internal address.
+const FAST_PUBLIC_ONLY: &str = concat!(fast_webhooks!(), "allow_http = true\n");
 
 /// A Python with `standardwebhooks` (see `tests/servers`).
 fn verifier_python() -> String {
@@ -173,7 +191,7 @@ on_both_stores! {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_needs_an_http_url_and_known_event_types() {
+async fn a_webhook_needs_an_https_url_and_known_event_types() {
     let sms_api = MockServer::start().await;
     let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
     let key = app.tenant_with_key("acme", "pro").await;
@@ -184,6 +202,10 @@ async fn a_webhook_needs_an_http_url_and_known_event_types() {
         ),
         (
             json!({"url": "not a url", "events": ["message.sent"]}),
+            "url",
+        ),
+        (
+            json!({"url": "https://", "events": ["message.sent"]}),
             "url",
         ),
         (
@@ -445,7 +467,8 @@ async fn a_restart_during_webhook_backoff_loses_no_event() {
     let settings = crate::delivery::delivery_settings(
         &sms_api.uri(),
         "http://127.0.0.1:9",
-        "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 2000\nretry_max_secs = 2\n",
+        "[webhooks]\npoll_interval_ms = 100\nretry_base_ms = 2000\nretry_max_secs = 2\n\
+         allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n",
     );
     let app = TestApp::start(&settings).await;
     let key = app.tenant_with_key("acme", "pro").await;
@@ -488,4 +511,341 @@ async fn a_restart_during_webhook_backoff_loses_no_event() {
     assert_eq!(calls.len(), 1, "the event did not survive the restart");
     assert_eq!(body_of(&calls[0])["data"]["id"], id.as_str());
     drop(restarted);
+}
+
+// ----- where a webhook may lead -----
+
+/// A public address, written in the URL so that setting it needs no DNS;
+/// nothing is sent to it (no test here sends a message that would call it).
+const PUBLIC: &str = "93.184.215.14";
+
+async fn put_webhook(app: &TestApp, key: &str, url: &str) -> reqwest::Response {
+    app.tenant(key, Method::PUT, "/v1/webhook")
+        .json(&json!({"url": url, "events": ["message.sent"]}))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn get_webhook(app: &TestApp, key: &str) -> reqwest::Response {
+    app.tenant(key, Method::GET, "/v1/webhook")
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_addresses_are_refused_when_a_webhook_is_set() {
+    let app = TestApp::start("[webhooks]\nallow_http = true\n").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    // A port something listens on: the refusal is not about the port.
+    let endpoint = endpoint_ok().await;
+    let port = endpoint.address().port();
+    for url in [
+        format!("http://127.0.0.1:{port}/hook"),
+        "http://10.0.0.1/hook".to_owned(),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        format!("http://[::1]:{port}/hook"),
+        format!("http://[::ffff:127.0.0.1]:{port}/hook"),
+        format!("http://localhost:{port}/hook"),
+        "https://172.16.5.4/".to_owned(),
+        "https://192.168.1.1/".to_owned(),
+        "https://100.64.0.1/".to_owned(),
+        "https://0.0.0.0/".to_owned(),
+        "https://255.255.255.255/".to_owned(),
+        "https://224.0.0.1/".to_owned(),
+        "https://[fd00::1]/".to_owned(),
+        "https://[fe80::1]/".to_owned(),
+        "https://[ff02::1]/".to_owned(),
+        "https://[::]/".to_owned(),
+        "https://2130706433/".to_owned(),
+    ] {
+        let body = expect_field_error(put_webhook(&app, &key, &url).await, "url").await;
+        let why = body["errors"]["url"].as_str().unwrap();
+        assert!(
+            why.contains("internal") || why.contains("public addresses"),
+            "{url}: {body}"
+        );
+    }
+    // An admin setting it for the tenant is refused too.
+    let response = app
+        .admin(Method::PUT, "/v1/admin/tenants/acme/webhook")
+        .json(&json!({"url": "http://169.254.169.254/", "events": ["message.sent"]}))
+        .send()
+        .await
+        .unwrap();
+    expect_field_error(response, "url").await;
+    assert_eq!(
+        get_webhook(&app, &key).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert!(endpoint.received_requests().await.unwrap().is_empty());
+}
+
+#[test]
+fn the_webhook_url_is_documented_as_a_uri_of_at_most_2048_characters() {
+    use utoipa::OpenApi;
+    let doc = serde_json::to_value(fairlane::api::ApiDoc::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let input = &schemas["WebhookInput"]["properties"]["url"];
+    assert_eq!(input["format"], "uri", "{input}");
+    assert_eq!(input["maxLength"], 2048, "{input}");
+    let view = &schemas["WebhookView"]["properties"]["url"];
+    assert_eq!(view["format"], "uri", "{view}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allow_list_admits_the_listed_internal_ranges_and_no_other() {
+    let app = TestApp::start(
+        "[webhooks]\nallow_http = true\nallow_private = [\"127.0.0.1/32\", \"10.1.2.0/24\"]\n",
+    )
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let created = put_webhook(&app, &key, "http://127.0.0.1:9/hook").await;
+    expect_json(created, StatusCode::CREATED).await;
+    for url in ["http://10.1.2.3/hook", "http://[::ffff:127.0.0.1]:9/hook"] {
+        expect_json(put_webhook(&app, &key, url).await, StatusCode::OK).await;
+    }
+    for url in [
+        "http://10.1.3.1/hook",
+        "http://127.0.0.2/hook",
+        "http://[::1]/hook",
+        "http://169.254.169.254/",
+    ] {
+        expect_field_error(put_webhook(&app, &key, url).await, "url").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_is_refused_unless_webhooks_allow_http_is_set() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let body = expect_field_error(
+        put_webhook(&app, &key, &format!("http://{PUBLIC}/hook")).await,
+        "url",
+    )
+    .await;
+    assert!(
+        body["errors"]["url"].as_str().unwrap().contains("https"),
+        "{body}"
+    );
+    assert_eq!(
+        get_webhook(&app, &key).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    let created = put_webhook(&app, &key, &format!("https://{PUBLIC}/hook")).await;
+    expect_json(created, StatusCode::CREATED).await;
+
+    let app = TestApp::start("[webhooks]\nallow_http = true\n").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let created = put_webhook(&app, &key, &format!("http://{PUBLIC}/hook")).await;
+    expect_json(created, StatusCode::CREATED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_with_user_info_or_control_characters_is_refused_and_one_is_stored_as_parsed() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    for url in [
+        format!("https://user:secret@{PUBLIC}/hook"),
+        format!("https://user@{PUBLIC}/hook"),
+        format!("https://{PUBLIC}/hook\nX-Forged: yes"),
+        format!("https://{PUBLIC}/ho\r\nok"),
+        format!("https://{PUBLIC}/ho\tok"),
+        format!("https://{PUBLIC}/hook\u{0}"),
+    ] {
+        expect_field_error(put_webhook(&app, &key, &url).await, "url").await;
+    }
+    assert_eq!(
+        get_webhook(&app, &key).await.status(),
+        StatusCode::NOT_FOUND
+    );
+
+    let created = expect_json(
+        put_webhook(&app, &key, &format!(" HTTPS://{PUBLIC}:443/a b?x=1 ")).await,
+        StatusCode::CREATED,
+    )
+    .await;
+    let stored = format!("https://{PUBLIC}/a%20b?x=1");
+    assert_eq!(created["url"], stored.as_str(), "{created}");
+    let shown = expect_json(get_webhook(&app, &key).await, StatusCode::OK).await;
+    assert_eq!(shown["url"], stored.as_str(), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_tenant_cannot_change_its_webhook() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let url = format!("https://{PUBLIC}/hook");
+    expect_json(put_webhook(&app, &key, &url).await, StatusCode::CREATED).await;
+    app.patch_tenant("acme", json!({"status": "disabled"}))
+        .await;
+
+    let other = format!("https://{PUBLIC}/other");
+    let refused = [
+        put_webhook(&app, &key, &other).await,
+        app.tenant(&key, Method::DELETE, "/v1/webhook")
+            .send()
+            .await
+            .unwrap(),
+        app.tenant(&key, Method::POST, "/v1/webhook/rotate")
+            .send()
+            .await
+            .unwrap(),
+    ];
+    for response in refused {
+        let (_, body) = expect_problem(response, StatusCode::FORBIDDEN).await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("disabled"),
+            "{body}"
+        );
+    }
+    // It may still read it, unchanged.
+    let shown = expect_json(get_webhook(&app, &key).await, StatusCode::OK).await;
+    assert_eq!(shown["url"], url.as_str(), "{shown}");
+
+    app.patch_tenant("acme", json!({"status": "active"})).await;
+    let changed = expect_json(put_webhook(&app, &key, &other).await, StatusCode::OK).await;
+    assert_eq!(changed["url"], other.as_str(), "{changed}");
+}
+
+/// Stores a webhook for `tenant` without the checks of `PUT`, as if its
+/// host had resolved to a public address then: a name that rebinds, or
+/// an endpoint stored under other settings.
+async fn store_webhook_unchecked(app: &TestApp, tenant: &str, url: &str) {
+    fairlane::store::webhooks::put(
+        &app.state.db,
+        tenant,
+        url,
+        " message.sent ",
+        fairlane::webhooks::sign::new_secret(),
+    )
+    .await
+    .unwrap();
+}
+
+/// Polls the tenant's webhook until `last_error` is set, or 15 s.
+async fn last_error(app: &TestApp, key: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let view = expect_json(get_webhook(app, key).await, StatusCode::OK).await;
+        if !view["last_error"].is_null() || Instant::now() > deadline {
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_resolves_to_an_internal_address_at_call_time_is_not_called() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let app = app_with_callbacks(&sms_api, FAST_PUBLIC_ONLY).await;
+    let endpoint = endpoint_ok().await;
+    let port = endpoint.address().port();
+    // `localhost` stands for a name that resolved to a public address when
+    // it was set and resolves to 127.0.0.1 now (DNS rebinding); the others
+    // are addresses written in the URL, which the client does not resolve.
+    for (tenant, url) in [
+        ("rebinding", format!("http://localhost:{port}/hook")),
+        ("literal", format!("http://127.0.0.1:{port}/hook")),
+        ("mapped", format!("http://[::ffff:127.0.0.1]:{port}/hook")),
+    ] {
+        let key = app.tenant_with_key(tenant, "pro").await;
+        store_webhook_unchecked(&app, tenant, &url).await;
+        let id = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &id, status_is("sent")).await;
+        let view = last_error(&app, &key).await;
+        assert_eq!(
+            view["last_error"], "address not allowed",
+            "{tenant}: {view}"
+        );
+        assert_eq!(view["state"], "failing", "{tenant}: {view}");
+    }
+    // Retries are refused as well.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        endpoint.received_requests().await.unwrap().is_empty(),
+        "an internal endpoint was called"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_followed() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-REDIRECT").await;
+    let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let target = endpoint_ok().await;
+    let redirecting = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(307).insert_header("location", format!("{}/", target.uri())),
+        )
+        .mount(&redirecting)
+        .await;
+    set_webhook(&app, &key, &redirecting.uri(), &["message.sent"]).await;
+    let id = app.send_accepted(&key, &sms()).await;
+    wait_for(&app, &key, &id, status_is("sent")).await;
+    let view = last_error(&app, &key).await;
+    assert_eq!(view["last_error"], "HTTP 307", "{view}");
+    assert!(!redirecting.received_requests().await.unwrap().is_empty());
+    assert!(target.received_requests().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_sees_a_general_reason_for_a_failed_call_and_no_network_detail() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let extra = FAST_WEBHOOKS.replace("timeout_ms = 2000", "timeout_ms = 300");
+    let app = app_with_callbacks(&sms_api, &extra).await;
+    let failing = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("db01.internal: stack trace"))
+        .mount(&failing)
+        .await;
+    let slow = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(2)))
+        .mount(&slow)
+        .await;
+    let refused = format!("http://127.0.0.1:{}/hook", refused_port());
+    for (tenant, url, reason) in [
+        ("refused", refused, "connection failed"),
+        ("failing", failing.uri(), "HTTP 500"),
+        ("slow", slow.uri(), "timeout"),
+    ] {
+        let key = app.tenant_with_key(tenant, "pro").await;
+        set_webhook(&app, &key, &url, &["message.sent"]).await;
+        let id = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &id, status_is("sent")).await;
+        let view = last_error(&app, &key).await;
+        assert_eq!(view["last_error"], reason, "{tenant}: {view}");
+    }
+    let listed = expect_json(
+        app.admin(Method::GET, "/v1/admin/webhooks/failing")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    let mut reasons: Vec<&str> = listed["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["last_error"].as_str().unwrap())
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["HTTP 500", "connection failed", "timeout"],
+        "{listed}"
+    );
 }
