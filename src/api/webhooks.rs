@@ -18,9 +18,7 @@ use super::error::{
     UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed, known_tenant};
-use crate::accept::Acceptor;
-use crate::api::auth::{AdminOnly, TenantAuth};
-use crate::tenants::Caller;
+use crate::api::auth::{AdminOnly, TenantAuth, TenantWrite};
 use crate::webhooks::endpoint::{self, EndpointPolicy};
 use crate::webhooks::{self, WebhookInput, WebhookView, WebhookWithSecret};
 
@@ -52,33 +50,21 @@ fn no_webhook(tenant: &str) -> ApiError {
     ApiError::NotFound(format!("Tenant {tenant:?} has no webhook."))
 }
 
-/// Who sets a webhook: the tenant itself (refused while it is disabled),
-/// or an admin for a tenant named in the path.
-enum Setter<'a> {
-    Tenant(&'a Caller),
+/// Who sets a webhook: the tenant itself (a [`TenantWrite`]: refused while
+/// it is disabled, charged to its bucket of changes), or an admin for a
+/// tenant named in the path.
+enum Setter {
+    Tenant,
     Admin,
-}
-
-/// 403 while the tenant is disabled, as its sends are.
-fn refuse_disabled(caller: &Caller) -> Result<(), ApiError> {
-    Acceptor::refuse_disabled(caller).map_err(|_| {
-        ApiError::Forbidden(format!(
-            "Tenant {:?} is disabled; its webhook cannot be changed until an admin re-enables it.",
-            caller.tenant.id
-        ))
-    })
 }
 
 async fn put_for(
     state: &AppState,
     tenant: &str,
-    setter: Setter<'_>,
+    setter: Setter,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if let Setter::Tenant(caller) = setter {
-        refuse_disabled(caller)?;
-    }
     let input: WebhookInput = json_typed(headers, body)?;
     // An admin names the tenant in the path: checked once the body is
     // known to be JSON, as the other admin writes do.
@@ -156,7 +142,8 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
         (status = 201, description = "Created; `secret` is not shown again.", body = WebhookWithSecret),
         (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 429, response = super::error::TooManyChanges),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
         (status = 422, description = "Invalid fields (named in `errors`): `url` not an https URL (http only where `webhooks.allow_http` is set), with a user name, a password or control characters, or whose host is or resolves to an internal address (loopback, private, link-local, …) outside `webhooks.allow_private`; `events` empty or naming an unknown event type.", body = Problem, content_type = "application/problem+json"),
@@ -165,18 +152,11 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
 )]
 pub async fn put_webhook(
     State(state): State<AppState>,
-    TenantAuth(caller): TenantAuth,
+    TenantWrite(caller): TenantWrite,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    put_for(
-        &state,
-        &caller.tenant.id,
-        Setter::Tenant(&caller),
-        &headers,
-        body,
-    )
-    .await
+    put_for(&state, &caller.tenant.id, Setter::Tenant, &headers, body).await
 }
 
 /// This tenant's webhook endpoint and its health.
@@ -202,16 +182,16 @@ pub async fn get_webhook(
     responses(
         (status = 204, description = "Removed."),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 429, response = super::error::TooManyChanges),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn delete_webhook(
     State(state): State<AppState>,
-    TenantAuth(caller): TenantAuth,
+    TenantWrite(caller): TenantWrite,
 ) -> Result<StatusCode, ApiError> {
-    refuse_disabled(&caller)?;
     delete_for(&state, &caller.tenant.id).await
 }
 
@@ -225,16 +205,16 @@ pub async fn delete_webhook(
     responses(
         (status = 200, description = "The new secret; it is not shown again.", body = WebhookWithSecret),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, description = "The tenant is disabled: its webhook cannot be changed until an admin re-enables it.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 429, response = super::error::TooManyChanges),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn rotate_webhook(
     State(state): State<AppState>,
-    TenantAuth(caller): TenantAuth,
+    TenantWrite(caller): TenantWrite,
 ) -> Result<Json<WebhookWithSecret>, ApiError> {
-    refuse_disabled(&caller)?;
     rotate_for(&state, &caller.tenant.id).await
 }
 
