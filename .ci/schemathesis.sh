@@ -5,7 +5,8 @@
 # answers 5xx, that every status code, content type, header and body is the
 # one the document gives, and that requests the document forbids are
 # refused. Starts the debug binary on a fresh SQLite file (consumers off)
-# with a tenant whose plan is out of the way, and stops it by its PID.
+# with a tenant whose plan (and bucket of changes) is out of the way, and
+# stops it by its PID.
 #
 #   bash .ci/schemathesis.sh [max-examples]       (built by `cargo build`)
 #
@@ -42,6 +43,8 @@ FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
 FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
 FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
 FAIRLANE__CONSUMERS__ENABLED=false \
+FAIRLANE__LIMITS__TENANT_WRITES_PER_SECOND=1000000 \
+FAIRLANE__LIMITS__TENANT_WRITES_BURST=1000000 \
 RUST_LOG=warn "$bin" serve >"$work/log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT

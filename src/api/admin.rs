@@ -196,7 +196,7 @@ fn created(location: String, body: impl Serialize) -> Response {
 /// A plan written here wins over the configuration file from then on.
 #[utoipa::path(
     put, path = "/v1/admin/plans/{name}", tag = "admin",
-    params(("name" = String, Path, description = "Plan name: 1-64 of `a-z 0-9 _ -`, starting with a letter or digit.")),
+    params(("name" = String, Path, description = "Plan name: 1-64 of `a-z 0-9 _ -`, starting with a letter or digit.", pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")),
     request_body = PlanInput,
     responses(
         (status = 200, description = "The plan existed and was replaced.", body = Plan),
@@ -254,7 +254,7 @@ pub async fn list_plans(State(state): State<AppState>, _admin: AdminOnly) -> Jso
 /// Get a plan.
 #[utoipa::path(
     get, path = "/v1/admin/plans/{name}", tag = "admin",
-    params(("name" = String, Path, description = "Plan name.")),
+    params(("name" = String, Path, description = "Plan name.", pattern = r"^[a-z0-9][a-z0-9_-]{0,63}$")),
     responses(
         (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 200, description = "The plan.", body = Plan),

@@ -41,13 +41,42 @@ pub fn router() -> Router<AppState> {
         )
 }
 
+/// An address as the suppression routes take it, in the OpenAPI document:
+/// an email address (as a send's `to`: at most 254 characters) or an E.164
+/// number (as an SMS's `to`).
+pub struct SuppressionAddress;
+
+impl utoipa::PartialSchema for SuppressionAddress {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, SchemaFormat, Type};
+        use utoipa::openapi::{ObjectBuilder, OneOfBuilder};
+        let email = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Email)))
+            .min_length(Some(3))
+            .max_length(Some(254));
+        let number = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(r"^\+[1-9][0-9]{7,14}$"));
+        OneOfBuilder::new()
+            .item(email)
+            .item(number)
+            .description(Some(
+                "An email address (any case; stored in lower case) or an E.164 number.",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for SuppressionAddress {}
+
 /// Body of a `POST` to a suppression list.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SuppressionInput {
     /// An email address or an E.164 number; stored normalised (email in
     /// lower case).
-    #[schema(min_length = 1, max_length = 254)]
+    #[schema(value_type = SuppressionAddress)]
     pub address: String,
     /// A note kept with the entry (at most 500 characters).
     #[schema(max_length = 500)]
@@ -225,7 +254,7 @@ pub async fn add_suppression(
 /// One entry of this tenant's suppression list.
 #[utoipa::path(
     get, path = "/v1/suppressions/{address}", tag = "suppressions",
-    params(("address" = String, Path, description = "Email address or E.164 number (any case).")),
+    params(("address" = SuppressionAddress, Path, description = "Email address or E.164 number (any case).")),
     responses(
         (status = 200, description = "The entry.", body = Suppression),
         (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
@@ -247,7 +276,7 @@ pub async fn get_suppression(
 /// out again.
 #[utoipa::path(
     delete, path = "/v1/suppressions/{address}", tag = "suppressions",
-    params(("address" = String, Path, description = "Email address or E.164 number (any case).")),
+    params(("address" = SuppressionAddress, Path, description = "Email address or E.164 number (any case).")),
     responses(
         (status = 204, description = "Removed."),
         (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
@@ -324,7 +353,7 @@ pub async fn add_tenant_suppression(
     get, path = "/v1/admin/tenants/{id}/suppressions/{address}", tag = "admin",
     params(
         ("id" = String, Path, description = "Tenant id."),
-        ("address" = String, Path, description = "Email address or E.164 number (any case)."),
+        ("address" = SuppressionAddress, Path, description = "Email address or E.164 number (any case)."),
     ),
     responses(
         (status = 200, description = "The entry.", body = Suppression),
@@ -350,7 +379,7 @@ pub async fn get_tenant_suppression(
     delete, path = "/v1/admin/tenants/{id}/suppressions/{address}", tag = "admin",
     params(
         ("id" = String, Path, description = "Tenant id."),
-        ("address" = String, Path, description = "Email address or E.164 number (any case)."),
+        ("address" = SuppressionAddress, Path, description = "Email address or E.164 number (any case)."),
     ),
     responses(
         (status = 204, description = "Removed."),

@@ -41,6 +41,21 @@ pub fn event_types() -> Vec<String> {
         .collect()
 }
 
+/// An event type a webhook may ask for (one of [`event_types`]), in the
+/// OpenAPI document.
+pub struct EventType;
+
+impl utoipa::PartialSchema for EventType {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(event_types()))
+            .into()
+    }
+}
+
+impl ToSchema for EventType {}
+
 /// Body of `PUT …/webhook`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -54,7 +69,7 @@ pub struct WebhookInput {
     /// Event types to send, e.g. `["message.delivered", "message.bounced"]`;
     /// at least one, each `message.{status}` for a status other than
     /// `scheduled` and `sending`.
-    #[schema(min_items = 1, max_items = 16)]
+    #[schema(value_type = Vec<EventType>, min_items = 1, max_items = 16)]
     pub events: Vec<String>,
 }
 
