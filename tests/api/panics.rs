@@ -103,3 +103,63 @@ async fn a_panic_that_is_not_caught_still_gives_its_connection_slot_back() {
     }
     let _ = stop.send(true);
 }
+
+/// Requests in progress at once in the `/slow` handler, and the most seen.
+#[derive(Default)]
+struct InProgress {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_http2_connection_carries_at_most_its_streams_at_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    let seen = Arc::new(InProgress::default());
+    let counted = seen.clone();
+    let router = Router::new().route(
+        "/slow",
+        get(move || {
+            let counted = counted.clone();
+            async move {
+                let now = counted.now.fetch_add(1, Ordering::SeqCst) + 1;
+                counted.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                counted.now.fetch_sub(1, Ordering::SeqCst);
+                "ok"
+            }
+        }),
+    );
+    // start() allows 4 streams per connection.
+    let (address, stop) = start(router).await;
+    let stream = TcpStream::connect(address).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an h2c (prior knowledge) handshake");
+    tokio::spawn(connection);
+    let requests = (0..20).map(|_| {
+        let mut sender = sender.clone();
+        async move {
+            let request = hyper::Request::get(format!("http://{address}/slow"))
+                .body(axum::body::Body::empty())
+                .unwrap();
+            sender.ready().await.unwrap();
+            sender.send_request(request).await.unwrap().status()
+        }
+    });
+    let statuses = futures_util::future::join_all(requests).await;
+    assert!(
+        statuses.iter().all(|status| status.is_success()),
+        "{statuses:?}"
+    );
+    let most = seen.most.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&most),
+        "{most} requests were in progress at once on one connection allowed 4 streams"
+    );
+    let _ = stop.send(true);
+}
