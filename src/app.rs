@@ -21,7 +21,7 @@ use crate::api::{self, AppInner, AppState};
 use crate::config::{LimitsBackend, QueueBackend, Settings};
 use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
 use crate::limits::admission::TenantLimits;
-use crate::limits::backpressure::LaneBackpressure;
+use crate::limits::backpressure::{LaneBackpressure, PendingCounts};
 use crate::limits::gate::ProviderGate;
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::SentCounts;
@@ -164,7 +164,12 @@ impl Application {
             }
         };
         store_writer.stage_into(staging)?;
-        let backpressure = Arc::new(LaneBackpressure::new(settings.lanes.clone()));
+        let mut backpressure = LaneBackpressure::new(settings.lanes.clone());
+        if outbox.is_some() {
+            backpressure = backpressure.with_pending(Arc::new(OutboxRows(db.clone())));
+        }
+        let relay = outbox.as_ref().map(|outbox| outbox.health());
+        let backpressure = Arc::new(backpressure);
         let redis = match settings.limits.backend {
             LimitsBackend::Local => {
                 metrics::gauge!(crate::metrics::LIMITS_BACKEND_UP).set(1.0);
@@ -285,6 +290,7 @@ impl Application {
             tenant_queues,
             writer: store_writer.clone(),
             backpressure,
+            relay,
             writes,
             admin,
             metrics,
@@ -391,6 +397,17 @@ struct StoredCounts(Db);
 impl SentCounts for StoredCounts {
     async fn sent_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
         crate::store::messages::count_since(&self.0, tenant_id, since_ms).await
+    }
+}
+
+/// The SQS outbox's rows per lane, read from the store for the lanes'
+/// backlog.
+struct OutboxRows(Db);
+
+#[async_trait::async_trait]
+impl PendingCounts for OutboxRows {
+    async fn pending(&self) -> anyhow::Result<[u64; 2]> {
+        crate::store::outbox::pending_by_lane(&self.0).await
     }
 }
 

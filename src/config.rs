@@ -165,15 +165,13 @@ pub struct SqsSettings {
     /// The secret belonging to `access_key_id`.
     #[serde(default)]
     pub secret_access_key: Option<SecretString>,
-    /// How long the accept path and the consumers' deleter wait for more
+    /// How long the outbox relay and the consumers' deleter wait for more
     /// entries before a batch call (SendMessageBatch, DeleteMessageBatch)
     /// goes out with fewer than ten.
     pub batch_window_ms: u64,
-    /// Longest wait for one SendMessageBatch on the accept path; after it the
-    /// request answers 503 and the message is marked `rejected`.
-    pub send_timeout_ms: u64,
-    /// Outbox rows older than this (a send whose outcome was never recorded)
-    /// are re-sent by the sweeper; at start-up every row is re-sent.
+    /// Outbox rows older than this that no relay of this instance holds (an
+    /// instance died before its relay sent them, or its relay was full) are
+    /// sent by the sweeper; at start-up every row is on SQLite.
     pub outbox_sweep_secs: u64,
     /// Queue depths (GetQueueAttributes) are refreshed this often.
     pub stats_interval_secs: u64,
@@ -787,13 +785,11 @@ impl Settings {
         if sqs.batch_window_ms > 1000 {
             bail!("queue.sqs.batch_window_ms must be at most 1000");
         }
-        if sqs.send_timeout_ms == 0 || sqs.send_timeout_ms >= sqs.outbox_sweep_secs * 1000 {
-            bail!(
-                "queue.sqs.send_timeout_ms must be above 0 and below outbox_sweep_secs (in ms), or the sweeper would re-send messages whose send is still running"
-            );
-        }
         if sqs.stats_interval_secs == 0 {
             bail!("queue.sqs.stats_interval_secs must be at least 1");
+        }
+        if sqs.outbox_sweep_secs == 0 {
+            bail!("queue.sqs.outbox_sweep_secs must be at least 1");
         }
         for (name, provider) in [
             ("email", &self.providers.email),
@@ -1236,15 +1232,5 @@ mod tests {
                 "{rate}: {err:#}"
             );
         }
-    }
-
-    #[test]
-    fn an_sqs_send_timeout_as_long_as_the_sweep_age_is_rejected() {
-        let err = Settings::from_toml_overlay(
-            "[queue.sqs]\nsend_timeout_ms = 60000\noutbox_sweep_secs = 60\n",
-        )
-        .unwrap_err();
-        assert!(format!("{err:#}").contains("send_timeout_ms"), "{err:#}");
-        Settings::from_toml_overlay("[queue.sqs]\nsend_timeout_ms = 59000\n").unwrap();
     }
 }

@@ -22,7 +22,7 @@ pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
 /// Requests refused, by `reason`: `rate`, `quota`, `lane`, `batches` (a
 /// tenant's batches in progress), `writes` (a tenant's changes other than
-/// sends) (429) or `queue` (503: SQS did not take the message).
+/// sends) (429).
 pub const REJECTED_TOTAL: &str = "fairlane_requests_rejected_total";
 /// SQS API calls started, by `operation` (SQS mode only; what SQS bills).
 pub const SQS_CALLS_TOTAL: &str = "fairlane_sqs_calls_total";
@@ -34,6 +34,13 @@ pub const LANE_IN_FLIGHT: &str = "fairlane_lane_in_flight";
 pub const LANE_OLDEST_AGE_SECONDS: &str = "fairlane_lane_oldest_message_age_seconds";
 /// Messages in a lane's dead-letter queue, by `lane`.
 pub const LANE_DLQ_DEPTH: &str = "fairlane_lane_dlq_depth";
+/// SQS mode: messages accepted (committed with an outbox row) and not yet
+/// in SQS, by `lane`; part of the lane's backlog. Read once per stats
+/// interval.
+pub const OUTBOX_PENDING: &str = "fairlane_outbox_pending";
+/// SQS mode: SendMessageBatch calls of the outbox relay or sweeper that
+/// failed (the entries stay in the outbox and are retried), by `lane`.
+pub const OUTBOX_RELAY_FAILURES_TOTAL: &str = "fairlane_outbox_relay_failures_total";
 /// Provider call latency in seconds, by `provider`, `outcome`
 /// (`sent`, `permanent`, `transient`, `throttled`).
 pub const PROVIDER_CALL_SECONDS: &str = "fairlane_provider_call_seconds";
@@ -290,6 +297,16 @@ fn describe_and_register() {
         Unit::Count,
         "Messages in a lane's dead-letter queue, by lane."
     );
+    describe_gauge!(
+        OUTBOX_PENDING,
+        Unit::Count,
+        "SQS mode: messages accepted and not yet in SQS (outbox rows), by lane."
+    );
+    describe_counter!(
+        OUTBOX_RELAY_FAILURES_TOTAL,
+        Unit::Count,
+        "SQS mode: SendMessageBatch calls of the outbox relay that failed (their messages stay in the outbox and are retried), by lane."
+    );
     describe_histogram!(
         PROVIDER_CALL_SECONDS,
         Unit::Seconds,
@@ -342,9 +359,11 @@ fn describe_and_register() {
             LANE_IN_FLIGHT,
             LANE_OLDEST_AGE_SECONDS,
             LANE_DLQ_DEPTH,
+            OUTBOX_PENDING,
         ] {
             metrics::gauge!(name, "lane" => lane).increment(0.0);
         }
+        metrics::counter!(OUTBOX_RELAY_FAILURES_TOTAL, "lane" => lane).increment(0);
         for priority in PRIORITIES {
             for stage in ["token", "parked"] {
                 metrics::gauge!(MESSAGES_WAITING, "lane" => lane, "priority" => priority, "stage" => stage)
@@ -352,7 +371,7 @@ fn describe_and_register() {
             }
         }
     }
-    for reason in ["rate", "quota", "lane", "batches", "writes", "queue"] {
+    for reason in ["rate", "quota", "lane", "batches", "writes"] {
         metrics::counter!(REJECTED_TOTAL, "reason" => reason).increment(0);
     }
     for operation in [

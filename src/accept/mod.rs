@@ -5,8 +5,9 @@
 //! prepare (id, status row, queue message, answer) → admit (the lane's
 //! high-water mark, then the tenant's rate and daily quota) → make durable
 //! through the store's one [`Writer`] (with the embedded queue's entry, or
-//! an outbox row on SQS) → on SQS, hand the message to its lane through
-//! the [`outbox`] → count it.
+//! an outbox row on SQS) → count it. That commit is the accept: on SQS the
+//! message is then handed to the [`outbox`]'s relay, which sends it to its
+//! lane off the request path.
 //!
 //! A refusal after admission gives the tenant's quota back. HTTP stays in
 //! the API: it reads headers and bodies, calls [`Acceptor`], and writes
@@ -30,7 +31,7 @@ pub use self::batch::MAX_ITEM_BYTES;
 use self::batch::{BatchSlot, BatchSlots};
 use self::idempotency::{InFlightKey, InFlightKeys, remembered};
 pub use self::idempotency::{MAX_KEY_LEN, header_key, is_valid_key, request_hash};
-use self::outbox::{Outbox, Rejection};
+use self::outbox::Outbox;
 use self::prepare::{Handed, Prepared, prepare};
 use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::LaneBackpressure;
@@ -116,7 +117,7 @@ pub enum Refused {
         /// The tenant's rate figures, for a rate refusal.
         rate: Option<RateInfo>,
     },
-    /// It could not be made durable, or its queue did not take it (503).
+    /// It could not be made durable (503).
     #[error("{detail}")]
     Unavailable {
         detail: String,
@@ -136,7 +137,7 @@ impl Refused {
 /// What a single send came to.
 #[derive(Debug)]
 pub enum Sent {
-    /// Durable (and, on SQS, in its lane): answer 202 with `body`.
+    /// Durable: answer 202 with `body`.
     Accepted {
         id: String,
         body: String,
@@ -174,7 +175,7 @@ pub enum BatchSent {
 pub struct Acceptor {
     db: Db,
     writer: Writer,
-    /// SQS mode: sends what the writer committed to its lane.
+    /// SQS mode: relays what the writer committed to its lane.
     outbox: Option<Arc<Outbox>>,
     limits: TenantLimits,
     backpressure: Arc<LaneBackpressure>,
@@ -242,7 +243,7 @@ impl Acceptor {
         };
         let prepared = prepare(caller, message, remembered_as)?;
         let grant = self.admit(caller, prepared.lane).await?;
-        let (entry, handed) = prepared.into_parts(self.outbox.is_some());
+        let (entry, mut handed) = prepared.into_parts(self.outbox.is_some());
         if let Err(failed) = self.writer.accept(entry).await {
             self.limits.release(tenant_id, &grant).await;
             return Err(Refused::Unavailable {
@@ -250,10 +251,7 @@ impl Acceptor {
                 retry_after: failed.retry_after,
             });
         }
-        if let Err(refused) = self.hand_to_lane(&handed).await {
-            self.limits.release(tenant_id, &grant).await;
-            return Err(refused);
-        }
+        self.hand_to_lane(&mut handed);
         self.counted(&handed);
         Ok(Sent::Accepted {
             id: handed.id,
@@ -266,8 +264,8 @@ impl Acceptor {
     /// message validated, rate-limited and charged on its own, in turn
     /// (see [`batch`] for what that costs), the accepted ones made durable
     /// in one transaction. `render` writes the answer's body from the
-    /// items, once (again only if a message's queue did not take it); with
-    /// a batch key, the answer is remembered with the batch.
+    /// items, once; with a batch key, the answer is remembered with the
+    /// batch.
     pub async fn send_batch(
         &self,
         caller: &Caller,
@@ -348,37 +346,12 @@ impl Acceptor {
             });
         }
 
-        // SQS mode: each message to its lane; one SQS did not take is
-        // refused on its own (503), and the remembered answer is corrected.
-        // Polled together, so the outbox batcher coalesces them into batch
-        // calls.
-        let handed = futures_util::future::join_all(
-            admitted
-                .iter()
-                .map(|(_, handed, _)| self.hand_to_lane(handed)),
-        )
-        .await;
-        let mut corrected = false;
-        for ((index, message, grant), outcome) in admitted.iter().zip(handed) {
-            match outcome {
-                Ok(()) => self.counted(message),
-                Err(refused) => {
-                    self.limits.release(tenant_id, grant).await;
-                    results[*index] = refused_item(refused);
-                    corrected = true;
-                }
-            }
-        }
-        if !corrected {
-            drop(item_guards);
-            return Ok(BatchSent::Answered(answer_body));
-        }
-        let body = render(&results)?;
-        if let Some((key, _)) = &batch_key {
-            remembered_answers::replace_answer(&self.db, tenant_id, key, &body).await?;
+        for (_, mut handed, _) in admitted {
+            self.hand_to_lane(&mut handed);
+            self.counted(&handed);
         }
         drop(item_guards);
-        Ok(BatchSent::Answered(body))
+        Ok(BatchSent::Answered(answer_body))
     }
 
     /// One item of a batch through the single send's checks, in its order;
@@ -463,27 +436,12 @@ impl Acceptor {
         }
     }
 
-    /// SQS mode: sends a committed message to its lane (a scheduled one
-    /// waits for the scheduler instead). A failed send is a 503 unless a
-    /// consumer already has the message (it reached SQS late): then it is
-    /// delivered.
-    async fn hand_to_lane(&self, handed: &Handed) -> Result<(), Refused> {
-        let (Some(outbox), Some(message)) = (&self.outbox, &handed.to_send) else {
-            return Ok(());
-        };
-        if let Err(failed) = outbox.send(handed.lane, message.clone()).await
-            && outbox
-                .reject(&handed.tenant_id, &handed.id, &failed.reason)
-                .await
-                == Rejection::Rejected
-        {
-            metrics::counter!(names::REJECTED_TOTAL, "reason" => "queue").increment(1);
-            return Err(Refused::Unavailable {
-                detail: "The queue did not take the message; nothing was accepted.".into(),
-                retry_after: failed.retry_after,
-            });
+    /// SQS mode: hands a committed message to the relay, which sends it
+    /// to its lane (a scheduled one waits for the scheduler instead).
+    fn hand_to_lane(&self, handed: &mut Handed) {
+        if let (Some(outbox), Some(message)) = (&self.outbox, handed.to_send.take()) {
+            outbox.hand(handed.lane, message);
         }
-        Ok(())
     }
 
     fn counted(&self, handed: &Handed) {

@@ -1,43 +1,58 @@
-//! The outbox: the accept path in SQS mode.
+//! The outbox and its relay: the accept path in SQS mode.
 //!
-//! With SQS, the status row (SQLite) and the queue message (SQS) live in two
-//! systems that cannot share a transaction. The accept writer commits the
-//! status row together with an outbox row holding the queue message; then
-//! the request hands the message to a per-lane batcher, which coalesces
-//! concurrent requests into SendMessageBatch calls (up to ten entries, at
-//! most `queue.sqs.batch_window_ms` of waiting) and answers each request
-//! with its own entry's outcome.
+//! With SQS, the status row (in the store) and the queue message (in SQS)
+//! live in two systems that cannot share a transaction. The accept writer
+//! commits the status row together with an outbox row holding the queue
+//! message, and that commit is the accept: the request is answered 202 at
+//! once and hands the message to this instance's relay ([`Outbox::hand`],
+//! a bounded channel, no wait on SQS). The relay sends what it is handed in
+//! SendMessageBatch calls of up to ten entries of one priority class (one
+//! call per class queue), waiting at most `queue.sqs.batch_window_ms` for a
+//! batch to fill, and removes each row once SQS has its entry.
 //!
 //! | what happened | request | status row | outbox row |
 //! |---|---|---|---|
-//! | SQS took the entry | 202 | `queued` | removed (batched) |
-//! | entry failed or timed out | 503 + Retry-After | `rejected` | removed, with the idempotency record |
-//! | timed out, but a consumer already took it | 202 | unchanged (being delivered) | removed |
-//! | process died in between | (no answer) | `queued` | left; the sweeper sends it |
+//! | committed | 202 | `queued` | written |
+//! | SQS took the entry | (answered) | `queued` | removed (batched) |
+//! | SQS failed, refused or was slow | (answered) | `queued` | kept; the relay retries with backoff |
+//! | the relay's channel was full | (answered) | `queued` | kept; the sweeper sends it |
+//! | process died before the relay sent it | (answered, or no answer) | `queued` | kept; the sweeper sends it |
 //!
-//! The sweeper re-sends every row at start-up (a row that survived a restart
-//! belongs to a process that is gone) and afterwards rows older than
-//! `queue.sqs.outbox_sweep_secs`, which is longer than any request waits for
-//! its send. A message that reached SQS twice (the process died after the
-//! send but before its outbox row was removed) is sent to the provider once:
-//! the consumer skips a message whose status is already `sent`. A message
-//! that reached SQS although its request was answered 503 (a send that timed
-//! out on our side but arrived) is `rejected` and the consumer drops it.
-//! Every wait is bounded: the request's by `send_timeout_ms` (getting into
-//! the batcher included), each SQS call by the client's attempt timeout.
+//! SQS trouble is a backlog, not an error: while SQS fails, accepts go on
+//! into the outbox, the relay retries the entries it holds with a bounded,
+//! jittered backoff (one WARN per streak of failures, not one per message),
+//! and delivery resumes when SQS answers. The outbox's rows count toward
+//! their lane's backlog (`crate::limits::backpressure`), so the lane's
+//! high-water mark (429 with Retry-After) bounds the outbox too; `/readyz`
+//! says `queue_relay: behind` while the relay is failing.
+//!
+//! The sweeper (`crate::scheduler`) sends every row at start-up on SQLite
+//! (the file belongs to this one process, so a row left there is a dead
+//! process's) and afterwards rows older than `queue.sqs.outbox_sweep_secs`
+//! that this instance's relay does not hold, on PostgreSQL rows another
+//! instance left behind (claimed with `FOR UPDATE SKIP LOCKED`). A message
+//! that reached SQS twice (a process died after the send but before its
+//! row was removed, or a relay and a sweeper both sent a row) is sent to
+//! the provider once: the consumer's claim skips a message whose status has
+//! moved on from `queued`.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use rand::Rng;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::config::SqsSettings;
+use crate::message::OutboundMessage;
+use crate::metrics as names;
 use crate::model::{Channel, Lane, Priority, now_ms};
-use crate::queue::{EntryResult, LaneQueue, OutboundMessage};
+use crate::queue::LaneQueue;
+use crate::store::Db;
 use crate::store::outbox::{self, OutboxRow};
-use crate::store::{Db, FailureStreak};
 
 /// Entries per SendMessageBatch (the SQS limit).
 const BATCH_ENTRIES: usize = 10;
@@ -45,57 +60,116 @@ const BATCH_ENTRIES: usize = 10;
 /// SendMessageBatch calls in flight at once per lane.
 const SENDS_IN_FLIGHT: usize = 16;
 
+/// Messages a lane's relay holds in its channel; beyond that a committed
+/// message waits in the outbox for the sweeper.
+const RELAY_CAPACITY: usize = 4096;
+
 /// Outbox rows removed per DELETE.
 const FORGET_BATCH: usize = 256;
 
 /// Rows read per sweep query.
 const SWEEP_PAGE: i64 = 100;
 
-/// Attempts to mark a failed send before giving up (and logging).
-const REJECT_ATTEMPTS: usize = 3;
+/// The relay's first wait after a failed call; doubles with each failure
+/// in a row up to [`MAX_BACKOFF`], and each wait is drawn between half and
+/// all of it (jitter), so instances that lost SQS together do not come
+/// back in step.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-struct Pending {
-    message: OutboundMessage,
-    reply: oneshot::Sender<EntryResult>,
+/// How the relay is doing: failed calls in a row (the backoff and
+/// `/readyz` read it) and whether this streak was logged yet.
+#[derive(Debug, Default)]
+pub struct RelayHealth {
+    failures: AtomicU32,
+    warned: AtomicBool,
 }
 
-/// The send could not be confirmed; the request answers 503.
-#[derive(Debug)]
-pub struct SendFailed {
-    pub reason: String,
-    pub retry_after: Duration,
+impl RelayHealth {
+    /// Whether the relay's last call failed: SQS is behind the outbox.
+    pub fn is_behind(&self) -> bool {
+        self.failures.load(Ordering::Relaxed) > 0
+    }
+
+    /// Counts a failed call for `lane`; logs the first of a streak.
+    fn failed(&self, lane: Lane, reason: &str) {
+        metrics::counter!(names::OUTBOX_RELAY_FAILURES_TOTAL, "lane" => lane.as_str()).increment(1);
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            // The reason is the SDK's text; logged, never shown to tenants.
+            warn!(%lane, %reason, "SQS does not take messages; accepted messages wait in the outbox and the relay keeps trying.");
+        }
+    }
+
+    fn succeeded(&self) {
+        let ended = self.failures.swap(0, Ordering::Relaxed);
+        if ended > 0 && self.warned.swap(false, Ordering::Relaxed) {
+            info!(
+                failed_calls = ended,
+                "SQS takes messages again; the outbox drains."
+            );
+        }
+    }
+
+    /// How long to wait before the next call: nothing while calls succeed.
+    fn backoff(&self) -> Option<Duration> {
+        let failures = self.failures.load(Ordering::Relaxed);
+        if failures == 0 {
+            return None;
+        }
+        let full = FIRST_BACKOFF
+            .saturating_mul(1 << (failures - 1).min(8))
+            .min(MAX_BACKOFF);
+        Some(full.mul_f64(rand::rng().random_range(0.5..=1.0)))
+    }
 }
 
-/// What [`Outbox::reject`] did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rejection {
-    /// Marked `rejected`: answer 503.
-    Rejected,
-    /// A consumer already took the message, so SQS had it after all:
-    /// answer 202.
-    InFlight,
+/// What the relay tasks of both lanes share.
+struct Relay {
+    queue: Arc<dyn LaneQueue>,
+    /// Ids of the messages the relay holds (in its channel, in a call or
+    /// waiting to be retried): the sweeper leaves their rows alone.
+    held: Mutex<HashSet<String>>,
+    health: Arc<RelayHealth>,
+    /// Ids of sent messages, whose rows the forgetter removes.
+    forget: mpsc::Sender<String>,
 }
 
-/// Handle used by the accept path; see the module documentation.
+impl Relay {
+    fn release(&self, ids: impl IntoIterator<Item = String>) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in ids {
+            held.remove(&id);
+        }
+    }
+
+    fn holds(&self, id: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id)
+    }
+}
+
+/// Handle used by the accept path and the sweeper; see the module
+/// documentation.
 pub struct Outbox {
     db: Db,
-    queue: Arc<dyn LaneQueue>,
-    fast: mpsc::Sender<Pending>,
-    slow: mpsc::Sender<Pending>,
-    forget: mpsc::Sender<String>,
-    send_timeout: Duration,
-    failures: FailureStreak,
+    relay: Arc<Relay>,
+    fast: mpsc::Sender<OutboundMessage>,
+    slow: mpsc::Sender<OutboundMessage>,
 }
 
 /// Background tasks of the outbox; await them at shutdown.
 pub struct OutboxTasks {
-    /// Ends once every [`Outbox`] handle is gone and the last removals are
-    /// committed.
+    /// Ends once every [`Outbox`] handle is gone, the relay has sent what
+    /// it held (or given up on it while SQS fails) and the last removals
+    /// are committed.
     pub forgetter: JoinHandle<()>,
 }
 
 impl Outbox {
-    /// Starts the batchers and the row remover. The first sweep (every row
+    /// Starts the relays and the row remover. The first sweep (every row
     /// left by an earlier process) runs before this returns; later sweeps
     /// are the scheduler's (`crate::scheduler`).
     pub async fn start(
@@ -104,24 +178,27 @@ impl Outbox {
         settings: &SqsSettings,
     ) -> anyhow::Result<(Arc<Outbox>, OutboxTasks)> {
         let window = Duration::from_millis(settings.batch_window_ms);
-        let mut senders = Vec::new();
-        for lane in Lane::ALL {
-            let (tx, rx) = mpsc::channel(BATCH_ENTRIES * SENDS_IN_FLIGHT * 4);
-            tokio::spawn(run_batcher(queue.clone(), *lane, rx, window));
-            senders.push(tx);
-        }
         let (forget, forget_rx) = mpsc::channel(FORGET_BATCH * 16);
         let forgetter = tokio::spawn(run_forgetter(db.clone(), forget_rx, window));
+        let relay = Arc::new(Relay {
+            queue,
+            held: Mutex::default(),
+            health: Arc::default(),
+            forget,
+        });
+        let mut senders = Vec::new();
+        for lane in Lane::ALL {
+            let (tx, rx) = mpsc::channel(RELAY_CAPACITY);
+            tokio::spawn(run_relay(relay.clone(), *lane, rx, window));
+            senders.push(tx);
+        }
         let slow = senders.pop().expect("two lanes");
         let fast = senders.pop().expect("two lanes");
         let outbox = Arc::new(Outbox {
             db,
-            queue,
+            relay,
             fast,
             slow,
-            forget,
-            send_timeout: Duration::from_millis(settings.send_timeout_ms),
-            failures: FailureStreak::default(),
         });
         // On SQLite the file belongs to this one instance, so a row left at
         // start-up belongs to a process that is gone. On PostgreSQL it may
@@ -141,94 +218,33 @@ impl Outbox {
         Ok((outbox, OutboxTasks { forgetter }))
     }
 
-    /// Puts `message` on `lane` through the batcher. `Ok` once SQS has
-    /// confirmed this message's entry; `Err` when it failed or took longer
-    /// than `send_timeout_ms` in all (waiting for the batcher included).
-    pub async fn send(&self, lane: Lane, message: OutboundMessage) -> Result<(), SendFailed> {
+    /// Hands a committed message to its lane's relay, without waiting: a
+    /// full relay leaves it in the outbox for the sweeper.
+    pub fn hand(&self, lane: Lane, message: OutboundMessage) {
         let id = message.message_id.clone();
-        let (reply, answer) = oneshot::channel();
-        let batcher = match lane {
+        self.relay
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone());
+        let relay = match lane {
             Lane::Fast => &self.fast,
             Lane::Slow => &self.slow,
         };
-        let sent = tokio::time::timeout(self.send_timeout, async {
-            if batcher.send(Pending { message, reply }).await.is_err() {
-                return Err("the SQS batcher has stopped".to_owned());
-            }
-            answer
-                .await
-                .unwrap_or_else(|_| Err("the SQS batcher dropped the message".to_owned()))
-        })
-        .await;
-        let outcome = sent.unwrap_or_else(|_| {
-            Err(format!(
-                "SQS did not confirm the send within {} ms",
-                self.send_timeout.as_millis()
-            ))
-        });
-        match outcome {
-            Ok(()) => {
-                self.failures.succeeded();
-                // When full, the row stays and the sweeper sends it once more
-                // (a duplicate the consumer absorbs) rather than the request
-                // waiting here.
-                let _ = self.forget.try_send(id);
-                Ok(())
-            }
-            Err(reason) => {
-                self.failures.failed();
-                Err(SendFailed {
-                    reason,
-                    retry_after: self.failures.retry_after(),
-                })
-            }
+        if relay.try_send(message).is_err() {
+            self.relay.release([id]);
         }
     }
 
-    /// Records that the message's send failed: removes the outbox row and,
-    /// unless a consumer already has the message (it reached SQS after all,
-    /// and its status moved on from `queued`), marks it `rejected` and
-    /// removes its idempotency record (a retry with the same key is a new
-    /// attempt). Returns [`Rejection::InFlight`] in that case: the request
-    /// should answer 202 after all.
-    pub async fn reject(&self, tenant_id: &str, message_id: &str, reason: &str) -> Rejection {
-        // The reason is the SDK's text (it may name queue ARNs and the
-        // account): logged, not stored where the tenant reads it.
-        warn!(%message_id, %reason, "The queue did not take a message.");
-        let detail = "not queued: the queue did not take it".to_owned();
-        for attempt in 1..=REJECT_ATTEMPTS {
-            match self.try_reject(tenant_id, message_id, &detail).await {
-                Ok(outcome) => return outcome,
-                Err(err) if attempt == REJECT_ATTEMPTS => {
-                    error!(%message_id, error = %err, "Could not mark a message whose send failed; the sweeper may still deliver it.");
-                }
-                Err(err) => {
-                    warn!(%message_id, error = %err, attempt, "Could not mark a message whose send failed; trying again.");
-                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-                }
-            }
-        }
-        Rejection::Rejected
-    }
-
-    async fn try_reject(
-        &self,
-        tenant_id: &str,
-        message_id: &str,
-        detail: &str,
-    ) -> anyhow::Result<Rejection> {
-        Ok(
-            match outbox::reject(&self.db, tenant_id, message_id, detail).await? {
-                true => Rejection::Rejected,
-                false => Rejection::InFlight,
-            },
-        )
+    /// How the relay is doing, for `/readyz`.
+    pub fn health(&self) -> Arc<RelayHealth> {
+        self.relay.health.clone()
     }
 
     /// Sends the outbox rows created at or before `cutoff_ms` (all rows when
-    /// `None`) and the scheduled rows that are due, and removes those SQS
-    /// took (a scheduled message is `queued` from then on). Returns how many
-    /// were sent.
+    /// `None`) that the relay does not hold, and the scheduled rows that are
+    /// due, and removes those SQS took (a scheduled message is `queued`
+    /// from then on). Returns how many were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
         outbox::drain_due(&self.db, cutoff, SWEEP_PAGE, |rows| self.resend(rows)).await
@@ -238,6 +254,9 @@ impl Outbox {
     async fn resend(&self, rows: Vec<OutboxRow>) -> anyhow::Result<Vec<String>> {
         let mut by_lane: [Vec<OutboundMessage>; 2] = [Vec::new(), Vec::new()];
         for (message_id, lane, tenant_id, channel, priority, body) in rows {
+            if self.relay.holds(&message_id) {
+                continue;
+            }
             let (Ok(lane), Ok(channel), Ok(priority)) = (
                 lane.parse::<Lane>(),
                 channel.parse::<Channel>(),
@@ -262,7 +281,13 @@ impl Outbox {
                 continue;
             }
             let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
-            let results = self.queue.send_batch(*lane, messages).await?;
+            let results = match self.relay.queue.send_batch(*lane, messages).await {
+                Ok(results) => results,
+                Err(err) => {
+                    self.relay.health.failed(*lane, &format!("{err:#}"));
+                    return Err(err);
+                }
+            };
             for (id, result) in ids.into_iter().zip(results) {
                 match result {
                     Ok(()) => sent.push(id),
@@ -276,62 +301,153 @@ impl Outbox {
     }
 }
 
-/// Collects up to ten messages (waiting at most `window` after the first)
-/// and sends them in one call, several calls in flight at once.
-async fn run_batcher(
-    queue: Arc<dyn LaneQueue>,
+/// Where a message goes in a lane: one SQS queue per priority class, so
+/// one batch per class.
+fn class(priority: Priority) -> usize {
+    match priority {
+        Priority::High => 0,
+        Priority::Normal => 1,
+        Priority::Low => 2,
+    }
+}
+
+/// One lane's relay: gathers what it is handed into batches of up to ten
+/// per priority class (waiting at most `window` after the first), sends
+/// them with several calls in flight, and retries what failed after a
+/// backoff. Ends once its channel is closed and what it holds is sent (or,
+/// while SQS fails, left to the next start's sweep).
+async fn run_relay(
+    relay: Arc<Relay>,
     lane: Lane,
-    mut pending: mpsc::Receiver<Pending>,
+    mut handed: mpsc::Receiver<OutboundMessage>,
     window: Duration,
 ) {
     let in_flight = Arc::new(Semaphore::new(SENDS_IN_FLIGHT));
-    let mut batch = Vec::with_capacity(BATCH_ENTRIES);
-    while let Some(first) = pending.recv().await {
-        batch.push(first);
-        let deadline = tokio::time::sleep(window);
-        tokio::pin!(deadline);
-        while batch.len() < BATCH_ENTRIES {
+    // Failed entries come back here; at most what the calls in flight hold.
+    let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<Vec<OutboundMessage>>();
+    let mut classes: [Vec<OutboundMessage>; 3] = Default::default();
+    let mut closed = false;
+    loop {
+        while let Ok(failed) = retry_rx.try_recv() {
+            for message in failed {
+                classes[class(message.priority)].push(message);
+            }
+        }
+        if let Some(wait) = relay.health.backoff() {
+            if closed {
+                // Shutting down while SQS fails: the rows stay in the outbox.
+                return;
+            }
+            tokio::time::sleep(wait).await;
+        }
+        if classes.iter().all(Vec::is_empty) {
+            if closed {
+                // Wait for the calls in flight; whatever fails comes back.
+                let _ = in_flight.acquire_many(SENDS_IN_FLIGHT as u32).await;
+                match retry_rx.try_recv() {
+                    Ok(failed) => {
+                        for message in failed {
+                            classes[class(message.priority)].push(message);
+                        }
+                        continue;
+                    }
+                    Err(_) => return,
+                }
+            }
             tokio::select! {
-                next = pending.recv() => match next {
-                    Some(next) => batch.push(next),
-                    None => break,
+                next = handed.recv() => match next {
+                    Some(message) => classes[class(message.priority)].push(message),
+                    None => {
+                        closed = true;
+                        continue;
+                    }
                 },
-                _ = &mut deadline => break,
-            }
-        }
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        let queue = queue.clone();
-        // A request that gave up (timed out) has been answered 503 and its
-        // message marked `rejected`: sending it now would only waste a call.
-        let entries: Vec<Pending> = std::mem::take(&mut batch)
-            .into_iter()
-            .filter(|entry| !entry.reply.is_closed())
-            .collect();
-        if entries.is_empty() {
-            continue;
-        }
-        tokio::spawn(async move {
-            let (messages, replies): (Vec<_>, Vec<_>) = entries
-                .into_iter()
-                .map(|entry| (entry.message, entry.reply))
-                .unzip();
-            match queue.send_batch(lane, messages).await {
-                Ok(results) => {
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        let _ = reply.send(result);
-                    }
-                }
-                Err(err) => {
-                    let reason = format!("SendMessageBatch failed: {err:#}");
-                    for reply in replies {
-                        let _ = reply.send(Err(reason.clone()));
+                Some(failed) = retry_rx.recv() => {
+                    for message in failed {
+                        classes[class(message.priority)].push(message);
                     }
                 }
             }
-            drop(permit);
-        });
+        }
+        // Fill up: until a class has a full batch or the window passes.
+        if !closed && classes.iter().all(|c| c.len() < BATCH_ENTRIES) {
+            let deadline = tokio::time::sleep(window);
+            tokio::pin!(deadline);
+            while classes.iter().all(|c| c.len() < BATCH_ENTRIES) {
+                tokio::select! {
+                    next = handed.recv() => match next {
+                        Some(message) => classes[class(message.priority)].push(message),
+                        None => {
+                            closed = true;
+                            break;
+                        }
+                    },
+                    _ = &mut deadline => break,
+                }
+            }
+        }
+        // While SQS fails, one batch probes it per backoff; the rest waits.
+        let probing = relay.health.is_behind();
+        'send: for messages in &mut classes {
+            while !messages.is_empty() {
+                let take = messages.len().min(BATCH_ENTRIES);
+                let batch: Vec<OutboundMessage> = messages.drain(..take).collect();
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    return;
+                };
+                let (relay, retry) = (relay.clone(), retry_tx.clone());
+                tokio::spawn(async move {
+                    send_batch(&relay, lane, batch, &retry).await;
+                    drop(permit);
+                });
+                if probing {
+                    break 'send;
+                }
+            }
+        }
+    }
+}
+
+/// One SendMessageBatch: the rows of entries SQS took are removed, the
+/// entries that failed go back to the relay through `retry`.
+async fn send_batch(
+    relay: &Relay,
+    lane: Lane,
+    batch: Vec<OutboundMessage>,
+    retry: &mpsc::UnboundedSender<Vec<OutboundMessage>>,
+) {
+    let ids: Vec<String> = batch.iter().map(|m| m.message_id.clone()).collect();
+    let results = match relay.queue.send_batch(lane, batch.clone()).await {
+        Ok(results) => results,
+        Err(err) => vec![Err(format!("SendMessageBatch failed: {err:#}")); ids.len()],
+    };
+    let mut failed = Vec::new();
+    let mut reason = None;
+    let mut sent = Vec::new();
+    for ((id, message), result) in ids.into_iter().zip(batch).zip(results) {
+        match result {
+            Ok(()) => sent.push(id),
+            Err(why) => {
+                reason.get_or_insert(why);
+                failed.push(message);
+            }
+        }
+    }
+    for id in &sent {
+        // When full, the row stays and the sweeper sends it once more (a
+        // duplicate the consumer absorbs).
+        let _ = relay.forget.try_send(id.clone());
+    }
+    relay.release(sent);
+    match reason {
+        None => relay.health.succeeded(),
+        Some(reason) => {
+            relay.health.failed(lane, &reason);
+            if let Err(unsent) = retry.send(failed) {
+                // The relay has stopped: the rows stay for the next sweep.
+                relay.release(unsent.0.into_iter().map(|m| m.message_id));
+            }
+        }
     }
 }
 

@@ -35,13 +35,13 @@ pub(crate) struct Handed {
     pub(crate) lane: Lane,
     pub(crate) channel: Channel,
     pub(crate) answer_body: String,
-    /// SQS mode, not scheduled: the message for the request to send now.
+    /// SQS mode, not scheduled: the message for the relay to send now.
     pub(crate) to_send: Option<OutboundMessage>,
 }
 
 impl Prepared {
     /// Splits off the store entry; the queue message is copied only where
-    /// the request itself sends it (SQS mode, not scheduled).
+    /// the relay sends it at once (SQS mode, not scheduled).
     pub(crate) fn into_parts(self, sqs: bool) -> (AcceptEntry, Handed) {
         let to_send = (sqs && !self.scheduled).then(|| self.entry.outbound.clone());
         let handed = Handed {

@@ -1,5 +1,6 @@
 //! `/healthz` (the process is up) and `/readyz` (the store and the queue
-//! answer), for load balancers and orchestrators.
+//! answer; on SQS, whether the outbox relay keeps up), for load balancers
+//! and orchestrators.
 
 use axum::Json;
 use axum::Router;
@@ -24,11 +25,16 @@ pub struct Health {
     /// Per dependency: `store`, `queue` → `ok` | `unavailable`; with
     /// `limits.backend = "redis"` also `limits` → `ok` | `degraded` (Redis
     /// unreachable: this instance counts limits on its local share, which
-    /// does not make it unready).
+    /// does not make it unready). On SQS also `queue_relay` → `ok` |
+    /// `behind` (the outbox relay's calls to SQS fail: accepted messages
+    /// wait in the outbox until SQS answers), and an SQS that does not
+    /// answer is `queue` → `degraded`: neither makes the instance unready,
+    /// since sends are still accepted (into the outbox).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<std::collections::BTreeMap<String, String>>,
     /// Per check that is not `ok`: why, as a code (`store_unreachable`,
-    /// `store_full`, `store_writes_fail`, `queue_unreachable`). The
+    /// `store_full`, `store_writes_fail`, `queue_unreachable`,
+    /// `queue_relay_failing`). The
     /// error's own text goes to the log, not here: this route needs no
     /// authentication.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
@@ -68,13 +74,28 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
         tracing::warn!("Readiness: the queue does not answer.");
         reasons.insert("queue".to_owned(), "queue_unreachable".to_owned());
     }
-    let ready = store.is_ok() && queue;
+    // On SQS, accepts go into the outbox whether or not SQS answers.
+    let outbox = state.relay.is_some();
+    let ready = store.is_ok() && (queue || outbox);
+    let queue_word = match (queue, outbox) {
+        (true, _) => "ok",
+        (false, true) => "degraded",
+        (false, false) => "unavailable",
+    };
     let mut checks: std::collections::BTreeMap<String, String> = [
         ("store".to_owned(), word(store.is_ok())),
-        ("queue".to_owned(), word(queue)),
+        ("queue".to_owned(), queue_word.to_owned()),
     ]
     .into_iter()
     .collect();
+    if let Some(relay) = &state.relay {
+        let behind = relay.is_behind();
+        if behind {
+            reasons.insert("queue_relay".to_owned(), "queue_relay_failing".to_owned());
+        }
+        let word = if behind { "behind" } else { "ok" };
+        checks.insert("queue_relay".to_owned(), word.to_owned());
+    }
     if let Some(redis) = &state.redis {
         let limits = if redis.is_up() { "ok" } else { "degraded" };
         checks.insert("limits".to_owned(), limits.to_owned());

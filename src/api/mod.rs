@@ -56,6 +56,8 @@ pub struct AppInner {
     /// `limits.backend = "redis"`: the connection, for `/readyz`.
     pub redis: Option<Arc<crate::limits::redis::RedisLimits>>,
     pub backpressure: Arc<LaneBackpressure>,
+    /// SQS mode: how the outbox relay is doing, for `/readyz`.
+    pub relay: Option<Arc<crate::accept::outbox::RelayHealth>>,
     /// Tenants' changes other than sends, per tenant.
     pub writes: crate::limits::writes::TenantWrites,
     pub admin: AdminAuth,

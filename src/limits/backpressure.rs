@@ -10,6 +10,11 @@
 //! `queue.sqs.stats_interval_secs` for SQS), not on every request. Between samples, accepts made by this
 //! process are added to the sampled depth, so a burst cannot overshoot the
 //! mark by a second's worth of traffic.
+//!
+//! On SQS, a message accepted is committed with an outbox row and reaches
+//! SQS a moment later, or much later while SQS fails: the outbox's rows of
+//! a lane ([`PendingCounts`], read once per sample from the store) count
+//! toward its backlog, so the high-water mark bounds the outbox too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -33,10 +38,21 @@ pub const NO_DRAIN_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// Longest Retry-After the estimate may give.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
+/// Messages accepted into each lane ([`Lane::ALL`] order) that are not in
+/// its queue yet: the SQS outbox's rows. Passed in by the caller, so the
+/// limits know nothing of the store.
+#[async_trait::async_trait]
+pub trait PendingCounts: Send + Sync {
+    async fn pending(&self) -> anyhow::Result<[u64; 2]>;
+}
+
 #[derive(Debug, Default)]
 struct LaneGauge {
     /// Last sampled statistics.
     stats: RwLock<(QueueStats, Option<Instant>)>,
+    /// Last sampled count of accepted messages not yet in the queue (SQS
+    /// outbox rows).
+    pending: AtomicU64,
     /// Accepted into the lane since the last sample.
     accepted_since_sample: AtomicU64,
     /// Smoothed messages/s leaving the lane, as f64 bits.
@@ -47,6 +63,8 @@ pub struct LaneBackpressure {
     lanes: LanesSettings,
     fast: LaneGauge,
     slow: LaneGauge,
+    /// SQS mode: the outbox's rows per lane.
+    pending: Option<Arc<dyn PendingCounts>>,
 }
 
 /// The lane is full; come back after `retry_after`.
@@ -65,7 +83,14 @@ impl LaneBackpressure {
             lanes,
             fast: LaneGauge::default(),
             slow: LaneGauge::default(),
+            pending: None,
         }
+    }
+
+    /// Counts `pending` (the SQS outbox) toward each lane's backlog.
+    pub fn with_pending(mut self, pending: Arc<dyn PendingCounts>) -> Self {
+        self.pending = Some(pending);
+        self
     }
 
     fn gauge(&self, lane: Lane) -> &LaneGauge {
@@ -75,11 +100,14 @@ impl LaneBackpressure {
         }
     }
 
-    /// Sampled backlog plus what was accepted since.
+    /// Sampled backlog (the queue's, and what waits to enter it) plus what
+    /// was accepted since.
     pub fn estimated_backlog(&self, lane: Lane) -> u64 {
         let gauge = self.gauge(lane);
         let sampled = gauge.stats.read().expect("stats lock").0.backlog();
-        sampled + gauge.accepted_since_sample.load(Ordering::Relaxed)
+        sampled
+            + gauge.pending.load(Ordering::Relaxed)
+            + gauge.accepted_since_sample.load(Ordering::Relaxed)
     }
 
     /// Smoothed drain rate of `lane` in messages per second.
@@ -124,9 +152,31 @@ impl LaneBackpressure {
     /// Takes one sample of every lane. Returns the deleted totals seen, so
     /// the caller can pass them to the next call.
     pub async fn sample(&self, queue: &dyn LaneQueue, previous: &mut [(u64, Instant); 2]) {
+        let accepted_before = [Lane::Fast, Lane::Slow].map(|lane| {
+            self.gauge(lane)
+                .accepted_since_sample
+                .load(Ordering::Relaxed)
+        });
+        // Read before the queue: a message that moves from the outbox to
+        // the queue in between is counted twice, never missed.
+        let pending = match &self.pending {
+            None => None,
+            Some(counts) => match counts.pending().await {
+                Ok(pending) => Some(pending),
+                Err(err) => {
+                    warn!(error = %format!("{err:#}"), "Could not count the outbox's rows.");
+                    None
+                }
+            },
+        };
         for (i, lane) in Lane::ALL.iter().enumerate() {
             let gauge = self.gauge(*lane);
-            let accepted_before = gauge.accepted_since_sample.load(Ordering::Relaxed);
+            let accepted_before = accepted_before[i];
+            if let Some(pending) = pending {
+                metrics::gauge!(names::OUTBOX_PENDING, "lane" => lane.as_str())
+                    .set(pending[i] as f64);
+                gauge.pending.store(pending[i], Ordering::Relaxed);
+            }
             match queue.stats(*lane).await {
                 Ok(stats) => {
                     let label = lane.as_str();
@@ -144,7 +194,15 @@ impl LaneBackpressure {
                         .accepted_since_sample
                         .fetch_sub(accepted_before, Ordering::Relaxed);
                 }
-                Err(err) => warn!(lane = %lane, error = %err, "Could not read lane statistics."),
+                Err(err) => {
+                    warn!(lane = %lane, error = %err, "Could not read lane statistics.");
+                    // What was accepted since is in the outbox's count now.
+                    if pending.is_some() {
+                        gauge
+                            .accepted_since_sample
+                            .fetch_sub(accepted_before, Ordering::Relaxed);
+                    }
+                }
             }
             let deleted = queue.deleted_total(*lane);
             let now = Instant::now();

@@ -102,29 +102,3 @@ pub async fn purge_expired(db: &Db, now_ms: i64) -> anyhow::Result<Option<u64>> 
         }
     }
 }
-
-/// Replaces the answer remembered for `key` (a batch whose outcome changed
-/// after its commit: an item SQS did not take).
-pub async fn replace_answer(db: &Db, tenant_id: &str, key: &str, body: &str) -> anyhow::Result<()> {
-    let sql = "UPDATE idempotency_keys SET response_body = $1 WHERE tenant_id = $2 AND key = $3";
-    match db {
-        Db::Sqlite(sqlite) => {
-            let _turn = sqlite.write_turn().await;
-            sqlx::query(sql)
-                .bind(body)
-                .bind(tenant_id)
-                .bind(key)
-                .execute(&sqlite.write)
-                .await?;
-        }
-        Db::Postgres(pg) => {
-            sqlx::query(sql)
-                .bind(body)
-                .bind(tenant_id)
-                .bind(key)
-                .execute(&pg.pool)
-                .await?;
-        }
-    }
-    Ok(())
-}

@@ -6,14 +6,14 @@ use std::future::Future;
 
 use super::Db;
 use crate::message::OutboundMessage;
-use crate::model::{Lane, MessageStatus, now_ms};
+use crate::model::{Lane, now_ms};
 
 /// An outbox row: message id, lane, tenant, channel, priority, body.
 pub type OutboxRow = (String, String, String, String, String, String);
 
 /// Inserts the outbox rows of a group in the SQLite writer's transaction.
 /// Each row's `Option<i64>` is when a scheduled message is due (ms): the
-/// scheduler sends it then; `None` rows are sent by the request at once.
+/// scheduler sends it then; `None` rows are sent by the relay at once.
 pub(crate) fn insert_rows(
     tx: &rusqlite::Transaction,
     rows: &[(Lane, &OutboundMessage, Option<i64>)],
@@ -38,42 +38,6 @@ pub(crate) fn insert_rows(
         ])?;
     }
     Ok(())
-}
-
-/// Records that a message's send failed, in one transaction: removes its
-/// outbox row and, if it is still `queued` (no consumer took it), marks it
-/// `rejected` with `detail` and removes its idempotency record. Returns
-/// whether it was marked; false means a consumer already has it.
-pub async fn reject(
-    db: &Db,
-    tenant_id: &str,
-    message_id: &str,
-    detail: &str,
-) -> anyhow::Result<bool> {
-    Ok(super::in_transaction!(db, |tx| {
-        sqlx::query("DELETE FROM outbox WHERE message_id = $1")
-            .bind(message_id)
-            .execute(&mut *tx)
-            .await?;
-        let marked = sqlx::query(
-            "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4 AND status = $5",
-        )
-        .bind(MessageStatus::Rejected.as_str())
-        .bind(detail)
-        .bind(now_ms())
-        .bind(message_id)
-        .bind(MessageStatus::Queued.as_str())
-        .execute(&mut *tx)
-        .await?;
-        if marked.rows_affected() == 1 {
-            sqlx::query("DELETE FROM idempotency_keys WHERE tenant_id = $1 AND message_id = $2")
-                .bind(tenant_id)
-                .bind(message_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        marked.rows_affected() == 1
-    }))
 }
 
 /// Hands the rows created at or before `cutoff` (ms) and the scheduled
@@ -188,6 +152,24 @@ async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Outbox rows per lane (fast, slow): messages accepted and not yet in
+/// SQS, scheduled ones included. One scan of a table that is small unless
+/// SQS is behind (and then bounded by the lanes' high-water marks).
+pub async fn pending_by_lane(db: &Db) -> anyhow::Result<[u64; 2]> {
+    const COUNT: &str = "SELECT lane, COUNT(*) FROM outbox GROUP BY lane";
+    let rows: Vec<(String, i64)> = match db {
+        Db::Sqlite(sqlite) => sqlx::query_as(COUNT).fetch_all(&sqlite.read).await?,
+        Db::Postgres(pg) => sqlx::query_as(COUNT).fetch_all(&pg.pool).await?,
+    };
+    let mut counts = [0; 2];
+    for (lane, count) in rows {
+        if let Ok(lane) = lane.parse::<Lane>() {
+            counts[usize::from(lane == Lane::Slow)] = count.max(0) as u64;
+        }
+    }
+    Ok(counts)
 }
 
 /// Removes the outbox rows of `ids` (sent messages).

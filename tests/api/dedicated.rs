@@ -25,14 +25,7 @@ const OPEN_PLAN: &str = "[plans.open]\nlane = \"fast\"\nrate_per_second = 5000.0
 fn settings(sms_base: &str, backend: Backend) -> String {
     let queue = match backend {
         Backend::Embedded => String::new(),
-        Backend::Sqs => sqs_settings(
-            &moto_url(),
-            "ded",
-            // A busy two-core machine must not turn a slow send into a 503:
-            // moto takes 10 to 11 s for the first 500-message batch to a
-            // new tenant queue (creating it and its signals included).
-            "stats_interval_secs = 1\nsend_timeout_ms = 50000",
-        ),
+        Backend::Sqs => sqs_settings(&moto_url(), "ded", "stats_interval_secs = 1"),
     };
     delivery_settings(sms_base, "http://127.0.0.1:9", &format!("{OPEN_PLAN}{queue}"))
         .replacen(

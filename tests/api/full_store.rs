@@ -188,67 +188,6 @@ async fn a_full_store_answers_503_with_retry_after_and_recovers_by_itself() {
     );
 }
 
-/// A TCP proxy in front of PostgreSQL that the test can cut (every
-/// connection closed, new ones closed at once) and restore.
-struct PgProxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    connections: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl PgProxy {
-    async fn start(upstream: String) -> PgProxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let connections: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
-        let (is_cut, held) = (cut.clone(), connections.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                if is_cut.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let upstream = upstream.clone();
-                held.lock().unwrap().push(tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                }));
-            }
-        });
-        PgProxy {
-            port,
-            cut,
-            connections,
-            accept,
-        }
-    }
-
-    /// PostgreSQL "goes away": every connection through the proxy closes
-    /// and new ones are closed as soon as they open.
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for connection in self.connections.lock().unwrap().drain(..) {
-            connection.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for PgProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        for connection in self.connections.lock().unwrap().drain(..) {
-            connection.abort();
-        }
-    }
-}
-
 /// `host:port` of a `postgres://user@host:port/db` URL.
 fn pg_authority(url: &str) -> String {
     let after_scheme = &url[url.find("://").expect("a URL") + 3..];
@@ -262,7 +201,9 @@ async fn an_unreachable_postgres_answers_503_with_retry_after_and_recovers_by_it
         .scope(crate::support::Store::Postgres, async {
             let sms_api = MockServer::start().await;
             crate::delivery::mock_sms_ok(&sms_api, "SM1").await;
-            let proxy = PgProxy::start(pg_authority(&crate::support::pg_server_url())).await;
+            let proxy =
+                crate::support::TcpProxy::start(pg_authority(&crate::support::pg_server_url()))
+                    .await;
             let app = TestApp::start_custom(
                 &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", ""),
                 |settings| {

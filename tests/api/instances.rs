@@ -725,7 +725,6 @@ queue_prefix = "{prefix}"
 create_queues = true
 access_key_id = "test"
 secret_access_key = "test"
-send_timeout_ms = 3000
 outbox_sweep_secs = 4
 
 [lanes.fast]

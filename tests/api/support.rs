@@ -4,6 +4,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fairlane::api::AppState;
@@ -583,6 +585,67 @@ impl Drop for TestDatabase {
             Ok(Ok(())) => {}
             Ok(Err(err)) => eprintln!("could not drop test database {}: {err:#}", self.name),
             Err(_) => eprintln!("dropping test database {} panicked", self.name),
+        }
+    }
+}
+
+/// A TCP proxy in front of a server (PostgreSQL, SQS) that the test can
+/// cut (every connection closed, new ones closed at once) and restore.
+pub struct TcpProxy {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(upstream: String) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (is_cut, held) = (cut.clone(), connections.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if is_cut.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                held.lock().unwrap().push(tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                }));
+            }
+        });
+        TcpProxy {
+            port,
+            cut,
+            connections,
+            accept,
+        }
+    }
+
+    /// The server "goes away": every connection through the proxy closes
+    /// and new ones are closed as soon as they open.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
         }
     }
 }
