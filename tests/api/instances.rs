@@ -546,6 +546,12 @@ impl Cluster {
 
     async fn start_with_redis(redis_url: &str) -> Cluster {
         let moto = crate::backends::moto_url();
+        Self::start_full(redis_url, [moto.clone(), moto.clone(), moto]).await
+    }
+
+    /// A cluster whose instances reach SQS at `sqs` (one endpoint each, so
+    /// a test can put a proxy in front of one of them).
+    async fn start_full(redis_url: &str, sqs: [String; 3]) -> Cluster {
         let prefix = crate::backends::unique_prefix("inst");
         let redis = RedisKeys::new(redis_url, &prefix);
         let db = TestDatabase::create().await;
@@ -554,12 +560,12 @@ impl Cluster {
 
         let mut instances = Vec::new();
         let mut bases = Vec::new();
-        for name in NAMES {
+        for (name, moto) in NAMES.into_iter().zip(&sqs) {
             let port = free_port();
             let config = dir.path().join(format!("{name}.toml"));
             std::fs::write(
                 &config,
-                instance_config(name, port, &db.url, &moto, &prefix, &redis.url, &sms.url),
+                instance_config(name, port, &db.url, moto, &prefix, &redis.url, &sms.url),
             )
             .expect("write an instance configuration");
             let log = dir.path().join(format!("{name}.log"));
@@ -1318,6 +1324,46 @@ async fn killing_one_instance_loses_no_accepted_message() {
         "{duplicates} messages were sent twice: more than the {FAST_CONCURRENCY} the killed \
          instance can have had in flight"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_an_instance_committed_but_never_relayed_are_sent_by_another_instances_sweeper() {
+    use crate::sqs::{Sends, SqsProxy};
+    const MESSAGES: usize = 12;
+    let moto = crate::backends::moto_url();
+    // Instance a reaches SQS through a proxy that will hold its sends.
+    let proxy = SqsProxy::start(&moto).await;
+    let mut cluster = Cluster::start_full(
+        &default_redis_url(),
+        [proxy.url.clone(), moto.clone(), moto],
+    )
+    .await;
+    let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
+
+    // a commits and answers 202; its relay's SendMessageBatch calls hang.
+    proxy.set(Sends::Hold);
+    let mut accepted = Vec::new();
+    for n in 0..MESSAGES {
+        let text = format!("orphan n{n:02}");
+        let answer = cluster.api.send(A, &key, &text).await.expect("a answers");
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+        accepted.push((text, answer.id()));
+    }
+    assert_eq!(cluster.sms.count(), 0, "nothing reached SQS through a");
+    cluster.kill(A);
+
+    // b's and c's sweepers take a's rows once they are older than
+    // outbox_sweep_secs (4 s); each message is sent once.
+    let ids: Vec<String> = accepted.iter().map(|(_, id)| id.clone()).collect();
+    cluster
+        .api
+        .wait_all_sent(&key, &ids, &[B, C], Duration::from_secs(60))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_text = cluster.sms.per_text();
+    for (text, id) in &accepted {
+        assert_eq!(per_text.get(text), Some(&1), "{text} ({id}) provider calls");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

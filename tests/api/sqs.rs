@@ -25,7 +25,7 @@ use crate::support::{TestApp, expect_json, sms};
 /// What the proxy does with SendMessageBatch calls; every other call is
 /// passed through.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Sends {
+pub(crate) enum Sends {
     Pass,
     /// Never answered, as if the process died before SQS replied.
     Hold,
@@ -40,13 +40,13 @@ struct ProxyState {
 }
 
 /// An HTTP proxy in front of moto.
-struct SqsProxy {
-    url: String,
+pub(crate) struct SqsProxy {
+    pub(crate) url: String,
     state: Arc<ProxyState>,
 }
 
 impl SqsProxy {
-    async fn start(upstream: &str) -> SqsProxy {
+    pub(crate) async fn start(upstream: &str) -> SqsProxy {
         let state = Arc::new(ProxyState {
             upstream: upstream.trim_end_matches('/').to_owned(),
             client: reqwest::Client::new(),
@@ -61,7 +61,7 @@ impl SqsProxy {
         SqsProxy { url, state }
     }
 
-    fn set(&self, sends: Sends) {
+    pub(crate) fn set(&self, sends: Sends) {
         *self.state.sends.lock().unwrap() = sends;
     }
 }
