@@ -573,7 +573,7 @@ fn form_field(form: &str, name: &str) -> String {
 }
 
 /// Sends `texts` as SMS of `priority` from several clients at once; returns
-/// the ids.
+/// the ids once every message is in its lane.
 async fn send_sms_concurrently(
     app: &TestApp,
     key: &str,
@@ -604,6 +604,11 @@ async fn send_sms_concurrently(
     let mut ids = Vec::new();
     for client in clients {
         ids.extend(client.await.unwrap());
+    }
+    // A 202 comes before the relay puts the message in its lane; these
+    // tests look at the lane, so they go on once every one is there.
+    for id in &ids {
+        until_in_lane(app, id).await;
     }
     ids
 }
