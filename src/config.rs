@@ -25,6 +25,13 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment variables that override settings.
 pub const ENV_PREFIX: &str = "FAIRLANE__";
 
+/// The longest a provider's gate pauses: a provider's `Retry-After` above
+/// it is cut to it (a WARN line says so), and a circuit breaker may not be
+/// configured to stay open longer (`breaker_open_ms`,
+/// `breaker_max_open_secs`). A provider's header cannot stop delivery for
+/// every tenant for longer than this, nor overflow a clock.
+pub const MAX_PROVIDER_PAUSE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
@@ -777,6 +784,14 @@ impl Settings {
             if provider.burst == 0 {
                 bail!("providers.{name}.burst must be at least 1");
             }
+            let max_open = MAX_PROVIDER_PAUSE.as_secs();
+            if provider.breaker_open_ms > max_open * 1000
+                || provider.breaker_max_open_secs > max_open
+            {
+                bail!(
+                    "providers.{name}.breaker_open_ms and breaker_max_open_secs must be at most {max_open} s"
+                );
+            }
         }
         let sqs = &self.queue.sqs;
         if sqs.access_key_id.is_some() != sqs.secret_access_key.is_some() {
@@ -1232,5 +1247,22 @@ mod tests {
                 "{rate}: {err:#}"
             );
         }
+    }
+
+    #[test]
+    fn breaker_intervals_longer_than_the_longest_pause_are_rejected() {
+        for overlay in [
+            "[providers.sms]\nbreaker_max_open_secs = 9223372036854775807\n",
+            "[providers.sms]\nbreaker_max_open_secs = 3601\n",
+            "[providers.email]\nbreaker_open_ms = 3600001\n",
+        ] {
+            let err = Settings::from_toml_overlay(overlay).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(text.contains("breaker_open_ms"), "{overlay}: {text}");
+        }
+        Settings::from_toml_overlay(
+            "[providers.sms]\nbreaker_open_ms = 3600000\nbreaker_max_open_secs = 3600\n",
+        )
+        .unwrap();
     }
 }
