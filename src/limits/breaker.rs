@@ -8,9 +8,9 @@
 //!
 //! The breaker only decides; the caller applies the interval through
 //! [`super::gate::ProviderGate::pause_for`], the same pause a 429's
-//! Retry-After makes. When the interval ends, the gate goes on at its rate:
-//! the first calls are the trial, and one more failure opens it again at
-//! once (the run is still past the threshold), for twice as long.
+//! Retry-After makes. When the interval ends, one call goes (the trial) and
+//! the gate goes on at its rate, without a burst; one more failure opens it
+//! again at once (the run is still past the threshold), for twice as long.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

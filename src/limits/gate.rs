@@ -13,7 +13,9 @@
 //! bucket would add a whole burst on top of them. Starting empty, the calls
 //! of both processes together stay within `burst + rate × t`, and from the
 //! first token on the line below orders the waiters by priority, so the first
-//! seconds after a start serve high priority first like any others.
+//! seconds after a start serve high priority first like any others. A pause
+//! (a provider's `Retry-After`, an open circuit breaker) ends the same way:
+//! one call when it ends, then the rate, not the burst saved up meanwhile.
 //!
 //! On top of the bucket sits a line of waiters: per priority, the tenants
 //! with callers waiting take turns, and each tenant's callers keep their
@@ -60,7 +62,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -68,7 +70,7 @@ use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
 use governor::state::{InMemoryState, NotKeyed};
-use governor::{Quota, RateLimiter};
+use governor::{NotUntil, Quota, RateLimiter};
 use tokio::sync::Notify;
 
 use super::redis::{RedisLimits, period_micros};
@@ -106,6 +108,11 @@ pub struct ProviderGate {
     /// Until when no token is handed out (nanoseconds on the timeline),
     /// after the provider answered 429 with a `Retry-After`; 0: never.
     paused_until: AtomicU64,
+    /// Set by a pause: the first grant after it empties the bucket of what
+    /// it saved up during the pause (see [`ProviderGate::pause_for`]).
+    drain_grants: AtomicBool,
+    /// The same for `calls`, by the first call paced after the pause.
+    drain_calls: AtomicBool,
     /// A second bucket of the same rate and burst, taken from right before
     /// each call (see [`ProviderGate::pace_call`]).
     calls: Bucket,
@@ -179,13 +186,19 @@ impl ProviderGate {
             line: Mutex::new(Line::new(low_priority_share)),
             global: None,
             paused_until: AtomicU64::new(0),
+            drain_grants: AtomicBool::new(false),
+            drain_calls: AtomicBool::new(false),
         }
     }
 
     /// Hands out no token for `pause` from now (or until a later pause
     /// ends): the provider said to wait, and every caller of the gate waits,
-    /// not only the one that was told. Afterwards the gate goes on at its
-    /// configured rate and burst.
+    /// not only the one that was told. When the pause ends, one call goes
+    /// (the provider's "retry after", the breaker's trial) and then the gate
+    /// goes on at its rate: the first grant empties what the bucket saved up
+    /// during the pause, so the gate does not resume with a burst into a
+    /// provider that just pushed back, and a burst of calls opening new
+    /// connections at once cannot arrive bunched on top of the rate.
     ///
     /// `pause` may come from a provider's header: however long it is, the
     /// end saturates rather than overflows (the providers clamp it first, see
@@ -194,6 +207,18 @@ impl ProviderGate {
         let until = Duration::from(self.timeline.now()).saturating_add(pause);
         let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
         self.paused_until.fetch_max(until, Ordering::Relaxed);
+        self.drain_grants.store(true, Ordering::Relaxed);
+        self.drain_calls.store(true, Ordering::Relaxed);
+    }
+
+    /// Takes one token of `bucket` (the gate's, or its share during a Redis
+    /// outage); the first taken after a pause also empties it.
+    fn take_grant(&self, bucket: &Bucket) -> Result<(), NotUntil<Nanos>> {
+        bucket.check()?;
+        if self.drain_grants.swap(false, Ordering::Relaxed) {
+            drain(bucket, self.burst);
+        }
+        Ok(())
     }
 
     /// Waits until a call may start without the provider seeing more than
@@ -213,7 +238,14 @@ impl ProviderGate {
         let started = self.timeline.now();
         loop {
             match self.calls.check() {
-                Ok(()) => return self.timeline.elapsed_since(started),
+                Ok(()) => {
+                    // A call granted before a pause may be paced during it;
+                    // only the first after the pause drains.
+                    if self.paused().is_none() && self.drain_calls.swap(false, Ordering::Relaxed) {
+                        drain(&self.calls, self.burst);
+                    }
+                    return self.timeline.elapsed_since(started);
+                }
                 Err(not_until) => {
                     self.timeline
                         .sleep_until(not_until.earliest_possible())
@@ -289,7 +321,10 @@ impl ProviderGate {
         // head of the line: it may take a token straight away if one is free.
         let place = {
             let mut line = self.line();
-            if self.paused().is_none() && line.would_lead(rank) && self.bucket.check().is_ok() {
+            if self.paused().is_none()
+                && line.would_lead(rank)
+                && self.take_grant(&self.bucket).is_ok()
+            {
                 line.record_grant(rank);
                 return Duration::ZERO;
             }
@@ -304,7 +339,7 @@ impl ProviderGate {
                 } else if let Some(until) = self.paused() {
                     Some(until)
                 } else {
-                    match self.bucket.check() {
+                    match self.take_grant(&self.bucket) {
                         Ok(()) => {
                             // Leave the line in the same poll that takes the
                             // token, so a cancellation cannot come between.
@@ -373,7 +408,7 @@ impl ProviderGate {
                 if line.head_id() != Some(place.id) {
                     continue;
                 }
-                match share.check() {
+                match self.take_grant(&share) {
                     Ok(()) => {
                         line.leave(rank, place.id, true);
                         place.served();
@@ -445,6 +480,19 @@ fn empty_bucket(quota: Quota, timeline: &Timeline) -> Bucket {
     // Taking the whole burst at once always fits the bucket's capacity.
     let _ = bucket.check_n(quota.burst_size());
     bucket
+}
+
+/// Takes every whole token `bucket` holds now, in at most 33 all-or-nothing
+/// checks: the largest powers of two first, which takes exactly the binary
+/// digits of what is there.
+fn drain(bucket: &Bucket, burst: u32) {
+    let mut size = burst.checked_next_power_of_two().unwrap_or(1 << 31);
+    while let Some(cells) = NonZeroU32::new(size) {
+        // Too many for the bucket's capacity, or not there: either way
+        // nothing is taken.
+        let _ = bucket.check_n(cells);
+        size /= 2;
+    }
 }
 
 /// The waiters: per priority rank, one FIFO per tenant, and the tenants
@@ -972,6 +1020,28 @@ mod tests {
         assert_eq!(calls[1], 2500 * MS);
         assert_eq!(calls[2], 2600 * MS);
         assert_eq!(calls[19], 4300 * MS);
+    }
+
+    #[test]
+    fn after_a_pause_one_call_goes_then_the_rate_resumes_without_a_burst() {
+        // 20/s burst 5, under a backlog; a 2 s pause at 3 s lets the bucket
+        // refill, which must not come out as a burst when the pause ends.
+        let sim = Sim::new(MS);
+        let gate = sim.gate(20.0, 5);
+        let calls: Rc<RefCell<Vec<Duration>>> = Rc::default();
+        callers(&sim, &gate, 30, &calls);
+        sim.run_until(3 * SECOND);
+        gate.pause_for(2 * SECOND);
+        let paused_at = calls.borrow().len();
+        sim.run_until(7 * SECOND);
+        let calls = calls.borrow();
+        let after: Vec<Duration> = calls[paused_at..].to_vec();
+        assert!(after[0] >= 5 * SECOND, "a call during the pause: {after:?}");
+        assert_eq!(after[0], 5 * SECOND, "the call at the end of the pause");
+        assert_eq!(after[1], 5050 * MS, "then one every 50 ms: {after:?}");
+        assert_eq!(after[2], 5100 * MS, "{after:?}");
+        assert_eq!(after.len(), 41, "{after:?}");
+        assert!(worst_window_excess(&calls, 20.0, 5) <= 1e-6);
     }
 
     #[test]
