@@ -25,6 +25,17 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment variables that override settings.
 pub const ENV_PREFIX: &str = "FAIRLANE__";
 
+/// The longest a provider's bucket may take to fill up (`burst /
+/// rate_per_second`): a year. Longer is a typo, and would overflow the
+/// gate's nanosecond clock (584 years) in its arithmetic.
+pub const MAX_PROVIDER_REFILL_SECS: f64 = 365.0 * 24.0 * 3600.0;
+/// The longest a provider's gate pauses: a provider's `Retry-After` above
+/// it is cut to it (a WARN line says so), and a circuit breaker may not be
+/// configured to stay open longer (`breaker_open_ms`,
+/// `breaker_max_open_secs`). A provider's header cannot stop delivery for
+/// every tenant for longer than this, nor overflow a clock.
+pub const MAX_PROVIDER_PAUSE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
@@ -777,6 +788,19 @@ impl Settings {
             if provider.burst == 0 {
                 bail!("providers.{name}.burst must be at least 1");
             }
+            if f64::from(provider.burst) / provider.rate_per_second > MAX_PROVIDER_REFILL_SECS {
+                bail!(
+                    "providers.{name}.burst / rate_per_second (the time an empty bucket takes to fill) must be at most {MAX_PROVIDER_REFILL_SECS} s"
+                );
+            }
+            let max_open = MAX_PROVIDER_PAUSE.as_secs();
+            if provider.breaker_open_ms > max_open * 1000
+                || provider.breaker_max_open_secs > max_open
+            {
+                bail!(
+                    "providers.{name}.breaker_open_ms and breaker_max_open_secs must be at most {max_open} s"
+                );
+            }
         }
         let sqs = &self.queue.sqs;
         if sqs.access_key_id.is_some() != sqs.secret_access_key.is_some() {
@@ -1232,5 +1256,36 @@ mod tests {
                 "{rate}: {err:#}"
             );
         }
+    }
+
+    #[test]
+    fn a_provider_bucket_that_takes_more_than_a_year_to_fill_is_rejected() {
+        let err = Settings::from_toml_overlay(
+            "[providers.email]\nrate_per_second = 0.001\nburst = 4000000000\n",
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("providers.email.burst"),
+            "{err:#}"
+        );
+        Settings::from_toml_overlay("[providers.email]\nrate_per_second = 0.001\nburst = 31536\n")
+            .unwrap();
+    }
+
+    #[test]
+    fn breaker_intervals_longer_than_the_longest_pause_are_rejected() {
+        for overlay in [
+            "[providers.sms]\nbreaker_max_open_secs = 9223372036854775807\n",
+            "[providers.sms]\nbreaker_max_open_secs = 3601\n",
+            "[providers.email]\nbreaker_open_ms = 3600001\n",
+        ] {
+            let err = Settings::from_toml_overlay(overlay).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(text.contains("breaker_open_ms"), "{overlay}: {text}");
+        }
+        Settings::from_toml_overlay(
+            "[providers.sms]\nbreaker_open_ms = 3600000\nbreaker_max_open_secs = 3600\n",
+        )
+        .unwrap();
     }
 }

@@ -127,11 +127,14 @@ async fn defer(
 }
 
 /// What is known about a message being dead-lettered, for its log line:
-/// its payload once it could be read, and the provider once one was called.
+/// its payload once it could be read, the provider once one was called, and
+/// the provider's whole story of the last failure (the tenant sees only its
+/// classified reason).
 #[derive(Clone, Copy)]
 struct Known<'a> {
     payload: Option<&'a DeliveryPayload>,
     provider: Option<&'static str>,
+    detail: Option<&'a str>,
 }
 
 async fn dead_letter(
@@ -181,6 +184,7 @@ async fn dead_letter(
                 attempts,
                 receive_count = message.receive_count,
                 reason = error,
+                detail = known.detail,
                 to,
                 "Message dead-lettered."
             );
@@ -266,6 +270,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             let known = Known {
                 payload: None,
                 provider: None,
+                detail: None,
             };
             return dead_letter(context, &message, known, &reason, false).await;
         }
@@ -274,6 +279,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let unsent = Known {
         payload: Some(&payload),
         provider: None,
+        detail: None,
     };
     let Some(tenant) = context
         .delivery
@@ -429,6 +435,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let called = Known {
         payload: Some(&payload),
         provider: Some(gated.provider.name()),
+        detail: None,
     };
 
     let retry = &context.delivery.retry;
@@ -469,7 +476,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         }
         Err(ProviderError::Throttled {
             retry_after,
-            detail,
+            failure,
         }) => {
             let _ = context
                 .delivery
@@ -477,18 +484,20 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 .failure(
                     &payload.id,
                     MessageStatus::Retrying,
-                    &format!("throttled by provider: {detail}"),
+                    &format!("throttled by provider: {}", failure.reason),
                     false,
                 )
                 .await;
             if let Some(pause) = retry_after.filter(|pause| !pause.is_zero()) {
                 // Every message of this provider waits, not only this one.
+                // The provider bounded the pause (MAX_PROVIDER_PAUSE).
                 gated.gate.pause_for(pause);
                 metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => gated.provider.name())
                     .increment(1);
                 warn!(
                     provider = gated.provider.name(),
                     pause_secs = pause.as_secs_f64(),
+                    detail = %failure.detail,
                     "Provider answered 429 with Retry-After; its gate pauses every send for that long."
                 );
             }
@@ -501,16 +510,20 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             });
             defer(context, &message, delay, "throttled").await;
         }
-        Err(ProviderError::Transient(error)) => {
+        Err(ProviderError::Transient(failure)) => {
             let attempts = context
                 .delivery
                 .status
-                .failure(&payload.id, MessageStatus::Retrying, &error, true)
+                .failure(&payload.id, MessageStatus::Retrying, &failure.reason, true)
                 .await
                 .unwrap_or(retry.max_attempts);
             if attempts >= retry.max_attempts {
-                let reason = format!("gave up after {attempts} attempts: {error}");
-                return dead_letter(context, &message, called, &reason, false).await;
+                let reason = format!("gave up after {attempts} attempts: {}", failure.reason);
+                let known = Known {
+                    detail: Some(&failure.detail),
+                    ..called
+                };
+                return dead_letter(context, &message, known, &reason, false).await;
             }
             let delay = backoff(
                 Duration::from_millis(retry.base_delay_ms),
@@ -527,15 +540,20 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 provider = gated.provider.name(),
                 attempts,
                 delay_ms = delay.as_millis() as u64,
-                error = %error,
+                error = %failure.reason,
+                detail = %failure.detail,
                 "Transient failure; retrying later."
             );
             if let Err(err) = context.delivery.queue.defer(lane, &message, delay).await {
                 warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
             }
         }
-        Err(ProviderError::Permanent(error)) => {
-            dead_letter(context, &message, called, &error, true).await;
+        Err(ProviderError::Permanent(failure)) => {
+            let known = Known {
+                detail: Some(&failure.detail),
+                ..called
+            };
+            dead_letter(context, &message, known, &failure.reason, true).await;
         }
     }
 }

@@ -8,12 +8,14 @@
 //!
 //! The breaker only decides; the caller applies the interval through
 //! [`super::gate::ProviderGate::pause_for`], the same pause a 429's
-//! Retry-After makes. When the interval ends, the gate goes on at its rate:
-//! the first calls are the trial, and one more failure opens it again at
-//! once (the run is still past the threshold), for twice as long.
+//! Retry-After makes. When the interval ends, one call goes (the trial) and
+//! the gate goes on at its rate, without a burst; one more failure opens it
+//! again at once (the run is still past the threshold), for twice as long.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::config::MAX_PROVIDER_PAUSE;
 
 /// How a breaker opens; see `providers.*.breaker_*` in the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,13 +61,19 @@ pub enum Change {
 }
 
 impl BreakerSettings {
-    /// The breaker a provider's settings ask for.
+    /// The breaker a provider's settings ask for. Configuration checking
+    /// refuses intervals above [`MAX_PROVIDER_PAUSE`]; they are cut to it
+    /// here as well, so no setting can push the end of an interval past what
+    /// the clock holds.
     pub fn of(settings: &crate::config::ProviderSettings) -> Self {
-        let open_for = Duration::from_millis(settings.breaker_open_ms.max(1));
+        let open_for =
+            Duration::from_millis(settings.breaker_open_ms.max(1)).min(MAX_PROVIDER_PAUSE);
+        let max_open_for =
+            Duration::from_secs(settings.breaker_max_open_secs).clamp(open_for, MAX_PROVIDER_PAUSE);
         BreakerSettings {
             failures: settings.breaker_failures,
             open_for,
-            max_open_for: Duration::from_secs(settings.breaker_max_open_secs).max(open_for),
+            max_open_for,
         }
     }
 }

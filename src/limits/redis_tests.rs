@@ -340,6 +340,39 @@ async fn two_gates_sharing_a_redis_bucket_keep_the_fleet_within_burst_plus_rate(
     assert!(gates.iter().all(|gate| gate.waiting() == [0, 0, 0]));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_restarted_on_a_shared_redis_bucket_takes_no_second_burst() {
+    // One process spends the fleet's burst and goes on at the rate, then
+    // stops; the next starts at once with a connection and a gate of its
+    // own. The bucket lives in Redis, so the second finds it as the first
+    // left it and the two together keep burst + rate × t.
+    let prefix = Prefix::new(&shared_redis_url());
+    let run_for = Duration::from_millis(1500);
+    let before = {
+        let first = Instance::on_shared_redis(&prefix).await;
+        hammer_gates(&[first.gate(20.0, 5)], 4, run_for).await
+    };
+    let second = Instance::on_shared_redis(&prefix).await;
+    let after = hammer_gates(&[second.gate(20.0, 5)], 4, run_for).await;
+    let grants: Vec<Instant> = before.iter().chain(&after).copied().collect();
+    let excess = worst_window_excess(&grants, 20.0, 5);
+    println!(
+        "a gate restarted on a shared bucket of 20/s burst 5: {} grants before, {} after, \
+         worst window {excess:+.2} against burst + rate × t",
+        before.len(),
+        after.len()
+    );
+    assert!(
+        excess <= 1.0,
+        "a window held {excess:.2} grants more than 5 + 20 × t across the restart"
+    );
+    assert!(
+        after.len() >= 20,
+        "only {} grants after the restart",
+        after.len()
+    );
+}
+
 /// A `redis-server` of the test's own on a free port, without persistence.
 /// Stopped by its PID, never by name.
 struct OwnRedis {

@@ -18,7 +18,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use super::{Delivered, Provider, ProviderError};
+use super::{Delivered, Failure, Provider, ProviderError};
 use crate::message::DeliveryPayload;
 use crate::model::{Channel, Priority};
 
@@ -102,7 +102,10 @@ impl Provider for LogProvider {
             reference: message.reference.as_deref(),
         };
         let mut bytes = serde_json::to_vec(&line).map_err(|err| {
-            ProviderError::Transient(format!("cannot encode delivery log line: {err}"))
+            ProviderError::Transient(Failure::new(
+                "delivery log not written",
+                format!("cannot encode delivery log line: {err}"),
+            ))
         })?;
         bytes.push(b'\n');
 
@@ -117,7 +120,10 @@ impl Provider for LogProvider {
                 .path
                 .as_deref()
                 .map_or_else(|| "stdout".to_owned(), |p| p.display().to_string());
-            ProviderError::Transient(format!("cannot write delivery log {target}: {err}"))
+            ProviderError::Transient(Failure::new(
+                "delivery log not written",
+                format!("cannot write delivery log {target}: {err}"),
+            ))
         })?;
         debug!(message_id = %message.id, %provider_message_id, "Delivery logged.");
         Ok(Delivered {

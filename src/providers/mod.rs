@@ -8,6 +8,13 @@
 //! from that class alone. Providers do not retry: one call to
 //! [`Provider::send`] is one provider call, so the consumer's attempt count
 //! and backoff stay honest and throttling reaches the provider gate.
+//!
+//! Every failure is told twice ([`Failure`]): a classified reason the tenant
+//! reads in `last_error` (`timeout`, `connection failed`, `HTTP 503`,
+//! `provider rejected: …` with the provider's own code and message), and the
+//! whole story for the operator's log, which may name the provider's URL
+//! with the account SID, or an SDK's error chain with ARNs and account ids.
+//! A provider's `Retry-After` is bounded by [`MAX_PROVIDER_PAUSE`].
 
 pub mod log;
 pub mod ses;
@@ -18,8 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::bail;
 use async_trait::async_trait;
+use tracing::warn;
 
-use crate::config::{ProviderKind, ProviderSettings};
+use crate::config::{MAX_PROVIDER_PAUSE, ProviderKind, ProviderSettings};
 use crate::message::DeliveryPayload;
 use crate::model::Channel;
 
@@ -49,29 +57,78 @@ pub struct Delivered {
 }
 
 /// Why a delivery failed, classified where the failure was understood.
+/// Displayed, it shows the tenant-safe reason only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
     /// Retrying cannot help (rejected content, invalid recipient, bad
     /// credentials or account state): dead-letter at once.
     #[error("permanent provider error: {0}")]
-    Permanent(String),
+    Permanent(Failure),
     /// The provider or the path to it failed (5xx, timeout, connection):
     /// retry with backoff, spending one attempt.
     #[error("transient provider error: {0}")]
-    Transient(String),
+    Transient(Failure),
     /// The provider asked us to slow down: defer without spending the retry
-    /// budget, for `retry_after` when the provider said how long.
-    #[error("provider throttled: {detail}")]
+    /// budget, for `retry_after` when the provider said how long (at most
+    /// [`MAX_PROVIDER_PAUSE`]).
+    #[error("provider throttled: {failure}")]
     Throttled {
         retry_after: Option<Duration>,
-        detail: String,
+        failure: Failure,
     },
+}
+
+/// One failed provider call, told twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Classified and safe to show the tenant: it becomes the message's
+    /// `last_error` (`timeout`, `connection failed`, `HTTP 503`,
+    /// `provider rejected: HTTP 400, code 21211: …`).
+    pub reason: String,
+    /// For the operator's log only: the transport's or SDK's error chain and
+    /// the provider's raw answer, which can carry the provider's URL with
+    /// the account SID, ARNs or account ids.
+    pub detail: String,
+}
+
+impl Failure {
+    pub fn new(reason: impl Into<String>, detail: impl Into<String>) -> Self {
+        Failure {
+            reason: reason.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// A failure of fairlane's own making whose reason says all there is
+    /// (the log gets the same text).
+    pub fn plain(reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        Failure {
+            detail: reason.clone(),
+            reason,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 impl ProviderError {
     /// True when a later attempt may succeed (transient or throttled).
     pub fn is_retryable(&self) -> bool {
         !matches!(self, ProviderError::Permanent(_))
+    }
+
+    /// The reason and the detail, whatever the class.
+    pub fn failure(&self) -> &Failure {
+        match self {
+            ProviderError::Permanent(failure)
+            | ProviderError::Transient(failure)
+            | ProviderError::Throttled { failure, .. } => failure,
+        }
     }
 
     /// The word used for metrics labels: `permanent`, `transient`, `throttled`.
@@ -117,19 +174,92 @@ pub async fn build(
     Ok(provider)
 }
 
-/// Reads a `Retry-After` value: delay seconds (`7`) or an HTTP date
-/// (`Wed, 21 Oct 2015 07:28:00 GMT`, counted from now; a past date is zero).
-pub(crate) fn parse_retry_after(value: &str) -> Option<Duration> {
+/// Reads `provider`'s `Retry-After` value: delay seconds (`7`) or an HTTP
+/// date (`Wed, 21 Oct 2015 07:28:00 GMT`, counted from now; a past date is
+/// zero). The provider chooses the value and the gate pauses every tenant's
+/// sends for it, so it is bounded: anything longer than
+/// [`MAX_PROVIDER_PAUSE`] (a number of seconds too large for any integer
+/// included) is cut to it, with a WARN line.
+pub(crate) fn parse_retry_after(value: &str, provider: &'static str) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    let at = SystemTime::from(at);
-    Some(
+    let asked = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        value
+            .parse::<u64>()
+            .map_or(Duration::MAX, Duration::from_secs)
+    } else {
+        let at = SystemTime::from(chrono::DateTime::parse_from_rfc2822(value).ok()?);
         at.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO),
-    )
+            .unwrap_or(Duration::ZERO)
+    };
+    if asked > MAX_PROVIDER_PAUSE {
+        warn!(
+            provider,
+            retry_after = value,
+            max_secs = MAX_PROVIDER_PAUSE.as_secs(),
+            "Provider asked for a longer pause than fairlane allows; its gate pauses for the maximum instead."
+        );
+        return Some(MAX_PROVIDER_PAUSE);
+    }
+    Some(asked)
+}
+
+/// A provider's own error text, fit for `last_error`: `secrets` (the SMS
+/// account SID) masked wherever they appear, then cut to `max_chars`.
+pub(crate) fn without_secrets(text: &str, secrets: &[&str], max_chars: usize) -> String {
+    let mut text = text.to_owned();
+    for secret in secrets.iter().filter(|secret| !secret.is_empty()) {
+        text = text.replace(secret, "[account]");
+    }
+    truncate(&text, max_chars)
+}
+
+/// An AWS service's error message, fit for `last_error`: ARNs (`arn:…`)
+/// and twelve-digit account ids masked, then cut to `max_chars`.
+pub(crate) fn without_aws_ids(text: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for piece in text.split_inclusive(char::is_whitespace) {
+        let word = piece.trim_end();
+        let space = &piece[word.len()..];
+        let lead = word.len()
+            - word
+                .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+                .len();
+        if word[lead..].starts_with("arn:") {
+            let closing = word.trim_end_matches([')', ']', '"', '\'', ',', ';']);
+            out.push_str(&word[..lead]);
+            out.push_str("[arn]");
+            out.push_str(&word[closing.len()..]);
+        } else {
+            out.push_str(&mask_account_ids(word));
+        }
+        out.push_str(space);
+    }
+    truncate(&out, max_chars)
+}
+
+/// `word` with every run of exactly twelve ASCII digits (an AWS account id)
+/// replaced by `[account]`.
+fn mask_account_ids(word: &str) -> String {
+    let mut out = String::with_capacity(word.len());
+    let mut digits = String::new();
+    let flush = |digits: &mut String, out: &mut String| {
+        if digits.len() == 12 {
+            out.push_str("[account]");
+        } else {
+            out.push_str(digits);
+        }
+        digits.clear();
+    };
+    for c in word.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            flush(&mut digits, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut digits, &mut out);
+    out
 }
 
 /// An error and its sources, joined with `: ` (the SDK's and reqwest's own
@@ -164,21 +294,63 @@ mod tests {
 
     #[test]
     fn retry_after_reads_seconds_and_http_dates() {
-        assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after(" 0 "), Some(Duration::ZERO));
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(Duration::ZERO)
-        );
+        let parse = |value: &str| parse_retry_after(value, "test");
+        assert_eq!(parse("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse(" 0 "), Some(Duration::ZERO));
+        assert_eq!(parse("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
         let later = chrono::Utc::now() + chrono::Duration::seconds(120);
         let header = later.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
-        let parsed = parse_retry_after(&header).unwrap();
+        let parsed = parse(&header).unwrap();
         assert!(
             parsed > Duration::from_secs(100) && parsed <= Duration::from_secs(120),
             "{parsed:?}"
         );
-        assert_eq!(parse_retry_after("soon"), None);
-        assert_eq!(parse_retry_after("-3"), None);
+        assert_eq!(parse("soon"), None);
+        assert_eq!(parse("-3"), None);
+        assert_eq!(parse(""), None);
+    }
+
+    #[test]
+    fn a_retry_after_longer_than_the_maximum_pause_is_cut_to_it() {
+        let parse = |value: &str| parse_retry_after(value, "test");
+        assert_eq!(MAX_PROVIDER_PAUSE, Duration::from_secs(3600));
+        assert_eq!(parse("3600"), Some(MAX_PROVIDER_PAUSE));
+        assert_eq!(parse("3601"), Some(MAX_PROVIDER_PAUSE));
+        assert_eq!(parse("99999999999"), Some(MAX_PROVIDER_PAUSE));
+        // u64::MAX seconds, and more digits than any integer holds.
+        assert_eq!(parse("18446744073709551615"), Some(MAX_PROVIDER_PAUSE));
+        assert_eq!(
+            parse("99999999999999999999999999999999"),
+            Some(MAX_PROVIDER_PAUSE)
+        );
+        assert_eq!(
+            parse("Fri, 31 Dec 9999 23:59:59 GMT"),
+            Some(MAX_PROVIDER_PAUSE)
+        );
+    }
+
+    #[test]
+    fn provider_texts_for_last_error_lose_account_sids_arns_and_account_ids() {
+        assert_eq!(
+            without_secrets(
+                "The requested resource /2010-04-01/Accounts/AC0123/Messages.json was not found",
+                &["AC0123"],
+                300
+            ),
+            "The requested resource /2010-04-01/Accounts/[account]/Messages.json was not found"
+        );
+        assert_eq!(
+            without_aws_ids(
+                "User: arn:aws:iam::123456789012:user/sender is not authorized on (arn:aws:ses:us-east-1:123456789012:identity/example.com) for account 123456789012.",
+                300
+            ),
+            "User: [arn] is not authorized on ([arn]) for account [account]."
+        );
+        // Other numbers stay: a phone number, a year, a code.
+        assert_eq!(
+            without_aws_ids("To +15551234567 in 2026, code 21211", 300),
+            "To +15551234567 in 2026, code 21211"
+        );
     }
 
     #[test]
@@ -230,11 +402,11 @@ mod tests {
 
     #[test]
     fn error_classes_say_whether_to_retry() {
-        assert!(!ProviderError::Permanent("x".into()).is_retryable());
-        assert!(ProviderError::Transient("x".into()).is_retryable());
+        assert!(!ProviderError::Permanent(Failure::plain("x")).is_retryable());
+        assert!(ProviderError::Transient(Failure::plain("x")).is_retryable());
         let throttled = ProviderError::Throttled {
             retry_after: None,
-            detail: "x".into(),
+            failure: Failure::plain("x"),
         };
         assert!(throttled.is_retryable());
         assert_eq!(throttled.kind(), "throttled");

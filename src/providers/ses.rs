@@ -8,6 +8,11 @@
 //! consumer's job, and SDK retries would multiply attempts and hide throttling
 //! from the provider gate. Failures are classified from the SES error code and
 //! the HTTP status of the answer.
+//!
+//! `last_error` gets a classified reason (`timeout`, `connection failed`,
+//! `HTTP 503 (ServiceUnavailable)`, `provider rejected: MessageRejected
+//! (HTTP 400): …`) with ARNs and account ids masked in SES's own message; the
+//! SDK's error chain, which can name them, goes to the log only.
 
 use std::time::Duration;
 
@@ -22,7 +27,8 @@ use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message};
 use tracing::debug;
 
 use super::{
-    DEFAULT_TIMEOUT, Delivered, Provider, ProviderError, causes, parse_retry_after, truncate,
+    DEFAULT_TIMEOUT, Delivered, Failure, Provider, ProviderError, causes, parse_retry_after,
+    without_aws_ids,
 };
 use crate::config::ProviderSettings;
 use crate::message::DeliveryPayload;
@@ -118,13 +124,15 @@ impl SesProvider {
 impl Provider for SesProvider {
     async fn send(&self, message: &DeliveryPayload) -> Result<Delivered, ProviderError> {
         if message.channel != Channel::Email {
-            return Err(ProviderError::Permanent(format!(
+            return Err(ProviderError::Permanent(Failure::plain(format!(
                 "SES delivers email, not {}",
                 message.channel
-            )));
+            ))));
         }
         let Some(subject) = message.subject.as_deref() else {
-            return Err(ProviderError::Permanent("an email needs a subject".into()));
+            return Err(ProviderError::Permanent(Failure::plain(
+                "an email needs a subject",
+            )));
         };
         let content = EmailContent::builder().simple(simple_message(
             subject,
@@ -144,10 +152,9 @@ impl Provider for SesProvider {
         // A success without an id: SES has taken the message, so retrying
         // could send it twice; dead-letter it for an operator instead.
         let Some(provider_message_id) = output.message_id().filter(|id| !id.is_empty()) else {
-            return Err(ProviderError::Permanent(
-                "SES accepted the request but returned no MessageId; not retried to avoid a duplicate"
-                    .into(),
-            ));
+            return Err(ProviderError::Permanent(Failure::plain(
+                "provider accepted the request but returned no message id; not retried to avoid a duplicate",
+            )));
         };
         debug!(message_id = %message.id, %provider_message_id, "SES accepted the message.");
         Ok(Delivered {
@@ -166,7 +173,12 @@ fn simple_message(subject: &str, text: &str, html: Option<&str>) -> Result<Messa
             .data(data)
             .charset(CHARSET)
             .build()
-            .map_err(|err| ProviderError::Permanent(format!("cannot build SES content: {err}")))
+            .map_err(|err| {
+                ProviderError::Permanent(Failure::new(
+                    "the email could not be built",
+                    format!("cannot build SES content: {err}"),
+                ))
+            })
     };
     let mut body = Body::builder().text(content(text)?);
     if let Some(html) = html {
@@ -180,23 +192,24 @@ fn simple_message(subject: &str, text: &str, html: Option<&str>) -> Result<Messa
 
 /// Classifies a failed `SendEmail` call.
 fn classify(err: SdkError<SendEmailError, HttpResponse>) -> ProviderError {
-    let (status, retry_after, detail) = match &err {
+    let detail = causes(&err);
+    let (status, retry_after, answered) = match &err {
         SdkError::ServiceError(service) => {
             let raw = service.raw();
             let status = raw.status().as_u16();
             let error = service.err();
-            let mut detail = match error.code() {
-                Some(code) => format!("SES {code} (HTTP {status})"),
-                None => format!("SES answered HTTP {status}"),
+            let answered = match error.code() {
+                Some(code) => format!("{code} (HTTP {status})"),
+                None => format!("HTTP {status}"),
             };
-            if let Some(text) = error.message() {
-                detail.push_str(&format!(": {}", truncate(text, MAX_ANSWER_CHARS)));
-            }
             if !(200..300).contains(&status) {
-                let retry_after = raw.headers().get("retry-after").and_then(parse_retry_after);
-                return classify_service_error(error, status, retry_after, detail);
+                let retry_after = raw
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|value| parse_retry_after(value, "ses"));
+                return classify_service_error(error, status, retry_after, answered, detail);
             }
-            (status, None, detail)
+            (status, None, answered)
         }
         SdkError::ResponseError(response) => {
             let status = response.raw().status().as_u16();
@@ -204,45 +217,74 @@ fn classify(err: SdkError<SendEmailError, HttpResponse>) -> ProviderError {
                 .raw()
                 .headers()
                 .get("retry-after")
-                .and_then(parse_retry_after);
-            let detail = format!("unreadable SES answer (HTTP {status}): {}", causes(&err));
-            (status, retry_after, detail)
+                .and_then(|value| parse_retry_after(value, "ses"));
+            (status, retry_after, format!("HTTP {status}"))
         }
         SdkError::TimeoutError(_) => {
-            return ProviderError::Transient(format!("SES call timed out: {}", causes(&err)));
+            return ProviderError::Transient(Failure::new(
+                "timeout",
+                format!("SES call timed out: {detail}"),
+            ));
         }
-        SdkError::DispatchFailure(_) => {
-            return ProviderError::Transient(format!("SES call not completed: {}", causes(&err)));
+        SdkError::DispatchFailure(failure) => {
+            let reason = if failure.is_timeout() {
+                "timeout"
+            } else {
+                "connection failed"
+            };
+            return ProviderError::Transient(Failure::new(
+                reason,
+                format!("SES call not completed: {detail}"),
+            ));
         }
         // Construction fails before anything is sent; a later attempt may
         // succeed, and a lasting misconfiguration still ends in the DLQ once
         // attempts run out. (Credentials that cannot be resolved surface as
         // a dispatch failure, above.)
-        _ => return ProviderError::Transient(format!("SES request not sent: {}", causes(&err))),
+        _ => {
+            return ProviderError::Transient(Failure::new(
+                "request not sent",
+                format!("SES request not sent: {detail}"),
+            ));
+        }
     };
+    let detail = format!("SES answered {answered}: {detail}");
     match status {
         // SES took the request but we cannot read its answer: retrying could
         // send the email twice, so leave it to an operator.
-        200..=299 => ProviderError::Permanent(format!(
-            "{detail}; SES accepted the request, not retried to avoid a duplicate"
+        200..=299 => ProviderError::Permanent(Failure::new(
+            format!(
+                "provider answered HTTP {status} but its answer could not be read; \
+                 not retried to avoid a duplicate"
+            ),
+            detail,
         )),
         429 => ProviderError::Throttled {
             retry_after,
-            detail,
+            failure: Failure::new(answered, detail),
         },
         // A client error we cannot read is still a refusal of this request.
-        400..=499 if status != 408 => ProviderError::Permanent(detail),
-        _ => ProviderError::Transient(detail),
+        400..=499 if status != 408 => ProviderError::Permanent(Failure::new(
+            format!("provider rejected: {answered}"),
+            detail,
+        )),
+        _ => ProviderError::Transient(Failure::new(answered, detail)),
     }
 }
 
+/// Classifies an error SES answered with. `answered` is its code and
+/// status, `SES`'s message is added to a permanent refusal's reason (that
+/// is what the tenant needs to fix the message), masked of ARNs and account
+/// ids; `detail` is the SDK's chain, for the log.
 fn classify_service_error(
     error: &SendEmailError,
     status: u16,
     retry_after: Option<Duration>,
+    answered: String,
     detail: String,
 ) -> ProviderError {
     let code = error.code().unwrap_or_default();
+    let detail = format!("SES answered {answered}: {detail}");
     let throttled = error.is_too_many_requests_exception()
         || error.is_limit_exceeded_exception()
         || status == 429
@@ -250,7 +292,7 @@ fn classify_service_error(
     if throttled {
         return ProviderError::Throttled {
             retry_after,
-            detail,
+            failure: Failure::new(answered, detail),
         };
     }
     let permanent = error.is_message_rejected()
@@ -261,9 +303,13 @@ fn classify_service_error(
         || error.is_not_found_exception()
         || ((400..500).contains(&status) && status != 408 && !TRANSIENT_CODES.contains(&code));
     if permanent {
-        ProviderError::Permanent(detail)
+        let mut reason = format!("provider rejected: {answered}");
+        if let Some(text) = error.message() {
+            reason.push_str(&format!(": {}", without_aws_ids(text, MAX_ANSWER_CHARS)));
+        }
+        ProviderError::Permanent(Failure::new(reason, detail))
     } else {
-        ProviderError::Transient(detail)
+        ProviderError::Transient(Failure::new(answered, detail))
     }
 }
 
@@ -372,10 +418,10 @@ mod tests {
             .await
             .unwrap_err();
         match err {
-            ProviderError::Permanent(detail) => {
-                assert!(detail.contains("MessageRejected"), "{detail}");
-                assert!(detail.contains("not verified"), "{detail}");
-            }
+            ProviderError::Permanent(failure) => assert_eq!(
+                failure.reason,
+                "provider rejected: MessageRejected (HTTP 400): Email address is not verified."
+            ),
             other => panic!("expected Permanent, got {other:?}"),
         }
     }
@@ -406,10 +452,10 @@ mod tests {
         match err {
             ProviderError::Throttled {
                 retry_after,
-                detail,
+                failure,
             } => {
                 assert_eq!(retry_after, None);
-                assert!(detail.contains("TooManyRequestsException"), "{detail}");
+                assert_eq!(failure.reason, "TooManyRequestsException (HTTP 429)");
             }
             other => panic!("expected Throttled, got {other:?}"),
         }
@@ -440,7 +486,13 @@ mod tests {
             .send(&payload(Channel::Email, "a@example.com"))
             .await
             .unwrap_err();
-        assert!(matches!(err, ProviderError::Transient(_)), "{err:?}");
+        match err {
+            ProviderError::Transient(failure) => {
+                assert_eq!(failure.reason, "InternalFailure (HTTP 500)");
+                assert!(failure.detail.contains("oops"), "{failure:?}");
+            }
+            other => panic!("expected Transient, got {other:?}"),
+        }
     }
 
     #[tokio::test]
@@ -465,6 +517,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn arns_and_account_ids_in_an_ses_refusal_reach_the_log_only() {
+        let (_server, provider) = provider_answering(ses_error(
+            403,
+            "AccessDeniedException",
+            "User: arn:aws:iam::123456789012:user/fairlane is not authorized to perform: ses:SendEmail",
+        ))
+        .await;
+        let err = provider
+            .send(&payload(Channel::Email, "a@example.com"))
+            .await
+            .unwrap_err();
+        let failure = err.failure();
+        assert_eq!(
+            failure.reason,
+            "provider rejected: AccessDeniedException (HTTP 403): User: [arn] is not authorized \
+             to perform: ses:SendEmail"
+        );
+        assert!(failure.detail.contains("123456789012"), "{failure:?}");
+    }
+
+    #[tokio::test]
     async fn an_unreachable_endpoint_is_transient() {
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -476,7 +549,10 @@ mod tests {
             .send(&payload(Channel::Email, "a@example.com"))
             .await
             .unwrap_err();
-        assert!(matches!(err, ProviderError::Transient(_)), "{err:?}");
+        match err {
+            ProviderError::Transient(failure) => assert_eq!(failure.reason, "connection failed"),
+            other => panic!("expected Transient, got {other:?}"),
+        }
     }
 
     #[tokio::test]
@@ -511,7 +587,10 @@ mod tests {
             .await
             .unwrap_err()
         {
-            ProviderError::Transient(detail) => assert!(detail.contains("timed out"), "{detail}"),
+            ProviderError::Transient(failure) => {
+                assert_eq!(failure.reason, "timeout");
+                assert!(failure.detail.contains("timed out"), "{failure:?}");
+            }
             other => panic!("expected Transient, got {other:?}"),
         }
     }
@@ -528,8 +607,8 @@ mod tests {
                 .await
                 .unwrap_err()
             {
-                ProviderError::Permanent(detail) => {
-                    assert!(detail.contains("avoid a duplicate"), "{detail}");
+                ProviderError::Permanent(failure) => {
+                    assert!(failure.reason.contains("avoid a duplicate"), "{failure:?}");
                 }
                 other => panic!("expected Permanent, got {other:?}"),
             }

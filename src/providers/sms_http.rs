@@ -10,6 +10,13 @@
 //! invalid `To`). A 2xx without a readable `sid` is permanent: the provider
 //! has most likely taken the message, and retrying could text the recipient
 //! twice, so it goes to the DLQ where an operator decides.
+//!
+//! `last_error` gets a classified reason only (`timeout`, `connection
+//! failed`, `HTTP 503`, `provider rejected: HTTP 400, code 21211: …`), with
+//! the account SID masked wherever the provider's own text repeats it:
+//! reqwest's errors name the request URL, which holds the SID, and an
+//! unparsed answer may be anyone's page (a proxy's, a load balancer's).
+//! Those go to the log only.
 
 use std::time::Duration;
 
@@ -22,7 +29,8 @@ use serde::Deserialize;
 use tracing::debug;
 
 use super::{
-    DEFAULT_TIMEOUT, Delivered, Provider, ProviderError, causes, parse_retry_after, truncate,
+    DEFAULT_TIMEOUT, Delivered, Failure, Provider, ProviderError, causes, parse_retry_after,
+    truncate, without_secrets,
 };
 use crate::config::ProviderSettings;
 use crate::message::DeliveryPayload;
@@ -142,16 +150,22 @@ impl SmsHttpProvider {
 
     fn transport_error(&self, err: &reqwest::Error) -> ProviderError {
         let cause = causes(err);
-        if err.is_timeout() {
-            ProviderError::Transient(format!(
-                "SMS provider did not answer within {} ms: {cause}",
-                self.timeout.as_millis()
-            ))
+        ProviderError::Transient(if err.is_timeout() {
+            Failure::new(
+                "timeout",
+                format!(
+                    "SMS provider did not answer within {} ms: {cause}",
+                    self.timeout.as_millis()
+                ),
+            )
         } else if err.is_connect() {
-            ProviderError::Transient(format!("cannot connect to the SMS provider: {cause}"))
+            Failure::new(
+                "connection failed",
+                format!("cannot connect to the SMS provider: {cause}"),
+            )
         } else {
-            ProviderError::Transient(format!("SMS request failed: {cause}"))
-        }
+            Failure::new("request failed", format!("SMS request failed: {cause}"))
+        })
     }
 }
 
@@ -159,10 +173,10 @@ impl SmsHttpProvider {
 impl Provider for SmsHttpProvider {
     async fn send(&self, message: &DeliveryPayload) -> Result<Delivered, ProviderError> {
         if message.channel != Channel::Sms {
-            return Err(ProviderError::Permanent(format!(
+            return Err(ProviderError::Permanent(Failure::plain(format!(
                 "the SMS provider cannot deliver {}",
                 message.channel
-            )));
+            ))));
         }
         let response = self
             .client
@@ -183,7 +197,7 @@ impl Provider for SmsHttpProvider {
             .headers()
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
-            .and_then(parse_retry_after);
+            .and_then(|value| parse_retry_after(value, self.name()));
         let location = response
             .headers()
             .get(reqwest::header::LOCATION)
@@ -192,10 +206,16 @@ impl Provider for SmsHttpProvider {
         let body = match response.text().await {
             Ok(body) => body,
             Err(err) if status.is_success() => {
-                return Err(ProviderError::Permanent(format!(
-                    "SMS provider answered HTTP {status} but its body could not be read ({}); \
-                     not retried to avoid a duplicate",
-                    causes(&err)
+                return Err(ProviderError::Permanent(Failure::new(
+                    format!(
+                        "provider answered HTTP {} but its answer could not be read; \
+                         not retried to avoid a duplicate",
+                        status.as_u16()
+                    ),
+                    format!(
+                        "SMS provider answered HTTP {status} but its body could not be read: {}",
+                        causes(&err)
+                    ),
                 )));
             }
             Err(err) => return Err(self.transport_error(&err)),
@@ -210,22 +230,33 @@ impl Provider for SmsHttpProvider {
                         provider_message_id: sid,
                     })
                 }
-                None => Err(ProviderError::Permanent(format!(
-                    "SMS provider answered HTTP {status} without a sid ({}); not retried to avoid a duplicate",
-                    truncate(&body, MAX_ANSWER_CHARS)
+                None => Err(ProviderError::Permanent(Failure::new(
+                    format!(
+                        "provider answered HTTP {} without a message id; not retried to avoid a duplicate",
+                        status.as_u16()
+                    ),
+                    format!(
+                        "SMS provider answered HTTP {status} without a sid: {}",
+                        truncate(&body, MAX_ANSWER_CHARS)
+                    ),
                 ))),
             };
         }
 
+        let answered = self.answered(status, answer.as_ref());
         let detail = describe(status, answer.as_ref(), &body, location.as_deref());
         Err(match status {
             StatusCode::TOO_MANY_REQUESTS => ProviderError::Throttled {
                 retry_after,
-                detail,
+                failure: Failure::new(answered, detail),
             },
-            StatusCode::REQUEST_TIMEOUT => ProviderError::Transient(detail),
-            s if s.is_client_error() || s.is_redirection() => ProviderError::Permanent(detail),
-            _ => ProviderError::Transient(detail),
+            StatusCode::REQUEST_TIMEOUT => ProviderError::Transient(Failure::new(answered, detail)),
+            s if s.is_client_error() => ProviderError::Permanent(Failure::new(
+                format!("provider rejected: {answered}"),
+                detail,
+            )),
+            s if s.is_redirection() => ProviderError::Permanent(Failure::new(answered, detail)),
+            _ => ProviderError::Transient(Failure::new(answered, detail)),
         })
     }
 
@@ -234,7 +265,33 @@ impl Provider for SmsHttpProvider {
     }
 }
 
-/// `HTTP 400, code 21211: invalid To`, falling back to the raw answer.
+impl SmsHttpProvider {
+    /// What the provider answered, for `last_error`: `HTTP 400, code 21211:
+    /// invalid To` from its JSON answer, only `HTTP 502` when the answer is
+    /// not one (it may be a proxy's page); the account SID masked.
+    fn answered(&self, status: StatusCode, answer: Option<&Answer>) -> String {
+        let mut text = format!("HTTP {}", status.as_u16());
+        let code = answer.and_then(|a| a.code.as_ref()).map(|code| match code {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        });
+        let message = answer.and_then(|a| a.message.as_deref());
+        let secrets = [self.account_sid.as_str()];
+        if let Some(code) = code {
+            text.push_str(&format!(", code {}", without_secrets(&code, &secrets, 40)));
+        }
+        if let Some(message) = message {
+            text.push_str(&format!(
+                ": {}",
+                without_secrets(message, &secrets, MAX_ANSWER_CHARS)
+            ));
+        }
+        text
+    }
+}
+
+/// For the log: `SMS provider answered HTTP 400, code 21211: invalid To`,
+/// falling back to the raw answer.
 fn describe(
     status: StatusCode,
     answer: Option<&Answer>,
@@ -353,9 +410,11 @@ mod tests {
         )
         .await;
         match send(&provider).await.unwrap_err() {
-            ProviderError::Permanent(detail) => {
-                assert!(detail.contains("21211"), "{detail}");
-                assert!(detail.contains("invalid To"), "{detail}");
+            ProviderError::Permanent(failure) => {
+                assert_eq!(
+                    failure.reason,
+                    "provider rejected: HTTP 400, code 21211: invalid To"
+                );
             }
             other => panic!("expected Permanent, got {other:?}"),
         }
@@ -366,7 +425,11 @@ mod tests {
         let (_server, provider) =
             provider_answering(ResponseTemplate::new(401).set_body_string("Authenticate")).await;
         match send(&provider).await.unwrap_err() {
-            ProviderError::Permanent(detail) => assert!(detail.contains("401"), "{detail}"),
+            ProviderError::Permanent(failure) => {
+                // Not JSON: the provider's page goes to the log only.
+                assert_eq!(failure.reason, "provider rejected: HTTP 401");
+                assert!(failure.detail.contains("Authenticate"), "{failure:?}");
+            }
             other => panic!("expected Permanent, got {other:?}"),
         }
     }
@@ -382,12 +445,45 @@ mod tests {
         match send(&provider).await.unwrap_err() {
             ProviderError::Throttled {
                 retry_after,
-                detail,
+                failure,
             } => {
                 assert_eq!(retry_after, Some(Duration::from_secs(7)));
-                assert!(detail.contains("20429"), "{detail}");
+                assert_eq!(failure.reason, "HTTP 429, code 20429: Too Many Requests");
             }
             other => panic!("expected Throttled, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_of_thousands_of_years_is_cut_to_the_maximum_pause() {
+        for asked in ["99999999999", "18446744073709551615"] {
+            let (_server, provider) =
+                provider_answering(ResponseTemplate::new(429).insert_header("Retry-After", asked))
+                    .await;
+            match send(&provider).await.unwrap_err() {
+                ProviderError::Throttled { retry_after, .. } => {
+                    assert_eq!(retry_after, Some(crate::config::MAX_PROVIDER_PAUSE));
+                }
+                other => panic!("expected Throttled, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_account_sid_in_a_providers_own_error_text_is_masked_for_last_error() {
+        let (_server, provider) = provider_answering(ResponseTemplate::new(404).set_body_json(
+            json!({ "code": 20404, "message": "The requested resource /2010-04-01/Accounts/AC123/Messages.json was not found" }),
+        ))
+        .await;
+        match send(&provider).await.unwrap_err() {
+            ProviderError::Permanent(failure) => {
+                assert_eq!(
+                    failure.reason,
+                    "provider rejected: HTTP 404, code 20404: The requested resource \
+                     /2010-04-01/Accounts/[account]/Messages.json was not found"
+                );
+            }
+            other => panic!("expected Permanent, got {other:?}"),
         }
     }
 
@@ -415,8 +511,9 @@ mod tests {
             )
             .await;
             match send(&provider).await.unwrap_err() {
-                ProviderError::Transient(detail) => {
-                    assert!(detail.contains(&status.to_string()), "{detail}");
+                ProviderError::Transient(failure) => {
+                    assert_eq!(failure.reason, format!("HTTP {status}"));
+                    assert!(failure.detail.contains("upstream trouble"), "{failure:?}");
                 }
                 other => panic!("expected Transient for {status}, got {other:?}"),
             }
@@ -436,8 +533,9 @@ mod tests {
             .await;
         let provider = provider(&server.uri(), Duration::from_millis(200));
         match send(&provider).await.unwrap_err() {
-            ProviderError::Transient(detail) => {
-                assert!(detail.contains("within 200 ms"), "{detail}");
+            ProviderError::Transient(failure) => {
+                assert_eq!(failure.reason, "timeout");
+                assert!(failure.detail.contains("within 200 ms"), "{failure:?}");
             }
             other => panic!("expected Transient, got {other:?}"),
         }
@@ -451,8 +549,11 @@ mod tests {
         };
         let provider = provider(&format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
         match send(&provider).await.unwrap_err() {
-            ProviderError::Transient(detail) => {
-                assert!(detail.contains("cannot connect"), "{detail}");
+            ProviderError::Transient(failure) => {
+                assert_eq!(failure.reason, "connection failed");
+                // reqwest's text names the URL, account SID included: log only.
+                assert!(failure.detail.contains("cannot connect"), "{failure:?}");
+                assert!(failure.detail.contains(SID), "{failure:?}");
             }
             other => panic!("expected Transient, got {other:?}"),
         }
@@ -463,8 +564,12 @@ mod tests {
         let (_server, provider) =
             provider_answering(ResponseTemplate::new(201).set_body_string("OK")).await;
         match send(&provider).await.unwrap_err() {
-            ProviderError::Permanent(detail) => {
-                assert!(detail.contains("without a sid"), "{detail}")
+            ProviderError::Permanent(failure) => {
+                assert!(
+                    failure.reason.contains("without a message id"),
+                    "{failure:?}"
+                );
+                assert!(failure.reason.contains("avoid a duplicate"), "{failure:?}");
             }
             other => panic!("expected Permanent, got {other:?}"),
         }

@@ -555,3 +555,33 @@ async fn a_paused_tenants_backlog_is_set_aside_not_received_again_and_again_then
     let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
     assert_eq!(stats.held, 0, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_sms_provider_leaves_a_classified_last_error_without_its_url_or_account_sid() {
+    // Nothing listens on the first address; the second answers 500 with a
+    // page that repeats the request path, as a proxy's error page may.
+    let unreachable = format!("http://127.0.0.1:{}", crate::crash::free_port());
+    let failing = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .respond_with(
+            ResponseTemplate::new(500).set_body_string(format!("upstream failed for {SMS_PATH}")),
+        )
+        .mount(&failing)
+        .await;
+    for (base, reason) in [
+        (unreachable, "gave up after 3 attempts: connection failed"),
+        (failing.uri(), "gave up after 3 attempts: HTTP 500"),
+    ] {
+        let app = TestApp::start(&delivery_settings(&base, "http://127.0.0.1:9", "")).await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let id = app.send_accepted(&key, &sms()).await;
+        let view = wait_for(&app, &key, &id, status_is("dead_lettered")).await;
+        assert_eq!(view["status"], "dead_lettered", "{view}");
+        let last_error = view["last_error"].as_str().unwrap();
+        assert_eq!(last_error, reason, "{view}");
+        for secret in ["AC123", "/2010-04-01/", "127.0.0.1"] {
+            assert!(!last_error.contains(secret), "{secret} in {view}");
+        }
+    }
+}

@@ -1,17 +1,22 @@
 //! Provider storms: a provider that answers 429 with `Retry-After` pauses
 //! its gate for every message, not only the one it refused, and burns no
-//! attempt.
+//! attempt; however long the pause it asks for, fairlane pauses an hour at
+//! most.
 
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
+use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
 use crate::delivery::{SMS_PATH, delivery_settings, status_is, wait_for};
 use crate::support::{TestApp, sms, with};
+
+const ADMIN: &str = "storms-test-admin-token-0123456";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_with_retry_after_pauses_the_providers_sends_for_every_message() {
@@ -200,4 +205,194 @@ fn counter_of_http(metrics: &str, name: &str) -> u64 {
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("{name}{{provider=\"http\"}} is in every scrape"))
+}
+
+/// The real binary, JSON logs captured: the SMS provider answers 429 with a
+/// `Retry-After` of thousands of years, or more seconds than any integer
+/// holds. fairlane pauses the SMS gate for an hour at most (the clamp, with a
+/// WARN line), defers the message by the same hour, panics nowhere, and
+/// keeps delivering through its other provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_of_thousands_of_years_pauses_the_gate_an_hour_at_most_and_nothing_panics() {
+    for asked in ["99999999999", "18446744073709551615"] {
+        let dir = tempfile::tempdir().unwrap();
+        let sms_api = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(SMS_PATH))
+            .respond_with(
+                ResponseTemplate::new(429)
+                    .insert_header("Retry-After", asked)
+                    .set_body_json(json!({"code": 20429, "message": "Too Many Requests"})),
+            )
+            .mount(&sms_api)
+            .await;
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let db = dir.path().join("fairlane.db");
+        let config = dir.path().join("fairlane.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_token = \"{ADMIN}\"\n\
+                 [storage]\nurl = \"sqlite://{db}\"\n\
+                 [providers.email]\nkind = \"log\"\nrate_per_second = 100.0\nburst = 10\nlog_path = \"{deliveries}\"\n\
+                 [providers.sms]\nkind = \"http\"\nbase_url = \"{sms}\"\naccount_sid = \"AC123\"\nauth_token = \"secret-token\"\n\
+                 from = \"+15550001111\"\nrate_per_second = 100.0\nburst = 10\n",
+                db = db.display(),
+                deliveries = dir.path().join("deliveries.jsonl").display(),
+                sms = sms_api.uri(),
+            ),
+        )
+        .unwrap();
+        let stderr = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
+        let child = ChildGuard(
+            Command::new(env!("CARGO_BIN_EXE_fairlane"))
+                .args(["serve", "--config"])
+                .arg(&config)
+                .env("RUST_LOG", "warn")
+                .env("FAIRLANE_LOG_FORMAT", "json")
+                .env_remove("FAIRLANE_CONFIG")
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("fairlane binary starts"),
+        );
+        let client = reqwest::Client::new();
+        wait_ready(&client, &base).await;
+        let key = unlimited_tenant(&client, &base, ADMIN).await;
+
+        let sms_id = send(&client, &base, &key, sms()).await;
+        let throttled = wait_for_view(&client, &base, &key, &sms_id, |view| {
+            view["status"] == "retrying"
+        })
+        .await;
+        assert_eq!(
+            throttled["last_error"],
+            "throttled by provider: HTTP 429, code 20429: Too Many Requests",
+            "{throttled}"
+        );
+        assert_eq!(throttled["attempts"], 0, "{throttled}");
+        // The message is deferred by the clamped pause: the deferral is the
+        // last thing its processing does, so it also shows that nothing on
+        // the way panicked.
+        let deferred_by = deferral_of(&db, &sms_id).await;
+        assert!(
+            deferred_by > Duration::from_secs(3500) && deferred_by <= Duration::from_secs(3600),
+            "Retry-After: {asked} deferred the message by {deferred_by:?}"
+        );
+        // The consumers go on: an email goes out while the SMS gate waits.
+        let email_id = send(
+            &client,
+            &base,
+            &key,
+            json!({"channel": "email", "to": "ada@example.com", "subject": "Hi", "text": "Hello"}),
+        )
+        .await;
+        let sent = wait_for_view(&client, &base, &key, &email_id, |view| {
+            view["status"] == "sent"
+        })
+        .await;
+        assert_eq!(sent["status"], "sent", "{sent}");
+        assert_eq!(
+            sms_api.received_requests().await.unwrap().len(),
+            1,
+            "the SMS gate is paused"
+        );
+        drop(child);
+
+        let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+        assert!(!log.contains("panicked"), "{log}");
+        let lines: Vec<Value> = log
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("{err}: {line}")))
+            .collect();
+        let line = |message: &str| {
+            lines
+                .iter()
+                .find(|line| line["fields"]["message"] == message)
+                .unwrap_or_else(|| panic!("no {message:?} line in {log}"))
+                .clone()
+        };
+        let clamped = line(
+            "Provider asked for a longer pause than fairlane allows; its gate pauses for the maximum instead.",
+        );
+        assert_eq!(clamped["level"], "WARN", "{clamped}");
+        assert_eq!(clamped["fields"]["provider"], "http", "{clamped}");
+        assert_eq!(clamped["fields"]["retry_after"], asked, "{clamped}");
+        assert_eq!(clamped["fields"]["max_secs"], 3600, "{clamped}");
+        let paused = line(
+            "Provider answered 429 with Retry-After; its gate pauses every send for that long.",
+        );
+        assert_eq!(paused["fields"]["pause_secs"], 3600.0, "{paused}");
+    }
+}
+
+async fn send(client: &reqwest::Client, base: &str, key: &str, body: Value) -> String {
+    let response = client
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.unwrap();
+    body["id"].as_str().unwrap().to_owned()
+}
+
+/// Polls `GET /v1/messages/{id}` until `done` holds (10 s at most); returns
+/// the last view.
+async fn wait_for_view(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    id: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view: Value = client
+            .get(format!("{base}/v1/messages/{id}"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if done(&view) || Instant::now() > deadline {
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How far in the future the embedded queue has put message `id`, once
+/// something has put it more than a minute ahead (a deferral, not a
+/// receive's lease); waits up to 10 s for that.
+async fn deferral_of(db: &std::path::Path, id: &str) -> Duration {
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", db.display()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = chrono::Utc::now().timestamp_millis();
+        let visible_at: Option<(i64,)> = sqlx::query_as(
+            "SELECT visible_at FROM queue_messages WHERE message_id = ? AND queue = 'fast'",
+        )
+        .bind(id)
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        if let Some((at,)) = visible_at
+            && at - now > 60_000
+        {
+            return Duration::from_millis((at - now) as u64);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "message {id} was never deferred (visible_at {visible_at:?}, now {now})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
