@@ -141,6 +141,21 @@ async fn one_http2_connection_carries_at_most_its_streams_at_once() {
     .await
     .expect("an h2c (prior knowledge) handshake");
     tokio::spawn(connection);
+    // One request first: once it is answered the client has the server's
+    // SETTINGS (4 streams) and queues what is over them, rather than
+    // opening streams the server would refuse before it knew.
+    let first = hyper::Request::get(format!("http://{address}/slow"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let mut warm = sender.clone();
+    warm.ready().await.unwrap();
+    assert!(
+        warm.send_request(first)
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
     let requests = (0..20).map(|_| {
         let mut sender = sender.clone();
         async move {
