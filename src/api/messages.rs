@@ -194,6 +194,8 @@ pub fn batch_router() -> Router<AppState> {
         (status = 413, response = super::error::PayloadTooLarge),
         (status = 415, response = super::error::UnsupportedMediaType),
         (status = 422, description = "Not a batch: `messages` missing, empty, longer than 1000 or not a list; or Idempotency-Key reused with another body.", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant already has `server.max_batches_per_tenant` batches in progress (`urn:fairlane:problem:too-many-batches`).", body = super::error::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds"))),
         (status = 503, description = "The accepted messages could not be made durable; nothing was accepted. See Retry-After.", body = super::error::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds"))),
     ),

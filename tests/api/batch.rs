@@ -370,3 +370,39 @@ async fn a_batch_body_over_max_batch_body_bytes_is_a_413_problem() {
     expect_problem(response, StatusCode::PAYLOAD_TOO_LARGE).await;
     assert_eq!(fast_lane_depth(&app).await, 0);
 }
+
+/// While two batches of a tenant wait on the store (SQLite's write lock
+/// held elsewhere), its third is refused at once, and the two held batches
+/// are answered once the store writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_at_most_two_batches_in_progress() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let writer = app.hold_write_lock().await;
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let request = app
+                .tenant(&key, Method::POST, "/v1/messages/batch")
+                .json(&json!({"messages": [email()]}));
+            tokio::spawn(async move { request.send().await.unwrap().status() })
+        })
+        .collect();
+    // Give both held batches time to arrive and take their slots (they
+    // take them before anything else; then they wait on the store).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        post_batch(&app, &key, &json!({"messages": [email()]})),
+    )
+    .await
+    .expect("a third batch is refused at once, not held");
+    let (headers, _) =
+        expect_problem_kind(refused, StatusCode::TOO_MANY_REQUESTS, "too-many-batches").await;
+    assert_eq!(header_u64(&headers, "retry-after"), 1);
+    writer.release().await;
+    for batch in held {
+        assert_eq!(batch.await.unwrap(), StatusCode::OK);
+    }
+    let after = post_batch(&app, &key, &json!({"messages": [email()]})).await;
+    assert_eq!(after.status(), StatusCode::OK, "the slots came back");
+}
