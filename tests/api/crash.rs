@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const ADMIN: &str = "crash-test-admin-token-0123";
+pub(crate) const ADMIN: &str = "crash-test-admin-token-0123";
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -26,7 +26,8 @@ impl Drop for ChildGuard {
     }
 }
 
-fn start(db: &std::path::Path, port: u16) -> ChildGuard {
+/// The binary serving on `port` over the SQLite file `db`, consumers off.
+pub(crate) fn start(db: &std::path::Path, port: u16) -> ChildGuard {
     ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_fairlane"))
             .arg("serve")

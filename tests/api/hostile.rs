@@ -4,15 +4,12 @@
 //! memory grows by less than 64 MiB, whether the batch carries an
 //! `Idempotency-Key` or not.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
-
-const ADMIN: &str = "hostile-test-admin-token-0123";
+use crate::crash::{ADMIN, free_port, start, unlimited_tenant, wait_ready};
 
 /// Resident memory of process `pid`, in KiB (Linux).
 fn rss_kib(pid: u32) -> u64 {
@@ -47,22 +44,7 @@ async fn a_batch_of_unknown_fields_costs_little_memory_and_gets_a_small_answer()
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let server = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_fairlane"))
-            .arg("serve")
-            .env("FAIRLANE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env("FAIRLANE__SERVER__ADMIN_TOKEN", ADMIN)
-            .env(
-                "FAIRLANE__STORAGE__URL",
-                format!("sqlite://{}", dir.path().join("fairlane.db").display()),
-            )
-            .env("FAIRLANE__CONSUMERS__ENABLED", "false")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("fairlane binary starts"),
-    );
+    let server = start(&dir.path().join("fairlane.db"), port);
     let pid = server.0.id();
     let client = reqwest::Client::new();
     wait_ready(&client, &base).await;
