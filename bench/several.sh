@@ -30,12 +30,18 @@
 #   CPU per message: user + system time of the fairlane PIDs (/proc/PID/stat)
 #     over the run ÷ messages; the same for fauxqs and for the PostgreSQL
 #     backends serving the database (pg_stat_activity's PIDs at the end)
-#   PostgreSQL transactions per message: pg_stat_database xact_commit +
-#     xact_rollback of the run's database ÷ messages (pg_stat_statements needs
-#     a server restart here; see bench/README.md for round trips)
+#   PostgreSQL round trips per message: pg_stat_statements' calls of the
+#     run's database (every statement, BEGIN and COMMIT included) ÷ messages,
+#     and transactions per message (pg_stat_database xact_commit +
+#     xact_rollback ÷ messages). The PostgreSQL is a cluster of the bench's
+#     own (initdb into a temporary directory, a free port on 127.0.0.1,
+#     pg_stat_statements preloaded, the server's default durability), stopped
+#     with pg_ctl at the end; PG_URL=postgres://… uses another server instead
+#     (round trips then need pg_stat_statements preloaded there).
 #   SQS calls per message: fairlane_sqs_calls_total (all instances) ÷
 #     messages, and by operation
-# Needs: wrk, node + npm, the PostgreSQL and Redis of this machine.
+# Needs: wrk, node + npm, PostgreSQL's initdb and pg_ctl (runuser when root),
+# the Redis of this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-60000}
@@ -48,7 +54,6 @@ command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; ex
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 hz=$(getconf CLK_TCK)
 admin=bench-admin-token-0123456789
-psql_admin() { psql -h 127.0.0.1 -U root -d postgres -qAtc "$1"; }
 
 fauxqs_dir=${FAUXQS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fairlane-fauxqs}
 if [ ! -f "$fauxqs_dir/node_modules/fauxqs/dist/app.js" ]; then
@@ -59,13 +64,36 @@ work=$(mktemp -d)
 pids=()
 fauxqs_pid=""
 dbs=()
+pg_dir=""
+as_pg=()
+[ "$(id -u)" = 0 ] && as_pg=(runuser -u postgres --)
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   if [ -n "$fauxqs_pid" ]; then kill "$fauxqs_pid" 2>/dev/null || true; wait "$fauxqs_pid" 2>/dev/null || true; fi
   for db in "${dbs[@]}"; do psql_admin "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true; done
+  if [ -n "$pg_dir" ]; then
+    "${as_pg[@]}" pg_ctl stop -D "$pg_dir/data" -m fast -w >/dev/null 2>&1 || true
+    rm -rf "$pg_dir"
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+# PostgreSQL: the bench's own cluster with pg_stat_statements, or PG_URL.
+if [ -n "${PG_URL:-}" ]; then
+  pg_base=${PG_URL%/*}
+else
+  pg_dir=$(mktemp -d /tmp/fairlane-bench-pg.XXXXXX)
+  [ ${#as_pg[@]} -gt 0 ] && chown postgres: "$pg_dir"
+  pg_port=$(free_port)
+  "${as_pg[@]}" initdb -D "$pg_dir/data" -U root --auth=trust -E UTF8 --no-sync >"$pg_dir/initdb.log" 2>&1 \
+    || { cat "$pg_dir/initdb.log" >&2; exit 1; }
+  "${as_pg[@]}" pg_ctl start -D "$pg_dir/data" -l "$pg_dir/server.log" -w -o \
+    "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
+    >/dev/null || { cat "$pg_dir/server.log" >&2; exit 1; }
+  pg_base=postgres://root@127.0.0.1:$pg_port
+fi
+psql_admin() { psql "$pg_base/postgres" -qAtc "$1"; }
 
 # fauxqs on 127.0.0.1 only.
 fauxqs_port=$(free_port)
@@ -147,6 +175,11 @@ pg_backends() { psql_admin "select pid from pg_stat_activity where datname = '$1
 # open connections during the run; a new one counts from zero).
 pg_ticks() { for p in "$@"; do echo "$p $(cpu_ticks "$p")"; done; }
 pg_xacts() { psql_admin "select xact_commit + xact_rollback from pg_stat_database where datname = '$1'"; }
+# pg_calls DB: statements run in DB since the last pg_stat_statements_reset()
+# (empty when pg_stat_statements is not loaded).
+pg_calls() {
+  psql "$pg_base/$1" -qAtc "select coalesce(sum(calls), 0) from pg_stat_statements s join pg_database d on d.oid = s.dbid where d.datname = '$1'" 2>/dev/null || true
+}
 
 # run LABEL DB PORT...: the load and the drain; prints the figures.
 run() {
@@ -155,9 +188,11 @@ run() {
   keys=$(tenants "${ports[0]}")
   sleep 1
   local x0=0 x1=0 pgpids="" pgc0=0 pgc1=0
+  local calls=""
   if [ -n "$db" ]; then
     pgpids=$(pg_backends "$db")
     x0=$(pg_xacts "$db")
+    psql "$pg_base/$db" -qAtc "create extension if not exists pg_stat_statements; select pg_stat_statements_reset()" >/dev/null 2>&1 || true
   fi
   local a0 d0 s0 c0 f0 t0 t_load t1 a1 d_load d1 s1 c1 f1
   a0=$(counter fairlane_messages_accepted_total "${ports[@]}")
@@ -198,14 +233,15 @@ run() {
     stop_all
     sleep 1
     x1=$(pg_xacts "$db")
+    calls=$(pg_calls "$db")
   fi
   local p99s
   p99s=$(for p in "${ports[@]}"; do awk '$1 == "99%" {print $2}' "$work/wrk-$label-$p.txt"; done | tr '\n' ' ')
   python3 - "$label" "$((a1 - a0))" "$((d1 - d0))" "$((d_load - d0))" "$t0" "$t_load" "$t1" \
     "$((c1 - c0))" "$((f1 - f0))" "$((pgc1 - pgc0))" "$hz" "$((x1 - x0))" "$((s1 - s0))" "$db" "$p99s" \
-    "$(cat "$work/ops0")" "$(cat "$work/ops1")" <<'PY' | tee -a "$work/results"
+    "$(cat "$work/ops0")" "$(cat "$work/ops1")" "$calls" <<'PY' | tee -a "$work/results"
 import sys
-(label, acc, dlv, dlv_load, t0, tl, t1, cpu, fcpu, pgcpu, hz, xacts, sqs, db, p99s, ops0, ops1) = sys.argv[1:]
+(label, acc, dlv, dlv_load, t0, tl, t1, cpu, fcpu, pgcpu, hz, xacts, sqs, db, p99s, ops0, ops1, calls) = sys.argv[1:]
 acc, dlv, dlv_load, cpu, fcpu, pgcpu, hz, xacts, sqs = (int(x) for x in (acc, dlv, dlv_load, cpu, fcpu, pgcpu, hz, xacts, sqs))
 t0, tl, t1 = float(t0), float(tl), float(t1)
 def ms(v):
@@ -224,11 +260,12 @@ print(f"  delivered {dlv}: {dlv_load} during the load ({dlv_load / (tl - t0):.0f
 print(f"  end to end: {dlv} in {t1 - t0:.1f} s = {dlv / (t1 - t0):.0f}/s")
 print(f"  CPU per message: fairlane {1e6 * cpu / hz / n:.0f} µs, fauxqs {1e6 * fcpu / hz / n:.0f} µs"
       + (f", PostgreSQL backends {1e6 * pgcpu / hz / n:.0f} µs" if db else ""))
+trips = f"{int(calls) / n:.3f}" if calls.strip() else "?"
 if db:
-    print(f"  PostgreSQL transactions per message: {xacts / n:.3f} ({xacts})")
+    print(f"  PostgreSQL round trips per message: {trips} ({calls.strip() or 'pg_stat_statements not loaded'}), transactions per message: {xacts / n:.3f} ({xacts})")
 print(f"  SQS calls per message: {sqs / n:.3f} ({sqs}){': ' + by_op if by_op else ''}")
 print(f"RESULT|{label}|{acc / (tl - t0):.0f}|{p99:.2f}|{dlv / (t1 - t0):.0f}|{1e6 * cpu / hz / n:.0f}|"
-      + (f"{xacts / n:.3f}" if db else "–") + f"|{sqs / n:.3f}|{1e6 * fcpu / hz / n:.0f}|"
+      + (f"{trips}|{xacts / n:.3f}" if db else "–|–") + f"|{sqs / n:.3f}|{1e6 * fcpu / hz / n:.0f}|"
       + (f"{1e6 * pgcpu / hz / n:.0f}" if db else "–"))
 PY
 }
@@ -257,7 +294,7 @@ for config in ${configs//,/ }; do
       [ "$n" = 1 ] && limits=${PG1_LIMITS:-local}
       ports=()
       for i in $(seq "$n"); do
-        start "i$i" "postgres://root@127.0.0.1:5432/$db" sqs "$limits" "$prefix"
+        start "i$i" "$pg_base/$db" sqs "$limits" "$prefix"
         ports+=("$port")
       done
       run "$config" "$db" "${ports[@]}" ;;
@@ -265,5 +302,5 @@ for config in ${configs//,/ }; do
   esac
   stop_all
 done
-echo "== summary: configuration | accepted/s | accept p99 ms | end to end /s | fairlane CPU µs/msg | PG xacts/msg | SQS calls/msg | fauxqs CPU µs/msg | PG backend CPU µs/msg"
+echo "== summary: configuration | accepted/s | accept p99 ms | end to end /s | fairlane CPU µs/msg | PG round trips/msg | PG xacts/msg | SQS calls/msg | fauxqs CPU µs/msg | PG backend CPU µs/msg"
 grep -h "^RESULT" "$work/results" | cut -d'|' -f2- || true

@@ -289,7 +289,10 @@ async fn work_slice(
         let want = (max - done).min(queue.max_batch());
         let messages = match queue.receive(lane, want, Duration::ZERO).await {
             Ok(messages) if messages.is_empty() => break SliceEnd::Empty,
-            Ok(messages) => messages,
+            Ok(mut messages) => {
+                process::look_up(&context.delivery, &mut messages).await;
+                messages
+            }
             Err(err) => {
                 warn!(lane = %lane, error = %err, "Receive from a dedicated queue failed; ending the slice.");
                 break SliceEnd::Empty;

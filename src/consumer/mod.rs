@@ -45,6 +45,10 @@ use crate::store::Db;
 use crate::tenants::Registry;
 use buffer::TieredBuffer;
 
+/// How long the suppression list as read at receive is trusted for a
+/// message that was parked behind its tenant's cap.
+const LOOKED_UP_FRESH_FOR: Duration = Duration::from_secs(1);
+
 /// Longest pause after failed receives.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -460,8 +464,11 @@ impl LaneConsumer {
                 _ = shutdown.changed() => return,
             };
             match received {
-                Ok(messages) => {
+                Ok(mut messages) => {
                     error_backoff = Duration::from_millis(100);
+                    if !messages.is_empty() {
+                        process::look_up(&self.delivery, &mut messages).await;
+                    }
                     for (message, slot) in messages.into_iter().zip(slots) {
                         let priority = message.priority;
                         self.buffer.push(message, priority, slot);
@@ -500,7 +507,14 @@ impl LaneConsumer {
             let (message, tenant_slot, buffer_slot, parked_for) = tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
-                Some((message, slot, parked_for)) = resumed.recv() => (message, Some(slot), None, parked_for),
+                Some((mut message, slot, parked_for)) = resumed.recv() => {
+                    // A long wait makes the suppression list read at
+                    // receive too old to trust: it is read again.
+                    if parked_for >= LOOKED_UP_FRESH_FOR {
+                        message.suppressed_at_receive = None;
+                    }
+                    (message, Some(slot), None, parked_for)
+                }
                 (message, slot) = self.buffer.pop() => (message, None, Some(slot), Duration::ZERO),
             };
             while running.try_join_next().is_some() {}
@@ -556,6 +570,7 @@ mod tests {
             receive_count: 1,
             enqueued_at_ms: 0,
             status_at_receive: None,
+            suppressed_at_receive: None,
         }
     }
 

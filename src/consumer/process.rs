@@ -7,6 +7,7 @@
 //! | `rejected` (SQS send answered 503, arrived anyway) | delete, no send | unchanged |
 //! | tenant paused/disabled | defer `hold_delay_secs`, no attempt | unchanged |
 //! | another copy being sent by this process | defer `tenant_cap_delay_secs`, no attempt | unchanged |
+//! | the store could not be read or the claim written | defer (1 s, doubling while delivery writes fail) | unchanged |
 //! | provider throttled | defer its Retry-After (or backoff), no attempt | `retrying` |
 //! | transient | defer full-jitter backoff | `retrying`, attempts + 1 |
 //! | permanent, or attempts exhausted | move to DLQ | `dead_lettered`, `last_error` |
@@ -30,6 +31,7 @@ use crate::metrics as names;
 use crate::model::{Lane, MessageStatus, TenantStatus};
 use crate::providers::{Delivered, ProviderError};
 use crate::queue::{LaneQueue, ReceivedMessage};
+use crate::store::SendCheck;
 use crate::store::{messages, suppressions};
 
 /// What a message's processing task needs.
@@ -261,6 +263,47 @@ async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str
     }
 }
 
+/// The recipient of a queue entry, read without the rest of its payload.
+#[derive(serde::Deserialize)]
+struct Recipient<'a> {
+    #[serde(borrow)]
+    to: std::borrow::Cow<'a, str>,
+}
+
+/// Reads, in one store call for a whole receive, what [`deliver`] checks
+/// before a message takes a provider token: its status (where the receive
+/// did not read it) and whether its address is suppressed. Without this,
+/// each message would read both by itself: two round trips per message on
+/// PostgreSQL. If the read fails, the messages are left as they are and
+/// each reads for itself. What it finds is a first answer: the claim
+/// before the provider call is still what decides.
+pub(super) async fn look_up(delivery: &Delivery, messages: &mut [ReceivedMessage]) {
+    let checks: Vec<SendCheck> = messages
+        .iter()
+        .map(|message| SendCheck {
+            id: message.message_id.clone(),
+            tenant_id: message.tenant_id.clone(),
+            address: serde_json::from_str::<Recipient>(&message.body)
+                .ok()
+                .and_then(|recipient| suppressions::normalize(&recipient.to))
+                .map(|(_, address)| address),
+        })
+        .collect();
+    match delivery.status.before_send(checks).await {
+        Ok(found) => {
+            for (message, found) in messages.iter_mut().zip(found) {
+                if message.status_at_receive.is_none() {
+                    message.status_at_receive = found.status;
+                }
+                message.suppressed_at_receive = Some(found.suppressed);
+            }
+        }
+        Err(err) => {
+            debug!(error = %format!("{err:#}"), count = messages.len(), "Could not look the received messages up at once; each reads for itself.");
+        }
+    }
+}
+
 pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
@@ -308,10 +351,12 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         return defer(context, &message, delay, "duplicate").await;
     };
     // Idempotent consumer: a redelivered copy of a sent message is deleted.
-    // The status read in the receive's own transaction (embedded queue) is
-    // enough while nobody had started sending the message: the embedded
-    // queue holds one row per message, so no other copy can have been sent
-    // since. Any other status is read again now, after the claim above.
+    // The status read at receive (in the receive's own transaction on the
+    // embedded queue, by `look_up` on SQS) is enough while nobody had
+    // started sending the message. Should another copy have been sent
+    // since (SQS may hold two), this copy's claim below fails and it is
+    // settled then. Any other status is read again now, after the claim
+    // above.
     let status = match message.status_at_receive {
         Some(
             status @ (MessageStatus::Queued | MessageStatus::Retrying | MessageStatus::Scheduled),
@@ -338,26 +383,34 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         }
         Ok(_) => {}
         Err(err) => {
-            warn!(message_id = %payload.id, error = %err, "Could not read message status; leaving it for redelivery.");
-            return;
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read message status; trying again soon.");
+            let pause = context.delivery.store_trouble.retry_after();
+            return defer(context, &message, pause, "store").await;
         }
     }
 
     // An address on the tenant's suppression list ends the message here,
     // before it takes a provider token.
-    if let Some((_, address)) = suppressions::normalize(&payload.to) {
-        match context
-            .delivery
-            .status
-            .is_suppressed(&message.tenant_id, &address)
-            .await
-        {
-            Ok(false) => {}
-            Ok(true) => return suppress(context, &message, &payload).await,
-            Err(err) => {
-                warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read the suppression list; leaving the message for redelivery.");
-                return;
+    let suppressed = match message.suppressed_at_receive {
+        Some(known) => Ok(known),
+        None => match suppressions::normalize(&payload.to) {
+            Some((_, address)) => {
+                context
+                    .delivery
+                    .status
+                    .is_suppressed(&message.tenant_id, &address)
+                    .await
             }
+            None => Ok(false),
+        },
+    };
+    match suppressed {
+        Ok(false) => {}
+        Ok(true) => return suppress(context, &message, &payload).await,
+        Err(err) => {
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read the suppression list; trying again soon.");
+            let pause = context.delivery.store_trouble.retry_after();
+            return defer(context, &message, pause, "store").await;
         }
     }
 

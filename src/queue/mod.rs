@@ -43,8 +43,14 @@ pub struct ReceivedMessage {
     pub enqueued_at_ms: i64,
     /// The message's status row as read in the receive's own transaction,
     /// where the backend shares the status store's file (embedded queue);
-    /// `None` where it does not (SQS), and the consumer reads it itself.
+    /// elsewhere (SQS) as the consumer's poller read it for the whole
+    /// receive at once (`None` until then, or when that read failed: the
+    /// consumer then reads it itself).
     pub status_at_receive: Option<MessageStatus>,
+    /// Whether the recipient was on the tenant's suppression list when the
+    /// consumer's poller looked the receive up; `None`: not looked up (the
+    /// consumer then reads it itself).
+    pub suppressed_at_receive: Option<bool>,
 }
 
 /// Point-in-time figures for one lane.

@@ -151,7 +151,60 @@ on_both_backends!(
     an_sms_goes_through_the_sms_api_and_ends_sent,
     a_5xx_dead_letters_after_retries_and_redrive_delivers_it,
     a_paused_tenant_is_held_past_max_receive_count_without_dead_lettering,
+    a_suppressed_address_ends_suppressed_and_the_next_one_is_sent,
 );
+
+/// The consumer reads each receive's statuses and suppressions at once
+/// (one store call per receive): a suppressed recipient among others ends
+/// `suppressed` without a provider call, the others are sent, and another
+/// tenant's list does not apply.
+async fn a_suppressed_address_ends_suppressed_and_the_next_one_is_sent(backend: Backend) {
+    let flow = Flow::start(backend, false, "").await;
+    mock_sms_ok(&flow.sms_api, "SM-FLOW").await;
+    let acme = flow.app.tenant_with_key("acme", "pro").await;
+    let globex = flow.app.tenant_with_key("globex", "pro").await;
+    let listed = flow
+        .app
+        .tenant(&acme, Method::POST, "/v1/suppressions")
+        .json(&json!({"address": "+15551230001"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), StatusCode::CREATED);
+    let to = |number: &str| with(sms(), "to", json!(number));
+    let mut ids = Vec::new();
+    for (key, number) in [
+        (&acme, "+15551230001"),
+        (&acme, "+15551230002"),
+        (&globex, "+15551230001"),
+        (&acme, "+15551230001"),
+    ] {
+        ids.push((key, flow.app.send_accepted(key, &to(number)).await));
+    }
+    let expected = ["suppressed", "sent", "sent", "suppressed"];
+    for ((key, id), status) in ids.iter().zip(expected) {
+        let view = wait_for(&flow.app, key, id, status_is(status)).await;
+        assert_eq!(view["status"], status, "{view}");
+    }
+    // Two calls: acme's second number and globex's, nothing for the two
+    // suppressed messages.
+    let mut called: Vec<String> = flow
+        .sms_api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|request| {
+            let form = String::from_utf8_lossy(&request.body).to_string();
+            let to = form.split('&').find_map(|pair| pair.strip_prefix("To="));
+            to.unwrap_or_default().replace("%2B", "+")
+        })
+        .collect();
+    called.sort();
+    assert_eq!(called, ["+15551230001", "+15551230002"]);
+    let requests = sms_requests(&flow.sms_api).await;
+    assert_eq!(requests, 2);
+}
 
 async fn an_email_goes_through_ses_and_ends_sent(backend: Backend) {
     let flow = Flow::start(backend, true, "").await;

@@ -175,6 +175,7 @@ impl Parsed {
             receive_count: self.receive_count,
             enqueued_at_ms: self.enqueued_at_ms,
             status_at_receive: None,
+            suppressed_at_receive: None,
         }
     }
 }

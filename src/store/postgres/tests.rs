@@ -197,6 +197,14 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_send_reads_what_it_is_asked_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    crate::store::hot::tests::before_send_reads_status_and_suppression_in_order(&db).await;
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_piece_fails_alone_and_the_rest_of_its_group_commits() {
     let database = TestDatabase::create().await;
     let db = database.open().await;

@@ -14,6 +14,7 @@ use tracing::{error, warn};
 use super::PgDb;
 use crate::model::{MessageStatus, now_ms};
 use crate::store::AcceptEntry;
+use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::streak::{FailureStreak, WriteFailed};
 
 /// One piece of work for [`PgWriter`].
@@ -202,6 +203,46 @@ impl PgWriter {
         .bind(address)
         .fetch_one(&self.pool)
         .await?)
+    }
+
+    /// See [`crate::store::Writer::before_send`]: one statement on the pool
+    /// beside the writer, in the order of `checks`.
+    pub async fn before_send(&self, checks: &[SendCheck]) -> anyhow::Result<Vec<BeforeSend>> {
+        let ids: Vec<&str> = checks.iter().map(|check| check.id.as_str()).collect();
+        let tenants: Vec<&str> = checks
+            .iter()
+            .map(|check| check.tenant_id.as_str())
+            .collect();
+        let addresses: Vec<Option<&str>> = checks
+            .iter()
+            .map(|check| check.address.as_deref())
+            .collect();
+        let rows: Vec<(Option<String>, bool)> = sqlx::query_as(
+            "SELECT m.status, EXISTS (SELECT 1 FROM suppressions s \
+                 WHERE s.tenant_id = c.tenant_id AND s.address = c.address) \
+             FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY \
+                 AS c(id, tenant_id, address, n) \
+             LEFT JOIN messages m ON m.id = c.id \
+             ORDER BY c.n",
+        )
+        .bind(&ids)
+        .bind(&tenants)
+        .bind(&addresses)
+        .fetch_all(&self.pool)
+        .await?;
+        anyhow::ensure!(
+            rows.len() == checks.len(),
+            "the look-up answered {} rows for {} messages",
+            rows.len(),
+            checks.len()
+        );
+        Ok(rows
+            .into_iter()
+            .map(|(status, suppressed)| BeforeSend {
+                status: status.and_then(|word| word.parse().ok()),
+                suppressed,
+            })
+            .collect())
     }
 
     /// The Retry-After to give when a write could not be made durable.

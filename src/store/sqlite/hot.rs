@@ -7,11 +7,12 @@
 
 use std::sync::Arc;
 
-use rusqlite::Transaction;
+use rusqlite::{OptionalExtension, Transaction};
 use tokio::sync::oneshot;
 
 use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::{MessageStatus, now_ms};
+use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
@@ -168,6 +169,39 @@ pub(crate) async fn is_suppressed(
                     "SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant_id = ?1 AND address = ?2)",
                 )?
                 .query_row(rusqlite::params![tenant_id, address], |row| row.get(0))?)
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::before_send`]: read by the writer's
+/// connection ahead of its next group, like [`is_suppressed`].
+pub(crate) async fn before_send(
+    writer: &StoreWriter,
+    checks: Vec<SendCheck>,
+) -> anyhow::Result<Vec<BeforeSend>> {
+    writer
+        .read(move |tx| {
+            let mut status = tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?;
+            let mut suppressed = tx.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant_id = ?1 AND address = ?2)",
+            )?;
+            let mut found = Vec::with_capacity(checks.len());
+            for check in &checks {
+                let word: Option<String> =
+                    status.query_row([&check.id], |row| row.get(0)).optional()?;
+                let on_list = match &check.address {
+                    Some(address) => suppressed
+                        .query_row(rusqlite::params![check.tenant_id, address], |row| {
+                            row.get(0)
+                        })?,
+                    None => false,
+                };
+                found.push(BeforeSend {
+                    status: word.and_then(|word| word.parse().ok()),
+                    suppressed: on_list,
+                });
+            }
+            Ok(found)
         })
         .await
 }
