@@ -31,7 +31,7 @@
 #     over the run ÷ messages; the same for fauxqs and for the PostgreSQL
 #     backends serving the database (pg_stat_activity's PIDs at the end)
 #   PostgreSQL round trips per message: pg_stat_statements' calls of the
-#     run's database (every statement, BEGIN and COMMIT included) ÷ messages,
+#     run's database (top-level statements, BEGIN and COMMIT included; not those a trigger runs) ÷ messages,
 #     and transactions per message (pg_stat_database xact_commit +
 #     xact_rollback ÷ messages). The PostgreSQL is a cluster of the bench's
 #     own (initdb into a temporary directory, a free port on 127.0.0.1,
@@ -89,7 +89,7 @@ else
   "${as_pg[@]}" initdb -D "$pg_dir/data" -U root --auth=trust -E UTF8 --no-sync >"$pg_dir/initdb.log" 2>&1 \
     || { cat "$pg_dir/initdb.log" >&2; exit 1; }
   "${as_pg[@]}" pg_ctl start -D "$pg_dir/data" -l "$pg_dir/server.log" -w -o \
-    "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
+    "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top" \
     >/dev/null || { cat "$pg_dir/server.log" >&2; exit 1; }
   pg_base=postgres://root@127.0.0.1:$pg_port
 fi
@@ -234,9 +234,13 @@ run() {
     sleep 1
     x1=$(pg_xacts "$db")
     calls=$(pg_calls "$db")
+    # Where the round trips go: the statements run most, per message.
+    psql "$pg_base/$db" -qAtF '|' -c "select calls, round(total_exec_time::numeric * 1000), shared_blks_hit + shared_blks_read, left(regexp_replace(query, '\s+', ' ', 'g'), 100) from pg_stat_statements s join pg_database d on d.oid = s.dbid where d.datname = '$db' order by calls desc limit 10" 2>/dev/null \
+      | awk -F'|' -v n=$((messages)) '{printf "    %6.3f/msg %6.1f µs/msg %7.1f blocks/call  %s\n", $1 / n, $2 / n, $3 / $1, $4}' >"$work/top-$label" || true
   fi
   local p99s
   p99s=$(for p in "${ports[@]}"; do awk '$1 == "99%" {print $2}' "$work/wrk-$label-$p.txt"; done | tr '\n' ' ')
+  [ -s "$work/top-$label" ] && { echo "  statements run most (calls and execution time per message accepted, buffers touched per call):"; cat "$work/top-$label"; }
   python3 - "$label" "$((a1 - a0))" "$((d1 - d0))" "$((d_load - d0))" "$t0" "$t_load" "$t1" \
     "$((c1 - c0))" "$((f1 - f0))" "$((pgc1 - pgc0))" "$hz" "$((x1 - x0))" "$((s1 - s0))" "$db" "$p99s" \
     "$(cat "$work/ops0")" "$(cat "$work/ops1")" "$calls" <<'PY' | tee -a "$work/results"

@@ -49,7 +49,20 @@ impl PgDb {
             .max_connections(MAX_CONNECTIONS)
             .min_connections(2)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options.application_name("fairlane"))
+            // Every statement is planned for its own arguments. Left to
+            // itself, PostgreSQL keeps a generic plan after five runs of a
+            // prepared statement; one made while `messages` was small (a
+            // new deployment, before autovacuum's first ANALYZE) joins a
+            // batch of ids by scanning the whole table, and keeps doing so
+            // as it grows: measured in bench/several.sh, 60,000 messages,
+            // 280 – 700 buffers per 10-id look-up and 400 µs of database
+            // CPU per message, against 40 buffers and 160 µs planned each
+            // time (planning costs ~0.1 ms per statement, a few per group).
+            .connect_with(
+                options
+                    .application_name("fairlane")
+                    .options([("plan_cache_mode", "force_custom_plan")]),
+            )
             .await
             .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
         sqlx::migrate!("./migrations/postgres")
