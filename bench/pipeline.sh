@@ -50,13 +50,14 @@ FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
 FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
 FAIRLANE__PROVIDERS__EMAIL__KIND=log \
 FAIRLANE__PROVIDERS__EMAIL__LOG_PATH=/dev/null \
-FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=10000000 \
+FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=1000000 \
 FAIRLANE__PROVIDERS__EMAIL__BURST=100000 \
 FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
 FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
 RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
 api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
 api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
   -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":100000}' >/dev/null

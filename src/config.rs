@@ -402,9 +402,14 @@ impl Default for ReceiptSettings {
 pub struct WebhookSettings {
     /// Bound on one call, connection included. Default 10000.
     pub timeout_ms: u64,
-    /// Calls to one tenant's endpoint at once: a slow or dead endpoint
-    /// holds only its own tenant's calls. Default 4.
+    /// Calls to one tenant's endpoint at once to begin with, and again
+    /// after a failed or slow call: a slow or dead endpoint holds only its
+    /// own tenant's calls. Default 4.
     pub concurrency_per_tenant: usize,
+    /// How far a healthy endpoint's calls at once grow while its tenant has
+    /// calls waiting: one more per call answered 2xx within a second,
+    /// halved by a failed or slower one. Default 32.
+    pub max_concurrency_per_tenant: usize,
     /// Calls at once for all tenants together. Default 64.
     pub concurrency: usize,
     /// First retry after about this long, doubling (with jitter) up to
@@ -457,6 +462,7 @@ impl Default for WebhookSettings {
         WebhookSettings {
             timeout_ms: 10_000,
             concurrency_per_tenant: 4,
+            max_concurrency_per_tenant: 32,
             concurrency: 64,
             retry_base_ms: 5_000,
             retry_max_secs: 3_600,
@@ -730,6 +736,13 @@ impl Settings {
         let hooks = &self.webhooks;
         if hooks.concurrency == 0 || hooks.concurrency_per_tenant == 0 {
             bail!("webhooks.concurrency and webhooks.concurrency_per_tenant must be at least 1");
+        }
+        if hooks.max_concurrency_per_tenant < hooks.concurrency_per_tenant {
+            bail!(
+                "webhooks.max_concurrency_per_tenant ({}) must be at least webhooks.concurrency_per_tenant ({})",
+                hooks.max_concurrency_per_tenant,
+                hooks.concurrency_per_tenant
+            );
         }
         if hooks.timeout_ms == 0 || hooks.poll_interval_ms == 0 || hooks.retry_base_ms == 0 {
             bail!(

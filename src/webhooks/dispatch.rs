@@ -2,9 +2,18 @@
 //! them, and records the outcome.
 //!
 //! Each pass looks at the tenants with due calls one by one and takes, for
-//! each, at most `webhooks.concurrency_per_tenant` calls less those it has
-//! in flight, so a tenant whose endpoint is slow or dead holds only its own
-//! slots and every other tenant's calls go out on the next pass. A call is
+//! each, at most the tenant's current limit less the calls it has in
+//! flight, so a tenant whose endpoint is slow or dead holds only its own
+//! slots and every other tenant's calls go out on the next pass. The limit
+//! starts at `webhooks.concurrency_per_tenant` and grows by one with each
+//! call answered 2xx within [`SLOW_CALL`] while the tenant has more due, up
+//! to `webhooks.max_concurrency_per_tenant`; a failed or slow call halves
+//! it (never below where it started), so a healthy endpoint keeps up with
+//! its tenant's volume and a struggling one is not pressed harder. The
+//! connections to each endpoint are kept alive between calls (reqwest's
+//! pool; HTTP/2 where the endpoint offers it over TLS). Delivered calls are
+//! removed in batches by one recorder task, so a busy endpoint costs one
+//! write per batch rather than one per call. A call is
 //! due only when no earlier event of its message is still waiting, so each
 //! message's events arrive in order. Taking a call moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
@@ -17,7 +26,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use serde_json::json;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::endpoint::{EndpointPolicy, Refusal, refusal_in};
@@ -27,7 +36,14 @@ use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
 use crate::store::Db;
-use crate::store::webhooks::{self, DueCall};
+use crate::store::webhooks::{self, DueCall, Webhook};
+
+/// A 2xx answer slower than this counts against its endpoint: the tenant's
+/// limit halves instead of growing.
+pub const SLOW_CALL: Duration = Duration::from_secs(1);
+
+/// Delivered calls removed per transaction, at most.
+const RECORD_BATCH: usize = 256;
 
 /// Makes the webhook calls of every tenant; one per instance.
 pub struct Dispatcher {
@@ -45,6 +61,12 @@ pub struct Dispatcher {
     /// Woken when a call ends, so its tenant's next one need not wait for
     /// the poll interval.
     wake: Notify,
+    /// Each tenant's current limit of calls at once (see the module
+    /// documentation); absent: `concurrency_per_tenant`.
+    limits: Mutex<HashMap<String, usize>>,
+    /// Delivered calls (event id, tenant) for the recorder.
+    delivered: mpsc::UnboundedSender<(i64, String)>,
+    recorder: Mutex<Option<mpsc::UnboundedReceiver<(i64, String)>>>,
 }
 
 impl Dispatcher {
@@ -60,7 +82,11 @@ impl Dispatcher {
             .dns_resolver(policy.resolver())
             .user_agent(concat!("fairlane-webhooks/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let (delivered, recorder) = mpsc::unbounded_channel();
         Ok(Arc::new(Dispatcher {
+            limits: Mutex::default(),
+            delivered,
+            recorder: Mutex::new(Some(recorder)),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
             db,
             settings,
@@ -71,9 +97,14 @@ impl Dispatcher {
         }))
     }
 
-    /// Passes every `poll_interval_ms` until shutdown.
+    /// Passes every `poll_interval_ms` until shutdown, with the recorder
+    /// of delivered calls beside it.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let interval = Duration::from_millis(self.settings.poll_interval_ms);
+        let recorder = self.recorder.lock().expect("recorder lock").take();
+        if let Some(recorder) = recorder {
+            tokio::spawn(record(self.db.clone(), recorder, shutdown.clone()));
+        }
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -96,15 +127,13 @@ impl Dispatcher {
     }
 
     /// Takes and starts the due calls `tenant` has room for. Each call that
-    /// ends wakes the next pass at once, so a busy endpoint is kept at
-    /// `concurrency_per_tenant` calls rather than that many per interval.
+    /// ends wakes the next pass at once, so a busy endpoint is kept at its
+    /// limit of calls rather than that many per interval.
     async fn fill(self: &Arc<Self>, tenant: &str) -> anyhow::Result<()> {
         let now = now_ms();
         let busy: HashSet<i64> = self.busy(tenant);
-        let room = self
-            .settings
-            .concurrency_per_tenant
-            .saturating_sub(busy.len());
+        let limit = self.limit(tenant);
+        let room = limit.saturating_sub(busy.len());
         if room == 0 {
             return Ok(());
         }
@@ -118,22 +147,31 @@ impl Dispatcher {
         if wanted.is_empty() {
             return Ok(());
         }
-        for due in self.take(wanted, now).await? {
+        // More due than room: the endpoint has a backlog to grow into.
+        let backlog = wanted.len() >= room;
+        let taken = self.take(wanted, now).await?;
+        if taken.is_empty() {
+            return Ok(());
+        }
+        // One read of the endpoint for every call of this fill.
+        let webhook = super::get(&self.db, tenant).await?.map(Arc::new);
+        for due in taken {
             let admitted = {
                 let mut in_flight = self.in_flight.lock().expect("in-flight lock");
                 let ids = in_flight.entry(due.tenant_id.clone()).or_default();
                 // Another fill of this tenant may have got here first and
                 // taken its room.
-                ids.len() < self.settings.concurrency_per_tenant && ids.insert(due.event_id)
+                ids.len() < limit && ids.insert(due.event_id)
             };
             if !admitted {
                 self.release(&due).await?;
                 continue;
             }
             let dispatcher = self.clone();
+            let webhook = webhook.clone();
             tokio::spawn(async move {
                 let (tenant, event_id) = (due.tenant_id.clone(), due.event_id);
-                if let Err(err) = dispatcher.call(&due).await {
+                if let Err(err) = dispatcher.call(&due, webhook.as_deref(), backlog).await {
                     warn!(%tenant, event_id, error = %format!("{err:#}"), "Could not record a webhook call; it is made again after its lease.");
                 }
                 dispatcher.done(&tenant, event_id);
@@ -148,6 +186,35 @@ impl Dispatcher {
     async fn release(&self, due: &DueCall) -> anyhow::Result<()> {
         webhooks::release_lease(&self.db, due.event_id).await?;
         Ok(())
+    }
+
+    /// `tenant`'s current limit of calls at once.
+    fn limit(&self, tenant: &str) -> usize {
+        let limits = self.limits.lock().expect("limits lock");
+        limits
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.settings.concurrency_per_tenant)
+    }
+
+    /// Moves `tenant`'s limit after a call: one up for a quick 2xx while
+    /// it has a backlog, halved for a failed or slow one, within
+    /// `concurrency_per_tenant ..= max_concurrency_per_tenant`.
+    fn adapt(&self, tenant: &str, healthy: bool, backlog: bool) {
+        let floor = self.settings.concurrency_per_tenant;
+        let ceiling = self.settings.max_concurrency_per_tenant.max(floor);
+        let mut limits = self.limits.lock().expect("limits lock");
+        let limit = limits.get(tenant).copied().unwrap_or(floor);
+        let next = match (healthy, backlog) {
+            (true, true) => (limit + 1).min(ceiling),
+            (true, false) => limit,
+            (false, _) => (limit / 2).max(floor),
+        };
+        if next == floor {
+            limits.remove(tenant);
+        } else {
+            limits.insert(tenant.to_owned(), next);
+        }
     }
 
     fn busy(&self, tenant: &str) -> HashSet<i64> {
@@ -177,10 +244,17 @@ impl Dispatcher {
         Ok(taken)
     }
 
-    /// Makes one call and records how it went.
-    async fn call(&self, due: &DueCall) -> anyhow::Result<()> {
+    /// Makes one call to `webhook` (`None`: the tenant has none any more)
+    /// and records how it went; `backlog`: the tenant had more due than
+    /// room when the call was taken.
+    async fn call(
+        &self,
+        due: &DueCall,
+        webhook: Option<&Webhook>,
+        backlog: bool,
+    ) -> anyhow::Result<()> {
         let _slot = self.slots.acquire().await?;
-        let Some(webhook) = super::get(&self.db, &due.tenant_id).await? else {
+        let Some(webhook) = webhook else {
             return self.forget(due).await;
         };
         let Some(data) = snapshot(&self.db, due.event_id).await? else {
@@ -207,6 +281,7 @@ impl Dispatcher {
                 detail,
             }),
             Ok(url) => {
+                let started = std::time::Instant::now();
                 let answer = self
                     .client
                     .post(url)
@@ -217,7 +292,10 @@ impl Dispatcher {
                     .body(body)
                     .send()
                     .await;
-                Failure::of(answer, self.settings.timeout_ms)
+                let failure = Failure::of(answer, self.settings.timeout_ms);
+                let healthy = failure.is_none() && started.elapsed() <= SLOW_CALL;
+                self.adapt(&due.tenant_id, healthy, backlog);
+                failure
             }
         };
         match failure {
@@ -231,8 +309,11 @@ impl Dispatcher {
         webhooks::forget_call(&self.db, due.event_id).await
     }
 
+    /// Hands the call to the recorder, which removes it with others.
     async fn delivered(&self, due: &DueCall) -> anyhow::Result<()> {
-        webhooks::call_delivered(&self.db, due.event_id, &due.tenant_id).await?;
+        self.delivered
+            .send((due.event_id, due.tenant_id.clone()))
+            .map_err(|_| anyhow::anyhow!("the webhook recorder has stopped"))?;
         let lag = (now_ms() - due.created_at).max(0) as f64 / 1000.0;
         metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "delivered").increment(1);
         metrics::histogram!(names::WEBHOOK_LAG_SECONDS).record(lag);
@@ -275,6 +356,45 @@ impl Dispatcher {
             .min(self.settings.retry_max_secs.saturating_mul(1000))
             .max(1);
         Duration::from_millis(rand::rng().random_range(ceiling / 2..=ceiling))
+    }
+}
+
+/// Removes delivered calls in batches: whatever has arrived while the
+/// last batch was written goes in the next, up to [`RECORD_BATCH`]. Ends at
+/// shutdown after writing what it holds. A batch that cannot be written is
+/// logged; its calls are made again once their leases end (at least once).
+async fn record(
+    db: Db,
+    mut delivered: mpsc::UnboundedReceiver<(i64, String)>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut batch: Vec<(i64, String)> = Vec::with_capacity(RECORD_BATCH);
+    loop {
+        let stopping = tokio::select! {
+            got = delivered.recv() => match got {
+                Some(call) => { batch.push(call); false }
+                None => true,
+            },
+            _ = shutdown.wait_for(|stop| *stop) => true,
+        };
+        while batch.len() < RECORD_BATCH {
+            match delivered.try_recv() {
+                Ok(call) => batch.push(call),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+            let mut tenants: Vec<String> = batch.drain(..).map(|(_, tenant)| tenant).collect();
+            tenants.sort();
+            tenants.dedup();
+            if let Err(err) = webhooks::calls_delivered(&db, &ids, &tenants).await {
+                warn!(calls = ids.len(), error = %format!("{err:#}"), "Could not record delivered webhook calls; they are made again after their lease.");
+            }
+        }
+        if stopping {
+            return;
+        }
     }
 }
 

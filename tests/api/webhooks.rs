@@ -849,3 +849,109 @@ async fn the_tenant_sees_a_general_reason_for_a_failed_call_and_no_network_detai
         "{listed}"
     );
 }
+
+/// An endpoint answering `status` after `delay`, which records the most
+/// calls it had in progress at once.
+struct CountingEndpoint {
+    url: String,
+    peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl CountingEndpoint {
+    async fn start(status: u16, delay: Duration) -> CountingEndpoint {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (now, peak, answered) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let counters = (now.clone(), peak.clone(), answered.clone());
+        let app = axum::Router::new().fallback(move || {
+            let (now, peak, answered) = counters.clone();
+            async move {
+                let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(at_once, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                answered.fetch_add(1, Ordering::SeqCst);
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        CountingEndpoint {
+            url,
+            peak,
+            answered,
+            _server: server,
+        }
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn answered(&self) -> usize {
+        self.answered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A healthy endpoint behind a backlog gets more calls at once than
+/// `concurrency_per_tenant`, never more than `max_concurrency_per_tenant`;
+/// a failing one never gets more than `concurrency_per_tenant`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_endpoint_with_a_backlog_gets_more_calls_at_once_and_a_failing_one_does_not() {
+    const MESSAGES: usize = 150;
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let settings = concat!(
+        fast_webhooks!(),
+        "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n",
+        "concurrency_per_tenant = 2\nmax_concurrency_per_tenant = 12\n"
+    );
+    let app = app_with_callbacks(&sms_api, settings).await;
+    let plan = app
+        .admin(Method::PUT, "/v1/admin/plans/bulk")
+        .json(&json!({"lane": "fast", "rate_per_second": 100000.0, "burst": 100000, "daily_quota": 10000000u64, "max_in_flight": 64}))
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success(), "{:?}", plan.status());
+    let healthy_key = app.tenant_with_key("healthy", "bulk").await;
+    let failing_key = app.tenant_with_key("failing", "bulk").await;
+    let healthy = CountingEndpoint::start(204, Duration::from_millis(50)).await;
+    let failing = CountingEndpoint::start(500, Duration::from_millis(50)).await;
+    set_webhook(&app, &healthy_key, &healthy.url, &["message.sent"]).await;
+    set_webhook(&app, &failing_key, &failing.url, &["message.sent"]).await;
+    for n in 0..MESSAGES {
+        for key in [&healthy_key, &failing_key] {
+            app.send_accepted(key, &with(sms(), "text", json!(format!("hook {n}"))))
+                .await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while healthy.answered() < MESSAGES && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(healthy.answered(), MESSAGES, "every healthy call answered");
+    assert!(
+        (3..=12).contains(&healthy.peak()),
+        "the healthy endpoint had at most {} calls at once (2 to begin with, 12 at most)",
+        healthy.peak()
+    );
+    assert!(failing.answered() > 0, "the failing endpoint was called");
+    assert!(
+        failing.peak() <= 2,
+        "the failing endpoint had {} calls at once",
+        failing.peak()
+    );
+}
