@@ -26,7 +26,9 @@ use super::sqlite::hot;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
+use super::webhooks::{self, DueCall};
 use crate::model::MessageStatus;
+use crate::store::messages::MessageRecord;
 
 /// A received message to look up before sending (see
 /// [`Writer::before_send`]).
@@ -205,6 +207,72 @@ impl Writer {
             Backend::Sqlite { writer, .. } => hot::before_send(writer, checks).await,
             Backend::Postgres(writer) => writer.before_send(&checks).await,
         }
+    }
+
+    /// Leases the webhook calls of `wanted` that are still due at `now`
+    /// until `lease_until`; returns those this instance got. On SQLite in
+    /// the writer's group, so the dispatcher does not take the write lock
+    /// from the delivery path.
+    pub async fn lease_calls(
+        &self,
+        db: &Db,
+        wanted: Vec<DueCall>,
+        lease_until: i64,
+        now: i64,
+    ) -> anyhow::Result<Vec<DueCall>> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                hot::lease_calls(writer, wanted, lease_until, now).await
+            }
+            Backend::Postgres(_) => webhooks::lease(db, wanted, lease_until, now).await,
+        }
+    }
+
+    /// Removes delivered webhook calls and marks their tenants' endpoints
+    /// healthy, in one transaction (on SQLite, the writer's group).
+    pub async fn calls_delivered(
+        &self,
+        db: &Db,
+        event_ids: Vec<i64>,
+        tenant_ids: Vec<String>,
+    ) -> anyhow::Result<()> {
+        if event_ids.is_empty() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                hot::calls_delivered(writer, event_ids, tenant_ids).await
+            }
+            Backend::Postgres(_) => webhooks::calls_delivered(db, &event_ids, &tenant_ids).await,
+        }
+    }
+
+    /// The message's status as it was at each of `event_ids`' events (the
+    /// webhook calls' `data`), by event id; an event or message that is
+    /// gone is missing. One read for the lot: on SQLite by the writer's
+    /// connection, on PostgreSQL one statement.
+    pub async fn snapshots(
+        &self,
+        db: &Db,
+        event_ids: Vec<i64>,
+    ) -> anyhow::Result<std::collections::HashMap<i64, MessageRecord>> {
+        if event_ids.is_empty() {
+            return Ok(Default::default());
+        }
+        let found = match (&self.backend, db) {
+            (Backend::Sqlite { writer, .. }, _) => hot::snapshots(writer, event_ids)
+                .await?
+                .into_iter()
+                .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
+                .collect::<anyhow::Result<Vec<_>>>()?,
+            (Backend::Postgres(_), Db::Postgres(pg)) => {
+                webhooks::snapshots_pg(&pg.pool, &event_ids).await?
+            }
+            (Backend::Postgres(_), Db::Sqlite(_)) => {
+                anyhow::bail!("a PostgreSQL writer with a SQLite store")
+            }
+        };
+        Ok(found.into_iter().collect())
     }
 
     /// Records a successful send; returns once it is committed (the caller

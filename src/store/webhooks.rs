@@ -441,37 +441,61 @@ pub async fn call_failed(
     Ok(disabled)
 }
 
-/// The message's status row as it was at event `event_id`. None when
-/// the event or its message is gone.
-pub async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageRecord>> {
-    type Row = (
-        String,
-        String,
-        i64,
-        String,
-        i64,
-        Option<String>,
-        Option<String>,
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        i64,
-        Option<i64>,
-        Option<i64>,
-    );
-    let row: Option<Row> = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-             m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
-             FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1",
-        )
-        .bind(event_id)
-        .fetch_optional(pool)
-        .await?
-    });
-    let Some((
+/// The columns of a message's status as it was at one of its events:
+/// message id, tenant, at, status, attempts, detail, provider message id,
+/// channel, priority, lane, reference, metadata, created at, sent at, send
+/// at.
+pub(crate) type SnapshotRow = (
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// Reads a [`SnapshotRow`] by event id (SQLite's writer connection).
+pub(crate) const SNAPSHOT: &str = "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
+     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
+     FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1";
+
+/// The message's status rows at each of `event_ids`' events, by event id
+/// (one statement on PostgreSQL); an event or message that is gone is
+/// missing.
+pub async fn snapshots_pg(
+    pool: &sqlx::PgPool,
+    event_ids: &[i64],
+) -> anyhow::Result<Vec<(i64, MessageRecord)>> {
+    let rows: Vec<(i64, SnapshotRow)> = sqlx::query_as::<_, (i64, String, String, i64, String, i64, Option<String>, Option<String>, String, String, String, Option<String>, Option<String>, i64, Option<i64>, Option<i64>)>(
+        "SELECT e.id, m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
+         m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
+         FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = ANY($1)",
+    )
+    .bind(event_ids)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|(event, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o)| {
+        (event, (a, b, c, d, e, f, g, h, i, j, k, l, m, n, o))
+    })
+    .collect();
+    rows.into_iter()
+        .map(|(event, row)| Ok((event, record_at_event(row)?)))
+        .collect()
+}
+
+/// The message's status as it was at an event, from its [`SnapshotRow`].
+pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord> {
+    let (
         id,
         tenant_id,
         at,
@@ -487,10 +511,7 @@ pub async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageRe
         created_at,
         sent_at,
         send_at,
-    )) = row
-    else {
-        return Ok(None);
-    };
+    ) = row;
     let status: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
     let failure = !matches!(
         status,
@@ -499,7 +520,7 @@ pub async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageRe
             | MessageStatus::Delivered
             | MessageStatus::Cancelled
     );
-    let record = MessageRecord {
+    Ok(MessageRecord {
         id,
         tenant_id,
         channel: channel.parse().map_err(anyhow::Error::msg)?,
@@ -515,6 +536,5 @@ pub async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageRe
         last_error: detail.filter(|_| failure),
         provider_message_id,
         send_at,
-    };
-    Ok(Some(record))
+    })
 }

@@ -13,7 +13,9 @@
 //! connections to each endpoint are kept alive between calls (reqwest's
 //! pool; HTTP/2 where the endpoint offers it over TLS). Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
-//! write per batch rather than one per call. A call is
+//! write per batch rather than one per call; on SQLite the leases and the
+//! removals ride in the store writer's groups rather than taking the write
+//! lock from the delivery path. A call is
 //! due only when no earlier event of its message is still waiting, so each
 //! message's events arrive in order. Taking a call moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
@@ -35,7 +37,7 @@ use crate::config::WebhookSettings;
 use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
-use crate::store::Db;
+use crate::store::{Db, Writer};
 use crate::store::webhooks::{self, DueCall, Webhook};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
@@ -48,6 +50,8 @@ const RECORD_BATCH: usize = 256;
 /// Makes the webhook calls of every tenant; one per instance.
 pub struct Dispatcher {
     db: Db,
+    /// The store's hot-path writer: leases and removals ride in its groups.
+    writer: Writer,
     settings: WebhookSettings,
     /// Checks each call's URL before it is made.
     policy: EndpointPolicy,
@@ -70,7 +74,7 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(db: Db, settings: WebhookSettings) -> anyhow::Result<Arc<Self>> {
+    pub fn new(db: Db, writer: Writer, settings: WebhookSettings) -> anyhow::Result<Arc<Self>> {
         let policy = EndpointPolicy::new(&settings);
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(settings.timeout_ms))
@@ -89,6 +93,7 @@ impl Dispatcher {
             recorder: Mutex::new(Some(recorder)),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
             db,
+            writer,
             settings,
             policy,
             client,
@@ -103,7 +108,12 @@ impl Dispatcher {
         let interval = Duration::from_millis(self.settings.poll_interval_ms);
         let recorder = self.recorder.lock().expect("recorder lock").take();
         if let Some(recorder) = recorder {
-            tokio::spawn(record(self.db.clone(), recorder, shutdown.clone()));
+            tokio::spawn(record(
+                self.db.clone(),
+                self.writer.clone(),
+                recorder,
+                shutdown.clone(),
+            ));
         }
         loop {
             tokio::select! {
@@ -153,8 +163,11 @@ impl Dispatcher {
         if taken.is_empty() {
             return Ok(());
         }
-        // One read of the endpoint for every call of this fill.
+        // One read of the endpoint, and one of the events' data, for every
+        // call of this fill.
         let webhook = super::get(&self.db, tenant).await?.map(Arc::new);
+        let ids = taken.iter().map(|due| due.event_id).collect();
+        let mut data = self.writer.snapshots(&self.db, ids).await?;
         for due in taken {
             let admitted = {
                 let mut in_flight = self.in_flight.lock().expect("in-flight lock");
@@ -169,9 +182,16 @@ impl Dispatcher {
             }
             let dispatcher = self.clone();
             let webhook = webhook.clone();
+            let data = data.remove(&due.event_id).map(MessageView::from);
             tokio::spawn(async move {
                 let (tenant, event_id) = (due.tenant_id.clone(), due.event_id);
-                if let Err(err) = dispatcher.call(&due, webhook.as_deref(), backlog).await {
+                let call = Call {
+                    due: &due,
+                    webhook: webhook.as_deref(),
+                    data,
+                    backlog,
+                };
+                if let Err(err) = dispatcher.call(call).await {
                     warn!(%tenant, event_id, error = %format!("{err:#}"), "Could not record a webhook call; it is made again after its lease.");
                 }
                 dispatcher.done(&tenant, event_id);
@@ -240,24 +260,23 @@ impl Dispatcher {
     /// instance may have taken some since they were read).
     async fn take(&self, wanted: Vec<DueCall>, now: i64) -> anyhow::Result<Vec<DueCall>> {
         let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
-        let taken = webhooks::lease(&self.db, wanted, lease_until, now).await?;
+        let taken = self
+            .writer
+            .lease_calls(&self.db, wanted, lease_until, now)
+            .await?;
         Ok(taken)
     }
 
-    /// Makes one call to `webhook` (`None`: the tenant has none any more)
-    /// and records how it went; `backlog`: the tenant had more due than
-    /// room when the call was taken.
-    async fn call(
-        &self,
-        due: &DueCall,
-        webhook: Option<&Webhook>,
-        backlog: bool,
-    ) -> anyhow::Result<()> {
+    /// Makes one call and records how it went.
+    async fn call(&self, call: Call<'_>) -> anyhow::Result<()> {
+        let Call {
+            due,
+            webhook,
+            data,
+            backlog,
+        } = call;
         let _slot = self.slots.acquire().await?;
-        let Some(webhook) = webhook else {
-            return self.forget(due).await;
-        };
-        let Some(data) = snapshot(&self.db, due.event_id).await? else {
+        let (Some(webhook), Some(data)) = (webhook, data) else {
             return self.forget(due).await;
         };
         let body = serde_json::to_vec(&json!({
@@ -365,6 +384,7 @@ impl Dispatcher {
 /// logged; its calls are made again once their leases end (at least once).
 async fn record(
     db: Db,
+    writer: Writer,
     mut delivered: mpsc::UnboundedReceiver<(i64, String)>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -388,14 +408,26 @@ async fn record(
             let mut tenants: Vec<String> = batch.drain(..).map(|(_, tenant)| tenant).collect();
             tenants.sort();
             tenants.dedup();
-            if let Err(err) = webhooks::calls_delivered(&db, &ids, &tenants).await {
-                warn!(calls = ids.len(), error = %format!("{err:#}"), "Could not record delivered webhook calls; they are made again after their lease.");
+            let count = ids.len();
+            if let Err(err) = writer.calls_delivered(&db, ids, tenants).await {
+                warn!(calls = count, error = %format!("{err:#}"), "Could not record delivered webhook calls; they are made again after their lease.");
             }
         }
         if stopping {
             return;
         }
     }
+}
+
+/// One call to make.
+struct Call<'a> {
+    due: &'a DueCall,
+    /// The tenant's endpoint; `None` when it has none any more.
+    webhook: Option<&'a Webhook>,
+    /// The message as it was at the event; `None` when it is gone.
+    data: Option<MessageView>,
+    /// Whether the tenant had more due than room when it was taken.
+    backlog: bool,
 }
 
 /// Why a call failed.
@@ -447,12 +479,4 @@ impl Failure {
             },
         })
     }
-}
-
-/// The message's status object as it was at event `event_id`: the
-/// webhook's `data`. None when the event or its message is gone.
-async fn snapshot(db: &Db, event_id: i64) -> anyhow::Result<Option<MessageView>> {
-    Ok(webhooks::snapshot(db, event_id)
-        .await?
-        .map(MessageView::from))
 }

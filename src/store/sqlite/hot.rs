@@ -15,6 +15,7 @@ use crate::model::{MessageStatus, now_ms};
 use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
+use crate::store::webhooks::{DueCall, SNAPSHOT, SnapshotRow};
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
 
 /// Makes `entries` durable in one transaction, all or none; true once
@@ -300,4 +301,95 @@ impl Work for Sent {
             let _ = done.send(outcome.is_ok());
         }
     }
+}
+
+/// See [`crate::store::Writer::lease_calls`]: the leases ride in the
+/// writer's next group instead of taking SQLite's write lock from it.
+pub(crate) async fn lease_calls(
+    writer: &StoreWriter,
+    wanted: Vec<DueCall>,
+    lease_until: i64,
+    now: i64,
+) -> anyhow::Result<Vec<DueCall>> {
+    writer
+        .run(move |tx| {
+            let mut lease = tx.prepare_cached(
+                "UPDATE webhook_deliveries SET next_attempt_at = ?1 \
+                 WHERE event_id = ?2 AND state = 'pending' AND next_attempt_at <= ?3",
+            )?;
+            let mut taken = Vec::with_capacity(wanted.len());
+            for due in &wanted {
+                if lease.execute(rusqlite::params![lease_until, due.event_id, now])? == 1 {
+                    taken.push(due.clone());
+                }
+            }
+            Ok(taken)
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::calls_delivered`].
+pub(crate) async fn calls_delivered(
+    writer: &StoreWriter,
+    event_ids: Vec<i64>,
+    tenant_ids: Vec<String>,
+) -> anyhow::Result<()> {
+    writer
+        .run(move |tx| {
+            let mut remove =
+                tx.prepare_cached("DELETE FROM webhook_deliveries WHERE event_id = ?1")?;
+            for event_id in &event_ids {
+                remove.execute([event_id])?;
+            }
+            let mut healthy = tx.prepare_cached(
+                "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
+                 WHERE tenant_id = ?1 AND failing_since IS NOT NULL",
+            )?;
+            for tenant_id in &tenant_ids {
+                healthy.execute([tenant_id])?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// See [`crate::store::Writer::snapshots`]: read by the writer's
+/// connection ahead of its next group.
+pub(crate) async fn snapshots(
+    writer: &StoreWriter,
+    event_ids: Vec<i64>,
+) -> anyhow::Result<Vec<(i64, SnapshotRow)>> {
+    writer
+        .read(move |tx| {
+            let mut read = tx.prepare_cached(SNAPSHOT)?;
+            let mut found = Vec::with_capacity(event_ids.len());
+            for event_id in &event_ids {
+                let row = read
+                    .query_row([event_id], |row| {
+                        Ok((
+                            row.get(0)?,
+                            row.get(1)?,
+                            row.get(2)?,
+                            row.get(3)?,
+                            row.get(4)?,
+                            row.get(5)?,
+                            row.get(6)?,
+                            row.get(7)?,
+                            row.get(8)?,
+                            row.get(9)?,
+                            row.get(10)?,
+                            row.get(11)?,
+                            row.get(12)?,
+                            row.get(13)?,
+                            row.get(14)?,
+                        ))
+                    })
+                    .optional()?;
+                if let Some(row) = row {
+                    found.push((*event_id, row));
+                }
+            }
+            Ok(found)
+        })
+        .await
 }
