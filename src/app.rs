@@ -208,13 +208,12 @@ impl Application {
         {
             background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
         }
-        let webhooks =
-            crate::webhooks::dispatch::Dispatcher::new(
-                db.clone(),
-                store_writer.clone(),
-                settings.webhooks.clone(),
-            )
-            .context("setting up the webhook dispatcher")?;
+        let webhooks = crate::webhooks::dispatch::Dispatcher::new(
+            db.clone(),
+            store_writer.clone(),
+            settings.webhooks.clone(),
+        )
+        .context("setting up the webhook dispatcher")?;
         background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
         background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
             db.clone(),

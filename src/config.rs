@@ -421,8 +421,10 @@ pub struct WebhookSettings {
     /// failure) is disabled: its events are kept as failed until an admin
     /// redrives them. Default 86400 (24 h).
     pub disable_after_secs: u64,
-    /// How often due calls are looked for, when no event wakes the
-    /// dispatcher first. Default 500.
+    /// How often due calls are looked for besides the moments that make
+    /// one due on this instance (a message sent or failed, a call ending):
+    /// retries that came due, receipts' events, another instance's events.
+    /// Default 500.
     pub poll_interval_ms: u64,
     /// Accept `http://` endpoints as well as `https://`. For development
     /// against a local receiver: over plain HTTP anyone on the path reads

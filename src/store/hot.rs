@@ -53,6 +53,9 @@ pub struct BeforeSend {
 #[derive(Clone)]
 pub struct Writer {
     backend: Backend,
+    /// Rung after a delivery outcome (`sent`, a failure) has committed: a
+    /// status change that may have written an event.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone)]
@@ -83,6 +86,7 @@ impl Writer {
                 (
                     Writer {
                         backend: Backend::Sqlite { writer, staging },
+                        changed: Arc::default(),
                     },
                     done,
                 )
@@ -92,6 +96,7 @@ impl Writer {
                 (
                     Writer {
                         backend: Backend::Postgres(writer),
+                        changed: Arc::default(),
                     },
                     done,
                 )
@@ -278,10 +283,21 @@ impl Writer {
     /// Records a successful send; returns once it is committed (the caller
     /// deletes the queue entry only then, so a redelivery finds `sent`).
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
-        match &self.backend {
+        let recorded = match &self.backend {
             Backend::Sqlite { writer, .. } => hot::sent(writer, id, provider_message_id).await,
             Backend::Postgres(writer) => writer.sent(id, provider_message_id).await,
+        };
+        if recorded.is_ok() {
+            self.changed.notify_one();
         }
+        recorded
+    }
+
+    /// Rung after a `sent` or a failure has committed (see
+    /// [`tokio::sync::Notify::notify_one`]: one wake-up is kept for a
+    /// waiter that was not waiting yet), for the webhook dispatcher.
+    pub fn changed(&self) -> &tokio::sync::Notify {
+        &self.changed
     }
 
     /// Records a failed provider call (`counted`: whether it was an
@@ -294,12 +310,16 @@ impl Writer {
         error: &str,
         counted: bool,
     ) -> anyhow::Result<u32> {
-        match &self.backend {
+        let recorded = match &self.backend {
             Backend::Sqlite { writer, .. } => {
                 hot::failure(writer, id, status, error, counted).await
             }
             Backend::Postgres(writer) => writer.failure(id, status, error, counted).await,
+        };
+        if recorded.is_ok() {
+            self.changed.notify_one();
         }
+        recorded
     }
 
     /// The writer's failure streak.

@@ -1,6 +1,11 @@
 //! The webhook dispatcher: finds due calls in `webhook_deliveries`, makes
 //! them, and records the outcome.
 //!
+//! A pass looks for due calls when a delivery outcome has committed (at
+//! most one such pass per 20 ms), when a call ends (its tenant may have
+//! room again), and every `webhooks.poll_interval_ms` (retries that came
+//! due, events written elsewhere: receipts, another instance).
+//!
 //! Each pass looks at the tenants with due calls one by one and takes, for
 //! each, at most the tenant's current limit less the calls it has in
 //! flight, so a tenant whose endpoint is slow or dead holds only its own
@@ -37,12 +42,15 @@ use crate::config::WebhookSettings;
 use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
-use crate::store::{Db, Writer};
 use crate::store::webhooks::{self, DueCall, Webhook};
+use crate::store::{Db, Writer};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
 /// limit halves instead of growing.
 pub const SLOW_CALL: Duration = Duration::from_secs(1);
+
+/// Passes that a delivery outcome wakes are at least this far apart.
+const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 
 /// Delivered calls removed per transaction, at most.
 const RECORD_BATCH: usize = 256;
@@ -116,10 +124,23 @@ impl Dispatcher {
             ));
         }
         loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => {}
+            let started = tokio::time::Instant::now();
+            let outcome = tokio::select! {
+                biased;
                 _ = shutdown.wait_for(|stop| *stop) => return,
+                _ = self.wake.notified() => false,
+                _ = self.writer.changed().notified() => true,
+                _ = tokio::time::sleep(interval) => false,
+            };
+            if outcome {
+                // A delivery outcome may have written an event: a pass
+                // soon, but no more than one per MIN_PASS_GAP on that
+                // account, so a busy pipeline does not keep the dispatcher
+                // reading. A call that ends meanwhile starts it at once.
+                tokio::select! {
+                    _ = tokio::time::sleep_until(started + MIN_PASS_GAP) => {}
+                    _ = self.wake.notified() => {}
+                }
             }
             if let Err(err) = self.pass().await {
                 warn!(error = %format!("{err:#}"), "Could not look for due webhook calls; trying again shortly.");

@@ -955,3 +955,33 @@ async fn a_healthy_endpoint_with_a_backlog_gets_more_calls_at_once_and_a_failing
         failing.peak()
     );
 }
+
+/// The dispatcher is woken by a delivery's outcome, not only by its poll:
+/// with a poll every 10 s, a `message.sent` call still arrives within a
+/// second of the send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_message_wakes_the_dispatcher_without_waiting_for_its_poll() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-WAKE").await;
+    let settings = "[webhooks]\npoll_interval_ms = 10000\nallow_http = true\nallow_private = [\"127.0.0.1/32\"]\n";
+    let app = app_with_callbacks(&sms_api, settings).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let endpoint = endpoint_ok().await;
+    set_webhook(&app, &key, &endpoint.uri(), &["message.sent"]).await;
+    // The first poll after start-up has passed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 0..3 {
+        let sent_at = Instant::now();
+        let id = app
+            .send_accepted(&key, &with(sms(), "text", json!(format!("wake {n}"))))
+            .await;
+        let calls = calls_on(&endpoint, n + 1).await;
+        let waited = sent_at.elapsed();
+        assert_eq!(calls.len(), n + 1, "the call for {id} arrived");
+        assert_eq!(body_of(&calls[n])["data"]["id"], id.as_str());
+        assert!(
+            waited < Duration::from_secs(3),
+            "the call for {id} came {waited:?} after the send, with a 10 s poll"
+        );
+    }
+}

@@ -15,8 +15,8 @@ use crate::model::{MessageStatus, now_ms};
 use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
-use crate::store::webhooks::{DueCall, SNAPSHOT, SnapshotRow};
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
+use crate::store::webhooks::{DueCall, SNAPSHOT, SnapshotRow};
 
 /// Makes `entries` durable in one transaction, all or none; true once
 /// committed.
