@@ -942,7 +942,14 @@ async fn a_healthy_endpoint_with_a_backlog_gets_more_calls_at_once_and_a_failing
     while healthy.answered() < MESSAGES && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(healthy.answered(), MESSAGES, "every healthy call answered");
+    // Later copies (a call taken again before its removal committed)
+    // would arrive by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        healthy.answered(),
+        MESSAGES,
+        "every healthy call answered once"
+    );
     assert!(
         (3..=12).contains(&healthy.peak()),
         "the healthy endpoint had at most {} calls at once (2 to begin with, 12 at most)",
