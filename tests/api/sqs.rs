@@ -120,7 +120,8 @@ async fn forward(State(proxy): State<Arc<ProxyState>>, request: Request) -> Resp
 
 /// Creates plan `bulk` (fast lane, limits out of the way) and tenant `acme`
 /// on it; returns the tenant's key.
-async fn bulk_tenant(app: &TestApp) -> String {
+/// Makes the plan `bulk`, whose limits are out of the way.
+pub(crate) async fn bulk_plan(app: &TestApp) {
     let plan = app
         .admin(Method::PUT, "/v1/admin/plans/bulk")
         .json(&json!({"lane": "fast", "rate_per_second": 100000.0, "burst": 100000, "daily_quota": 10000000u64, "max_in_flight": 64}))
@@ -128,6 +129,10 @@ async fn bulk_tenant(app: &TestApp) -> String {
         .await
         .unwrap();
     assert!(plan.status().is_success(), "{:?}", plan.status());
+}
+
+async fn bulk_tenant(app: &TestApp) -> String {
+    bulk_plan(app).await;
     app.tenant_with_key("acme", "bulk").await
 }
 

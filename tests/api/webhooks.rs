@@ -919,13 +919,7 @@ async fn a_healthy_endpoint_with_a_backlog_gets_more_calls_at_once_and_a_failing
         "concurrency_per_tenant = 2\nmax_concurrency_per_tenant = 12\n"
     );
     let app = app_with_callbacks(&sms_api, settings).await;
-    let plan = app
-        .admin(Method::PUT, "/v1/admin/plans/bulk")
-        .json(&json!({"lane": "fast", "rate_per_second": 100000.0, "burst": 100000, "daily_quota": 10000000u64, "max_in_flight": 64}))
-        .send()
-        .await
-        .unwrap();
-    assert!(plan.status().is_success(), "{:?}", plan.status());
+    crate::sqs::bulk_plan(&app).await;
     let healthy_key = app.tenant_with_key("healthy", "bulk").await;
     let failing_key = app.tenant_with_key("failing", "bulk").await;
     let healthy = CountingEndpoint::start(204, Duration::from_millis(50)).await;
