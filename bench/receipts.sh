@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Twilio status callbacks at volume (issue 27, item 3).
+#
+#   cargo build --release --bin fairlane --examples && bash bench/receipts.sh [messages] [concurrency]
+#
+# 1. fairlane serve on a fresh SQLite file (the embedded default), consumers
+#    on, SMS through examples/mock_sms (a Twilio-compatible endpoint that
+#    answers at once with a fresh sid), `server.public_url` set so every SMS
+#    names its status callback; one tenant whose webhook takes
+#    `message.delivered`, answered 202 at once by examples/bare_axum.
+# 2. wrk sends MESSAGES (default 20,000) SMS; the script waits until every
+#    one is `sent` and reads their provider ids from the SQLite file.
+# 3. examples/callbacks_rate POSTs a signed `delivered` callback for each,
+#    CONCURRENCY (default 64) at once, and prints callbacks/s and latency.
+# 4. The script waits until every `message.delivered` webhook call has
+#    been delivered and prints how long after the last callback, then
+#    checks each message: status `delivered`, one `delivered` event.
+# Everything runs on this machine's cores: fairlane, the mock provider, the
+# webhook endpoint and the client that signs and sends the callbacks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+messages=${1:-20000}
+concurrency=${2:-64}
+target=${CARGO_TARGET_DIR:-target}/release
+for b in fairlane examples/mock_sms examples/bare_axum examples/callbacks_rate; do
+  [ -x "$target/$b" ] || { echo "build first: cargo build --release --bin fairlane --examples" >&2; exit 1; }
+done
+command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+admin=bench-admin-token-0123456789
+port=$(free_port); mock_port=$(free_port); hook_port=$(free_port)
+"$target/examples/mock_sms" "$mock_port" 0 >/dev/null 2>&1 & pids+=($!)
+"$target/examples/bare_axum" "127.0.0.1:$hook_port" >/dev/null 2>&1 & pids+=($!)
+FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
+FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
+FAIRLANE__SERVER__PUBLIC_URL=http://127.0.0.1:$port \
+FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
+FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
+FAIRLANE__PROVIDERS__SMS__KIND=http \
+FAIRLANE__PROVIDERS__SMS__BASE_URL=http://127.0.0.1:$mock_port \
+FAIRLANE__PROVIDERS__SMS__ACCOUNT_SID=ACbench \
+FAIRLANE__PROVIDERS__SMS__AUTH_TOKEN=bench \
+FAIRLANE__PROVIDERS__SMS__FROM=+15550001111 \
+FAIRLANE__PROVIDERS__SMS__RATE_PER_SECOND=1000000 \
+FAIRLANE__PROVIDERS__SMS__BURST=100000 \
+FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
+FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
+RUST_LOG=warn "$target/fairlane" serve >"$work/log" 2>&1 & pids+=($!)
+pid=${pids[-1]}
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
+api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
+base=http://127.0.0.1:$port
+api -X PUT "$base/v1/admin/plans/bench" \
+  -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":100000}' >/dev/null
+api -X POST "$base/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
+key=$(api -X POST "$base/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+api -X PUT "$base/v1/admin/tenants/bench/webhook" \
+  -d "{\"url\":\"http://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.delivered\"]}" >/dev/null
+counter() { curl -sf "$base/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
+hooks_delivered() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_webhook_attempts_total\{/ && /result="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
+cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' "/proc/$pid/stat"; }
+
+KEYS=$key wrk -t2 -c64 -d600s -s bench/send_tenants.lua "$base/v1/messages" >/dev/null 2>&1 & wrk_pid=$!
+while [ "$(counter fairlane_messages_accepted_total)" -lt "$messages" ]; do sleep 0.1; done
+kill -INT "$wrk_pid"; wait "$wrk_pid" || true
+accepted=$(counter fairlane_messages_accepted_total)
+while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sleep 0.1; done
+python3 - "$work/fairlane.db" "$work/sids" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+sids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
+open(sys.argv[2], "w").write("\n".join(sids) + "\n")
+PY
+# A request wrk had in flight may have been accepted after the count.
+accepted=$(wc -l <"$work/sids")
+echo "$accepted SMS sent; their provider ids read"
+hooks0=$(hooks_delivered)
+cpu0=$(cpu_secs)
+t0=$(date +%s.%N)
+"$target/examples/callbacks_rate" "$base" bench "$work/sids" "$concurrency"
+t_cb=$(date +%s.%N)
+deadline=$(( $(date +%s) + 600 ))
+while [ "$(hooks_delivered)" -lt $((hooks0 + accepted)) ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "webhooks not all delivered after 600 s" >&2; break; }
+  sleep 0.1
+done
+t_hooks=$(date +%s.%N)
+cpu1=$(cpu_secs)
+python3 - "$accepted" "$t0" "$t_cb" "$t_hooks" "$cpu0" "$cpu1" "$(( $(hooks_delivered) - hooks0 ))" <<'PY'
+import sys
+n, t0, tc, th, c0, c1, hooks = sys.argv[1:]
+n, hooks = int(n), int(hooks)
+t0, tc, th, c0, c1 = (float(x) for x in (t0, tc, th, c0, c1))
+print(f"webhooks: {hooks} message.delivered calls delivered, the last {th - tc:.1f} s after the last callback; "
+      f"callbacks to webhooks end to end {n / (th - t0):.0f}/s; fairlane CPU {1e6 * (c1 - c0) / n:.0f} µs per callback with its webhook")
+PY
+python3 - "$work/fairlane.db" "$accepted" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+n = int(sys.argv[2])
+delivered = db.execute("SELECT COUNT(*) FROM messages WHERE status = 'delivered'").fetchone()[0]
+events = db.execute("SELECT COUNT(*), COUNT(DISTINCT message_id) FROM message_events WHERE event = 'delivered'").fetchone()
+print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
+      + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
+PY
