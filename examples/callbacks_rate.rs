@@ -97,7 +97,8 @@ async fn main() -> anyhow::Result<()> {
         all.len() as f64 / elapsed.as_secs_f64(),
         at(0.5).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
-        all.last().map_or(0.0, |(latency, _)| latency.as_secs_f64() * 1e3),
+        all.last()
+            .map_or(0.0, |(latency, _)| latency.as_secs_f64() * 1e3),
     );
     Ok(())
 }
