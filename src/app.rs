@@ -199,12 +199,16 @@ impl Application {
         ));
         background.push(tokio::spawn(crate::receipts::retry_unmatched(
             db.clone(),
+            store_writer.clone(),
             std::time::Duration::from_secs(settings.receipts.match_for_secs),
             shutdown_rx.clone(),
         )));
-        if let Some(poller) =
-            crate::receipts::ses::EventsPoller::from_settings(&settings.providers.email, db.clone())
-                .await?
+        if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
+            &settings.providers.email,
+            db.clone(),
+            store_writer.clone(),
+        )
+        .await?
         {
             background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
         }

@@ -255,6 +255,6 @@ pub async fn sms_callback(
         ));
     }
     let receipt = twilio::receipt(&params).map_err(|(field, why)| ApiError::field(field, why))?;
-    receipts::ingest(&state.db, &receipt).await?;
+    receipts::ingest(&state.db, &state.writer, &receipt).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -25,15 +25,15 @@ use tracing::{debug, info, warn};
 
 use crate::metrics as names;
 use crate::model::now_ms;
-use crate::store::Db;
 use crate::store::receipts;
 pub use crate::store::receipts::{Applied, Receipt, apply};
+use crate::store::{Db, Writer};
 
 /// Applies `receipt`, keeping it for a later match when its message is not
 /// found yet; counts it. An error means it was neither applied nor kept,
 /// and the caller must not acknowledge it to the provider.
-pub async fn ingest(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
-    let applied = apply(db, receipt).await?;
+pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Result<Applied> {
+    let applied = writer.apply_receipt(db, receipt).await?;
     let label = match &applied {
         Applied::Matched {
             message_id,
@@ -88,27 +88,34 @@ const RETRY_BATCH: i64 = 500;
 /// Matches kept receipts again until they match or are older than
 /// `match_for`; runs until shutdown. Several instances may run it: a
 /// receipt applied twice is recognised as a duplicate.
-pub async fn retry_unmatched(db: Db, match_for: Duration, mut shutdown: watch::Receiver<bool>) {
+pub async fn retry_unmatched(
+    db: Db,
+    writer: Writer,
+    match_for: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(RETRY_TICK) => {}
             _ = shutdown.changed() => return,
         }
-        if let Err(err) = retry_due(&db, match_for).await {
+        if let Err(err) = retry_due(&db, &writer, match_for).await {
             warn!(error = %format!("{err:#}"), "Could not match kept receipts; trying again shortly.");
         }
     }
 }
 
 /// One pass over the kept receipts that are due.
-pub async fn retry_due(db: &Db, match_for: Duration) -> anyhow::Result<()> {
+pub async fn retry_due(db: &Db, writer: &Writer, match_for: Duration) -> anyhow::Result<()> {
     let now = now_ms();
     let due = receipts::kept_due(db, now, RETRY_BATCH).await?;
     for (row, json, received_at, tries) in due {
         let receipt: Option<Receipt> = serde_json::from_str(&json).ok();
         let settled = match &receipt {
             None => true,
-            Some(receipt) => !matches!(apply(db, receipt).await?, Applied::Unmatched),
+            Some(receipt) => {
+                !matches!(writer.apply_receipt(db, receipt).await?, Applied::Unmatched)
+            }
         };
         let expired = now - received_at >= match_for.as_millis() as i64;
         if let Some(receipt) = &receipt {

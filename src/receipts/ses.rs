@@ -35,7 +35,7 @@ use super::{Receipt, ingest};
 use crate::config::ProviderSettings;
 use crate::metrics as names;
 use crate::model::MessageStatus;
-use crate::store::Db;
+use crate::store::{Db, Writer};
 
 /// Reads a queue message's body. Ok(None) for an event that carries
 /// nothing fairlane records; Err for a body that is not an SES event.
@@ -150,6 +150,8 @@ pub struct EventsPoller {
     client: Client,
     queue_url: String,
     db: Db,
+    /// Receipts are recorded in the store writer's groups.
+    writer: Writer,
 }
 
 impl EventsPoller {
@@ -159,6 +161,7 @@ impl EventsPoller {
     pub async fn from_settings(
         settings: &ProviderSettings,
         db: Db,
+        writer: Writer,
     ) -> anyhow::Result<Option<Self>> {
         let Some(queue_url) = settings.events_queue_url.clone() else {
             return Ok(None);
@@ -168,6 +171,7 @@ impl EventsPoller {
             client: Client::new(&sdk_config),
             queue_url,
             db,
+            writer,
         }))
     }
 
@@ -209,7 +213,7 @@ impl EventsPoller {
         for message in received.messages() {
             let body = message.body().unwrap_or_default();
             let done = match parse(body) {
-                Ok(Some(receipt)) => match ingest(&self.db, &receipt).await {
+                Ok(Some(receipt)) => match ingest(&self.db, &self.writer, &receipt).await {
                     Ok(_) => true,
                     Err(err) => {
                         warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");

@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use super::Db;
 use super::postgres::PgWriter;
+use super::receipts::{self, Applied, Receipt};
 use super::sqlite::hot;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
@@ -278,6 +279,23 @@ impl Writer {
             }
         };
         Ok(found.into_iter().collect())
+    }
+
+    /// Records a provider's receipt against its message (see
+    /// [`receipts::apply`]); on SQLite as a piece of the writer's group, so
+    /// receipts at volume commit together with the delivery path's changes
+    /// instead of one transaction each.
+    pub async fn apply_receipt(&self, db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                let receipt = receipt.clone();
+                let now = crate::model::now_ms();
+                writer
+                    .run(move |tx| receipts::apply_in(tx, &receipt, now))
+                    .await
+            }
+            Backend::Postgres(_) => receipts::apply(db, receipt).await,
+        }
     }
 
     /// Records a successful send; returns once it is committed (the caller

@@ -65,12 +65,59 @@ fn rank(status: MessageStatus) -> Option<u8> {
     }
 }
 
-/// Records `receipt` against its message, all in one transaction.
+/// What a receipt does to a message whose status is `current`.
+struct Decision {
+    /// The status the message moves to, if it moves.
+    moves: Option<MessageStatus>,
+    /// The event's name in the history.
+    event: String,
+    /// The status recorded with the event.
+    after: MessageStatus,
+    /// The same outcome again: nothing to record.
+    duplicate: bool,
+    /// A report that moves nothing: a duplicate if the same event was
+    /// recorded before (a replayed callback, a provider's retry).
+    check_seen: bool,
+}
+
+fn decide(receipt: &Receipt, current: MessageStatus) -> Decision {
+    let moves = receipt
+        .outcome
+        .filter(|outcome| match (rank(*outcome), rank(current)) {
+            (Some(new), Some(old)) => new > old,
+            _ => false,
+        });
+    let (event, after) = match (moves, receipt.outcome) {
+        (Some(outcome), _) => (outcome.as_str().to_owned(), outcome),
+        // Reported, but the message is already further on.
+        (None, Some(outcome)) => (format!("provider_{}", outcome.as_str()), current),
+        (None, None) => (receipt.event.clone(), current),
+    };
+    let duplicate = receipt.outcome.is_some() && receipt.outcome == Some(current);
+    Decision {
+        moves,
+        event,
+        after,
+        duplicate,
+        check_seen: !duplicate && moves.is_none(),
+    }
+}
+
+/// `last_error` after a move to `outcome`: a failure's reason; a delivery
+/// clears it.
+fn error_after(receipt: &Receipt, outcome: MessageStatus) -> Option<String> {
+    (outcome != MessageStatus::Delivered)
+        .then(|| receipt.detail.clone())
+        .flatten()
+}
+
+/// Records `receipt` against its message, all in one transaction (on a
+/// pool connection; see [`apply_in`] for SQLite's writer).
 pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
     let now = now_ms();
     let applied = in_transaction!(db, |tx| {
-        let found: Option<(String, String, String, String, i64)> = sqlx::query_as(
-            "SELECT id, tenant_id, status, channel, attempts FROM messages \
+        let found: Option<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT id, tenant_id, status, attempts FROM messages \
              WHERE provider_message_id = $1 LIMIT 1",
         )
         .bind(&receipt.provider_message_id)
@@ -78,32 +125,17 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
         .await?;
         match found {
             None => Applied::Unmatched,
-            Some((id, tenant_id, status, channel, attempts)) => {
+            Some((id, tenant_id, status, attempts)) => {
                 let current: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
-                let moves =
-                    receipt
-                        .outcome
-                        .filter(|outcome| match (rank(*outcome), rank(current)) {
-                            (Some(new), Some(old)) => new > old,
-                            _ => false,
-                        });
-                let (event, after) = match (moves, receipt.outcome) {
-                    (Some(outcome), _) => (outcome.as_str().to_owned(), outcome),
-                    // Reported, but the message is already further on.
-                    (None, Some(outcome)) => (format!("provider_{}", outcome.as_str()), current),
-                    (None, None) => (receipt.event.clone(), current),
-                };
-                let mut duplicate = receipt.outcome.is_some() && receipt.outcome == Some(current);
-                if !duplicate && moves.is_none() {
-                    // A report that moves nothing and was recorded before
-                    // (a replayed callback, a provider's retry) adds no
-                    // second event and no second webhook call.
+                let decision = decide(receipt, current);
+                let mut duplicate = decision.duplicate;
+                if decision.check_seen {
                     let seen: Option<i32> = sqlx::query_scalar(
                         "SELECT 1 FROM message_events WHERE message_id = $1 AND event = $2 \
                          AND detail IS NOT DISTINCT FROM $3 LIMIT 1",
                     )
                     .bind(&id)
-                    .bind(&event)
+                    .bind(&decision.event)
                     .bind(&receipt.detail)
                     .fetch_optional(&mut *tx)
                     .await?;
@@ -112,61 +144,140 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
                 if duplicate {
                     Applied::Duplicate
                 } else {
-                    if let Some(outcome) = moves {
-                        // `last_error` carries a failure's reason; a delivery clears it.
-                        let error = (outcome != MessageStatus::Delivered)
-                            .then(|| receipt.detail.clone())
-                            .flatten();
+                    if let Some(outcome) = decision.moves {
                         sqlx::query(
                             "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4",
                         )
                         .bind(outcome.as_str())
-                        .bind(error)
+                        .bind(error_after(receipt, outcome))
                         .bind(now)
                         .bind(&id)
                         .execute(&mut *tx)
                         .await?;
                     }
-                    sqlx::query(
-                        "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, detail, provider_message_id) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                    )
-                    .bind(&id)
-                    .bind(&tenant_id)
-                    .bind(now)
-                    .bind(&event)
-                    .bind(after.as_str())
-                    .bind(attempts)
-                    .bind(&receipt.detail)
-                    .bind(&receipt.provider_message_id)
-                    .execute(&mut *tx)
-                    .await?;
-                    for address in &receipt.suppress {
-                        let Some((channel, address)) = suppressions::normalize(address) else {
-                            continue;
-                        };
+                    sqlx::query(INSERT_EVENT)
+                        .bind(&id)
+                        .bind(&tenant_id)
+                        .bind(now)
+                        .bind(&decision.event)
+                        .bind(decision.after.as_str())
+                        .bind(attempts)
+                        .bind(&receipt.detail)
+                        .bind(&receipt.provider_message_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    for (channel, address) in to_suppress(receipt) {
                         sqlx::query(suppressions::INSERT)
                             .bind(&tenant_id)
                             .bind(&address)
                             .bind(channel.as_str())
-                            .bind(receipt.suppress_reason.as_deref().unwrap_or("bounce"))
+                            .bind(suppress_reason(receipt))
                             .bind(&receipt.detail)
                             .bind(&id)
                             .bind(now)
                             .execute(&mut *tx)
                             .await?;
                     }
-                    let _ = channel;
                     Applied::Matched {
                         message_id: id,
                         tenant_id,
-                        changed: moves.is_some(),
+                        changed: decision.moves.is_some(),
                     }
                 }
             }
         }
     });
     Ok(applied)
+}
+
+const INSERT_EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, detail, provider_message_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// The receipt's addresses to suppress, normalised (unreadable ones are
+/// skipped).
+fn to_suppress(receipt: &Receipt) -> impl Iterator<Item = (crate::model::Channel, String)> + '_ {
+    receipt
+        .suppress
+        .iter()
+        .filter_map(|address| suppressions::normalize(address))
+}
+
+fn suppress_reason(receipt: &Receipt) -> &str {
+    receipt.suppress_reason.as_deref().unwrap_or("bounce")
+}
+
+/// [`apply`] in the SQLite writer's transaction `tx` (a piece of its
+/// group), so a receipt does not commit alone.
+pub(crate) fn apply_in(
+    tx: &rusqlite::Transaction,
+    receipt: &Receipt,
+    now: i64,
+) -> anyhow::Result<Applied> {
+    use rusqlite::OptionalExtension;
+    let found: Option<(String, String, String, i64)> = tx
+        .prepare_cached(
+            "SELECT id, tenant_id, status, attempts FROM messages \
+             WHERE provider_message_id = ?1 LIMIT 1",
+        )?
+        .query_row([&receipt.provider_message_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
+        .optional()?;
+    let Some((id, tenant_id, status, attempts)) = found else {
+        return Ok(Applied::Unmatched);
+    };
+    let current: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
+    let decision = decide(receipt, current);
+    let mut duplicate = decision.duplicate;
+    if decision.check_seen {
+        duplicate = tx
+            .prepare_cached(
+                "SELECT 1 FROM message_events WHERE message_id = ?1 AND event = ?2 \
+                 AND detail IS ?3 LIMIT 1",
+            )?
+            .exists(rusqlite::params![id, decision.event, receipt.detail])?;
+    }
+    if duplicate {
+        return Ok(Applied::Duplicate);
+    }
+    if let Some(outcome) = decision.moves {
+        tx.prepare_cached(
+            "UPDATE messages SET status = ?1, last_error = ?2, updated_at = ?3 WHERE id = ?4",
+        )?
+        .execute(rusqlite::params![
+            outcome.as_str(),
+            error_after(receipt, outcome),
+            now,
+            id
+        ])?;
+    }
+    tx.prepare_cached(INSERT_EVENT)?.execute(rusqlite::params![
+        id,
+        tenant_id,
+        now,
+        decision.event,
+        decision.after.as_str(),
+        attempts,
+        receipt.detail,
+        receipt.provider_message_id
+    ])?;
+    for (channel, address) in to_suppress(receipt) {
+        tx.prepare_cached(suppressions::INSERT)?
+            .execute(rusqlite::params![
+                tenant_id,
+                address,
+                channel.as_str(),
+                suppress_reason(receipt),
+                receipt.detail,
+                id,
+                now
+            ])?;
+    }
+    Ok(Applied::Matched {
+        message_id: id,
+        tenant_id,
+        changed: decision.moves.is_some(),
+    })
 }
 
 /// Keeps `receipt` (as `json`) to be matched again from `next_try_at`.
