@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -142,6 +143,9 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
     }))
 }
 
+/// Receives in flight at once.
+const POLLS: usize = 4;
+
 /// How long a receive waits for messages (SQS's longest long poll).
 const WAIT_SECS: i32 = 20;
 
@@ -175,9 +179,16 @@ impl EventsPoller {
         }))
     }
 
-    /// Receives, records and deletes until `shutdown` turns true.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Receives, records and deletes until `shutdown` turns true, with
+    /// [`POLLS`] long polls in flight, so a deep queue drains at several
+    /// batches at a time (an idle queue costs one empty receive per poll
+    /// and 20 s).
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
         info!(queue = %self.queue_url, "Reading SES events.");
+        futures_util::future::join_all((0..POLLS).map(|_| self.poll_until(shutdown.clone()))).await;
+    }
+
+    async fn poll_until(&self, mut shutdown: watch::Receiver<bool>) {
         let mut failures = 0u32;
         loop {
             let polled = tokio::select! {
@@ -199,7 +210,9 @@ impl EventsPoller {
         }
     }
 
-    /// One long poll: records what it received and deletes what was recorded.
+    /// One long poll: records what it received, all of it at once (so the
+    /// receipts share the store writer's group), and deletes what was
+    /// recorded in one call.
     pub async fn poll_once(&self) -> anyhow::Result<()> {
         let received = self
             .client
@@ -210,37 +223,63 @@ impl EventsPoller {
             .send()
             .await
             .context("receiving from the SES events queue")?;
-        for message in received.messages() {
-            let body = message.body().unwrap_or_default();
-            let done = match parse(body) {
-                Ok(Some(receipt)) => match ingest(&self.db, &self.writer, &receipt).await {
-                    Ok(_) => true,
-                    Err(err) => {
-                        warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");
-                        false
-                    }
-                },
-                Ok(None) => {
-                    metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "ignored").increment(1);
-                    true
-                }
-                Err(why) => {
-                    metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "unreadable").increment(1);
-                    warn!(reason = %why, "An SES events queue message is not an SES event; deleting it.");
-                    true
-                }
-            };
-            if done && let Some(handle) = message.receipt_handle() {
-                self.client
-                    .delete_message()
-                    .queue_url(&self.queue_url)
-                    .receipt_handle(handle)
-                    .send()
-                    .await
-                    .context("deleting from the SES events queue")?;
+        let recorded = futures_util::future::join_all(
+            received
+                .messages()
+                .iter()
+                .map(|message| async move { (message, self.record(message).await) }),
+        )
+        .await;
+        let mut entries = Vec::new();
+        for (n, (message, done)) in recorded.into_iter().enumerate() {
+            if let (true, Some(handle)) = (done, message.receipt_handle()) {
+                entries.push(
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(n.to_string())
+                        .receipt_handle(handle)
+                        .build()
+                        .context("a delete entry")?,
+                );
             }
         }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let deleted = self
+            .client
+            .delete_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .context("deleting from the SES events queue")?;
+        for failed in deleted.failed() {
+            warn!(code = %failed.code(), "An SES event could not be deleted; it comes back and is recognised as a duplicate.");
+        }
         Ok(())
+    }
+
+    /// Records one events-queue message; true when it may be deleted.
+    async fn record(&self, message: &aws_sdk_sqs::types::Message) -> bool {
+        let body = message.body().unwrap_or_default();
+        match parse(body) {
+            Ok(Some(receipt)) => match ingest(&self.db, &self.writer, &receipt).await {
+                Ok(_) => true,
+                Err(err) => {
+                    warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");
+                    false
+                }
+            },
+            Ok(None) => {
+                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "ignored").increment(1);
+                true
+            }
+            Err(why) => {
+                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "unreadable").increment(1);
+                warn!(reason = %why, "An SES events queue message is not an SES event; deleting it.");
+                true
+            }
+        }
     }
 }
 
