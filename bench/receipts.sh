@@ -15,47 +15,69 @@
 # 4. The script waits until every `message.delivered` webhook call has
 #    been delivered and prints how long after the last callback, then
 #    checks each message: status `delivered`, one `delivered` event.
+# 5. The SES events queue: fauxqs (bench/fauxqs.sh) holds the email
+#    provider's `events_queue_url` from the start. wrk sends MESSAGES more
+#    SMS; once they are `sent`, fairlane is stopped, examples/ses_events_fill
+#    puts an SES `Delivery` event (`mail.messageId` = the SMS's provider id:
+#    a receipt is matched by provider id whatever the channel, and SES
+#    itself is not in this run) for each into the queue, and fairlane is
+#    started again on the same file: the script times the drain (first
+#    event recorded → last) and checks each message as in 4.
 # Everything runs on this machine's cores: fairlane, the mock provider, the
-# webhook endpoint and the client that signs and sends the callbacks.
+# webhook endpoint, fauxqs and the clients.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-20000}
 concurrency=${2:-64}
 target=${CARGO_TARGET_DIR:-target}/release
-for b in fairlane examples/mock_sms examples/bare_axum examples/callbacks_rate; do
+for b in fairlane examples/mock_sms examples/bare_axum examples/callbacks_rate examples/ses_events_fill; do
   [ -x "$target/$b" ] || { echo "build first: cargo build --release --bin fairlane --examples" >&2; exit 1; }
 done
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 1; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pids=()
+# shellcheck source=bench/fauxqs.sh
+. bench/fauxqs.sh
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" $fauxqs_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
+start_fauxqs "$work"
+events_queue=$("$target/examples/ses_events_fill" "$sqs" ses-events /dev/null 2>/dev/null | tail -1)
 admin=bench-admin-token-0123456789
 port=$(free_port); mock_port=$(free_port); hook_port=$(free_port)
 "$target/examples/mock_sms" "$mock_port" 0 >/dev/null 2>&1 & pids+=($!)
 "$target/examples/bare_axum" "127.0.0.1:$hook_port" >/dev/null 2>&1 & pids+=($!)
-FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
-FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
-FAIRLANE__SERVER__PUBLIC_URL=http://127.0.0.1:$port \
-FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
-FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
-FAIRLANE__PROVIDERS__SMS__KIND=http \
-FAIRLANE__PROVIDERS__SMS__BASE_URL=http://127.0.0.1:$mock_port \
-FAIRLANE__PROVIDERS__SMS__ACCOUNT_SID=ACbench \
-FAIRLANE__PROVIDERS__SMS__AUTH_TOKEN=bench \
-FAIRLANE__PROVIDERS__SMS__FROM=+15550001111 \
-FAIRLANE__PROVIDERS__SMS__RATE_PER_SECOND=1000000 \
-FAIRLANE__PROVIDERS__SMS__BURST=100000 \
-FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
-FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
-RUST_LOG=warn "$target/fairlane" serve >"$work/log" 2>&1 & pids+=($!)
-pid=${pids[-1]}
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
+# start_fairlane: on the bench's SQLite file; sets pid.
+start_fairlane() {
+  FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
+  FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
+  FAIRLANE__SERVER__PUBLIC_URL=http://127.0.0.1:$port \
+  FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
+  FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
+  FAIRLANE__PROVIDERS__SMS__KIND=http \
+  FAIRLANE__PROVIDERS__SMS__BASE_URL=http://127.0.0.1:$mock_port \
+  FAIRLANE__PROVIDERS__SMS__ACCOUNT_SID=ACbench \
+  FAIRLANE__PROVIDERS__SMS__AUTH_TOKEN=bench \
+  FAIRLANE__PROVIDERS__SMS__FROM=+15550001111 \
+  FAIRLANE__PROVIDERS__SMS__RATE_PER_SECOND=1000000 \
+  FAIRLANE__PROVIDERS__SMS__BURST=100000 \
+  FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
+  FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
+  FAIRLANE__PROVIDERS__EMAIL__KIND=ses \
+  FAIRLANE__PROVIDERS__EMAIL__ENDPOINT_URL=$sqs \
+  FAIRLANE__PROVIDERS__EMAIL__REGION=us-east-1 \
+  FAIRLANE__PROVIDERS__EMAIL__ACCESS_KEY_ID=test \
+  FAIRLANE__PROVIDERS__EMAIL__SECRET_ACCESS_KEY=test \
+  FAIRLANE__PROVIDERS__EMAIL__EVENTS_QUEUE_URL=$events_queue \
+  RUST_LOG=warn "$target/fairlane" serve >>"$work/log" 2>&1 & pids+=($!)
+  pid=${pids[-1]}
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && return; sleep 0.1; done
+  echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1
+}
+start_fairlane
 api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
 base=http://127.0.0.1:$port
 api -X PUT "$base/v1/admin/plans/bench" \
@@ -108,6 +130,56 @@ db = sqlite3.connect(sys.argv[1])
 n = int(sys.argv[2])
 delivered = db.execute("SELECT COUNT(*) FROM messages WHERE status = 'delivered'").fetchone()[0]
 events = db.execute("SELECT COUNT(*), COUNT(DISTINCT message_id) FROM message_events WHERE event = 'delivered'").fetchone()
+print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
+      + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
+PY
+
+# 5. The SES events queue.
+sent_before=$(counter fairlane_messages_delivered_total)
+KEYS=$key wrk -t2 -c64 -d600s -s bench/send_tenants.lua "$base/v1/messages" >/dev/null 2>&1 & wrk_pid=$!
+while [ "$(counter fairlane_messages_accepted_total)" -lt $((accepted + messages)) ]; do sleep 0.1; done
+kill -INT "$wrk_pid"; wait "$wrk_pid" || true
+total=$(counter fairlane_messages_accepted_total)
+while [ "$(counter fairlane_messages_delivered_total)" -lt "$total" ]; do sleep 0.1; done
+python3 - "$work/fairlane.db" "$work/ses_ids" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+ids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
+open(sys.argv[2], "w").write("\n".join(ids) + "\n")
+PY
+events=$(wc -l <"$work/ses_ids")
+kill "$pid"; wait "$pid" 2>/dev/null || true
+"$target/examples/ses_events_fill" "$sqs" ses-events "$work/ses_ids" >/dev/null 2>&1
+echo "$events SES Delivery events in the queue; fairlane starts again"
+ses_count() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_receipts_total\{/ && /provider="ses"/ && /outcome="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
+start_fairlane
+cpu0=$(cpu_secs)
+while [ "$(ses_count)" -lt 1 ]; do sleep 0.01; done
+t0=$(date +%s.%N)
+deadline=$(( $(date +%s) + 600 ))
+while [ "$(ses_count)" -lt "$events" ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "SES events not all recorded after 600 s" >&2; break; }
+  sleep 0.05
+done
+t1=$(date +%s.%N)
+cpu1=$(cpu_secs)
+python3 - "$events" "$t0" "$t1" "$cpu0" "$cpu1" "$(ses_count)" <<'PY'
+import sys
+n, t0, t1, c0, c1, got = sys.argv[1:]
+n, got = int(n), int(got)
+t0, t1, c0, c1 = (float(x) for x in (t0, t1, c0, c1))
+print(f"SES events: {got} of {n} recorded in {t1 - t0:.1f} s after the first: {got / (t1 - t0):.0f}/s; fairlane CPU {1e6 * (c1 - c0) / max(got, 1):.0f} µs per event (start-up included)")
+PY
+python3 - "$work/fairlane.db" "$work/ses_ids" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+ids = [line.strip() for line in open(sys.argv[2]) if line.strip()]
+db.execute("CREATE TEMP TABLE ses_ids(id TEXT PRIMARY KEY)")
+db.executemany("INSERT INTO ses_ids VALUES (?)", [(i,) for i in ids])
+delivered = db.execute("SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ses_ids) AND status = 'delivered'").fetchone()[0]
+events = db.execute("SELECT COUNT(*), COUNT(DISTINCT e.message_id) FROM message_events e JOIN messages m ON m.id = e.message_id "
+                    "WHERE e.event = 'delivered' AND m.provider_message_id IN (SELECT id FROM ses_ids)").fetchone()
+n = len(ids)
 print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
       + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
 PY

@@ -55,14 +55,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 hz=$(getconf CLK_TCK)
 admin=bench-admin-token-0123456789
 
-fauxqs_dir=${FAUXQS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fairlane-fauxqs}
-if [ ! -f "$fauxqs_dir/node_modules/fauxqs/dist/app.js" ]; then
-  npm install --silent --prefix "$fauxqs_dir" fauxqs@1.9.2 >/dev/null 2>&1
-fi
+# shellcheck source=bench/fauxqs.sh
+. bench/fauxqs.sh
 
 work=$(mktemp -d)
 pids=()
-fauxqs_pid=""
 dbs=()
 pg_dir=""
 as_pg=()
@@ -96,18 +93,9 @@ fi
 psql_admin() { psql "$pg_base/postgres" -qAtc "$1"; }
 
 # fauxqs on 127.0.0.1 only.
-fauxqs_port=$(free_port)
-cat >"$work/fauxqs.mjs" <<EOF
-import { buildApp } from "$fauxqs_dir/node_modules/fauxqs/dist/app.js";
-const app = buildApp({ logger: false });
-await app.listen({ port: $fauxqs_port, host: "127.0.0.1" });
-EOF
-node "$work/fauxqs.mjs" >"$work/fauxqs.log" 2>&1 &
-fauxqs_pid=$!
-sqs="http://127.0.0.1:$fauxqs_port"
-for _ in $(seq 100); do curl -s -o /dev/null "$sqs/" && break; sleep 0.1; done
+start_fauxqs "$work"
 
-echo "fairlane $(git rev-parse --short HEAD 2>/dev/null || echo '?'), fauxqs $(node -p "require('$fauxqs_dir/node_modules/fauxqs/package.json').version") on node $(node --version), $(psql_admin 'show server_version'), wrk -c$connections, $messages messages per configuration; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "fairlane $(git rev-parse --short HEAD 2>/dev/null || echo '?'), fauxqs $(fauxqs_version) on node $(node --version), $(psql_admin 'show server_version'), wrk -c$connections, $messages messages per configuration; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== fauxqs alone"
 "$target/examples/sqs_rate" "$sqs" 10 4 4 | tee "$work/fauxqs-rate.txt"
 
