@@ -149,6 +149,10 @@ open(sys.argv[2], "w").write("\n".join(ids) + "\n")
 PY
 events=$(wc -l <"$work/ses_ids")
 kill "$pid"; wait "$pid" 2>/dev/null || true
+# The stopped instance's long polls (20 s) are still open on the server,
+# which would hand them the first events, invisible until their visibility
+# timeout: they end before the queue is filled.
+sleep 21
 "$target/examples/ses_events_fill" "$sqs" ses-events "$work/ses_ids" >/dev/null 2>&1
 echo "$events SES Delivery events in the queue; fairlane starts again"
 ses_count() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_receipts_total\{/ && /provider="ses"/ && /outcome="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
