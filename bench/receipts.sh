@@ -90,18 +90,43 @@ counter() { curl -sf "$base/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {
 hooks_delivered() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_webhook_attempts_total\{/ && /result="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
 cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' "/proc/$pid/stat"; }
 
-KEYS=$key wrk -t2 -c64 -d600s -s bench/send_tenants.lua "$base/v1/messages" >/dev/null 2>&1 & wrk_pid=$!
-while [ "$(counter fairlane_messages_accepted_total)" -lt "$messages" ]; do sleep 0.1; done
-kill -INT "$wrk_pid"; wait "$wrk_pid" || true
-accepted=$(counter fairlane_messages_accepted_total)
-while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sleep 0.1; done
-python3 - "$work/fairlane.db" "$work/sids" <<'PY'
+# send_sms FILE: sends MESSAGES more SMS, waits until every one is `sent`
+# and writes the provider ids of the messages `sent` (not yet delivered) to
+# FILE.
+send_sms() {
+  local goal total
+  goal=$(( $(counter fairlane_messages_accepted_total) + messages ))
+  KEYS=$key wrk -t2 -c64 -d600s -s bench/send_tenants.lua "$base/v1/messages" >/dev/null 2>&1 & wrk_pid=$!
+  while [ "$(counter fairlane_messages_accepted_total)" -lt "$goal" ]; do sleep 0.1; done
+  kill -INT "$wrk_pid"; wait "$wrk_pid" || true
+  total=$(counter fairlane_messages_accepted_total)
+  while [ "$(counter fairlane_messages_delivered_total)" -lt "$total" ]; do sleep 0.1; done
+  python3 - "$work/fairlane.db" "$1" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-sids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
-open(sys.argv[2], "w").write("\n".join(sids) + "\n")
+ids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
+open(sys.argv[2], "w").write("\n".join(ids) + "\n")
 PY
-# A request wrk had in flight may have been accepted after the count.
+}
+# check_delivered FILE: each message of the provider ids in FILE is
+# `delivered`, with exactly one `delivered` event.
+check_delivered() {
+  python3 - "$work/fairlane.db" "$1" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+ids = [line.strip() for line in open(sys.argv[2]) if line.strip()]
+db.execute("CREATE TEMP TABLE ids(id TEXT PRIMARY KEY)")
+db.executemany("INSERT INTO ids VALUES (?)", [(i,) for i in ids])
+delivered = db.execute("SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ids) AND status = 'delivered'").fetchone()[0]
+events = db.execute("SELECT COUNT(*), COUNT(DISTINCT e.message_id) FROM message_events e JOIN messages m ON m.id = e.message_id "
+                    "WHERE e.event = 'delivered' AND m.provider_message_id IN (SELECT id FROM ids)").fetchone()
+n = len(ids)
+print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
+      + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
+PY
+}
+
+send_sms "$work/sids"
 accepted=$(wc -l <"$work/sids")
 echo "$accepted SMS sent; their provider ids read"
 hooks0=$(hooks_delivered)
@@ -124,29 +149,10 @@ t0, tc, th, c0, c1 = (float(x) for x in (t0, tc, th, c0, c1))
 print(f"webhooks: {hooks} message.delivered calls delivered, the last {th - tc:.1f} s after the last callback; "
       f"callbacks to webhooks end to end {n / (th - t0):.0f}/s; fairlane CPU {1e6 * (c1 - c0) / n:.0f} µs per callback with its webhook")
 PY
-python3 - "$work/fairlane.db" "$accepted" <<'PY'
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-n = int(sys.argv[2])
-delivered = db.execute("SELECT COUNT(*) FROM messages WHERE status = 'delivered'").fetchone()[0]
-events = db.execute("SELECT COUNT(*), COUNT(DISTINCT message_id) FROM message_events WHERE event = 'delivered'").fetchone()
-print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
-      + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
-PY
+check_delivered "$work/sids"
 
 # 5. The SES events queue.
-sent_before=$(counter fairlane_messages_delivered_total)
-KEYS=$key wrk -t2 -c64 -d600s -s bench/send_tenants.lua "$base/v1/messages" >/dev/null 2>&1 & wrk_pid=$!
-while [ "$(counter fairlane_messages_accepted_total)" -lt $((accepted + messages)) ]; do sleep 0.1; done
-kill -INT "$wrk_pid"; wait "$wrk_pid" || true
-total=$(counter fairlane_messages_accepted_total)
-while [ "$(counter fairlane_messages_delivered_total)" -lt "$total" ]; do sleep 0.1; done
-python3 - "$work/fairlane.db" "$work/ses_ids" <<'PY'
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-ids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
-open(sys.argv[2], "w").write("\n".join(ids) + "\n")
-PY
+send_sms "$work/ses_ids"
 events=$(wc -l <"$work/ses_ids")
 kill "$pid"; wait "$pid" 2>/dev/null || true
 # The stopped instance's long polls (20 s) are still open on the server,
@@ -174,16 +180,4 @@ n, got = int(n), int(got)
 t0, t1, c0, c1 = (float(x) for x in (t0, t1, c0, c1))
 print(f"SES events: {got} of {n} recorded in {t1 - t0:.1f} s after the first: {got / (t1 - t0):.0f}/s; fairlane CPU {1e6 * (c1 - c0) / max(got, 1):.0f} µs per event (start-up included)")
 PY
-python3 - "$work/fairlane.db" "$work/ses_ids" <<'PY'
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-ids = [line.strip() for line in open(sys.argv[2]) if line.strip()]
-db.execute("CREATE TEMP TABLE ses_ids(id TEXT PRIMARY KEY)")
-db.executemany("INSERT INTO ses_ids VALUES (?)", [(i,) for i in ids])
-delivered = db.execute("SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ses_ids) AND status = 'delivered'").fetchone()[0]
-events = db.execute("SELECT COUNT(*), COUNT(DISTINCT e.message_id) FROM message_events e JOIN messages m ON m.id = e.message_id "
-                    "WHERE e.event = 'delivered' AND m.provider_message_id IN (SELECT id FROM ses_ids)").fetchone()
-n = len(ids)
-print(f"check: {delivered} of {n} messages delivered; {events[0]} delivered events for {events[1]} messages"
-      + ("" if delivered == n and events[0] == events[1] == n else "  <-- MISMATCH"))
-PY
+check_delivered "$work/ses_ids"

@@ -245,11 +245,16 @@ impl Writer {
         if event_ids.is_empty() {
             return Ok(());
         }
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => {
+        match (&self.backend, db) {
+            (Backend::Sqlite { writer, .. }, _) => {
                 hot::calls_delivered(writer, event_ids, tenant_ids).await
             }
-            Backend::Postgres(_) => webhooks::calls_delivered(db, &event_ids, &tenant_ids).await,
+            (Backend::Postgres(_), Db::Postgres(pg)) => {
+                webhooks::calls_delivered_pg(&pg.pool, &event_ids, &tenant_ids).await
+            }
+            (Backend::Postgres(_), Db::Sqlite(_)) => {
+                anyhow::bail!("a PostgreSQL writer with a SQLite store")
+            }
         }
     }
 

@@ -332,47 +332,26 @@ pub async fn forget_call(db: &Db, event_id: i64) -> anyhow::Result<()> {
 }
 
 /// Calls that succeeded: they are removed and their tenants' endpoints are
-/// healthy again, in one transaction for the lot.
-pub async fn calls_delivered(
-    db: &Db,
+/// healthy again, in one transaction for the lot (PostgreSQL; SQLite's
+/// removals are a piece of its writer, `sqlite::hot::calls_delivered`).
+pub async fn calls_delivered_pg(
+    pool: &sqlx::PgPool,
     event_ids: &[i64],
     tenant_ids: &[String],
 ) -> anyhow::Result<()> {
-    const HEALTHY: &str = "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
-                           WHERE tenant_id = $1 AND failing_since IS NOT NULL";
-    if event_ids.is_empty() {
-        return Ok(());
-    }
-    if let Db::Postgres(pg) = db {
-        let mut tx = pg.pool.begin().await?;
-        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
-            .bind(event_ids)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
-             WHERE tenant_id = ANY($1) AND failing_since IS NOT NULL",
-        )
-        .bind(tenant_ids)
+    let mut tx = pool.begin().await?;
+    sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
+        .bind(event_ids)
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
-        return Ok(());
-    }
-    in_transaction!(db, |tx| {
-        for event_id in event_ids {
-            sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
-                .bind(event_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for tenant_id in tenant_ids {
-            sqlx::query(HEALTHY)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-    });
+    sqlx::query(
+        "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
+         WHERE tenant_id = ANY($1) AND failing_since IS NOT NULL",
+    )
+    .bind(tenant_ids)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(())
 }
 
