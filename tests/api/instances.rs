@@ -1172,8 +1172,12 @@ async fn an_sms_gate_is_shared_by_three_instances() {
          {SMS_RATE}/s × {span:.3} s + 1"
     );
     // …and close to all of it: the instances do not leave the gate idle.
+    // Alone this test measures 0.94 – 0.95; inside the full suite, with
+    // other tests on the same two cores, 0.87 – 0.89 (three debug builds
+    // and PostgreSQL compete for them). A gate the instances leave idle,
+    // or one each instance keeps to itself, is far below 0.8.
     assert!(
-        utilisation >= 0.9,
+        utilisation >= 0.8,
         "{MESSAGES} calls took {span_all:.2} s: {:.0}% of what {SMS_RATE}/s allows",
         utilisation * 100.0
     );
