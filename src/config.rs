@@ -438,6 +438,12 @@ pub struct WebhookSettings {
     /// cannot make fairlane call services inside its network. Default none.
     #[serde(deserialize_with = "ip_ranges")]
     pub allow_private: Vec<IpNet>,
+    /// A PEM file of certificate authorities that endpoints' certificates
+    /// may also chain to, besides the system's: for endpoints inside your
+    /// network (see `allow_private`) signed by an internal CA. Read at
+    /// start; a file that cannot be read or holds no certificate stops the
+    /// start. Default none.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `webhooks.allow_private`: CIDR ranges, or single addresses as one-address
@@ -472,6 +478,7 @@ impl Default for WebhookSettings {
             poll_interval_ms: 500,
             allow_http: false,
             allow_private: Vec::new(),
+            ca_file: None,
         }
     }
 }

@@ -106,6 +106,11 @@ pub const SUPPRESSED_TOTAL: &str = "fairlane_messages_suppressed_total";
 pub const WEBHOOK_ATTEMPTS_TOTAL: &str = "fairlane_webhook_attempts_total";
 /// Seconds from an event to its webhook's successful delivery.
 pub const WEBHOOK_LAG_SECONDS: &str = "fairlane_webhook_lag_seconds";
+/// Webhook calls due and not yet made, all tenants together (the same
+/// fleet-wide figure on every instance), sampled every few seconds.
+pub const WEBHOOK_CALLS_DUE: &str = "fairlane_webhook_calls_due";
+/// Age of the oldest event whose webhook call is due and not yet made.
+pub const WEBHOOK_OLDEST_DUE_AGE_SECONDS: &str = "fairlane_webhook_oldest_due_age_seconds";
 /// Webhook endpoints disabled after failing for
 /// `webhooks.disable_after_secs`.
 pub const WEBHOOKS_DISABLED_TOTAL: &str = "fairlane_webhooks_disabled_total";
@@ -272,6 +277,16 @@ fn describe_and_register() {
         Unit::Seconds,
         "Time from an event to its webhook's successful delivery."
     );
+    describe_gauge!(
+        WEBHOOK_CALLS_DUE,
+        Unit::Count,
+        "Webhook calls due and not yet made, all tenants (fleet-wide), sampled every 5 s."
+    );
+    describe_gauge!(
+        WEBHOOK_OLDEST_DUE_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest event whose webhook call is due and not yet made (0 when none), sampled every 5 s."
+    );
     describe_counter!(
         WEBHOOKS_DISABLED_TOTAL,
         Unit::Count,
@@ -420,6 +435,8 @@ fn describe_and_register() {
     }
     metrics::counter!(WEBHOOKS_DISABLED_TOTAL).increment(0);
     let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);
+    metrics::gauge!(WEBHOOK_CALLS_DUE).set(0.0);
+    metrics::gauge!(WEBHOOK_OLDEST_DUE_AGE_SECONDS).set(0.0);
     for provider in ["ses", "http", "log"] {
         for outcome in ["sent", "permanent", "transient", "throttled"] {
             let _ = metrics::histogram!(PROVIDER_CALL_SECONDS, "provider" => provider, "outcome" => outcome);

@@ -16,7 +16,8 @@
 //! it (never below where it started), so a healthy endpoint keeps up with
 //! its tenant's volume and a struggling one is not pressed harder. The
 //! connections to each endpoint are kept alive between calls (reqwest's
-//! pool; HTTP/2 where the endpoint offers it over TLS). Delivered calls are
+//! pool), and an endpoint that offers HTTP/2 in its TLS handshake (ALPN)
+//! gets its calls as streams of one connection. Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
 //! write per batch rather than one per call; on SQLite the leases and the
 //! removals ride in the store writer's groups rather than taking the write
@@ -55,6 +56,9 @@ const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 /// Delivered calls removed per transaction, at most.
 const RECORD_BATCH: usize = 256;
 
+/// How often the gauges of due calls are sampled.
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
 /// Makes the webhook calls of every tenant; one per instance.
 pub struct Dispatcher {
     db: Db,
@@ -84,7 +88,11 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(db: Db, writer: Writer, settings: WebhookSettings) -> anyhow::Result<Arc<Self>> {
         let policy = EndpointPolicy::new(&settings);
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder();
+        if let Some(path) = &settings.ca_file {
+            client = client.tls_certs_merge(extra_roots(path)?);
+        }
+        let client = client
             .timeout(Duration::from_millis(settings.timeout_ms))
             // A redirect would go to an address nobody checked.
             .redirect(reqwest::redirect::Policy::none())
@@ -123,6 +131,7 @@ impl Dispatcher {
                 shutdown.clone(),
             ));
         }
+        tokio::spawn(sample_due(self.db.clone(), shutdown.clone()));
         loop {
             let started = tokio::time::Instant::now();
             let outcome = tokio::select! {
@@ -440,6 +449,40 @@ async fn record(
     }
 }
 
+/// The certificates of `webhooks.ca_file`, at least one.
+fn extra_roots(path: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    use anyhow::Context;
+    let shown = path.display();
+    let pem = std::fs::read(path).with_context(|| format!("reading webhooks.ca_file {shown}"))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("webhooks.ca_file {shown} is not a PEM bundle"))?;
+    if roots.is_empty() {
+        anyhow::bail!("webhooks.ca_file {shown} holds no PEM certificate");
+    }
+    Ok(roots)
+}
+
+/// Sets the gauges of due calls every [`SAMPLE_EVERY`] until shutdown.
+async fn sample_due(db: Db, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let now = now_ms();
+        match webhooks::due_overall(&db, now).await {
+            Ok((due, oldest)) => {
+                metrics::gauge!(names::WEBHOOK_CALLS_DUE).set(due as f64);
+                let age = oldest.map_or(0, |at| (now - at).max(0)) as f64 / 1000.0;
+                metrics::gauge!(names::WEBHOOK_OLDEST_DUE_AGE_SECONDS).set(age);
+            }
+            Err(err) => {
+                debug!(error = %format!("{err:#}"), "Could not count due webhook calls.");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = tokio::time::sleep(SAMPLE_EVERY) => {}
+        }
+    }
+}
+
 /// One call to make.
 struct Call<'a> {
     due: &'a DueCall,
@@ -499,5 +542,25 @@ impl Failure {
                 detail,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_that_cannot_be_read_or_holds_no_certificate_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = format!("{:#}", extra_roots(&missing).unwrap_err());
+        assert!(
+            err.contains("webhooks.ca_file") && err.contains("missing.pem"),
+            "{err}"
+        );
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let err = format!("{:#}", extra_roots(&empty).unwrap_err());
+        assert!(err.contains("holds no PEM certificate"), "{err}");
     }
 }

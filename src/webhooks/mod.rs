@@ -22,7 +22,7 @@ use utoipa::ToSchema;
 
 use self::endpoint::EndpointPolicy;
 
-use crate::model::{MessageStatus, ms_to_rfc3339};
+use crate::model::{MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::Db;
 use crate::store::webhooks;
 pub use crate::store::webhooks::{Webhook, delete, failing, get, redrive};
@@ -92,8 +92,15 @@ pub struct WebhookView {
     pub last_error: Option<String>,
     /// RFC 3339.
     pub disabled_at: Option<String>,
-    /// Events waiting to be delivered.
+    /// Events waiting to be delivered: the endpoint's backlog.
     pub pending: i64,
+    /// Of the pending events, those whose (next) call is due now and not
+    /// yet made: a retry scheduled for later and a call in flight are not
+    /// counted.
+    pub due: i64,
+    /// RFC 3339: when the oldest pending event happened; how far behind
+    /// the endpoint's calls are. Absent when nothing is pending.
+    pub oldest_pending_at: Option<String>,
     /// Events given up on (kept for a redrive).
     pub failed: i64,
     /// RFC 3339.
@@ -144,13 +151,9 @@ pub fn validate(
 
 /// The endpoint with its counts of pending and failed events.
 pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
-    let counts = webhooks::delivery_counts(db, &webhook.tenant_id).await?;
-    let count = |state: &str| {
-        counts
-            .iter()
-            .find(|(s, _)| s == state)
-            .map_or(0, |(_, n)| *n)
-    };
+    let counts = webhooks::delivery_counts(db, &webhook.tenant_id, now_ms()).await?;
+    let of = |state: &str| counts.iter().find(|count| count.state == state);
+    let pending = of("pending");
     let state = if webhook.disabled_at.is_some() {
         "disabled"
     } else if webhook.failing_since.is_some() {
@@ -159,8 +162,10 @@ pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
         "active"
     };
     Ok(WebhookView {
-        pending: count("pending"),
-        failed: count("failed"),
+        pending: pending.map_or(0, |count| count.count),
+        due: pending.map_or(0, |count| count.due),
+        oldest_pending_at: pending.and_then(|count| count.oldest).map(ms_to_rfc3339),
+        failed: of("failed").map_or(0, |count| count.count),
         tenant_id: webhook.tenant_id,
         url: webhook.url,
         events: webhook

@@ -33,4 +33,5 @@ mod slow_clients;
 mod sqs;
 mod storms;
 mod support;
+mod webhook_transport;
 mod webhooks;

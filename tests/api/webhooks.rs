@@ -238,7 +238,7 @@ async fn a_webhook_needs_an_https_url_and_known_event_types() {
 }
 
 /// An SMS API that gives every message a sid of its own.
-struct UniqueSids(std::sync::atomic::AtomicUsize);
+pub(crate) struct UniqueSids(pub(crate) std::sync::atomic::AtomicUsize);
 
 impl wiremock::Respond for UniqueSids {
     fn respond(&self, _: &Request) -> ResponseTemplate {
@@ -985,4 +985,91 @@ async fn a_sent_message_wakes_the_dispatcher_without_waiting_for_its_poll() {
             "the call for {id} came {waited:?} after the send, with a 10 s poll"
         );
     }
+}
+
+/// The tenant's and the admin's webhook view show the endpoint's backlog:
+/// pending events, those due and not yet called, and when the oldest one
+/// happened; all clear once the calls are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let settings = concat!(
+        fast_webhooks!(),
+        "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n",
+        "concurrency_per_tenant = 1\nmax_concurrency_per_tenant = 1\n"
+    );
+    let app = app_with_callbacks(&sms_api, settings).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    // Each call is held 1.5 s: one in flight, the others wait.
+    let endpoint = CountingEndpoint::start(204, Duration::from_millis(1500)).await;
+    set_webhook(&app, &key, &endpoint.url, &["message.sent"]).await;
+    let before = chrono::Utc::now();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(
+            app.send_accepted(&key, &with(sms(), "text", json!(format!("backlog {n}"))))
+                .await,
+        );
+    }
+    for id in &ids {
+        wait_for(&app, &key, id, status_is("sent")).await;
+    }
+    // The first call is in progress (it is held 1.5 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while endpoint.peak() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let view = |path: &'static str, admin: bool| {
+        let app = &app;
+        let key = &key;
+        async move {
+            let request = if admin {
+                app.admin(Method::GET, path)
+            } else {
+                app.tenant(key, Method::GET, path)
+            };
+            expect_json(request.send().await.unwrap(), StatusCode::OK).await
+        }
+    };
+    let tenant = view("/v1/webhook", false).await;
+    let admin = view("/v1/admin/tenants/acme/webhook", true).await;
+    let after = chrono::Utc::now();
+    for seen in [&tenant, &admin] {
+        let pending = seen["pending"].as_i64().unwrap();
+        let due = seen["due"].as_i64().unwrap();
+        // A first call that ended meanwhile is gone; one is in flight.
+        assert!((3..=5).contains(&pending), "{seen}");
+        assert_eq!(due, pending - 1, "one call in flight, the rest due: {seen}");
+        let oldest = chrono::DateTime::parse_from_rfc3339(
+            seen["oldest_pending_at"]
+                .as_str()
+                .expect("oldest_pending_at"),
+        )
+        .unwrap();
+        assert!(
+            oldest >= before - chrono::Duration::milliseconds(1) && oldest <= after,
+            "{seen}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while endpoint.answered() < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(endpoint.answered(), 5);
+    // The removal of the last call commits in its recorder's next batch.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let cleared = loop {
+        let seen = view("/v1/webhook", false).await;
+        if seen["pending"] == 0 || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(cleared["pending"], 0, "{cleared}");
+    assert_eq!(cleared["due"], 0, "{cleared}");
+    assert!(cleared["oldest_pending_at"].is_null(), "{cleared}");
 }

@@ -197,6 +197,14 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_counts_tell_the_backlog_and_the_oldest_event_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    crate::store::webhooks::tests::counts_tell_the_backlog_and_the_oldest_event(&db).await;
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_send_reads_what_it_is_asked_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;
