@@ -111,6 +111,8 @@ pub const WEBHOOK_LAG_SECONDS: &str = "fairlane_webhook_lag_seconds";
 pub const WEBHOOK_CALLS_DUE: &str = "fairlane_webhook_calls_due";
 /// Age of the oldest event whose webhook call is due and not yet made.
 pub const WEBHOOK_OLDEST_DUE_AGE_SECONDS: &str = "fairlane_webhook_oldest_due_age_seconds";
+/// Pauses of a tenant's webhook calls after failed calls in a row.
+pub const WEBHOOK_ENDPOINT_PAUSES_TOTAL: &str = "fairlane_webhook_endpoint_pauses_total";
 /// Webhook endpoints disabled after failing for
 /// `webhooks.disable_after_secs`.
 pub const WEBHOOKS_DISABLED_TOTAL: &str = "fairlane_webhooks_disabled_total";
@@ -288,6 +290,11 @@ fn describe_and_register() {
         "Age of the oldest event whose webhook call is due and not yet made (0 when none), sampled every 5 s."
     );
     describe_counter!(
+        WEBHOOK_ENDPOINT_PAUSES_TOTAL,
+        Unit::Count,
+        "Pauses of a tenant's webhook calls after 5 failed calls in a row (or a failed probe after a pause)."
+    );
+    describe_counter!(
         WEBHOOKS_DISABLED_TOTAL,
         Unit::Count,
         "Webhook endpoints disabled after failing for webhooks.disable_after_secs."
@@ -434,6 +441,7 @@ fn describe_and_register() {
         metrics::counter!(WEBHOOK_ATTEMPTS_TOTAL, "result" => *result).increment(0);
     }
     metrics::counter!(WEBHOOKS_DISABLED_TOTAL).increment(0);
+    metrics::counter!(WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(0);
     let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);
     metrics::gauge!(WEBHOOK_CALLS_DUE).set(0.0);
     metrics::gauge!(WEBHOOK_OLDEST_DUE_AGE_SECONDS).set(0.0);

@@ -26,7 +26,9 @@
 //! message's events arrive in order. Taking a call moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
 //! does not take it meanwhile, and if this one dies, the call is made
-//! again once the lease ends, with the same `webhook-id`.
+//! again once the lease ends, with the same `webhook-id`. An endpoint
+//! whose calls fail [`PAUSE_AFTER_FAILURES`] times in a row is paused and
+//! then tried one call at a time (see [`Pause`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -56,6 +58,9 @@ const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 /// Delivered calls removed per transaction, at most.
 const RECORD_BATCH: usize = 256;
 
+/// Failed calls in a row after which a tenant's endpoint is paused.
+pub const PAUSE_AFTER_FAILURES: u32 = 5;
+
 /// How often the gauges of due calls are sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
@@ -80,6 +85,9 @@ pub struct Dispatcher {
     /// Each tenant's current limit of calls at once (see the module
     /// documentation); absent: `concurrency_per_tenant`.
     limits: Mutex<HashMap<String, usize>>,
+    /// Endpoints paused after failing calls in a row, by tenant (see
+    /// [`Pause`]).
+    pauses: Mutex<HashMap<String, Pause>>,
     /// Delivered calls (event id, tenant) for the recorder.
     delivered: mpsc::UnboundedSender<(i64, String)>,
     recorder: Mutex<Option<mpsc::UnboundedReceiver<(i64, String)>>>,
@@ -105,6 +113,7 @@ impl Dispatcher {
         let (delivered, recorder) = mpsc::unbounded_channel();
         Ok(Arc::new(Dispatcher {
             limits: Mutex::default(),
+            pauses: Mutex::default(),
             delivered,
             recorder: Mutex::new(Some(recorder)),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
@@ -172,7 +181,12 @@ impl Dispatcher {
     async fn fill(self: &Arc<Self>, tenant: &str) -> anyhow::Result<()> {
         let now = now_ms();
         let busy: HashSet<i64> = self.busy(tenant);
-        let limit = self.limit(tenant);
+        let limit = match self.pause_state(tenant) {
+            PauseState::Open => self.limit(tenant),
+            // One call at a time tells whether the endpoint is back.
+            PauseState::Probing => 1,
+            PauseState::Paused => return Ok(()),
+        };
         let room = limit.saturating_sub(busy.len());
         if room == 0 {
             return Ok(());
@@ -267,6 +281,55 @@ impl Dispatcher {
         }
     }
 
+    fn pause_state(&self, tenant: &str) -> PauseState {
+        match self.pauses.lock().expect("pauses lock").get(tenant) {
+            None => PauseState::Open,
+            Some(pause) => match pause.until {
+                Some(until) if tokio::time::Instant::now() < until => PauseState::Paused,
+                Some(_) => PauseState::Probing,
+                None => PauseState::Open,
+            },
+        }
+    }
+
+    /// Counts a call's outcome toward its endpoint's pause: a 2xx ends
+    /// it; [`PAUSE_AFTER_FAILURES`] failures in a row, or one failed
+    /// probe, pause the endpoint for `retry_base_ms`, doubling with each
+    /// pause in a row, at most `retry_max_secs`.
+    fn count_toward_pause(&self, tenant: &str, answered: bool) {
+        let mut pauses = self.pauses.lock().expect("pauses lock");
+        if answered {
+            if let Some(pause) = pauses.remove(tenant)
+                && pause.pauses > 0
+            {
+                info!(%tenant, pauses = pause.pauses, "Webhook endpoint answers again; its calls resume.");
+            }
+            return;
+        }
+        let pause = pauses.entry(tenant.to_owned()).or_default();
+        let now = tokio::time::Instant::now();
+        if pause.until.is_some_and(|until| now < until) {
+            // A call that was in flight when the pause began.
+            return;
+        }
+        pause.failures += 1;
+        let probing = pause.until.is_some();
+        if pause.failures < PAUSE_AFTER_FAILURES && !probing {
+            return;
+        }
+        let length = Duration::from_millis(
+            self.settings
+                .retry_base_ms
+                .saturating_mul(1 << pause.pauses.min(30))
+                .min(self.settings.retry_max_secs.saturating_mul(1000)),
+        );
+        pause.pauses += 1;
+        pause.failures = 0;
+        pause.until = Some(now + length);
+        metrics::counter!(names::WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(1);
+        info!(%tenant, pause_ms = length.as_millis() as u64, pauses = pause.pauses, "Webhook endpoint failing: its calls pause, then one call tries it.");
+    }
+
     fn busy(&self, tenant: &str) -> HashSet<i64> {
         self.in_flight
             .lock()
@@ -347,6 +410,7 @@ impl Dispatcher {
                 failure
             }
         };
+        self.count_toward_pause(&due.tenant_id, failure.is_none());
         match failure {
             None => self.delivered(due).await,
             Some(failure) => self.failed(due, &failure).await,
@@ -481,6 +545,30 @@ async fn sample_due(db: Db, mut shutdown: watch::Receiver<bool>) {
             _ = tokio::time::sleep(SAMPLE_EVERY) => {}
         }
     }
+}
+
+/// An endpoint's run of failed calls. After [`PAUSE_AFTER_FAILURES`] in a
+/// row its tenant's calls pause (events stay pending; each keeps its own
+/// retry time); when the pause ends, one call at a time tries the
+/// endpoint: a 2xx ends the pause, a failure starts a longer one. So an
+/// endpoint that fails at once is not called hundreds of times a second.
+/// Kept by each instance for itself.
+#[derive(Debug, Default)]
+struct Pause {
+    /// Failed calls since the last 2xx or pause.
+    failures: u32,
+    /// Pauses in a row.
+    pauses: u32,
+    /// End of the current pause; None before the first.
+    until: Option<tokio::time::Instant>,
+}
+
+/// Whether a tenant's calls may go out.
+enum PauseState {
+    Open,
+    /// Its pause ended: one call at a time.
+    Probing,
+    Paused,
 }
 
 /// One call to make.

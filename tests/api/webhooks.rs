@@ -1073,3 +1073,52 @@ async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event()
     assert_eq!(cleared["due"], 0, "{cleared}");
     assert!(cleared["oldest_pending_at"].is_null(), "{cleared}");
 }
+
+/// An endpoint that fails at once is paused after five failed calls in a
+/// row and then tried one call at a time, instead of being called as fast
+/// as events come and retries fall due. (That it gets every event once it
+/// answers again: `a_dead_endpoint_delays_only_its_own_tenant_…`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_failing_at_once_is_paused_and_then_tried_one_call_at_a_time() {
+    const MESSAGES: usize = 40;
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
+    crate::sqs::bulk_plan(&app).await;
+    let key = app.tenant_with_key("acme", "bulk").await;
+    let failing = CountingEndpoint::start(500, Duration::ZERO).await;
+    set_webhook(&app, &key, &failing.url, &["message.sent"]).await;
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for n in 0..MESSAGES {
+        ids.push(
+            app.send_accepted(&key, &with(sms(), "text", json!(format!("paused {n}"))))
+                .await,
+        );
+    }
+    for id in &ids {
+        wait_for(&app, &key, id, status_is("sent")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(started.elapsed())).await;
+    // Five failures and the calls then in flight (4 at once), then a
+    // probe after each pause: 0.2, 0.4, 0.8, 1 s, … With no pause, each
+    // of the 40 events is called at once and again every 0.1 – 1 s.
+    let calls = failing.answered();
+    assert!(
+        (5..=20).contains(&calls),
+        "{calls} calls in 3 s to an endpoint that fails at once"
+    );
+    let view = expect_json(
+        app.tenant(&key, Method::GET, "/v1/webhook")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(view["state"], "failing", "{view}");
+    assert_eq!(view["pending"], MESSAGES, "{view}");
+}
