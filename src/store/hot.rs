@@ -50,6 +50,16 @@ pub struct BeforeSend {
     pub suppressed: bool,
 }
 
+/// What [`Writer::take_calls`] took.
+pub struct TakenCalls {
+    /// Due calls found for the room (at most the room).
+    pub wanted: usize,
+    /// Those leased to this instance (another may have taken some).
+    pub calls: Vec<DueCall>,
+    /// The message's status at each leased call's event, by event id.
+    pub data: std::collections::HashMap<i64, MessageRecord>,
+}
+
 /// The hot path's writer; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
@@ -215,22 +225,70 @@ impl Writer {
         }
     }
 
-    /// Leases the webhook calls of `wanted` that are still due at `now`
-    /// until `lease_until`; returns those this instance got. On SQLite in
-    /// the writer's group, so the dispatcher does not take the write lock
-    /// from the delivery path.
-    pub async fn lease_calls(
+    /// Takes up to `room` of `tenant`'s due webhook calls, other than
+    /// `busy` ones, leased until `lease_until`, with the message's status
+    /// at each call's event (absent when the message is gone). Also says
+    /// how many were due (at most `room`): as many as room means a
+    /// backlog. On SQLite one piece of the writer's group does it all; on
+    /// PostgreSQL a read, a lease transaction and a read.
+    pub async fn take_calls(
         &self,
         db: &Db,
-        wanted: Vec<DueCall>,
-        lease_until: i64,
+        tenant: &str,
+        busy: &std::collections::HashSet<i64>,
+        room: usize,
         now: i64,
-    ) -> anyhow::Result<Vec<DueCall>> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                hot::lease_calls(writer, wanted, lease_until, now).await
+        lease_until: i64,
+    ) -> anyhow::Result<TakenCalls> {
+        match (&self.backend, db) {
+            (Backend::Sqlite { writer, .. }, _) => {
+                let (wanted, calls, rows) = hot::take_calls(
+                    writer,
+                    tenant.to_owned(),
+                    busy.clone(),
+                    room,
+                    now,
+                    lease_until,
+                )
+                .await?;
+                let data = rows
+                    .into_iter()
+                    .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
+                    .collect::<anyhow::Result<_>>()?;
+                Ok(TakenCalls {
+                    wanted,
+                    calls,
+                    data,
+                })
             }
-            Backend::Postgres(_) => webhooks::lease(db, wanted, lease_until, now).await,
+            (Backend::Postgres(_), Db::Postgres(pg)) => {
+                let limit = (room + busy.len()) as i64;
+                let wanted: Vec<DueCall> = webhooks::due_calls(db, tenant, now, limit)
+                    .await?
+                    .into_iter()
+                    .filter(|due| !busy.contains(&due.event_id))
+                    .take(room)
+                    .collect();
+                let count = wanted.len();
+                let calls = webhooks::lease(db, wanted, lease_until, now).await?;
+                let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
+                let data = if ids.is_empty() {
+                    Default::default()
+                } else {
+                    webhooks::snapshots_pg(&pg.pool, &ids)
+                        .await?
+                        .into_iter()
+                        .collect()
+                };
+                Ok(TakenCalls {
+                    wanted: count,
+                    calls,
+                    data,
+                })
+            }
+            (Backend::Postgres(_), Db::Sqlite(_)) => {
+                anyhow::bail!("a PostgreSQL writer with a SQLite store")
+            }
         }
     }
 
@@ -256,34 +314,6 @@ impl Writer {
                 anyhow::bail!("a PostgreSQL writer with a SQLite store")
             }
         }
-    }
-
-    /// The message's status as it was at each of `event_ids`' events (the
-    /// webhook calls' `data`), by event id; an event or message that is
-    /// gone is missing. One read for the lot: on SQLite by the writer's
-    /// connection, on PostgreSQL one statement.
-    pub async fn snapshots(
-        &self,
-        db: &Db,
-        event_ids: Vec<i64>,
-    ) -> anyhow::Result<std::collections::HashMap<i64, MessageRecord>> {
-        if event_ids.is_empty() {
-            return Ok(Default::default());
-        }
-        let found = match (&self.backend, db) {
-            (Backend::Sqlite { writer, .. }, _) => hot::snapshots(writer, event_ids)
-                .await?
-                .into_iter()
-                .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
-                .collect::<anyhow::Result<Vec<_>>>()?,
-            (Backend::Postgres(_), Db::Postgres(pg)) => {
-                webhooks::snapshots_pg(&pg.pool, &event_ids).await?
-            }
-            (Backend::Postgres(_), Db::Sqlite(_)) => {
-                anyhow::bail!("a PostgreSQL writer with a SQLite store")
-            }
-        };
-        Ok(found.into_iter().collect())
     }
 
     /// Records a provider's receipt against its message (see

@@ -31,7 +31,7 @@ mod streak;
 pub mod suppressions;
 pub mod webhooks;
 
-pub use hot::{BeforeSend, SendCheck, Writer};
+pub use hot::{BeforeSend, SendCheck, TakenCalls, Writer};
 pub use sqlite::SqliteDb;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
 pub use streak::{FailureStreak, WriteFailed};

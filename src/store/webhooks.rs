@@ -288,6 +288,16 @@ pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
     Ok(tenants.into_iter().flatten().collect())
 }
 
+/// The tenant's (`$1`) calls due at `$2`, each the earliest waiting event
+/// of its message, soonest first, at most `$3`: the columns of
+/// [`DueCall`].
+pub(crate) const DUE_CALLS: &str = "SELECT d.event_id, d.tenant_id, d.message_id, d.type, d.created_at, d.attempts \
+     FROM webhook_deliveries AS d \
+     WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
+     AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
+                     WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
+     ORDER BY d.next_attempt_at, d.event_id LIMIT $3";
+
 /// Up to `limit` of the tenant's calls due at `now`, each the earliest
 /// waiting event of its message, soonest first.
 pub async fn due_calls(
@@ -297,19 +307,12 @@ pub async fn due_calls(
     limit: i64,
 ) -> anyhow::Result<Vec<DueCall>> {
     Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT d.event_id, d.tenant_id, d.message_id, d.type, d.created_at, d.attempts \
-             FROM webhook_deliveries AS d \
-             WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
-                             WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
-             ORDER BY d.next_attempt_at, d.event_id LIMIT $3",
-        )
-        .bind(tenant)
-        .bind(now)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?
+        sqlx::query_as(DUE_CALLS)
+            .bind(tenant)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
     }))
 }
 

@@ -19,11 +19,12 @@
 //! pool), and an endpoint that offers HTTP/2 in its TLS handshake (ALPN)
 //! gets its calls as streams of one connection. Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
-//! write per batch rather than one per call; on SQLite the leases and the
-//! removals ride in the store writer's groups rather than taking the write
-//! lock from the delivery path. A call is
-//! due only when no earlier event of its message is still waiting, so each
-//! message's events arrive in order. Taking a call moves its
+//! write per batch rather than one per call. On SQLite a fill's read of
+//! due calls, their leases and the read of their data are one piece of the
+//! store writer's group, and the removals another, rather than taking the
+//! write lock from the delivery path. A call is due only when no earlier
+//! event of its message is still waiting, so each message's events arrive
+//! in order. Taking a call moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
 //! does not take it meanwhile, and if this one dies, the call is made
 //! again once the lease ends, with the same `webhook-id`. An endpoint
@@ -46,7 +47,7 @@ use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
 use crate::store::webhooks::{self, DueCall, Webhook};
-use crate::store::{Db, Writer};
+use crate::store::{Db, TakenCalls, Writer};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
 /// limit halves instead of growing.
@@ -191,27 +192,22 @@ impl Dispatcher {
         if room == 0 {
             return Ok(());
         }
-        let candidates =
-            webhooks::due_calls(&self.db, tenant, now, (room + busy.len()) as i64).await?;
-        let wanted: Vec<DueCall> = candidates
-            .into_iter()
-            .filter(|due| !busy.contains(&due.event_id))
-            .take(room)
-            .collect();
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        // More due than room: the endpoint has a backlog to grow into.
-        let backlog = wanted.len() >= room;
-        let taken = self.take(wanted, now).await?;
+        let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
+        let TakenCalls {
+            wanted,
+            calls: taken,
+            mut data,
+        } = self
+            .writer
+            .take_calls(&self.db, tenant, &busy, room, now, lease_until)
+            .await?;
+        // As many due as room: the endpoint has a backlog to grow into.
+        let backlog = wanted >= room;
         if taken.is_empty() {
             return Ok(());
         }
-        // One read of the endpoint, and one of the events' data, for every
-        // call of this fill.
+        // One read of the endpoint for every call of this fill.
         let webhook = super::get(&self.db, tenant).await?.map(Arc::new);
-        let ids = taken.iter().map(|due| due.event_id).collect();
-        let mut data = self.writer.snapshots(&self.db, ids).await?;
         for due in taken {
             let admitted = {
                 let mut in_flight = self.in_flight.lock().expect("in-flight lock");
@@ -347,17 +343,6 @@ impl Dispatcher {
                 in_flight.remove(tenant);
             }
         }
-    }
-
-    /// Leases `wanted` to this instance; returns those it got (another
-    /// instance may have taken some since they were read).
-    async fn take(&self, wanted: Vec<DueCall>, now: i64) -> anyhow::Result<Vec<DueCall>> {
-        let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
-        let taken = self
-            .writer
-            .lease_calls(&self.db, wanted, lease_until, now)
-            .await?;
-        Ok(taken)
     }
 
     /// Makes one call and records how it went.

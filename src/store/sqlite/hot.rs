@@ -16,7 +16,7 @@ use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
-use crate::store::webhooks::{DueCall, SNAPSHOT, SnapshotRow};
+use crate::store::webhooks::{DUE_CALLS, DueCall, SNAPSHOT, SnapshotRow};
 
 /// Makes `entries` durable in one transaction, all or none; true once
 /// committed.
@@ -303,29 +303,81 @@ impl Work for Sent {
     }
 }
 
-/// See [`crate::store::Writer::lease_calls`]: the leases ride in the
-/// writer's next group instead of taking SQLite's write lock from it.
-pub(crate) async fn lease_calls(
+/// See [`crate::store::Writer::take_calls`]: on SQLite the due calls are
+/// read, leased and their data read in one piece of the writer's group,
+/// rather than a pool read, a piece and a writer read. Returns the calls
+/// wanted (due and not `busy`, at most `room`), those leased, and the
+/// leased calls' data rows.
+pub(crate) async fn take_calls(
     writer: &StoreWriter,
-    wanted: Vec<DueCall>,
-    lease_until: i64,
+    tenant: String,
+    busy: std::collections::HashSet<i64>,
+    room: usize,
     now: i64,
-) -> anyhow::Result<Vec<DueCall>> {
+    lease_until: i64,
+) -> anyhow::Result<(usize, Vec<DueCall>, Vec<(i64, SnapshotRow)>)> {
     writer
         .run(move |tx| {
-            let mut lease = tx.prepare_cached(
-                "UPDATE webhook_deliveries SET next_attempt_at = ?1 \
-                 WHERE event_id = ?2 AND state = 'pending' AND next_attempt_at <= ?3",
-            )?;
+            let mut due = tx.prepare_cached(DUE_CALLS)?;
+            let limit = (room + busy.len()) as i64;
+            let wanted: Vec<DueCall> = due
+                .query_map(rusqlite::params![tenant, now, limit], |row| {
+                    Ok(DueCall {
+                        event_id: row.get(0)?,
+                        tenant_id: row.get(1)?,
+                        message_id: row.get(2)?,
+                        kind: row.get(3)?,
+                        created_at: row.get(4)?,
+                        attempts: row.get(5)?,
+                    })
+                })?
+                .filter(|call| {
+                    call.as_ref()
+                        .map_or(true, |call| !busy.contains(&call.event_id))
+                })
+                .take(room)
+                .collect::<Result<_, _>>()?;
+            let mut lease = tx.prepare_cached(LEASE)?;
+            let mut read = tx.prepare_cached(SNAPSHOT)?;
             let mut taken = Vec::with_capacity(wanted.len());
-            for due in &wanted {
-                if lease.execute(rusqlite::params![lease_until, due.event_id, now])? == 1 {
-                    taken.push(due.clone());
+            let mut data = Vec::with_capacity(wanted.len());
+            for call in &wanted {
+                if lease.execute(rusqlite::params![lease_until, call.event_id, now])? != 1 {
+                    continue;
                 }
+                if let Some(row) = read.query_row([call.event_id], snapshot_row).optional()? {
+                    data.push((call.event_id, row));
+                }
+                taken.push(call.clone());
             }
-            Ok(taken)
+            Ok((wanted.len(), taken, data))
         })
         .await
+}
+
+/// Leases a call (`?2`) until `?1` if it is still due at `?3`.
+const LEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = ?1 \
+     WHERE event_id = ?2 AND state = 'pending' AND next_attempt_at <= ?3";
+
+/// A [`SNAPSHOT`] row.
+fn snapshot_row(row: &rusqlite::Row) -> rusqlite::Result<SnapshotRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+        row.get(10)?,
+        row.get(11)?,
+        row.get(12)?,
+        row.get(13)?,
+        row.get(14)?,
+    ))
 }
 
 /// See [`crate::store::Writer::calls_delivered`].
@@ -349,47 +401,6 @@ pub(crate) async fn calls_delivered(
                 healthy.execute([tenant_id])?;
             }
             Ok(())
-        })
-        .await
-}
-
-/// See [`crate::store::Writer::snapshots`]: read by the writer's
-/// connection ahead of its next group.
-pub(crate) async fn snapshots(
-    writer: &StoreWriter,
-    event_ids: Vec<i64>,
-) -> anyhow::Result<Vec<(i64, SnapshotRow)>> {
-    writer
-        .read(move |tx| {
-            let mut read = tx.prepare_cached(SNAPSHOT)?;
-            let mut found = Vec::with_capacity(event_ids.len());
-            for event_id in &event_ids {
-                let row = read
-                    .query_row([event_id], |row| {
-                        Ok((
-                            row.get(0)?,
-                            row.get(1)?,
-                            row.get(2)?,
-                            row.get(3)?,
-                            row.get(4)?,
-                            row.get(5)?,
-                            row.get(6)?,
-                            row.get(7)?,
-                            row.get(8)?,
-                            row.get(9)?,
-                            row.get(10)?,
-                            row.get(11)?,
-                            row.get(12)?,
-                            row.get(13)?,
-                            row.get(14)?,
-                        ))
-                    })
-                    .optional()?;
-                if let Some(row) = row {
-                    found.push((*event_id, row));
-                }
-            }
-            Ok(found)
         })
         .await
 }
