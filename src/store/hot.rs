@@ -270,6 +270,13 @@ impl Writer {
                     .take(room)
                     .collect();
                 let count = wanted.len();
+                if wanted.is_empty() {
+                    return Ok(TakenCalls {
+                        wanted: 0,
+                        calls: Vec::new(),
+                        data: Default::default(),
+                    });
+                }
                 let calls = webhooks::lease(db, wanted, lease_until, now).await?;
                 let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
                 let data = if ids.is_empty() {
