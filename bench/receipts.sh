@@ -25,6 +25,9 @@
 #    event recorded → last) and checks each message as in 4.
 # Everything runs on this machine's cores: fairlane, the mock provider, the
 # webhook endpoint, fauxqs and the clients.
+# PG_URL=postgres://root@127.0.0.1:5432 runs the same on PostgreSQL: a fresh
+# database on that server (dropped at the end) and the lanes on fauxqs (the
+# embedded queue is SQLite's); the checks then read the database with psql.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-20000}
@@ -39,8 +42,10 @@ work=$(mktemp -d)
 pids=()
 # shellcheck source=bench/fauxqs.sh
 . bench/fauxqs.sh
+pg_db=
 cleanup() {
   for p in "${pids[@]}" $fauxqs_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  [ -n "$pg_db" ] && psql "$PG_URL/postgres" -qAtc "DROP DATABASE IF EXISTS $pg_db WITH (FORCE)" >/dev/null 2>&1
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -50,12 +55,27 @@ admin=bench-admin-token-0123456789
 port=$(free_port); mock_port=$(free_port); hook_port=$(free_port)
 "$target/examples/mock_sms" "$mock_port" 0 >/dev/null 2>&1 & pids+=($!)
 "$target/examples/bare_axum" "127.0.0.1:$hook_port" >/dev/null 2>&1 & pids+=($!)
-# start_fairlane: on the bench's SQLite file; sets pid.
+# The store: the bench's SQLite file, or with PG_URL a fresh database and
+# the lanes on fauxqs.
+if [ -n "${PG_URL:-}" ]; then
+  command -v psql >/dev/null || { echo "PG_URL needs psql" >&2; exit 1; }
+  pg_db=fairlane_receipts_bench_$$
+  psql "$PG_URL/postgres" -qAtc "CREATE DATABASE $pg_db" >/dev/null
+  store=$PG_URL/$pg_db
+  queue_env=(FAIRLANE__QUEUE__BACKEND=sqs FAIRLANE__QUEUE__SQS__ENDPOINT_URL=$sqs
+             FAIRLANE__QUEUE__SQS__QUEUE_PREFIX=rb$$ FAIRLANE__QUEUE__SQS__REGION=us-east-1
+             FAIRLANE__QUEUE__SQS__ACCESS_KEY_ID=test FAIRLANE__QUEUE__SQS__SECRET_ACCESS_KEY=test)
+else
+  store=sqlite://$work/fairlane.db
+  queue_env=()
+fi
+# start_fairlane: on the bench's store; sets pid.
 start_fairlane() {
+  env "${queue_env[@]}" \
   FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
   FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
   FAIRLANE__SERVER__PUBLIC_URL=http://127.0.0.1:$port \
-  FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
+  FAIRLANE__STORAGE__URL=$store \
   FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
   FAIRLANE__PROVIDERS__SMS__KIND=http \
   FAIRLANE__PROVIDERS__SMS__BASE_URL=http://127.0.0.1:$mock_port \
@@ -101,6 +121,10 @@ send_sms() {
   kill -INT "$wrk_pid"; wait "$wrk_pid" || true
   total=$(counter fairlane_messages_accepted_total)
   while [ "$(counter fairlane_messages_delivered_total)" -lt "$total" ]; do sleep 0.1; done
+  if [ -n "$pg_db" ]; then
+    psql "$store" -qAtc "SELECT provider_message_id FROM messages WHERE status = 'sent'" >"$1"
+    return
+  fi
   python3 - "$work/fairlane.db" "$1" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
@@ -111,6 +135,20 @@ PY
 # check_delivered FILE: each message of the provider ids in FILE is
 # `delivered`, with exactly one `delivered` event.
 check_delivered() {
+  if [ -n "$pg_db" ]; then
+    psql "$store" -qAt -F ' ' <<SQL | { read -r n delivered events distinct
+CREATE TEMP TABLE ids(id text PRIMARY KEY);
+\\copy ids FROM '$1'
+SELECT (SELECT COUNT(*) FROM ids),
+       (SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ids) AND status = 'delivered'),
+       COUNT(*), COUNT(DISTINCT e.message_id)
+  FROM message_events e JOIN messages m ON m.id = e.message_id
+ WHERE e.event = 'delivered' AND m.provider_message_id IN (SELECT id FROM ids);
+SQL
+      mark=""; { [ "$delivered" = "$n" ] && [ "$events" = "$n" ] && [ "$distinct" = "$n" ]; } || mark="  <-- MISMATCH"
+      echo "check: $delivered of $n messages delivered; $events delivered events for $distinct messages$mark"; }
+    return
+  fi
   python3 - "$work/fairlane.db" "$1" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])

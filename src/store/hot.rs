@@ -230,7 +230,8 @@ impl Writer {
     /// at each call's event (absent when the message is gone). Also says
     /// how many were due (at most `room`): as many as room means a
     /// backlog. On SQLite one piece of the writer's group does it all; on
-    /// PostgreSQL a read, a lease transaction and a read.
+    /// PostgreSQL one statement finds and leases the calls and one reads
+    /// their data.
     pub async fn take_calls(
         &self,
         db: &Db,
@@ -262,22 +263,9 @@ impl Writer {
                 })
             }
             (Backend::Postgres(_), Db::Postgres(pg)) => {
-                let limit = (room + busy.len()) as i64;
-                let wanted: Vec<DueCall> = webhooks::due_calls(db, tenant, now, limit)
-                    .await?
-                    .into_iter()
-                    .filter(|due| !busy.contains(&due.event_id))
-                    .take(room)
-                    .collect();
-                let count = wanted.len();
-                if wanted.is_empty() {
-                    return Ok(TakenCalls {
-                        wanted: 0,
-                        calls: Vec::new(),
-                        data: Default::default(),
-                    });
-                }
-                let calls = webhooks::lease(db, wanted, lease_until, now).await?;
+                let busy: Vec<i64> = busy.iter().copied().collect();
+                let calls =
+                    webhooks::take_due_pg(&pg.pool, tenant, &busy, room, now, lease_until).await?;
                 let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
                 let data = if ids.is_empty() {
                     Default::default()
@@ -288,7 +276,7 @@ impl Writer {
                         .collect()
                 };
                 Ok(TakenCalls {
-                    wanted: count,
+                    wanted: calls.len(),
                     calls,
                     data,
                 })

@@ -298,22 +298,62 @@ pub(crate) const DUE_CALLS: &str = "SELECT d.event_id, d.tenant_id, d.message_id
                      WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
      ORDER BY d.next_attempt_at, d.event_id LIMIT $3";
 
-/// Up to `limit` of the tenant's calls due at `now`, each the earliest
-/// waiting event of its message, soonest first.
-pub async fn due_calls(
-    db: &Db,
+/// PostgreSQL: finds up to `room` of the tenant's calls due at `now`
+/// (each the earliest waiting event of its message, none of `busy`) and
+/// leases them until `lease_until`, in one statement; rows another
+/// instance is leasing at that moment are skipped. Soonest first.
+pub async fn take_due_pg(
+    pool: &sqlx::PgPool,
     tenant: &str,
+    busy: &[i64],
+    room: usize,
     now: i64,
-    limit: i64,
+    lease_until: i64,
 ) -> anyhow::Result<Vec<DueCall>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(DUE_CALLS)
-            .bind(tenant)
-            .bind(now)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-    }))
+    // A lease need not survive a crash (the call is then due again, as it
+    // would be once the lease ended), so its commit does not wait for the
+    // WAL to reach the disk.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    let mut taken: Vec<(i64, DueCall)> = sqlx::query_as::<_, (i64, i64, String, String, String, i64, i64)>(
+        "UPDATE webhook_deliveries AS w SET next_attempt_at = $5 \
+         FROM (SELECT d.event_id, d.next_attempt_at FROM webhook_deliveries AS d \
+               WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
+               AND NOT (d.event_id = ANY($3)) \
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
+                               WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
+               ORDER BY d.next_attempt_at, d.event_id LIMIT $4 \
+               FOR UPDATE SKIP LOCKED) AS due \
+         WHERE w.event_id = due.event_id \
+         RETURNING due.next_attempt_at, w.event_id, w.tenant_id, w.message_id, w.type, w.created_at, w.attempts",
+    )
+    .bind(tenant)
+    .bind(now)
+    .bind(busy)
+    .bind(room as i64)
+    .bind(lease_until)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(due_at, event_id, tenant_id, message_id, kind, created_at, attempts)| {
+        (
+            due_at,
+            DueCall {
+                event_id,
+                tenant_id,
+                message_id,
+                kind,
+                created_at,
+                attempts,
+            },
+        )
+    })
+    .collect();
+    tx.commit().await?;
+    taken.sort_by_key(|(due_at, call)| (*due_at, call.event_id));
+    Ok(taken.into_iter().map(|(_, call)| call).collect())
 }
 
 /// Gives back a lease taken but not used: the call is due again now.
@@ -326,36 +366,6 @@ pub async fn release_lease(db: &Db, event_id: i64) -> anyhow::Result<()> {
             .await?;
     });
     Ok(())
-}
-
-/// Leases `wanted` until `lease_until` (if still due at `now`); returns
-/// those this instance got (another may have taken some since they were
-/// read).
-pub async fn lease(
-    db: &Db,
-    wanted: Vec<DueCall>,
-    lease_until: i64,
-    now: i64,
-) -> anyhow::Result<Vec<DueCall>> {
-    let taken = in_transaction!(db, |tx| {
-        let mut taken = Vec::with_capacity(wanted.len());
-        for due in wanted {
-            let done = sqlx::query(
-                "UPDATE webhook_deliveries SET next_attempt_at = $1 \
-                 WHERE event_id = $2 AND state = 'pending' AND next_attempt_at <= $3",
-            )
-            .bind(lease_until)
-            .bind(due.event_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 1 {
-                taken.push(due);
-            }
-        }
-        taken
-    });
-    Ok(taken)
 }
 
 /// Drops a call (its endpoint or message is gone).
@@ -377,7 +387,13 @@ pub async fn calls_delivered_pg(
     event_ids: &[i64],
     tenant_ids: &[String],
 ) -> anyhow::Result<()> {
+    // A removal lost in a crash only makes its calls again, with the same
+    // `webhook-id` (delivery is at least once), so its commit does not
+    // wait for the WAL to reach the disk.
     let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
         .bind(event_ids)
         .execute(&mut *tx)
