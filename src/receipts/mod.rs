@@ -26,14 +26,14 @@ use tracing::{debug, info, warn};
 use crate::metrics as names;
 use crate::model::now_ms;
 use crate::store::receipts;
-pub use crate::store::receipts::{Applied, Receipt, apply};
+pub use crate::store::receipts::{Applied, Receipt};
 use crate::store::{Db, Writer};
 
 /// Applies `receipt`, keeping it for a later match when its message is not
 /// found yet; counts it. An error means it was neither applied nor kept,
 /// and the caller must not acknowledge it to the provider.
 pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Result<Applied> {
-    let applied = writer.apply_receipt(db, receipt).await?;
+    let applied = writer.apply_receipt(receipt).await?;
     let label = match &applied {
         Applied::Matched {
             message_id,
@@ -113,9 +113,7 @@ pub async fn retry_due(db: &Db, writer: &Writer, match_for: Duration) -> anyhow:
         let receipt: Option<Receipt> = serde_json::from_str(&json).ok();
         let settled = match &receipt {
             None => true,
-            Some(receipt) => {
-                !matches!(writer.apply_receipt(db, receipt).await?, Applied::Unmatched)
-            }
+            Some(receipt) => !matches!(writer.apply_receipt(receipt).await?, Applied::Unmatched),
         };
         let expired = now - received_at >= match_for.as_millis() as i64;
         if let Some(receipt) = &receipt {

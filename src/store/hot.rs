@@ -311,11 +311,11 @@ impl Writer {
         }
     }
 
-    /// Records a provider's receipt against its message (see
-    /// [`receipts::apply`]); on SQLite as a piece of the writer's group, so
-    /// receipts at volume commit together with the delivery path's changes
-    /// instead of one transaction each.
-    pub async fn apply_receipt(&self, db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
+    /// Records a provider's receipt against its message as a piece of the
+    /// writer's group (SQLite: [`receipts::apply_in`]; PostgreSQL:
+    /// [`receipts::apply_pg_in`]), so receipts at volume commit together
+    /// with the delivery path's changes instead of one transaction each.
+    pub async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
         match &self.backend {
             Backend::Sqlite { writer, .. } => {
                 let receipt = receipt.clone();
@@ -324,7 +324,7 @@ impl Writer {
                     .run(move |tx| receipts::apply_in(tx, &receipt, now))
                     .await
             }
-            Backend::Postgres(_) => receipts::apply(db, receipt).await,
+            Backend::Postgres(writer) => writer.apply_receipt(receipt.clone()).await,
         }
     }
 

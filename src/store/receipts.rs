@@ -111,14 +111,18 @@ fn error_after(receipt: &Receipt, outcome: MessageStatus) -> Option<String> {
         .flatten()
 }
 
-/// Records `receipt` against its message, all in one transaction (on a
-/// pool connection; see [`apply_in`] for SQLite's writer).
-pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
-    let now = now_ms();
-    let applied = in_transaction!(db, |tx| {
+/// Records `receipt` against its message in PostgreSQL's transaction `tx`
+/// (a piece of the group writer's group, so a receipt does not commit
+/// alone); [`apply_in`] is SQLite's.
+pub(crate) async fn apply_pg_in(
+    tx: &mut sqlx::PgConnection,
+    receipt: &Receipt,
+    now: i64,
+) -> anyhow::Result<Applied> {
+    let applied = {
         let found: Option<(String, String, String, i64)> = sqlx::query_as(
             "SELECT id, tenant_id, status, attempts FROM messages \
-             WHERE provider_message_id = $1 LIMIT 1",
+         WHERE provider_message_id = $1 LIMIT 1",
         )
         .bind(&receipt.provider_message_id)
         .fetch_optional(&mut *tx)
@@ -132,7 +136,7 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
                 if decision.check_seen {
                     let seen: Option<i32> = sqlx::query_scalar(
                         "SELECT 1 FROM message_events WHERE message_id = $1 AND event = $2 \
-                         AND detail IS NOT DISTINCT FROM $3 LIMIT 1",
+                     AND detail IS NOT DISTINCT FROM $3 LIMIT 1",
                     )
                     .bind(&id)
                     .bind(&decision.event)
@@ -146,14 +150,14 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
                 } else {
                     if let Some(outcome) = decision.moves {
                         sqlx::query(
-                            "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4",
-                        )
-                        .bind(outcome.as_str())
-                        .bind(error_after(receipt, outcome))
-                        .bind(now)
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await?;
+                        "UPDATE messages SET status = $1, last_error = $2, updated_at = $3 WHERE id = $4",
+                    )
+                    .bind(outcome.as_str())
+                    .bind(error_after(receipt, outcome))
+                    .bind(now)
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await?;
                     }
                     sqlx::query(INSERT_EVENT)
                         .bind(&id)
@@ -186,7 +190,7 @@ pub async fn apply(db: &Db, receipt: &Receipt) -> anyhow::Result<Applied> {
                 }
             }
         }
-    });
+    };
     Ok(applied)
 }
 

@@ -15,6 +15,7 @@ use super::PgDb;
 use crate::model::{MessageStatus, now_ms};
 use crate::store::AcceptEntry;
 use crate::store::hot::{BeforeSend, SendCheck};
+use crate::store::receipts::{self, Applied, Receipt};
 use crate::store::streak::{FailureStreak, WriteFailed};
 
 /// One piece of work for [`PgWriter`].
@@ -47,6 +48,11 @@ enum Piece {
         error: String,
         counted: bool,
         reply: oneshot::Sender<anyhow::Result<u32>>,
+    },
+    /// A provider's receipt, recorded after the group's status changes.
+    Receipt {
+        receipt: Receipt,
+        reply: oneshot::Sender<anyhow::Result<Applied>>,
     },
 }
 
@@ -272,6 +278,15 @@ impl PgWriter {
         Ok(())
     }
 
+    /// Records a provider's receipt (see [`receipts::apply_pg_in`]) in the
+    /// next group, so receipts at volume share commits instead of one
+    /// transaction each; answers once it has committed.
+    pub async fn apply_receipt(&self, receipt: Receipt) -> anyhow::Result<Applied> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Piece::Receipt { receipt, reply }).await;
+        answer.await.context("the store writer dropped a receipt")?
+    }
+
     /// Asks the writer to commit what it holds and stop; later work fails.
     pub async fn stop(&self) {
         let _ = self.commands.send(Command::Stop).await;
@@ -289,6 +304,9 @@ impl Piece {
                 let _ = reply.send(Err(anyhow::anyhow!("{why}")));
             }
             Piece::Claim { reply, .. } => {
+                let _ = reply.send(Err(anyhow::anyhow!("{why}")));
+            }
+            Piece::Receipt { reply, .. } => {
                 let _ = reply.send(Err(anyhow::anyhow!("{why}")));
             }
         }
@@ -334,12 +352,16 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
         return;
     }
     match write_pieces(pool, &group).await {
-        Ok(Written { attempts, claimed }) => {
+        Ok(Written {
+            attempts,
+            claimed,
+            applied,
+        }) => {
             let ended = streak.succeeded();
             if ended > 0 {
                 warn!(failures = ended, "Store writes succeed again.");
             }
-            answer(group, attempts, &claimed);
+            answer(group, attempts, &claimed, applied);
         }
         Err(err) if group.len() == 1 => {
             let failures = streak.failed_because(&WriteFailed(format!("{err:#}").into()));
@@ -361,8 +383,14 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
     }
 }
 
-fn answer(group: Vec<Piece>, mut attempts: Vec<u32>, claimed: &HashSet<String>) {
+fn answer(
+    group: Vec<Piece>,
+    mut attempts: Vec<u32>,
+    claimed: &HashSet<String>,
+    mut applied: Vec<Applied>,
+) {
     attempts.reverse();
+    applied.reverse();
     for piece in group {
         match piece {
             Piece::Accept { reply, entries } => {
@@ -385,6 +413,12 @@ fn answer(group: Vec<Piece>, mut attempts: Vec<u32>, claimed: &HashSet<String>) 
             Piece::Claim { id, reply, .. } => {
                 let _ = reply.send(Ok(claimed.contains(&id)));
             }
+            Piece::Receipt { reply, .. } => {
+                let _ =
+                    reply.send(applied.pop().ok_or_else(|| {
+                        anyhow::anyhow!("the write group lost a receipt's outcome")
+                    }));
+            }
         }
     }
 }
@@ -395,6 +429,8 @@ struct Written {
     attempts: Vec<u32>,
     /// Ids the group's claims took.
     claimed: HashSet<String>,
+    /// What each receipt piece did, in order.
+    applied: Vec<Applied>,
 }
 
 /// Most accepted messages inserted by one statement.
@@ -487,7 +523,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
                 claim_ids.push(id.clone());
                 claim_stale.push(*stale_before);
             }
-            Piece::Failure { .. } => {}
+            Piece::Failure { .. } | Piece::Receipt { .. } => {}
         }
     }
     let now = now_ms();
@@ -575,8 +611,19 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             attempts.push(made.unwrap_or(0).max(0) as u32);
         }
     }
+    // Receipts last: one for a message sent in this group sees it `sent`.
+    let mut applied = Vec::new();
+    for piece in group {
+        if let Piece::Receipt { receipt, .. } = piece {
+            applied.push(receipts::apply_pg_in(&mut tx, receipt, now).await?);
+        }
+    }
     tx.commit().await?;
-    Ok(Written { attempts, claimed })
+    Ok(Written {
+        attempts,
+        claimed,
+        applied,
+    })
 }
 
 /// The status rows, outbox rows and idempotency records of a group's
