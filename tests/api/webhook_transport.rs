@@ -9,12 +9,9 @@ use std::time::{Duration, Instant};
 
 use axum::http::Version;
 use serde_json::json;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer};
 
 use crate::receipts::app_with_callbacks;
 use crate::support::{sms, with};
-use crate::webhooks::UniqueSids;
 
 /// Accepts TCP connections and completes their TLS handshake, counting
 /// them; a failed handshake is dropped.
@@ -124,11 +121,7 @@ impl TlsEndpoint {
 /// Sends `count` SMS for a tenant whose webhook (`message.sent`) is
 /// `endpoint`, and waits until the endpoint has had that many calls.
 async fn calls_to(endpoint: &TlsEndpoint, count: usize) -> Vec<Version> {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = crate::webhooks::sms_api_with_unique_sids().await;
     // Two calls at once at most: without kept-alive connections the
     // HTTP/1.1 endpoint would see one connection per call.
     let settings = format!(

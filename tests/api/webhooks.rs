@@ -237,8 +237,18 @@ async fn a_webhook_needs_an_https_url_and_known_event_types() {
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
 }
 
+/// An SMS API that answers every message with a sid of its own.
+pub(crate) async fn sms_api_with_unique_sids() -> MockServer {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(UniqueSids(Default::default()))
+        .mount(&sms_api)
+        .await;
+    sms_api
+}
+
 /// An SMS API that gives every message a sid of its own.
-pub(crate) struct UniqueSids(pub(crate) std::sync::atomic::AtomicUsize);
+struct UniqueSids(std::sync::atomic::AtomicUsize);
 
 impl wiremock::Respond for UniqueSids {
     fn respond(&self, _: &Request) -> ResponseTemplate {
@@ -255,11 +265,7 @@ fn refused_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_endpoint_delays_only_its_own_tenant_and_gets_every_event_once_it_recovers() {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
     let a = app.tenant_with_key("a", "pro").await;
     let b = app.tenant_with_key("b", "pro").await;
@@ -738,11 +744,7 @@ async fn last_error(app: &TestApp, key: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_resolves_to_an_internal_address_at_call_time_is_not_called() {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let app = app_with_callbacks(&sms_api, FAST_PUBLIC_ONLY).await;
     let endpoint = endpoint_ok().await;
     let port = endpoint.address().port();
@@ -798,11 +800,7 @@ async fn a_redirect_is_not_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tenant_sees_a_general_reason_for_a_failed_call_and_no_network_detail() {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let extra = FAST_WEBHOOKS.replace("timeout_ms = 2000", "timeout_ms = 300");
     let app = app_with_callbacks(&sms_api, &extra).await;
     let failing = MockServer::start().await;
@@ -908,11 +906,7 @@ impl CountingEndpoint {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_endpoint_with_a_backlog_gets_more_calls_at_once_and_a_failing_one_does_not() {
     const MESSAGES: usize = 150;
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let settings = concat!(
         fast_webhooks!(),
         "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n",
@@ -992,11 +986,7 @@ async fn a_sent_message_wakes_the_dispatcher_without_waiting_for_its_poll() {
 /// happened; all clear once the calls are made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event() {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let settings = concat!(
         fast_webhooks!(),
         "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n",
@@ -1081,11 +1071,7 @@ async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_failing_at_once_is_paused_and_then_tried_one_call_at_a_time() {
     const MESSAGES: usize = 40;
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(UniqueSids(Default::default()))
-        .mount(&sms_api)
-        .await;
+    let sms_api = sms_api_with_unique_sids().await;
     let app = app_with_callbacks(&sms_api, FAST_WEBHOOKS).await;
     crate::sqs::bulk_plan(&app).await;
     let key = app.tenant_with_key("acme", "bulk").await;
