@@ -2,12 +2,12 @@
 //!
 //! A Twilio-compatible SMS API calls back ([`twilio`]); SES publishes events
 //! to SNS, which fairlane reads from an SQS queue ([`ses`]). Both turn what
-//! they read into a [`Receipt`], and [`apply`] records it in one
-//! transaction: the message's new status (`delivered`, `bounced`,
+//! they read into a [`Receipt`], and [`ingest`] records it as one piece of
+//! the store writer's group: the message's new status (`delivered`, `bounced`,
 //! `complained`, `failed`), its event with the provider's detail, and for a
 //! hard bounce or a complaint the address on the tenant's suppression list.
 //! The event's insert also queues the tenant's webhook, in the same
-//! transaction (see the migration's trigger).
+//! transaction (see the migrations' triggers).
 //!
 //! A receipt can arrive before fairlane has recorded the provider's id (the
 //! provider answers the send and calls back at once; the `sent` commit is

@@ -37,7 +37,7 @@ impl Receipt {
     }
 }
 
-/// What [`apply`] did.
+/// What [`apply_pg_in`] or [`apply_in`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// The message was found; `changed` when its status moved.
@@ -210,8 +210,8 @@ fn suppress_reason(receipt: &Receipt) -> &str {
     receipt.suppress_reason.as_deref().unwrap_or("bounce")
 }
 
-/// [`apply`] in the SQLite writer's transaction `tx` (a piece of its
-/// group), so a receipt does not commit alone.
+/// [`apply_pg_in`]'s statements in the SQLite writer's transaction `tx`
+/// (a piece of its group), so a receipt does not commit alone.
 pub(crate) fn apply_in(
     tx: &rusqlite::Transaction,
     receipt: &Receipt,
