@@ -37,7 +37,7 @@ impl Receipt {
     }
 }
 
-/// What [`apply_pg_in`] or [`apply_in`] did.
+/// What a receipt did to its message (`apply_pg_in`, `apply_in`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// The message was found; `changed` when its status moved.

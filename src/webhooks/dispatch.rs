@@ -29,7 +29,7 @@
 //! does not take it meanwhile, and if this one dies, the call is made
 //! again once the lease ends, with the same `webhook-id`. An endpoint
 //! whose calls fail [`PAUSE_AFTER_FAILURES`] times in a row is paused and
-//! then tried one call at a time (see [`Pause`]).
+//! then tried one call at a time (see `Pause`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -278,7 +278,7 @@ impl PgWriter {
         Ok(())
     }
 
-    /// Records a provider's receipt (see [`receipts::apply_pg_in`]) in the
+    /// Records a provider's receipt (see `receipts::apply_pg_in`) in the
     /// next group, so receipts at volume share commits instead of one
     /// transaction each; answers once it has committed.
     pub async fn apply_receipt(&self, receipt: Receipt) -> anyhow::Result<Applied> {
