@@ -540,6 +540,11 @@ async fn get_webhook(app: &TestApp, key: &str) -> reqwest::Response {
         .unwrap()
 }
 
+/// The tenant's webhook view (`GET /v1/webhook`, 200).
+async fn webhook_view(app: &TestApp, key: &str) -> Value {
+    expect_json(get_webhook(app, key).await, StatusCode::OK).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn internal_addresses_are_refused_when_a_webhook_is_set() {
     let app = TestApp::start("[webhooks]\nallow_http = true\n").await;
@@ -1013,20 +1018,15 @@ async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event()
     while endpoint.peak() == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let view = |path: &'static str, admin: bool| {
-        let app = &app;
-        let key = &key;
-        async move {
-            let request = if admin {
-                app.admin(Method::GET, path)
-            } else {
-                app.tenant(key, Method::GET, path)
-            };
-            expect_json(request.send().await.unwrap(), StatusCode::OK).await
-        }
-    };
-    let tenant = view("/v1/webhook", false).await;
-    let admin = view("/v1/admin/tenants/acme/webhook", true).await;
+    let tenant = webhook_view(&app, &key).await;
+    let admin = expect_json(
+        app.admin(Method::GET, "/v1/admin/tenants/acme/webhook")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
     let after = chrono::Utc::now();
     for seen in [&tenant, &admin] {
         let pending = seen["pending"].as_i64().unwrap();
@@ -1053,7 +1053,7 @@ async fn the_webhook_view_shows_the_backlog_its_due_calls_and_the_oldest_event()
     // The removal of the last call commits in its recorder's next batch.
     let deadline = Instant::now() + Duration::from_secs(5);
     let cleared = loop {
-        let seen = view("/v1/webhook", false).await;
+        let seen = webhook_view(&app, &key).await;
         if seen["pending"] == 0 || Instant::now() > deadline {
             break seen;
         }
@@ -1097,14 +1097,7 @@ async fn an_endpoint_failing_at_once_is_paused_and_then_tried_one_call_at_a_time
         (5..=20).contains(&calls),
         "{calls} calls in 3 s to an endpoint that fails at once"
     );
-    let view = expect_json(
-        app.tenant(&key, Method::GET, "/v1/webhook")
-            .send()
-            .await
-            .unwrap(),
-        StatusCode::OK,
-    )
-    .await;
+    let view = webhook_view(&app, &key).await;
     assert_eq!(view["state"], "failing", "{view}");
     assert_eq!(view["pending"], MESSAGES, "{view}");
 }
