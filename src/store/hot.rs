@@ -313,7 +313,7 @@ impl Writer {
 
     /// Records a provider's receipt against its message as a piece of the
     /// writer's group (SQLite: `receipts::apply_in`; PostgreSQL:
-    /// `receipts::apply_pg_in`), so receipts at volume commit together
+    /// `receipts::apply_group_pg`), so receipts at volume commit together
     /// with the delivery path's changes instead of one transaction each.
     pub async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
         match &self.backend {

@@ -188,63 +188,65 @@ on_both_stores! {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undelivered_sms_fails_with_its_error_code_and_a_stop_suppresses_the_number() {
-    let sms_api = MockServer::start().await;
-    mock_sms_ok(&sms_api, "SM-RCPT-2").await;
-    let app = app_with_callbacks(&sms_api, "").await;
-    let key = app.tenant_with_key("acme", "pro").await;
-    let id = app.send_accepted(&key, &sms()).await;
-    wait_for(&app, &key, &id, status_is("sent")).await;
-    let failed = [
-        ("MessageSid", "SM-RCPT-2"),
-        ("MessageStatus", "undelivered"),
-        ("ErrorCode", "21610"),
-        ("To", "+15551234567"),
-    ];
-    assert_eq!(
-        callback(&app, AUTH_TOKEN, &failed).await.status(),
-        StatusCode::NO_CONTENT
-    );
-    let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
-    assert_eq!(view["status"], "failed", "{view}");
-    assert!(
-        view["last_error"].as_str().unwrap().contains("21610"),
-        "{view}"
-    );
+on_both_stores! {
+    async fn an_undelivered_sms_fails_with_its_error_code_and_a_stop_suppresses_the_number() {
+        let sms_api = MockServer::start().await;
+        mock_sms_ok(&sms_api, "SM-RCPT-2").await;
+        let app = app_with_callbacks(&sms_api, "").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let id = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &id, status_is("sent")).await;
+        let failed = [
+            ("MessageSid", "SM-RCPT-2"),
+            ("MessageStatus", "undelivered"),
+            ("ErrorCode", "21610"),
+            ("To", "+15551234567"),
+        ];
+        assert_eq!(
+            callback(&app, AUTH_TOKEN, &failed).await.status(),
+            StatusCode::NO_CONTENT
+        );
+        let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "failed", "{view}");
+        assert!(
+            view["last_error"].as_str().unwrap().contains("21610"),
+            "{view}"
+        );
 
-    // The number replied STOP: the tenant's next text to it is not sent.
-    let listed = expect_json(
-        app.tenant(&key, Method::GET, "/v1/suppressions/+15551234567")
-            .send()
-            .await
-            .unwrap(),
-        StatusCode::OK,
-    )
-    .await;
-    assert_eq!(listed["reason"], "complaint", "{listed}");
-    let calls = sms_requests(&sms_api).await;
-    let next = app.send_accepted(&key, &sms()).await;
-    let view = wait_for(&app, &key, &next, status_is("suppressed")).await;
-    assert_eq!(view["status"], "suppressed", "{view}");
-    assert_eq!(sms_requests(&sms_api).await, calls, "no provider call");
+        // The number replied STOP: the tenant's next text to it is not sent.
+        let listed = expect_json(
+            app.tenant(&key, Method::GET, "/v1/suppressions/+15551234567")
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        assert_eq!(listed["reason"], "complaint", "{listed}");
+        let calls = sms_requests(&sms_api).await;
+        let next = app.send_accepted(&key, &sms()).await;
+        let view = wait_for(&app, &key, &next, status_is("suppressed")).await;
+        assert_eq!(view["status"], "suppressed", "{view}");
+        assert_eq!(sms_requests(&sms_api).await, calls, "no provider call");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_receipt_that_beats_the_sent_record_is_kept_and_matched_later() {
-    let sms_api = MockServer::start().await;
-    mock_sms_ok(&sms_api, "SM-EARLY").await;
-    let app = app_with_callbacks(&sms_api, "").await;
-    let key = app.tenant_with_key("acme", "pro").await;
-    // The provider reports before fairlane has any message with this sid.
-    let delivered = [("MessageSid", "SM-EARLY"), ("MessageStatus", "delivered")];
-    assert_eq!(
-        callback(&app, AUTH_TOKEN, &delivered).await.status(),
-        StatusCode::NO_CONTENT
-    );
-    let id = app.send_accepted(&key, &sms()).await;
-    let view = wait_for(&app, &key, &id, status_is("delivered")).await;
-    assert_eq!(view["status"], "delivered", "{view}");
+on_both_stores! {
+    async fn a_receipt_that_beats_the_sent_record_is_kept_and_matched_later() {
+        let sms_api = MockServer::start().await;
+        mock_sms_ok(&sms_api, "SM-EARLY").await;
+        let app = app_with_callbacks(&sms_api, "").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        // The provider reports before fairlane has any message with this sid.
+        let delivered = [("MessageSid", "SM-EARLY"), ("MessageStatus", "delivered")];
+        assert_eq!(
+            callback(&app, AUTH_TOKEN, &delivered).await.status(),
+            StatusCode::NO_CONTENT
+        );
+        let id = app.send_accepted(&key, &sms()).await;
+        let view = wait_for(&app, &key, &id, status_is("delivered")).await;
+        assert_eq!(view["status"], "delivered", "{view}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -462,3 +462,122 @@ async fn a_registry_change_made_through_one_instance_reaches_another_within_a_se
         "a revoked key is refused on the other instance within 1 s"
     );
 }
+
+fn receipt(
+    provider_id: &str,
+    outcome: Option<MessageStatus>,
+    event: &str,
+    detail: Option<&str>,
+) -> crate::store::receipts::Receipt {
+    crate::store::receipts::Receipt {
+        provider: "http".into(),
+        provider_message_id: provider_id.into(),
+        outcome,
+        event: event.into(),
+        detail: detail.map(str::to_owned),
+        suppress: Vec::new(),
+        suppress_reason: None,
+    }
+}
+
+/// A group's receipts are decided in order, as if applied one after
+/// another: a later report on the same message sees the earlier one's
+/// status and event, a replay within the group or of an earlier group is
+/// a duplicate, and only the last move of a message stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_receipts_reads_as_the_same_receipts_one_by_one() {
+    use crate::store::receipts::{Applied, apply_group_pg};
+    use MessageStatus::{Complained, Delivered};
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    let (writer, done) = Writer::start(&db, 64, 0).unwrap();
+    for (id, sid) in [("m1", "SM1"), ("m2", "SM2")] {
+        writer.accept(entry(id, "acme", None)).await.unwrap();
+        assert!(writer.claim(id, 0).await.unwrap());
+        writer.sent(id, sid).await.unwrap();
+    }
+    writer.stop().await;
+    done.await.unwrap();
+    let pg = db.postgres().unwrap();
+
+    let mut complaint = receipt("SM1", Some(Complained), "complained", Some("abuse"));
+    complaint.suppress = vec!["Someone@Example.com".into()];
+    complaint.suppress_reason = Some("complaint".into());
+    let first = [
+        receipt("SM1", Some(Delivered), "delivered", None),
+        complaint.clone(),
+        receipt("SM1", Some(Delivered), "delivered", None),
+        receipt("SM1", Some(Delivered), "delivered", None),
+        receipt("SM2", None, "sms_sent", Some("carrier")),
+        receipt("SMX", Some(Delivered), "delivered", None),
+        receipt("SM2", Some(Delivered), "delivered", None),
+        receipt("SM2", Some(Delivered), "delivered", None),
+    ];
+    let second = [receipt("SM2", None, "sms_sent", Some("carrier")), complaint];
+    let matched = |id: &str, changed| Applied::Matched {
+        message_id: id.into(),
+        tenant_id: "acme".into(),
+        changed,
+    };
+    let mut answers = Vec::new();
+    for group in [&first[..], &second[..]] {
+        let mut tx = pg.pool.begin().await.unwrap();
+        let refs: Vec<_> = group.iter().collect();
+        answers.push(apply_group_pg(&mut tx, &refs, now_ms()).await.unwrap());
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(
+        answers[0],
+        [
+            matched("m1", true),
+            matched("m1", true),
+            matched("m1", false),
+            Applied::Duplicate,
+            matched("m2", false),
+            Applied::Unmatched,
+            matched("m2", true),
+            Applied::Duplicate,
+        ]
+    );
+    assert_eq!(answers[1], [Applied::Duplicate, Applied::Duplicate]);
+
+    let statuses: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT id, status, last_error FROM messages ORDER BY id")
+            .fetch_all(&pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            ("m1".into(), "complained".into(), Some("abuse".into())),
+            ("m2".into(), "delivered".into(), None),
+        ]
+    );
+    let events: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT message_id, event, status FROM message_events ORDER BY message_id, id",
+    )
+    .fetch_all(&pg.pool)
+    .await
+    .unwrap();
+    let expected = [
+        ("m1", "delivered", "delivered"),
+        ("m1", "complained", "complained"),
+        ("m1", "provider_delivered", "complained"),
+        ("m2", "sms_sent", "sent"),
+        ("m2", "delivered", "delivered"),
+    ];
+    assert_eq!(
+        events,
+        expected.map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()))
+    );
+    let suppressed: Vec<(String, String)> =
+        sqlx::query_as("SELECT address, reason FROM suppressions")
+            .fetch_all(&pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        suppressed,
+        [("someone@example.com".to_owned(), "complaint".to_owned())]
+    );
+    db.close().await;
+}

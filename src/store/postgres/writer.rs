@@ -278,7 +278,7 @@ impl PgWriter {
         Ok(())
     }
 
-    /// Records a provider's receipt (see `receipts::apply_pg_in`) in the
+    /// Records a provider's receipt (see `receipts::apply_group_pg`) in the
     /// next group, so receipts at volume share commits instead of one
     /// transaction each; answers once it has committed.
     pub async fn apply_receipt(&self, receipt: Receipt) -> anyhow::Result<Applied> {
@@ -612,12 +612,14 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         }
     }
     // Receipts last: one for a message sent in this group sees it `sent`.
-    let mut applied = Vec::new();
-    for piece in group {
-        if let Piece::Receipt { receipt, .. } = piece {
-            applied.push(receipts::apply_pg_in(&mut tx, receipt, now).await?);
-        }
-    }
+    let group_receipts: Vec<&Receipt> = group
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Receipt { receipt, .. } => Some(receipt),
+            _ => None,
+        })
+        .collect();
+    let applied = receipts::apply_group_pg(&mut tx, &group_receipts, now).await?;
     tx.commit().await?;
     Ok(Written {
         attempts,
