@@ -275,6 +275,11 @@ impl Application {
             Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
             None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
         };
+        let unsubscribe =
+            crate::unsubscribe::Links::load(&db, settings.server.public_url.as_deref())
+                .await
+                .context("reading the unsubscribe links' signing secret")?
+                .map(Arc::new);
         let accept = Acceptor::new(
             db.clone(),
             store_writer.clone(),
@@ -282,7 +287,8 @@ impl Application {
             limits,
             backpressure.clone(),
             settings.server.max_batches_per_tenant,
-        );
+        )
+        .with_unsubscribe(unsubscribe.clone());
         let writes = crate::limits::writes::TenantWrites::new(
             settings.limits.tenant_writes_per_second,
             settings.limits.tenant_writes_burst,
@@ -301,6 +307,7 @@ impl Application {
             writes,
             admin,
             metrics,
+            unsubscribe,
         });
         Ok(Application {
             listener,

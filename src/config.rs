@@ -354,6 +354,11 @@ pub struct ProviderSettings {
     /// events from it (with this provider's region, endpoint and keys).
     #[serde(default)]
     pub events_queue_url: Option<String>,
+    /// ses: send each email with `TenantName` = the fairlane tenant's id,
+    /// so SES keeps each tenant's reputation apart (the SES tenants must
+    /// exist; see the README).
+    #[serde(default)]
+    pub ses_tenants: bool,
     /// Failed calls in a row (5xx, timeouts, refused connections) that open
     /// this provider's circuit breaker; 0 turns it off.
     #[serde(default = "default_breaker_failures")]

@@ -19,6 +19,7 @@ pub mod serve;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
+pub mod unsubscribe;
 pub mod webhooks;
 
 /// The servers the unit tests need (moto, Redis, PostgreSQL), shared with

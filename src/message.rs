@@ -61,6 +61,9 @@ const EMAIL_FIELDS: &[&str] = &[
     "reference",
     "metadata",
     "send_at",
+    "sender_id",
+    "unsubscribe",
+    "headers",
 ];
 const SMS_FIELDS: &[&str] = &[
     "channel",
@@ -70,7 +73,53 @@ const SMS_FIELDS: &[&str] = &[
     "reference",
     "metadata",
     "send_at",
+    "sender_id",
 ];
+
+/// Most custom headers on one email.
+pub const MAX_CUSTOM_HEADERS: usize = 10;
+/// Longest custom header value, in bytes.
+pub const MAX_HEADER_VALUE_BYTES: usize = 998;
+/// Headers an email's `headers` may set besides `X-…` ones (any case).
+/// The sender, the recipients, the subject, the structure of the message,
+/// its signatures and the unsubscribe headers are fairlane's to write.
+pub const ALLOWED_HEADERS: &[&str] = &[
+    "List-Id",
+    "List-Help",
+    "List-Subscribe",
+    "List-Owner",
+    "List-Archive",
+    "List-Post",
+    "Precedence",
+    "Auto-Submitted",
+    "In-Reply-To",
+    "References",
+    "Keywords",
+    "Comments",
+];
+
+/// True for a header a tenant may set: one of [`ALLOWED_HEADERS`], or an
+/// `X-` header other than SES's own `X-SES-…`; 1-64 letters, digits and
+/// `-`.
+pub fn is_allowed_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && ((lower.starts_with("x-") && lower.len() > 2 && !lower.starts_with("x-ses-"))
+            || ALLOWED_HEADERS
+                .iter()
+                .any(|allowed| allowed.eq_ignore_ascii_case(name)))
+}
+
+/// One header of an email, as the delivery payload carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmailHeader {
+    pub name: String,
+    pub value: String,
+}
+
+/// Longest `sender_id` accepted.
+pub const MAX_SENDER_ID_CHARS: usize = 64;
 
 /// Furthest a message may be scheduled ahead.
 pub const MAX_SCHEDULE_AHEAD_MS: i64 = 30 * 24 * 60 * 60 * 1000;
@@ -88,6 +137,14 @@ pub struct NewMessage {
     pub metadata: Option<Map<String, Value>>,
     /// When to send (ms since the epoch), if later than now.
     pub send_at: Option<i64>,
+    /// The sender identity the caller named, not yet checked against the
+    /// tenant's (that happens where the tenant is known).
+    pub sender_id: Option<String>,
+    /// Email: one-click unsubscribe asked for (`Some(true)`), refused
+    /// (`Some(false)`), or the tenant's default (`None`).
+    pub unsubscribe: Option<bool>,
+    /// Email: the caller's own headers, from the allowed ones.
+    pub headers: Vec<EmailHeader>,
 }
 
 /// What a consumer needs to deliver a message; the queue entry's body.
@@ -105,6 +162,12 @@ pub struct DeliveryPayload {
     pub priority: Priority,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// The tenant's identity it goes out with; none: the configured sender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<crate::tenants::senders::SenderOnMessage>,
+    /// Email: headers to add, the caller's and `List-Unsubscribe`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<EmailHeader>,
 }
 
 // The channel of each request kind has exactly one value, so exactly one
@@ -173,6 +236,21 @@ pub struct SendEmailRequest {
     /// until then.
     #[schema(format = DateTime)]
     send_at: Option<String>,
+    /// One of the tenant's email sender identities (`snd_…`); without it
+    /// the tenant's default email identity, then the configured sender.
+    #[schema(max_length = 64)]
+    sender_id: Option<String>,
+    /// One-click unsubscribe (RFC 8058): `List-Unsubscribe` with a signed
+    /// link under the server's public URL and `List-Unsubscribe-Post`.
+    /// Default: the tenant's `unsubscribe_default`.
+    unsubscribe: Option<bool>,
+    /// Headers of the tenant's own, at most 10: `X-…` headers (not
+    /// `X-SES-…`) and `List-Id`, `List-Help`, `List-Subscribe`,
+    /// `List-Owner`, `List-Archive`, `List-Post`, `Precedence`,
+    /// `Auto-Submitted`, `In-Reply-To`, `References`, `Keywords`,
+    /// `Comments`; values at most 998 bytes, on one line.
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    headers: Option<Value>,
 }
 
 /// SMS send request (documentation schema).
@@ -201,6 +279,10 @@ pub struct SendSmsRequest {
     /// Send later, as for email.
     #[schema(format = DateTime)]
     send_at: Option<String>,
+    /// One of the tenant's SMS sender identities (`snd_…`); without it the
+    /// tenant's default SMS identity, then the configured sender.
+    #[schema(max_length = 64)]
+    sender_id: Option<String>,
 }
 
 /// A send request: an email or an SMS, told apart by `channel`.
@@ -489,6 +571,26 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         },
     };
 
+    let sender_id = optional_string(object, "sender_id", &mut errors);
+    if let Some(id) = sender_id
+        && (id.is_empty() || id.chars().count() > MAX_SENDER_ID_CHARS)
+    {
+        errors.insert(
+            "sender_id".into(),
+            format!("must be 1-{MAX_SENDER_ID_CHARS} characters"),
+        );
+    }
+
+    let unsubscribe = match object.get("unsubscribe") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(wanted)) => Some(*wanted),
+        Some(_) => {
+            errors.insert("unsubscribe".into(), "must be true or false".into());
+            None
+        }
+    };
+    let headers = custom_headers(object.get("headers"), &mut errors);
+
     match (errors.is_empty(), channel, to, text) {
         (true, Some(channel), Some(to), Some(text)) => Ok(NewMessage {
             channel,
@@ -500,9 +602,73 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             reference: reference.map(str::to_owned),
             metadata,
             send_at,
+            sender_id: sender_id.map(str::to_owned),
+            unsubscribe,
+            headers,
         }),
         _ => Err(errors),
     }
+}
+
+/// An email's `headers` object, checked name by name; the first bad one
+/// is named in the error.
+fn custom_headers(value: Option<&Value>, errors: &mut Errors) -> Vec<EmailHeader> {
+    let map = match value {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            errors.insert(
+                "headers".into(),
+                "must be an object of header names to values".into(),
+            );
+            return Vec::new();
+        }
+    };
+    if map.len() > MAX_CUSTOM_HEADERS {
+        errors.insert(
+            "headers".into(),
+            format!("must have at most {MAX_CUSTOM_HEADERS} headers"),
+        );
+        return Vec::new();
+    }
+    let mut headers = Vec::with_capacity(map.len());
+    for (name, value) in map {
+        if !is_allowed_header(name) {
+            errors.insert(
+                "headers".into(),
+                format!(
+                    "{:?} may not be set; allowed are X-… headers (not X-SES-…) and {}",
+                    field_name(name),
+                    ALLOWED_HEADERS.join(", ")
+                ),
+            );
+            return Vec::new();
+        }
+        let Some(text) = value.as_str() else {
+            errors.insert(
+                "headers".into(),
+                format!("the value of {name} must be a string"),
+            );
+            return Vec::new();
+        };
+        if text.is_empty()
+            || text.len() > MAX_HEADER_VALUE_BYTES
+            || text.chars().any(|c| c.is_control() && c != '\t')
+        {
+            errors.insert(
+                "headers".into(),
+                format!(
+                    "the value of {name} must be 1-{MAX_HEADER_VALUE_BYTES} bytes on one line, without control characters"
+                ),
+            );
+            return Vec::new();
+        }
+        headers.push(EmailHeader {
+            name: name.clone(),
+            value: text.to_owned(),
+        });
+    }
+    headers
 }
 
 /// A message's status row.

@@ -181,6 +181,8 @@ pub struct Acceptor {
     backpressure: Arc<LaneBackpressure>,
     in_flight: InFlightKeys,
     batches: BatchSlots,
+    /// Signs one-click unsubscribe links (none without a public URL).
+    links: Option<Arc<crate::unsubscribe::Links>>,
 }
 
 impl Acceptor {
@@ -200,7 +202,14 @@ impl Acceptor {
             backpressure,
             in_flight: InFlightKeys::default(),
             batches: BatchSlots::new(max_batches_per_tenant),
+            links: None,
         }
+    }
+
+    /// Gives emails that ask for it a one-click unsubscribe link.
+    pub fn with_unsubscribe(mut self, links: Option<Arc<crate::unsubscribe::Links>>) -> Self {
+        self.links = links;
+        self
     }
 
     /// 403 for a disabled tenant: its sends are refused until re-enabled.
@@ -241,7 +250,7 @@ impl Acceptor {
                 Some(guard)
             }
         };
-        let prepared = prepare(caller, message, remembered_as)?;
+        let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         let (entry, mut handed) = prepared.into_parts(self.outbox.is_some());
         if let Err(failed) = self.writer.accept(entry).await {
@@ -388,7 +397,7 @@ impl Acceptor {
             }
         };
         drop(item);
-        let prepared = prepare(caller, message, remembered_as)?;
+        let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         Ok(Admitted::Ready(Box::new(prepared), grant, guard))
     }

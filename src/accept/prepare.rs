@@ -2,15 +2,20 @@
 //! queue message (the delivery payload) and the answer it will get, built
 //! once and shared by the single and the batch send.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use super::{Refused, SendAccepted};
-use crate::message::{DeliveryPayload, MAX_PAYLOAD_BYTES, NewMessage, OutboundMessage};
+use crate::message::{
+    DeliveryPayload, EmailHeader, MAX_PAYLOAD_BYTES, NewMessage, OutboundMessage,
+};
 use crate::model::{Channel, Lane, MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::AcceptEntry;
 use crate::store::idempotency::StoredResponse;
 use crate::store::messages::MessageRecord;
 use crate::tenants::Caller;
+use crate::unsubscribe::{Claim, Links};
 
 /// One validated message on its way in: its entry for the store and the
 /// answer it gets once durable.
@@ -56,17 +61,69 @@ impl Prepared {
     }
 }
 
+/// `List-Unsubscribe` (the signed link for this message's tenant and
+/// address, and the tenant's `mailto:`) and `List-Unsubscribe-Post`, or a
+/// 422 when the service has no public URL to link to.
+fn unsubscribe_headers(
+    caller: &Caller,
+    to: &str,
+    message_id: &str,
+    links: Option<&Links>,
+) -> Result<[EmailHeader; 2], Refused> {
+    let Some(links) = links else {
+        return Err(Refused::Invalid(BTreeMap::from([(
+            "unsubscribe".to_owned(),
+            "one-click unsubscribe needs server.public_url, which this service does not set"
+                .to_owned(),
+        )])));
+    };
+    let url = links.url(&Claim {
+        tenant_id: caller.tenant.id.clone(),
+        address: to.to_lowercase(),
+        message_id: message_id.to_owned(),
+    });
+    let mut value = format!("<{url}>");
+    if let Some(mailto) = &caller.tenant.unsubscribe_mailto {
+        value.push_str(&format!(", <mailto:{mailto}?subject=unsubscribe>"));
+    }
+    Ok([
+        EmailHeader {
+            name: "List-Unsubscribe".into(),
+            value,
+        },
+        EmailHeader {
+            name: "List-Unsubscribe-Post".into(),
+            value: "List-Unsubscribe=One-Click".into(),
+        },
+    ])
+}
+
 /// Builds the store entry and the answer of a validated message;
 /// `remembered` is its `(Idempotency-Key, request hash)`.
 pub(crate) fn prepare(
     caller: &Caller,
     message: NewMessage,
     remembered: Option<(String, String)>,
+    links: Option<&Links>,
 ) -> Result<Prepared, Refused> {
     let tenant_id = caller.tenant.id.as_str();
     let lane = caller.plan.lane;
+    let sender = crate::tenants::senders::choose(
+        &caller.senders,
+        message.sender_id.as_deref(),
+        message.channel,
+    )
+    .map_err(|reason| Refused::Invalid(BTreeMap::from([("sender_id".to_owned(), reason)])))?;
     let id = uuid::Uuid::now_v7().to_string();
     let now = now_ms();
+    let mut headers = message.headers;
+    if message.channel == Channel::Email
+        && message
+            .unsubscribe
+            .unwrap_or(caller.tenant.unsubscribe_default)
+    {
+        headers.extend(unsubscribe_headers(caller, &message.to, &id, links)?);
+    }
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
@@ -77,6 +134,8 @@ pub(crate) fn prepare(
         html: message.html,
         priority: message.priority,
         reference: message.reference.clone(),
+        sender: sender.map(crate::tenants::SenderIdentity::on_message),
+        headers,
     };
     let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
     if body.len() > MAX_PAYLOAD_BYTES {

@@ -161,6 +161,15 @@ pub struct PatchTenant {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 64)]
     pub max_concurrent_consumers: Option<u32>,
+    /// `true`: the tenant's email asks for one-click unsubscribe unless a
+    /// send says `unsubscribe: false` (needs `server.public_url`).
+    #[serde(default)]
+    pub unsubscribe_default: Option<bool>,
+    /// The `mailto:` address offered in `List-Unsubscribe` beside the
+    /// https link; `""` removes it.
+    #[serde(default)]
+    #[schema(max_length = 254)]
+    pub unsubscribe_mailto: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -404,11 +413,19 @@ pub async fn patch_tenant(
 ) -> Result<Json<Tenant>, ApiError> {
     let input: PatchTenant = json_typed(&headers, body)?;
     check_isolation(&state, input.isolation)?;
+    if input.unsubscribe_default == Some(true) && state.unsubscribe.is_none() {
+        return Err(ApiError::field(
+            "unsubscribe_default",
+            "one-click unsubscribe links need server.public_url to be set",
+        ));
+    }
     let change = TenantChange {
         plan: input.plan,
         status: input.status,
         isolation: input.isolation,
         max_concurrent_consumers: input.max_concurrent_consumers,
+        unsubscribe_default: input.unsubscribe_default,
+        unsubscribe_mailto: input.unsubscribe_mailto,
     };
     let tenant = state.registry.update_tenant(&id, &change).await?;
     // New messages go to the queue of the isolation now in force; those

@@ -9,8 +9,10 @@ pub mod error;
 pub mod health;
 pub mod messages;
 pub mod receipts;
+pub mod senders;
 pub mod suppressions;
 pub mod tenant_queue;
+pub mod unsubscribe;
 pub mod webhooks;
 
 use std::ops::Deref;
@@ -63,6 +65,8 @@ pub struct AppInner {
     pub admin: AdminAuth,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Checks one-click unsubscribe links (none without a public URL).
+    pub unsubscribe: Option<Arc<crate::unsubscribe::Links>>,
 }
 
 impl AppState {
@@ -92,6 +96,8 @@ pub fn app(state: AppState) -> Router {
         .merge(receipts::router())
         .merge(webhooks::router())
         .merge(suppressions::router())
+        .merge(senders::router())
+        .merge(unsubscribe::router())
         .merge(dlq::router())
         .merge(tenant_queue::router())
         .merge(health::router())
@@ -524,6 +530,8 @@ impl Modify for SecurityAddon {
         messages::cancel_by_reference,
         receipts::list_events,
         receipts::sms_callback,
+        unsubscribe::unsubscribe_page,
+        unsubscribe::unsubscribe,
         webhooks::put_webhook,
         webhooks::get_webhook,
         webhooks::delete_webhook,
@@ -552,6 +560,11 @@ impl Modify for SecurityAddon {
         suppressions::add_tenant_suppression,
         suppressions::get_tenant_suppression,
         suppressions::remove_tenant_suppression,
+        senders::list_own_senders,
+        senders::list_senders,
+        senders::add_sender,
+        senders::patch_sender,
+        senders::remove_sender,
         tenant_queue::tenant_queue,
         tenant_queue::purge_tenant_queue,
         tenant_queue::tenant_dlq,
@@ -590,6 +603,7 @@ impl Modify for SecurityAddon {
         (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),
         (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
         (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),
+        (name = "unsubscribe", description = "One-click unsubscribe links in emails (signed token, no key)."),
         (name = "admin", description = "Plans, tenants, keys, webhooks, suppressions, queues and dead letters (admin token)."),
         (name = "ops", description = "Health, readiness and metrics."),
     )

@@ -58,6 +58,12 @@ struct Line<'a> {
     html_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reference: Option<&'a str>,
+    /// The tenant's sender identity, when the message has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sender: Option<&'a crate::tenants::senders::SenderOnMessage>,
+    /// Headers an email adds (the tenant's, `List-Unsubscribe`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    headers: &'a [crate::message::EmailHeader],
 }
 
 impl LogProvider {
@@ -100,6 +106,8 @@ impl Provider for LogProvider {
             text_bytes: message.text.len(),
             html_bytes: message.html.as_deref().map(str::len),
             reference: message.reference.as_deref(),
+            sender: message.sender.as_ref(),
+            headers: &message.headers,
         };
         let mut bytes = serde_json::to_vec(&line).map_err(|err| {
             ProviderError::Transient(Failure::new(

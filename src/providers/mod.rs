@@ -429,6 +429,7 @@ mod tests {
             log_path: None,
             configuration_set: None,
             events_queue_url: None,
+            ses_tenants: false,
             breaker_failures: 5,
             breaker_open_ms: 1000,
             breaker_max_open_secs: 30,
@@ -447,6 +448,8 @@ mod tests {
             html: None,
             priority: Priority::High,
             reference: None,
+            sender: None,
+            headers: Vec::new(),
         }
     }
 }

@@ -23,7 +23,9 @@ use aws_sdk_sesv2::config::retry::RetryConfig;
 use aws_sdk_sesv2::config::timeout::TimeoutConfig;
 use aws_sdk_sesv2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sesv2::operation::send_email::SendEmailError;
-use aws_sdk_sesv2::types::{Body, Content, Destination, EmailContent, Message};
+use aws_sdk_sesv2::types::{
+    Body, Content, Destination, EmailContent, Message, MessageHeader, MessageTag,
+};
 use tracing::debug;
 
 use super::{
@@ -31,7 +33,7 @@ use super::{
     without_aws_ids,
 };
 use crate::config::ProviderSettings;
-use crate::message::DeliveryPayload;
+use crate::message::{DeliveryPayload, EmailHeader};
 use crate::model::Channel;
 
 /// Longest piece of an SES error message kept in an error.
@@ -70,9 +72,12 @@ pub struct SesProvider {
     client: aws_sdk_sesv2::Client,
     /// `FromEmailAddress` of every message (a verified SES identity).
     from: String,
-    /// `ConfigurationSetName` of every message: its event destination
-    /// publishes the receipts fairlane reads (see [`crate::receipts::ses`]).
+    /// `ConfigurationSetName` of every message whose sender identity names
+    /// none: its event destination publishes the receipts fairlane reads
+    /// (see [`crate::receipts::ses`]).
     configuration_set: Option<String>,
+    /// Send `TenantName` = the tenant's id (`providers.email.ses_tenants`).
+    ses_tenants: bool,
 }
 
 impl SesProvider {
@@ -98,7 +103,8 @@ impl SesProvider {
             .build();
         Ok(
             Self::with_client(aws_sdk_sesv2::Client::from_conf(config), from)
-                .with_configuration_set(settings.configuration_set.clone()),
+                .with_configuration_set(settings.configuration_set.clone())
+                .with_ses_tenants(settings.ses_tenants),
         )
     }
 
@@ -109,6 +115,12 @@ impl SesProvider {
         self
     }
 
+    /// Sends each email with `TenantName` set to its fairlane tenant's id.
+    pub fn with_ses_tenants(mut self, on: bool) -> Self {
+        self.ses_tenants = on;
+        self
+    }
+
     /// Uses a ready client (tests pass static credentials and a local
     /// endpoint; give it one attempt, as [`Self::from_settings`] does).
     pub fn with_client(client: aws_sdk_sesv2::Client, from: impl Into<String>) -> Self {
@@ -116,6 +128,7 @@ impl SesProvider {
             client,
             from: from.into(),
             configuration_set: None,
+            ses_tenants: false,
         }
     }
 }
@@ -138,12 +151,28 @@ impl Provider for SesProvider {
             subject,
             &message.text,
             message.html.as_deref(),
+            &message.headers,
         )?);
+        let sender = message.sender.as_ref();
+        let from = match sender.and_then(|s| s.from.as_deref()) {
+            Some(address) => from_header(address, sender.and_then(|s| s.display_name.as_deref())),
+            None => self.from.clone(),
+        };
+        let configuration_set = sender
+            .and_then(|s| s.configuration_set.clone())
+            .or_else(|| self.configuration_set.clone());
+        let reply_to = sender
+            .map(|s| s.reply_to.clone())
+            .filter(|list| !list.is_empty());
         let output = self
             .client
             .send_email()
-            .from_email_address(&self.from)
-            .set_configuration_set_name(self.configuration_set.clone())
+            .from_email_address(from)
+            .set_reply_to_addresses(reply_to)
+            .set_configuration_set_name(configuration_set)
+            .set_tenant_name(self.ses_tenants.then(|| message.tenant_id.clone()))
+            .email_tags(tag("tenant", &message.tenant_id)?)
+            .email_tags(tag("message_id", &message.id)?)
             .destination(Destination::builder().to_addresses(&message.to).build())
             .content(content.build())
             .send()
@@ -167,7 +196,45 @@ impl Provider for SesProvider {
     }
 }
 
-fn simple_message(subject: &str, text: &str, html: Option<&str>) -> Result<Message, ProviderError> {
+/// `FromEmailAddress` with a display name: quoted when it is ASCII, an
+/// RFC 2047 encoded word when it is not (SES wants non-ASCII names
+/// encoded).
+fn from_header(address: &str, display_name: Option<&str>) -> String {
+    match display_name {
+        None => address.to_owned(),
+        Some(name) if name.is_ascii() => {
+            let quoted = name.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{quoted}\" <{address}>")
+        }
+        Some(name) => {
+            use base64::Engine;
+            let encoded = base64::engine::general_purpose::STANDARD.encode(name.as_bytes());
+            format!("=?UTF-8?B?{encoded}?= <{address}>")
+        }
+    }
+}
+
+/// A message tag; tenant ids and message ids are within SES's tag
+/// alphabet (letters, digits, `_`, `-`).
+fn tag(name: &str, value: &str) -> Result<MessageTag, ProviderError> {
+    MessageTag::builder()
+        .name(name)
+        .value(value)
+        .build()
+        .map_err(|err| {
+            ProviderError::Permanent(Failure::new(
+                "the email could not be built",
+                format!("cannot build the SES message tag {name}: {err}"),
+            ))
+        })
+}
+
+fn simple_message(
+    subject: &str,
+    text: &str,
+    html: Option<&str>,
+    headers: &[EmailHeader],
+) -> Result<Message, ProviderError> {
     let content = |data: &str| {
         Content::builder()
             .data(data)
@@ -184,10 +251,24 @@ fn simple_message(subject: &str, text: &str, html: Option<&str>) -> Result<Messa
     if let Some(html) = html {
         body = body.html(content(html)?);
     }
-    Ok(Message::builder()
+    let mut message = Message::builder()
         .subject(content(subject)?)
-        .body(body.build())
-        .build())
+        .body(body.build());
+    for header in headers {
+        message = message.headers(
+            MessageHeader::builder()
+                .name(&header.name)
+                .value(&header.value)
+                .build()
+                .map_err(|err| {
+                    ProviderError::Permanent(Failure::new(
+                        "the email could not be built",
+                        format!("cannot build the header {}: {err}", header.name),
+                    ))
+                })?,
+        );
+    }
+    Ok(message.build())
 }
 
 /// Classifies a failed `SendEmail` call.

@@ -69,8 +69,14 @@ pub struct SmsHttpProvider {
 struct SmsForm<'a> {
     #[serde(rename = "To")]
     to: &'a str,
-    #[serde(rename = "From")]
-    from: &'a str,
+    #[serde(rename = "From", skip_serializing_if = "Option::is_none")]
+    from: Option<&'a str>,
+    /// Instead of `From`: the messaging service that picks the sender.
+    #[serde(
+        rename = "MessagingServiceSid",
+        skip_serializing_if = "Option::is_none"
+    )]
+    messaging_service_sid: Option<&'a str>,
     #[serde(rename = "Body")]
     body: &'a str,
     #[serde(rename = "StatusCallback", skip_serializing_if = "Option::is_none")]
@@ -178,13 +184,22 @@ impl Provider for SmsHttpProvider {
                 message.channel
             ))));
         }
+        // The tenant's identity: its sender, or its messaging service (no
+        // From then); without one, the configured sender.
+        let sender = message.sender.as_ref();
+        let messaging_service_sid = sender.and_then(|s| s.messaging_service_sid.as_deref());
+        let from = match messaging_service_sid {
+            Some(_) => None,
+            None => Some(sender.and_then(|s| s.from.as_deref()).unwrap_or(&self.from)),
+        };
         let response = self
             .client
             .post(self.messages_url.clone())
             .basic_auth(&self.account_sid, Some(self.auth_token.expose_secret()))
             .form(&SmsForm {
                 to: &message.to,
-                from: &self.from,
+                from,
+                messaging_service_sid,
                 body: &message.text,
                 status_callback: self.status_callback.as_deref(),
             })

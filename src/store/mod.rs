@@ -172,6 +172,24 @@ impl Db {
         Ok(())
     }
 
+    /// The value of `key` in the `settings` table, storing `value` first
+    /// when there is none; instances starting together agree on one.
+    pub async fn setting_or_insert(&self, key: &str, value: &str) -> anyhow::Result<String> {
+        on_pool!(self, write, |pool| {
+            sqlx::query(
+                "INSERT INTO settings(key, value) VALUES ($1, $2) ON CONFLICT(key) DO NOTHING",
+            )
+            .bind(key)
+            .bind(value)
+            .execute(pool)
+            .await?
+            .rows_affected()
+        });
+        self.setting(key)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("setting {key} vanished after it was written"))
+    }
+
     pub async fn close(&self) {
         match self {
             Db::Sqlite(db) => db.close().await,

@@ -12,16 +12,51 @@ const REGISTRY_CHANNEL: &str = "fairlane_registry";
 
 /// A plan row: name, lane, rate per second, burst, daily quota, in-flight cap.
 pub type PlanTuple = (String, String, f64, i64, i64, i64);
-/// A tenant row: id, name, plan, status, isolation, consumers, created, updated.
-pub type TenantTuple = (String, String, String, String, String, i64, i64, i64);
+/// A tenant row as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredTenant {
+    pub id: String,
+    pub name: String,
+    pub plan: String,
+    pub status: String,
+    pub isolation: String,
+    pub max_concurrent_consumers: i64,
+    pub unsubscribe_default: bool,
+    pub unsubscribe_mailto: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const TENANT_COLUMNS: &str = "id, name, plan, status, isolation, max_concurrent_consumers, \
+     unsubscribe_default, unsubscribe_mailto, created_at, updated_at";
 /// An active key: id, tenant id, hex SHA-256 of its secret.
 pub type KeyTuple = (String, String, String);
 
-/// Plans, tenants and active keys as stored.
+/// A sender identity as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SenderRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub channel: String,
+    pub sender: Option<String>,
+    pub display_name: Option<String>,
+    /// JSON array of addresses, or NULL.
+    pub reply_to: Option<String>,
+    pub configuration_set: Option<String>,
+    pub messaging_service_sid: Option<String>,
+    pub is_default: bool,
+    pub created_at: i64,
+}
+
+const SENDER_COLUMNS: &str = "id, tenant_id, channel, sender, display_name, reply_to, \
+     configuration_set, messaging_service_sid, is_default, created_at";
+
+/// Plans, tenants, active keys and sender identities as stored.
 pub struct RegistryRows {
     pub plans: Vec<PlanTuple>,
-    pub tenants: Vec<TenantTuple>,
+    pub tenants: Vec<StoredTenant>,
     pub keys: Vec<KeyTuple>,
+    pub senders: Vec<SenderRow>,
 }
 
 /// Who wrote a plan: the configuration seeds its plans at start-up until
@@ -49,6 +84,9 @@ pub struct TenantUpdate<'a> {
     pub status: Option<TenantStatus>,
     pub isolation: Option<Isolation>,
     pub max_concurrent_consumers: Option<u32>,
+    pub unsubscribe_default: Option<bool>,
+    /// `Some("")` removes it.
+    pub unsubscribe_mailto: Option<&'a str>,
 }
 
 /// What [`delete_tenant`] did.
@@ -70,9 +108,9 @@ pub async fn read_all(db: &Db) -> anyhow::Result<RegistryRows> {
             )
             .fetch_all($ex)
             .await?;
-            let tenants: Vec<TenantTuple> = sqlx::query_as(
-                "SELECT id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at FROM tenants",
-            )
+            let tenants: Vec<StoredTenant> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {TENANT_COLUMNS} FROM tenants"
+            )))
             .fetch_all($ex)
             .await?;
             let keys: Vec<KeyTuple> = sqlx::query_as(
@@ -80,10 +118,16 @@ pub async fn read_all(db: &Db) -> anyhow::Result<RegistryRows> {
             )
             .fetch_all($ex)
             .await?;
+            let senders: Vec<SenderRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {SENDER_COLUMNS} FROM sender_identities ORDER BY tenant_id, id"
+            )))
+            .fetch_all($ex)
+            .await?;
             RegistryRows {
                 plans,
                 tenants,
                 keys,
+                senders,
             }
         }};
     }
@@ -161,28 +205,31 @@ pub async fn insert_tenant(db: &Db, tenant: &TenantInsert<'_>) -> anyhow::Result
 
 /// Changes only the fields given (another instance may have changed the
 /// others a moment ago); returns the tenant's row after it, `None` when
-/// there is no such tenant: name, plan, status, isolation, consumers,
-/// created, updated.
+/// there is no such tenant.
 pub async fn update_tenant(
     db: &Db,
     id: &str,
     change: &TenantUpdate<'_>,
     now: i64,
-) -> anyhow::Result<Option<(String, String, String, String, i64, i64, i64)>> {
+) -> anyhow::Result<Option<StoredTenant>> {
     Ok(on_pool!(db, write, |pool| {
-        sqlx::query_as(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
              isolation = COALESCE($5, isolation), \
              max_concurrent_consumers = COALESCE($6, max_concurrent_consumers), \
-             updated_at = $3 WHERE id = $4 RETURNING name, plan, status, isolation, \
-             max_concurrent_consumers, created_at, updated_at",
-        )
+             unsubscribe_default = COALESCE($7, unsubscribe_default), \
+             unsubscribe_mailto = CASE WHEN CAST($8 AS TEXT) IS NULL THEN unsubscribe_mailto \
+             WHEN CAST($8 AS TEXT) = '' THEN NULL ELSE CAST($8 AS TEXT) END, \
+             updated_at = $3 WHERE id = $4 RETURNING {TENANT_COLUMNS}"
+        )))
         .bind(change.plan)
         .bind(change.status.map(|s| s.as_str()))
         .bind(now)
         .bind(id)
         .bind(change.isolation.map(|i| i.as_str()))
         .bind(change.max_concurrent_consumers.map(i64::from))
+        .bind(change.unsubscribe_default)
+        .bind(change.unsubscribe_mailto)
         .fetch_optional(pool)
         .await?
     }))
@@ -212,6 +259,7 @@ pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> 
                 "DELETE FROM webhook_deliveries WHERE tenant_id = $1",
                 "DELETE FROM webhooks WHERE tenant_id = $1",
                 "DELETE FROM suppressions WHERE tenant_id = $1",
+                "DELETE FROM sender_identities WHERE tenant_id = $1",
             ] {
                 sqlx::query(statement).bind(id).execute(&mut *tx).await?;
             }
@@ -271,6 +319,108 @@ pub async fn keys_of(db: &Db, tenant_id: &str) -> anyhow::Result<Vec<(String, i6
         sqlx::query_as(
             "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
         )
+        .bind(tenant_id)
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// Stores a sender identity; when it is a default, the tenant's previous
+/// default for its channel stops being one in the same transaction.
+pub async fn insert_sender(db: &Db, row: &SenderRow) -> anyhow::Result<()> {
+    super::in_transaction!(db, |tx| {
+        if row.is_default {
+            sqlx::query(
+                "UPDATE sender_identities SET is_default = FALSE \
+                 WHERE tenant_id = $1 AND channel = $2 AND is_default",
+            )
+            .bind(&row.tenant_id)
+            .bind(&row.channel)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO sender_identities (id, tenant_id, channel, sender, display_name, reply_to, \
+             configuration_set, messaging_service_sid, is_default, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&row.id)
+        .bind(&row.tenant_id)
+        .bind(&row.channel)
+        .bind(&row.sender)
+        .bind(&row.display_name)
+        .bind(&row.reply_to)
+        .bind(&row.configuration_set)
+        .bind(&row.messaging_service_sid)
+        .bind(row.is_default)
+        .bind(row.created_at)
+        .execute(&mut *tx)
+        .await?;
+    });
+    Ok(())
+}
+
+/// Makes identity `id` of `tenant_id` its channel's default (`default`) or
+/// no default; false when the tenant has no such identity.
+pub async fn set_default_sender(
+    db: &Db,
+    tenant_id: &str,
+    id: &str,
+    default: bool,
+) -> anyhow::Result<bool> {
+    Ok(super::in_transaction!(db, |tx| {
+        let channel: Option<String> = sqlx::query_scalar(
+            "SELECT channel FROM sender_identities WHERE tenant_id = $1 AND id = $2",
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        match channel {
+            None => false,
+            Some(channel) => {
+                if default {
+                    sqlx::query(
+                        "UPDATE sender_identities SET is_default = FALSE \
+                         WHERE tenant_id = $1 AND channel = $2 AND is_default AND id <> $3",
+                    )
+                    .bind(tenant_id)
+                    .bind(&channel)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                sqlx::query("UPDATE sender_identities SET is_default = $1 WHERE id = $2")
+                    .bind(default)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                true
+            }
+        }
+    }))
+}
+
+/// Removes identity `id` of `tenant_id`; false when there was none.
+pub async fn delete_sender(db: &Db, tenant_id: &str, id: &str) -> anyhow::Result<bool> {
+    let removed = on_pool!(db, write, |pool| {
+        sqlx::query("DELETE FROM sender_identities WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+    });
+    Ok(removed > 0)
+}
+
+/// A tenant's sender identities, oldest first.
+pub async fn senders_of(db: &Db, tenant_id: &str) -> anyhow::Result<Vec<SenderRow>> {
+    Ok(on_pool!(db, write, |pool| {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {SENDER_COLUMNS} FROM sender_identities WHERE tenant_id = $1 \
+             ORDER BY id"
+        )))
         .bind(tenant_id)
         .fetch_all(pool)
         .await?

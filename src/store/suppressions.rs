@@ -23,7 +23,7 @@ pub fn normalize(address: &str) -> Option<(Channel, String)> {
 }
 
 /// Why an address is on the list.
-pub const REASONS: &[&str] = &["bounce", "complaint", "manual"];
+pub const REASONS: &[&str] = &["bounce", "complaint", "manual", "unsubscribe"];
 
 /// One entry of a tenant's list.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
@@ -32,7 +32,7 @@ pub struct Suppression {
     pub address: String,
     /// `email` or `sms`.
     pub channel: String,
-    /// `bounce`, `complaint` or `manual`.
+    /// `bounce`, `complaint`, `manual` or `unsubscribe` (one-click).
     pub reason: String,
     /// The provider's words (bounce type, error code) or the caller's note.
     pub detail: Option<String>,
@@ -57,6 +57,51 @@ impl Suppression {
 /// caller's transaction; the first reason stays.
 pub const INSERT: &str = "INSERT INTO suppressions (tenant_id, address, channel, reason, detail, message_id, created_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant_id, address) DO NOTHING";
+
+/// Adds `address` to `tenant_id`'s list with reason `unsubscribe` (a
+/// one-click unsubscribe from message `message_id`) and, when it was not
+/// listed before, records the `unsubscribed` event on that message, which
+/// the store's trigger turns into a `message.unsubscribed` webhook call;
+/// one transaction. True when it was added.
+pub async fn unsubscribe(
+    db: &Db,
+    tenant_id: &str,
+    channel: Channel,
+    address: &str,
+    message_id: &str,
+    now: i64,
+) -> anyhow::Result<bool> {
+    Ok(in_transaction!(db, |tx| {
+        let added = sqlx::query(INSERT)
+            .bind(tenant_id)
+            .bind(address)
+            .bind(channel.as_str())
+            .bind("unsubscribe")
+            .bind(None::<String>)
+            .bind(message_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            > 0;
+        if added {
+            // The message may be gone (its tenant's data erased); the
+            // address is listed all the same.
+            sqlx::query(
+                "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, \
+                 detail, provider_message_id) \
+                 SELECT id, tenant_id, $3, 'unsubscribed', status, attempts, NULL, provider_message_id \
+                 FROM messages WHERE id = $1 AND tenant_id = $2",
+            )
+            .bind(message_id)
+            .bind(tenant_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        added
+    }))
+}
 
 /// Adds an entry by hand; true when it was not listed before.
 pub async fn add(

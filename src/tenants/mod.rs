@@ -24,9 +24,14 @@ use crate::config::PlanSettings;
 pub use crate::config::validate_plan_figures;
 use crate::model::{Isolation, TenantStatus, now_ms};
 use crate::store::Db;
-use crate::store::registry::{self, PlanSource, RegistryRows, TenantDeletion};
+use crate::store::registry::{
+    self, PlanSource, RegistryRows, SenderRow, StoredTenant, TenantDeletion,
+};
 
 pub use crate::model::Plan;
+
+pub mod senders;
+pub use senders::{NewSender, SenderIdentity};
 
 /// A tenant of the gateway.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -41,6 +46,13 @@ pub struct Tenant {
     /// Attention workers that may consume the tenant's own queue at once
     /// (1: strictly one message at a time). Default 2.
     pub max_concurrent_consumers: u32,
+    /// Its email asks for one-click unsubscribe unless a send says
+    /// `unsubscribe: false`.
+    pub unsubscribe_default: bool,
+    /// The `mailto:` address its `List-Unsubscribe` header offers beside
+    /// the https link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsubscribe_mailto: Option<String>,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -119,8 +131,46 @@ const FOLLOW_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 type PlanMap = HashMap<String, Arc<Plan>>;
 type TenantMap = HashMap<String, Arc<TenantRow>>;
 type KeyMap = HashMap<String, KeyEntry>;
+/// Each tenant's sender identities, oldest first.
+type SenderMap = HashMap<String, Arc<Vec<SenderIdentity>>>;
 
-type Tables = (PlanMap, TenantMap, KeyMap);
+type Tables = (PlanMap, TenantMap, KeyMap, SenderMap);
+
+fn sender_from_row(row: SenderRow) -> anyhow::Result<SenderIdentity> {
+    let reply_to = match row.reply_to.as_deref() {
+        None => Vec::new(),
+        Some(json) => serde_json::from_str(json).with_context(|| {
+            format!("reply_to of sender identity {} is not a JSON list", row.id)
+        })?,
+    };
+    Ok(SenderIdentity {
+        channel: row.channel.parse().map_err(anyhow::Error::msg)?,
+        id: row.id,
+        tenant_id: row.tenant_id,
+        from: row.sender,
+        display_name: row.display_name,
+        reply_to,
+        configuration_set: row.configuration_set,
+        messaging_service_sid: row.messaging_service_sid,
+        default: row.is_default,
+        created_at: crate::model::ms_to_rfc3339(row.created_at),
+    })
+}
+
+fn senders_by_tenant(rows: Vec<SenderRow>) -> anyhow::Result<SenderMap> {
+    let mut grouped: HashMap<String, Vec<SenderIdentity>> = HashMap::new();
+    for row in rows {
+        let sender = sender_from_row(row)?;
+        grouped
+            .entry(sender.tenant_id.clone())
+            .or_default()
+            .push(sender);
+    }
+    Ok(grouped
+        .into_iter()
+        .map(|(tenant, list)| (tenant, Arc::new(list)))
+        .collect())
+}
 
 /// Plans, tenants and active keys as stored now: on PostgreSQL from one
 /// snapshot (`REPEATABLE READ`), so a change committed between the three
@@ -130,6 +180,7 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         plans: plan_rows,
         tenants: tenant_rows,
         keys: key_rows,
+        senders: sender_rows,
     } = registry::read_all(db).await?;
     let mut plans = HashMap::new();
     for (name, lane, rate, burst, quota, in_flight) in plan_rows {
@@ -144,18 +195,9 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         plans.insert(name, Arc::new(plan));
     }
     let mut tenants = HashMap::new();
-    for (id, name, plan, status, isolation, consumers, created_at, updated_at) in tenant_rows {
-        let row = TenantRow {
-            status: status.parse().map_err(anyhow::Error::msg)?,
-            isolation: isolation.parse().map_err(anyhow::Error::msg)?,
-            max_concurrent_consumers: consumers.clamp(1, i64::from(u32::MAX)) as u32,
-            id: id.clone(),
-            name,
-            plan,
-            created_at,
-            updated_at,
-        };
-        tenants.insert(id, Arc::new(row));
+    for stored in tenant_rows {
+        let row = TenantRow::from_stored(stored)?;
+        tenants.insert(row.id.clone(), Arc::new(row));
     }
     let mut keys = HashMap::new();
     for (id, tenant_id, hash) in key_rows {
@@ -170,7 +212,7 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
             },
         );
     }
-    Ok((plans, tenants, keys))
+    Ok((plans, tenants, keys, senders_by_tenant(sender_rows)?))
 }
 
 pub struct Registry {
@@ -178,6 +220,7 @@ pub struct Registry {
     plans: RwLock<PlanMap>,
     tenants: RwLock<TenantMap>,
     keys: RwLock<KeyMap>,
+    senders: RwLock<SenderMap>,
     /// Held by each change (from its write to its cache update) and by each
     /// reload (from its read to its swap), so a reload that read the tables
     /// before a change committed never replaces the cache after the change
@@ -197,11 +240,30 @@ pub struct TenantRow {
     pub status: TenantStatus,
     pub isolation: Isolation,
     pub max_concurrent_consumers: u32,
+    pub unsubscribe_default: bool,
+    pub unsubscribe_mailto: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 impl TenantRow {
+    fn from_stored(stored: StoredTenant) -> anyhow::Result<TenantRow> {
+        Ok(TenantRow {
+            status: stored.status.parse().map_err(anyhow::Error::msg)?,
+            isolation: stored.isolation.parse().map_err(anyhow::Error::msg)?,
+            max_concurrent_consumers: stored
+                .max_concurrent_consumers
+                .clamp(1, i64::from(u32::MAX)) as u32,
+            id: stored.id,
+            name: stored.name,
+            plan: stored.plan,
+            unsubscribe_default: stored.unsubscribe_default,
+            unsubscribe_mailto: stored.unsubscribe_mailto,
+            created_at: stored.created_at,
+            updated_at: stored.updated_at,
+        })
+    }
+
     pub fn view(&self) -> Tenant {
         Tenant {
             id: self.id.clone(),
@@ -210,6 +272,8 @@ impl TenantRow {
             status: self.status,
             isolation: self.isolation,
             max_concurrent_consumers: self.max_concurrent_consumers,
+            unsubscribe_default: self.unsubscribe_default,
+            unsubscribe_mailto: self.unsubscribe_mailto.clone(),
             created_at: crate::model::ms_to_rfc3339(self.created_at),
             updated_at: crate::model::ms_to_rfc3339(self.updated_at),
         }
@@ -245,6 +309,9 @@ pub struct TenantChange {
     pub status: Option<TenantStatus>,
     pub isolation: Option<Isolation>,
     pub max_concurrent_consumers: Option<u32>,
+    pub unsubscribe_default: Option<bool>,
+    /// An email address; `""` removes it.
+    pub unsubscribe_mailto: Option<String>,
 }
 
 fn check_consumers(consumers: u32) -> Result<u32, RegistryError> {
@@ -263,6 +330,8 @@ fn check_consumers(consumers: u32) -> Result<u32, RegistryError> {
 pub struct Caller {
     pub tenant: Arc<TenantRow>,
     pub plan: Arc<Plan>,
+    /// The tenant's sender identities (none: an empty list).
+    pub senders: Arc<Vec<SenderIdentity>>,
 }
 
 impl Registry {
@@ -287,12 +356,13 @@ impl Registry {
             .await
             .with_context(|| format!("seeding plan {name}"))?;
         }
-        let (plans, tenants, keys) = read_all(&db).await?;
+        let (plans, tenants, keys, senders) = read_all(&db).await?;
         Ok(Registry {
             db,
             plans: RwLock::new(plans),
             tenants: RwLock::new(tenants),
             keys: RwLock::new(keys),
+            senders: RwLock::new(senders),
             changing: tokio::sync::Mutex::new(()),
             isolation_sink: std::sync::OnceLock::new(),
         })
@@ -301,10 +371,11 @@ impl Registry {
     /// Reads all three tables again and replaces the cache with them.
     pub async fn reload(&self) -> anyhow::Result<()> {
         let _changing = self.changing.lock().await;
-        let (plans, tenants, keys) = read_all(&self.db).await?;
+        let (plans, tenants, keys, senders) = read_all(&self.db).await?;
         *self.plans.write().expect("plans lock") = plans;
         *self.tenants.write().expect("tenants lock") = tenants;
         *self.keys.write().expect("keys lock") = keys;
+        *self.senders.write().expect("senders lock") = senders;
         self.apply_isolation();
         Ok(())
     }
@@ -488,6 +559,8 @@ impl Registry {
             status: TenantStatus::Active,
             isolation: options.isolation,
             max_concurrent_consumers: check_consumers(options.max_concurrent_consumers)?,
+            unsubscribe_default: false,
+            unsubscribe_mailto: None,
             created_at: now,
             updated_at: now,
         };
@@ -531,6 +604,15 @@ impl Registry {
             .max_concurrent_consumers
             .map(check_consumers)
             .transpose()?;
+        if let Some(mailto) = change.unsubscribe_mailto.as_deref()
+            && !mailto.is_empty()
+            && !crate::message::is_email_address(mailto)
+        {
+            return Err(invalid(
+                "unsubscribe_mailto",
+                "must be an email address like unsubscribe@example.com (\"\" removes it)",
+            ));
+        }
         self.tenant_fresh(id)
             .await
             .ok_or_else(|| RegistryError::NotFound(format!("tenant {id:?}")))?;
@@ -550,24 +632,16 @@ impl Registry {
                 status,
                 isolation: change.isolation,
                 max_concurrent_consumers: consumers,
+                unsubscribe_default: change.unsubscribe_default,
+                unsubscribe_mailto: change.unsubscribe_mailto.as_deref(),
             },
             now_ms(),
         )
         .await?;
-        let Some((name, plan, status, isolation, consumers, created_at, updated_at)) = stored
-        else {
+        let Some(stored) = stored else {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         };
-        let row = TenantRow {
-            id: id.to_owned(),
-            name,
-            plan,
-            status: status.parse().map_err(anyhow::Error::msg)?,
-            isolation: isolation.parse().map_err(anyhow::Error::msg)?,
-            max_concurrent_consumers: consumers.clamp(1, i64::from(u32::MAX)) as u32,
-            created_at,
-            updated_at,
-        };
+        let row = TenantRow::from_stored(stored)?;
         let view = row.view();
         self.tenants
             .write()
@@ -600,7 +674,117 @@ impl Registry {
             .expect("keys lock")
             .retain(|_, key| key.tenant_id != id);
         self.tenants.write().expect("tenants lock").remove(id);
+        self.senders.write().expect("senders lock").remove(id);
         self.announce("tenant").await;
+        Ok(())
+    }
+
+    // ----- sender identities -----
+
+    fn senders_cached(&self, tenant_id: &str) -> Arc<Vec<SenderIdentity>> {
+        self.senders
+            .read()
+            .expect("senders lock")
+            .get(tenant_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// A tenant's sender identities, oldest first.
+    pub async fn senders_of(&self, tenant_id: &str) -> Result<Vec<SenderIdentity>, RegistryError> {
+        if self.tenant_fresh(tenant_id).await.is_none() {
+            return Err(RegistryError::NotFound(format!("tenant {tenant_id:?}")));
+        }
+        Ok(self.senders_cached(tenant_id).as_ref().clone())
+    }
+
+    /// Reads the tenant's identities again into the cache, after a change.
+    async fn refresh_senders(&self, tenant_id: &str) -> anyhow::Result<Vec<SenderIdentity>> {
+        let list = registry::senders_of(&self.db, tenant_id)
+            .await?
+            .into_iter()
+            .map(sender_from_row)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.senders
+            .write()
+            .expect("senders lock")
+            .insert(tenant_id.to_owned(), Arc::new(list.clone()));
+        Ok(list)
+    }
+
+    /// Gives `tenant_id` a sender identity.
+    pub async fn add_sender(
+        &self,
+        tenant_id: &str,
+        input: &NewSender,
+    ) -> Result<SenderIdentity, RegistryError> {
+        if self.tenant_fresh(tenant_id).await.is_none() {
+            return Err(RegistryError::NotFound(format!("tenant {tenant_id:?}")));
+        }
+        senders::validate(input)?;
+        let _changing = self.changing.lock().await;
+        if self.senders_cached(tenant_id).len() >= senders::MAX_SENDERS_PER_TENANT {
+            return Err(RegistryError::Conflict(format!(
+                "tenant {tenant_id:?} has {} sender identities, the most it may have; remove one first",
+                senders::MAX_SENDERS_PER_TENANT
+            )));
+        }
+        let row = SenderRow {
+            // Time-ordered (UUIDv7), so a listing by id is oldest first.
+            id: format!("snd_{}", uuid::Uuid::now_v7().simple()),
+            tenant_id: tenant_id.to_owned(),
+            channel: input.channel.as_str().to_owned(),
+            sender: input.from.clone(),
+            display_name: input.display_name.clone(),
+            reply_to: (!input.reply_to.is_empty())
+                .then(|| serde_json::to_string(&input.reply_to))
+                .transpose()
+                .map_err(anyhow::Error::from)?,
+            configuration_set: input.configuration_set.clone(),
+            messaging_service_sid: input.messaging_service_sid.clone(),
+            is_default: input.default,
+            created_at: now_ms(),
+        };
+        registry::insert_sender(&self.db, &row).await?;
+        let list = self.refresh_senders(tenant_id).await?;
+        self.announce("sender").await;
+        list.into_iter()
+            .find(|sender| sender.id == row.id)
+            .ok_or_else(|| {
+                RegistryError::Internal(anyhow::anyhow!("the new identity was not read back"))
+            })
+    }
+
+    /// Makes identity `id` the default for its channel, or no default.
+    pub async fn set_default_sender(
+        &self,
+        tenant_id: &str,
+        id: &str,
+        default: bool,
+    ) -> Result<SenderIdentity, RegistryError> {
+        let _changing = self.changing.lock().await;
+        if !registry::set_default_sender(&self.db, tenant_id, id, default).await? {
+            return Err(RegistryError::NotFound(format!(
+                "sender identity {id:?} of tenant {tenant_id:?}"
+            )));
+        }
+        let list = self.refresh_senders(tenant_id).await?;
+        self.announce("sender").await;
+        list.into_iter()
+            .find(|sender| sender.id == id)
+            .ok_or_else(|| RegistryError::NotFound(format!("sender identity {id:?}")))
+    }
+
+    /// Removes identity `id`; messages accepted with it still send with it.
+    pub async fn remove_sender(&self, tenant_id: &str, id: &str) -> Result<(), RegistryError> {
+        let _changing = self.changing.lock().await;
+        if !registry::delete_sender(&self.db, tenant_id, id).await? {
+            return Err(RegistryError::NotFound(format!(
+                "sender identity {id:?} of tenant {tenant_id:?}"
+            )));
+        }
+        self.refresh_senders(tenant_id).await?;
+        self.announce("sender").await;
         Ok(())
     }
 
@@ -676,6 +860,11 @@ impl Registry {
         };
         let tenant = self.tenant(&tenant_id)?;
         let plan = self.plan(&tenant.plan)?;
-        Some(Caller { tenant, plan })
+        let senders = self.senders_cached(&tenant_id);
+        Some(Caller {
+            tenant,
+            plan,
+            senders,
+        })
     }
 }

@@ -32,12 +32,14 @@ pub const PREVIOUS_SECRET_GRACE_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// The event types a webhook can subscribe to: `message.{status}` for
 /// every status a message can move to, except the moment of `sending`
-/// and `scheduled`, which only an accept sets.
+/// and `scheduled`, which only an accept sets; and `message.unsubscribed`,
+/// when a recipient unsubscribes with the message's one-click link.
 pub fn event_types() -> Vec<String> {
     MessageStatus::ALL
         .iter()
         .filter(|status| !matches!(status, MessageStatus::Sending | MessageStatus::Scheduled))
         .map(|status| format!("message.{}", status.as_str()))
+        .chain(std::iter::once("message.unsubscribed".to_owned()))
         .collect()
 }
 

@@ -26,6 +26,7 @@ mod receipts;
 mod redis_limits;
 mod restart;
 mod scheduled;
+mod senders;
 #[path = "../servers/mod.rs"]
 mod servers;
 mod shutdown;
@@ -33,5 +34,6 @@ mod slow_clients;
 mod sqs;
 mod storms;
 mod support;
+mod unsubscribe;
 mod webhook_transport;
 mod webhooks;

@@ -29,7 +29,7 @@ macro_rules! fast_webhooks {
 
 /// Fast, and the endpoints these tests run (wiremock on
 /// `http://127.0.0.1`) allowed: plain http and that one internal address.
-const FAST_WEBHOOKS: &str = concat!(
+pub(crate) const FAST_WEBHOOKS: &str = concat!(
     fast_webhooks!(),
     "allow_http = true\nallow_private = [\"127.0.0.1/32\"]\n"
 );
@@ -43,7 +43,7 @@ fn verifier_python() -> String {
 }
 
 /// Checks every recorded call's signature with the reference library.
-fn verify_with_standard_webhooks(secret: &str, calls: &[Request]) {
+pub(crate) fn verify_with_standard_webhooks(secret: &str, calls: &[Request]) {
     let recorded: Vec<Value> = calls
         .iter()
         .map(|call| {
@@ -79,7 +79,7 @@ fn verify_with_standard_webhooks(secret: &str, calls: &[Request]) {
     );
 }
 
-async fn set_webhook(app: &TestApp, key: &str, url: &str, events: &[&str]) -> Value {
+pub(crate) async fn set_webhook(app: &TestApp, key: &str, url: &str, events: &[&str]) -> Value {
     let response = app
         .tenant(key, Method::PUT, "/v1/webhook")
         .json(&json!({"url": url, "events": events}))
@@ -89,11 +89,11 @@ async fn set_webhook(app: &TestApp, key: &str, url: &str, events: &[&str]) -> Va
     expect_json(response, StatusCode::CREATED).await
 }
 
-fn body_of(call: &Request) -> Value {
+pub(crate) fn body_of(call: &Request) -> Value {
     serde_json::from_slice(&call.body).unwrap()
 }
 
-async fn endpoint_ok() -> MockServer {
+pub(crate) async fn endpoint_ok() -> MockServer {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(204))
@@ -103,7 +103,7 @@ async fn endpoint_ok() -> MockServer {
 }
 
 /// Waits until `server` has recorded `count` calls, or 15 s.
-async fn calls_on(server: &MockServer, count: usize) -> Vec<Request> {
+pub(crate) async fn calls_on(server: &MockServer, count: usize) -> Vec<Request> {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let calls = server.received_requests().await.unwrap_or_default();

@@ -437,6 +437,47 @@ async fn a_registry_change_made_through_one_instance_reaches_another_within_a_se
     let seen = tokio::task::block_in_place(|| within_a_second(&|| b.authenticate(&key).is_some()));
     assert!(seen.is_some(), "the new key works on the other instance");
 
+    let sender = a
+        .add_sender(
+            "acme",
+            &crate::tenants::NewSender {
+                channel: Channel::Sms,
+                from: Some("ACME".into()),
+                display_name: None,
+                reply_to: Vec::new(),
+                configuration_set: None,
+                messaging_service_sid: None,
+                default: true,
+            },
+        )
+        .await
+        .unwrap();
+    let heard = tokio::task::block_in_place(|| {
+        within_a_second(&|| {
+            b.authenticate(&key).is_some_and(|caller| {
+                caller
+                    .senders
+                    .iter()
+                    .any(|s| s.id == sender.id && s.default)
+            })
+        })
+    });
+    assert!(
+        heard.is_some(),
+        "the new sender identity reaches the other instance"
+    );
+    a.remove_sender("acme", &sender.id).await.unwrap();
+    let forgotten = tokio::task::block_in_place(|| {
+        within_a_second(&|| {
+            b.authenticate(&key)
+                .is_some_and(|caller| caller.senders.is_empty())
+        })
+    });
+    assert!(
+        forgotten.is_some(),
+        "a removed identity is gone on the other instance"
+    );
+
     a.update_tenant(
         "acme",
         &crate::tenants::TenantChange {
