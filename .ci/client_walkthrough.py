@@ -9,7 +9,7 @@ import datetime
 import sys
 
 from fairlane_client import AuthenticatedClient
-from fairlane_client.api.admin import create_tenant, get_tenant, issue_key, put_plan, queues
+from fairlane_client.api.admin import add_sender, create_tenant, get_tenant, issue_key, put_plan, queues
 from fairlane_client.api.messages import (
     cancel_by_reference,
     cancel_message,
@@ -19,6 +19,11 @@ from fairlane_client.api.messages import (
 )
 from fairlane_client.models import (
     BatchSmsItem,
+    Channel,
+    IssueKey,
+    KeyKind,
+    NewSender,
+    SenderIdentity,
     BatchSmsItemChannel,
     CreateTenant,
     Lane,
@@ -116,6 +121,37 @@ again = expect(cancel_message.sync(sms.id, client=tenant), Problem, "a second ca
 assert again.status == 409, again
 by_reference = cancel_by_reference.sync(client=tenant, reference="blast")
 assert by_reference.cancelled == 2, by_reference
+
+# A sender identity, named in a send made with a test key: accepted,
+# marked as a test, and never given to a provider.
+sender = expect(
+    add_sender.sync("walk", client=admin, body=NewSender(channel=Channel.SMS, from_="WALK")),
+    SenderIdentity,
+    "add a sender identity",
+)
+test_key = issue_key.sync("walk", client=admin, body=IssueKey(kind=KeyKind.TEST))
+assert test_key.kind == KeyKind.TEST and test_key.key.startswith("fl_test_"), test_key
+tester = AuthenticatedClient(base_url=base, token=test_key.key)
+trial = expect(
+    send_message.sync(
+        client=tester,
+        body=SendSmsRequest(
+            channel=SendSmsRequestChannel.SMS, to="+15005550001", text="Trying it out", sender_id=sender.id
+        ),
+    ),
+    SendAccepted,
+    "send with a test key and a sender identity",
+)
+assert get_message.sync(trial.id, client=tester).test is True, trial
+foreign = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendSmsRequest(channel=SendSmsRequestChannel.SMS, to="+15551234567", text="x", sender_id="snd_none"),
+    ),
+    Problem,
+    "an unknown sender identity is refused",
+)
+assert foreign.status == 422 and "sender_id" in foreign.errors.additional_properties, foreign
 
 assert get_tenant.sync("walk", client=admin).id == "walk"
 assert queues.sync(client=admin) is not None

@@ -51,6 +51,7 @@ fn entry(n: u64) -> AcceptEntry {
             last_error: None,
             provider_message_id: None,
             send_at: None,
+            test: false,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -251,6 +251,8 @@ impl Application {
                     settings.server.public_url.as_deref(),
                 )
                 .await?,
+                test_email: simulated(&settings.providers.email, share),
+                test_sms: simulated(&settings.providers.sms, share),
                 retry: settings.retry.clone(),
                 consumers: settings.consumers.clone(),
                 status: store_writer.clone(),
@@ -454,6 +456,32 @@ async fn gated(
             crate::limits::breaker::BreakerSettings::of(settings),
         )),
     })
+}
+
+/// Test keys' messages: at most this many simulated calls a second per
+/// channel, in this process.
+const TEST_RATE_PER_SECOND: f64 = 1000.0;
+const TEST_BURST: u32 = 100;
+
+/// The simulated provider of a channel, with its own gate (test sends use
+/// no real provider's tokens); a call that never answers times out after
+/// the real provider's `timeout_ms`.
+fn simulated(settings: &crate::config::ProviderSettings, low_priority_share: f64) -> GatedProvider {
+    let timeout = settings.timeout_ms.map_or(
+        crate::providers::DEFAULT_TIMEOUT,
+        std::time::Duration::from_millis,
+    );
+    GatedProvider {
+        provider: Arc::new(crate::providers::simulated::SimulatedProvider::new(timeout)),
+        gate: Arc::new(ProviderGate::with_share(
+            TEST_RATE_PER_SECOND,
+            TEST_BURST,
+            low_priority_share,
+        )),
+        breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
+            crate::limits::breaker::BreakerSettings::of(settings),
+        )),
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -118,6 +118,22 @@ pub struct EmailHeader {
     pub value: String,
 }
 
+/// The part of an identity a message carries in its delivery payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SenderOnMessage {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reply_to: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messaging_service_sid: Option<String>,
+}
+
 /// Longest `sender_id` accepted.
 pub const MAX_SENDER_ID_CHARS: usize = 64;
 
@@ -164,10 +180,13 @@ pub struct DeliveryPayload {
     pub reference: Option<String>,
     /// The tenant's identity it goes out with; none: the configured sender.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sender: Option<crate::tenants::senders::SenderOnMessage>,
+    pub sender: Option<SenderOnMessage>,
     /// Email: headers to add, the caller's and `List-Unsubscribe`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<EmailHeader>,
+    /// Sent with a test key: the simulated provider answers it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub test: bool,
 }
 
 // The channel of each request kind has exactly one value, so exactly one
@@ -691,6 +710,8 @@ pub struct MessageRecord {
     pub provider_message_id: Option<String>,
     /// When a scheduled message is due (ms); `None`: at once.
     pub send_at: Option<i64>,
+    /// Sent with a test key: a simulated provider answers it.
+    pub test: bool,
 }
 
 /// A message's delivery status.
@@ -719,6 +740,10 @@ pub struct MessageView {
     /// RFC 3339: when a scheduled message is (or was) due.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub send_at: Option<String>,
+    /// `true`: sent with a test key; a simulated provider answered it and
+    /// no real message went out. Absent for live messages.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub test: bool,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -745,6 +770,7 @@ impl From<MessageRecord> for MessageView {
             last_error: record.last_error,
             provider_message_id: record.provider_message_id,
             send_at: record.send_at.map(ms_to_rfc3339),
+            test: record.test,
         }
     }
 }

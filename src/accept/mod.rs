@@ -185,6 +185,30 @@ pub struct Acceptor {
     links: Option<Arc<crate::unsubscribe::Links>>,
 }
 
+/// Whose bucket and day count a caller's sends are taken from: the
+/// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
+/// test sends neither use the daily quota nor the live sends' rate.
+fn limits_key(caller: &Caller) -> String {
+    if caller.test {
+        format!("{}#test", caller.tenant.id)
+    } else {
+        caller.tenant.id.clone()
+    }
+}
+
+/// The plan a caller's sends are limited by: a test key's at the plan's
+/// rate and burst but with no daily quota.
+fn limits_plan(caller: &Caller) -> std::borrow::Cow<'_, crate::tenants::Plan> {
+    if caller.test {
+        std::borrow::Cow::Owned(crate::tenants::Plan {
+            daily_quota: i64::MAX as u64,
+            ..(*caller.plan).clone()
+        })
+    } else {
+        std::borrow::Cow::Borrowed(&*caller.plan)
+    }
+}
+
 impl Acceptor {
     pub fn new(
         db: Db,
@@ -254,7 +278,7 @@ impl Acceptor {
         let grant = self.admit(caller, prepared.lane).await?;
         let (entry, mut handed) = prepared.into_parts(self.outbox.is_some());
         if let Err(failed) = self.writer.accept(entry).await {
-            self.limits.release(tenant_id, &grant).await;
+            self.limits.release(&limits_key(caller), &grant).await;
             return Err(Refused::Unavailable {
                 detail: "The message could not be queued durably; nothing was accepted.".into(),
                 retry_after: failed.retry_after,
@@ -347,7 +371,7 @@ impl Acceptor {
         }
         if let Err(failed) = self.writer.accept_all(entries).await {
             for (_, _, grant) in &admitted {
-                self.limits.release(tenant_id, grant).await;
+                self.limits.release(&limits_key(caller), grant).await;
             }
             return Err(Refused::Unavailable {
                 detail: "The batch could not be queued durably; nothing was accepted.".into(),
@@ -417,7 +441,8 @@ impl Acceptor {
                 rate: None,
             });
         }
-        match self.limits.admit(&caller.tenant.id, &caller.plan).await? {
+        let plan = limits_plan(caller);
+        match self.limits.admit(&limits_key(caller), &plan).await? {
             Ok(grant) => Ok(grant),
             Err(Refusal::Rate { retry_after, info }) => {
                 metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);

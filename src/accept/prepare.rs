@@ -136,6 +136,7 @@ pub(crate) fn prepare(
         reference: message.reference.clone(),
         sender: sender.map(crate::tenants::SenderIdentity::on_message),
         headers,
+        test: caller.test,
     };
     let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
     if body.len() > MAX_PAYLOAD_BYTES {
@@ -176,6 +177,7 @@ pub(crate) fn prepare(
             last_error: None,
             provider_message_id: None,
             send_at: message.send_at,
+            test: caller.test,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -21,7 +21,7 @@ use super::error::{
 use super::{ApiPath, AppState, json_typed};
 use crate::api::auth::AdminOnly;
 use crate::model::{Isolation, Lane, TenantStatus};
-use crate::tenants::{KeyInfo, Plan, Tenant, TenantChange, TenantOptions};
+use crate::tenants::{KeyInfo, KeyKind, Plan, Tenant, TenantChange, TenantOptions};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -189,7 +189,22 @@ pub struct TenantDetail {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct IssuedKey {
     pub id: String,
+    /// `fl_<id>_<secret>` (live) or `fl_test_<id>_<secret>` (test).
     pub key: String,
+    pub kind: KeyKind,
+}
+
+/// Body of `POST /v1/admin/tenants/{id}/keys` (optional: no body issues a
+/// live key).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IssueKey {
+    /// `live` (default): sends go to the real providers. `test`: sends go
+    /// through everything but the provider; a simulated one answers, as
+    /// the recipient says (see the README), and the daily quota is not
+    /// used.
+    #[serde(default)]
+    pub kind: KeyKind,
 }
 
 fn created(location: String, body: impl Serialize) -> Response {
@@ -486,16 +501,24 @@ pub async fn delete_tenant(
 }
 
 /// Issue an API key for a tenant. The key is shown only in this answer.
+///
+/// Without a body, or with `{"kind": "live"}`, a live key; with
+/// `{"kind": "test"}` a test key (`fl_test_…`), whose sends reach no
+/// provider.
 #[utoipa::path(
     post, path = "/v1/admin/tenants/{id}/keys", tag = "admin",
     params(("id" = String, Path, description = "Tenant id.")),
+    request_body(content = IssueKey, description = "Optional; without it a live key."),
     responses(
-        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not valid JSON, or a path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
         (status = 201, description = "The key; `key` is not shown again.", body = IssuedKey,
             headers(("Location" = String, description = "/v1/admin/tenants/{id}/keys/{key_id}"))),
         (status = 401, response = AdminUnauthorized),
         (status = 403, response = AdminForbidden),
         (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "Invalid fields (named in `errors`): an unknown kind or field.", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -503,11 +526,21 @@ pub async fn issue_key(
     State(state): State<AppState>,
     _admin: AdminOnly,
     ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (key_id, key) = state.registry.issue_key(&id).await?;
+    let input: IssueKey = match &body {
+        Ok(bytes) if bytes.is_empty() => IssueKey::default(),
+        _ => json_typed(&headers, body)?,
+    };
+    let (key_id, key) = state.registry.issue_key(&id, input.kind).await?;
     Ok(created(
         format!("/v1/admin/tenants/{id}/keys/{key_id}"),
-        IssuedKey { id: key_id, key },
+        IssuedKey {
+            id: key_id,
+            key,
+            kind: input.kind,
+        },
     ))
 }
 

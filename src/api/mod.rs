@@ -423,6 +423,32 @@ impl Modify for CommonResponses {
 /// the send request schemas with that one property more, told apart by
 /// `channel` like the single sends, and `SendBatchRequest.messages` lists
 /// them. Built from the single sends' schemas, so the two never drift.
+/// Request bodies that may be left out. utoipa marks a body `required`
+/// unless its type is an `Option`, and an `Option` becomes a `oneOf` with
+/// `null`, which client generators send as a JSON `null`; so the body is
+/// documented as its plain schema and marked optional here.
+struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::Required;
+        for (path, method) in [("/v1/admin/tenants/{id}/keys", "post")] {
+            let Some(item) = openapi.paths.paths.get_mut(path) else {
+                continue;
+            };
+            let operation = match method {
+                "post" => item.post.as_mut(),
+                _ => None,
+            };
+            if let Some(utoipa::openapi::RefOr::T(body)) =
+                operation.and_then(|op| op.request_body.as_mut())
+            {
+                body.required = Some(Required::False);
+            }
+        }
+    }
+}
+
 struct BatchItems;
 
 impl Modify for BatchItems {
@@ -597,7 +623,7 @@ impl Modify for SecurityAddon {
             error::UnsupportedMediaType,
         )
     ),
-    modifiers(&SecurityAddon, &CommonResponses, &BatchItems),
+    modifiers(&SecurityAddon, &CommonResponses, &BatchItems, &OptionalBodies),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
         (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),

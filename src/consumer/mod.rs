@@ -73,6 +73,10 @@ pub struct Delivery {
     pub tenant_queues: Arc<dyn TenantQueues>,
     pub email: GatedProvider,
     pub sms: GatedProvider,
+    /// The simulated providers of test keys' messages, each with a gate of
+    /// its own (see [`crate::providers::simulated`]).
+    pub test_email: GatedProvider,
+    pub test_sms: GatedProvider,
     pub retry: RetrySettings,
     pub consumers: ConsumerSettings,
     /// Batches `sending`/`sent` status changes into shared transactions.
@@ -139,10 +143,14 @@ impl Delivery {
         Some(pause)
     }
 
-    pub fn provider(&self, channel: Channel) -> &GatedProvider {
-        match channel {
-            Channel::Email => &self.email,
-            Channel::Sms => &self.sms,
+    /// The provider `message` goes to: its channel's, or the simulated one
+    /// for a test key's message.
+    pub fn provider_for(&self, message: &crate::message::DeliveryPayload) -> &GatedProvider {
+        match (message.test, message.channel) {
+            (false, Channel::Email) => &self.email,
+            (false, Channel::Sms) => &self.sms,
+            (true, Channel::Email) => &self.test_email,
+            (true, Channel::Sms) => &self.test_sms,
         }
     }
 }

@@ -304,6 +304,53 @@ pub(super) async fn look_up(delivery: &Delivery, messages: &mut [ReceivedMessage
     }
 }
 
+/// A test key's message was "sent": its simulated receipt follows, through
+/// the same path as a provider's (status, event, suppression, webhook).
+fn simulate_receipt(context: &Context, payload: &DeliveryPayload, provider_message_id: &str) {
+    let receipt = simulated_receipt(payload, provider_message_id);
+    let (db, writer) = (context.delivery.db.clone(), context.delivery.status.clone());
+    tokio::spawn(async move {
+        if let Err(err) = crate::receipts::ingest(&db, &writer, &receipt).await {
+            warn!(provider_message_id = %receipt.provider_message_id, error = %format!("{err:#}"), "Could not record a test message's simulated receipt.");
+        }
+    });
+}
+
+/// The receipt the simulated provider "sends" for a message it took:
+/// delivered, or bounced (an SMS: undelivered) with the address suppressed.
+fn simulated_receipt(
+    message: &DeliveryPayload,
+    provider_message_id: &str,
+) -> crate::receipts::Receipt {
+    use crate::model::{Channel, MessageStatus};
+    use crate::providers::simulated::{NAME, Outcome};
+    let bounced = Outcome::of(message.channel, &message.to) == Outcome::Bounced;
+    let (outcome, detail) = match (bounced, message.channel) {
+        (false, _) => (MessageStatus::Delivered, None),
+        (true, Channel::Email) => (
+            MessageStatus::Bounced,
+            Some("Permanent: General (simulated)".to_owned()),
+        ),
+        (true, Channel::Sms) => (
+            MessageStatus::Failed,
+            Some("undelivered, error 30005 (simulated)".to_owned()),
+        ),
+    };
+    crate::receipts::Receipt {
+        provider: NAME.into(),
+        provider_message_id: provider_message_id.to_owned(),
+        outcome: Some(outcome),
+        event: outcome.as_str().to_owned(),
+        detail,
+        suppress: if bounced {
+            vec![message.to.clone()]
+        } else {
+            Vec::new()
+        },
+        suppress_reason: bounced.then(|| "bounce".to_owned()),
+    }
+}
+
 pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
@@ -414,7 +461,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         }
     }
 
-    let gated = context.delivery.provider(payload.channel);
+    let gated = context.delivery.provider_for(&payload);
     let beat = heartbeat(context, &message);
     let mut shutdown = context.shutdown.clone();
     // The token first, in the gate's line by priority and tenant turn, with
@@ -507,6 +554,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 return;
             }
             let _ = context.deletes.send(message.receipt.clone()).await;
+            if payload.test {
+                simulate_receipt(context, &payload, &delivered.provider_message_id);
+            }
             metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel).increment(1);
             let to = context
                 .delivery

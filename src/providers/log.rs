@@ -60,7 +60,7 @@ struct Line<'a> {
     reference: Option<&'a str>,
     /// The tenant's sender identity, when the message has one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    sender: Option<&'a crate::tenants::senders::SenderOnMessage>,
+    sender: Option<&'a crate::message::SenderOnMessage>,
     /// Headers an email adds (the tenant's, `List-Unsubscribe`).
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     headers: &'a [crate::message::EmailHeader],

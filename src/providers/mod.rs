@@ -18,6 +18,7 @@
 
 pub mod log;
 pub mod ses;
+pub mod simulated;
 pub mod sms_http;
 
 use std::sync::Arc;
@@ -450,6 +451,7 @@ mod tests {
             reference: None,
             sender: None,
             headers: Vec::new(),
+            test: false,
         }
     }
 }

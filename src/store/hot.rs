@@ -506,6 +506,7 @@ pub(crate) mod tests {
             last_error: None,
             provider_message_id: None,
             send_at: None,
+            test: false,
         }
     }
 

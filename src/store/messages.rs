@@ -10,8 +10,8 @@ use crate::model::Lane;
 pub use crate::message::MessageRecord;
 
 /// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
 
 /// Inserts `rows` in the accept writer's transaction, through one cached
 /// single-row statement.
@@ -34,6 +34,7 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusql
             record.last_error,
             record.provider_message_id,
             record.send_at,
+            record.test,
         ])?;
     }
     Ok(())
@@ -55,13 +56,14 @@ type MessageRow = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    bool,
 );
 
 macro_rules! select_message {
     ($where:literal) => {
         concat!(
             "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at FROM messages ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test FROM messages ",
             $where
         )
     };
@@ -90,6 +92,7 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         last_error: row.12,
         provider_message_id: row.13,
         send_at: row.14,
+        test: row.15,
     })
 }
 
@@ -120,11 +123,12 @@ pub async fn get(db: &Db, id: &str) -> anyhow::Result<Option<MessageRecord>> {
     row.map(from_row).transpose()
 }
 
-/// Messages `tenant_id` sent at or after `since_ms` (daily quota start-up).
+/// Live messages (not a test key's) `tenant_id` sent at or after
+/// `since_ms`: what its daily quota has used (start-up).
 pub async fn count_since(db: &Db, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
     let count: i64 = on_pool!(db, read, |pool| {
         sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND created_at >= $2",
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND created_at >= $2 AND NOT test",
         )
         .bind(tenant_id)
         .bind(since_ms)

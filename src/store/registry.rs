@@ -29,8 +29,9 @@ pub struct StoredTenant {
 
 const TENANT_COLUMNS: &str = "id, name, plan, status, isolation, max_concurrent_consumers, \
      unsubscribe_default, unsubscribe_mailto, created_at, updated_at";
-/// An active key: id, tenant id, hex SHA-256 of its secret.
-pub type KeyTuple = (String, String, String);
+/// An active key: id, tenant id, hex SHA-256 of its secret, kind (`live`
+/// or `test`).
+pub type KeyTuple = (String, String, String, String);
 
 /// A sender identity as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -114,7 +115,7 @@ pub async fn read_all(db: &Db) -> anyhow::Result<RegistryRows> {
             .fetch_all($ex)
             .await?;
             let keys: Vec<KeyTuple> = sqlx::query_as(
-                "SELECT id, tenant_id, secret_hash FROM api_keys WHERE revoked_at IS NULL",
+                "SELECT id, tenant_id, secret_hash, kind FROM api_keys WHERE revoked_at IS NULL",
             )
             .fetch_all($ex)
             .await?;
@@ -275,22 +276,25 @@ pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> 
     }))
 }
 
-/// Stores a key's id and the hex SHA-256 of its secret.
+/// Stores a key's id, the hex SHA-256 of its secret and its kind (`live`
+/// or `test`).
 pub async fn insert_key(
     db: &Db,
     key_id: &str,
     tenant_id: &str,
     secret_hash_hex: &str,
+    kind: &str,
     now: i64,
 ) -> anyhow::Result<()> {
     on_pool!(db, write, |pool| {
         sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at, kind) VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(key_id)
         .bind(tenant_id)
         .bind(secret_hash_hex)
         .bind(now)
+        .bind(kind)
         .execute(pool)
         .await?
         .rows_affected()
@@ -313,11 +317,14 @@ pub async fn revoke_key(db: &Db, tenant_id: &str, key_id: &str, now: i64) -> any
     }))
 }
 
-/// A tenant's keys, revoked ones too: id, created, revoked (ms).
-pub async fn keys_of(db: &Db, tenant_id: &str) -> anyhow::Result<Vec<(String, i64, Option<i64>)>> {
+/// A tenant's keys, revoked ones too: id, created, revoked (ms), kind.
+pub async fn keys_of(
+    db: &Db,
+    tenant_id: &str,
+) -> anyhow::Result<Vec<(String, i64, Option<i64>, String)>> {
     Ok(on_pool!(db, read, |pool| {
         sqlx::query_as(
-            "SELECT id, created_at, revoked_at FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
+            "SELECT id, created_at, revoked_at, kind FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id",
         )
         .bind(tenant_id)
         .fetch_all(pool)

@@ -478,27 +478,38 @@ pub async fn call_failed(
 /// message id, tenant, at, status, attempts, detail, provider message id,
 /// channel, priority, lane, reference, metadata, created at, sent at, send
 /// at.
-pub(crate) type SnapshotRow = (
-    String,
-    String,
-    i64,
-    String,
-    i64,
-    Option<String>,
-    Option<String>,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    i64,
-    Option<i64>,
-    Option<i64>,
-);
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct SnapshotRow {
+    pub id: String,
+    pub tenant_id: String,
+    /// The event's time, status, attempts, detail and provider id.
+    pub at: i64,
+    pub status: String,
+    pub attempts: i64,
+    pub detail: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub channel: String,
+    pub priority: String,
+    pub lane: String,
+    pub reference: Option<String>,
+    pub metadata: Option<String>,
+    pub created_at: i64,
+    pub sent_at: Option<i64>,
+    pub send_at: Option<i64>,
+    pub test: bool,
+}
+
+/// A [`SnapshotRow`] with the id of its event (PostgreSQL's read).
+#[derive(sqlx::FromRow)]
+struct EventSnapshot {
+    event_id: i64,
+    #[sqlx(flatten)]
+    row: SnapshotRow,
+}
 
 /// Reads a [`SnapshotRow`] by event id (SQLite's writer connection).
 pub(crate) const SNAPSHOT: &str = "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
+     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at, m.test \
      FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1";
 
 /// The message's status rows at each of `event_ids`' events, by event id
@@ -508,27 +519,23 @@ pub async fn snapshots_pg(
     pool: &sqlx::PgPool,
     event_ids: &[i64],
 ) -> anyhow::Result<Vec<(i64, MessageRecord)>> {
-    let rows: Vec<(i64, SnapshotRow)> = sqlx::query_as::<_, (i64, String, String, i64, String, i64, Option<String>, Option<String>, String, String, String, Option<String>, Option<String>, i64, Option<i64>, Option<i64>)>(
-        "SELECT e.id, m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-         m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at \
+    let rows: Vec<EventSnapshot> = sqlx::query_as(
+        "SELECT e.id AS event_id, m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, \
+         e.provider_message_id, m.channel, m.priority, m.lane, m.reference, m.metadata, \
+         m.created_at, m.sent_at, m.send_at, m.test \
          FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = ANY($1)",
     )
     .bind(event_ids)
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|(event, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o)| {
-        (event, (a, b, c, d, e, f, g, h, i, j, k, l, m, n, o))
-    })
-    .collect();
+    .await?;
     rows.into_iter()
-        .map(|(event, row)| Ok((event, record_at_event(row)?)))
+        .map(|snapshot| Ok((snapshot.event_id, record_at_event(snapshot.row)?)))
         .collect()
 }
 
 /// The message's status as it was at an event, from its [`SnapshotRow`].
 pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord> {
-    let (
+    let SnapshotRow {
         id,
         tenant_id,
         at,
@@ -544,7 +551,8 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         created_at,
         sent_at,
         send_at,
-    ) = row;
+        test,
+    } = row;
     let status: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
     let failure = !matches!(
         status,
@@ -569,6 +577,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         last_error: detail.filter(|_| failure),
         provider_message_id,
         send_at,
+        test,
     })
 }
 

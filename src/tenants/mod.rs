@@ -64,12 +64,34 @@ pub struct Tenant {
 struct KeyEntry {
     tenant_id: String,
     secret_hash: [u8; 32],
+    /// A test key: its messages go to the simulated provider.
+    test: bool,
+}
+
+/// What a key sends with: real providers (`live`), or the simulated one
+/// (`test`), whose messages reach nobody and use no quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyKind {
+    #[default]
+    Live,
+    Test,
+}
+
+impl KeyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Live => "live",
+            KeyKind::Test => "test",
+        }
+    }
 }
 
 /// What an API key listing shows.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct KeyInfo {
     pub id: String,
+    pub kind: KeyKind,
     pub created_at: String,
     pub revoked_at: Option<String>,
 }
@@ -123,6 +145,8 @@ pub fn random_hex(bytes: usize) -> String {
 
 /// Prefix of tenant API keys: `fl_<key id>_<secret>`.
 pub const KEY_PREFIX: &str = "fl_";
+/// Prefix of test keys: `fl_test_<key id>_<secret>`.
+pub const TEST_KEY_PREFIX: &str = "fl_test_";
 
 /// How often a following instance reloads the registry even without an
 /// announcement (one missed while its listener reconnected, say).
@@ -200,7 +224,7 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         tenants.insert(row.id.clone(), Arc::new(row));
     }
     let mut keys = HashMap::new();
-    for (id, tenant_id, hash) in key_rows {
+    for (id, tenant_id, hash, kind) in key_rows {
         let mut secret_hash = [0u8; 32];
         hex::decode_to_slice(&hash, &mut secret_hash)
             .with_context(|| format!("stored hash of key {id} is not valid hex"))?;
@@ -209,6 +233,7 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
             KeyEntry {
                 tenant_id,
                 secret_hash,
+                test: kind == KeyKind::Test.as_str(),
             },
         );
     }
@@ -332,6 +357,8 @@ pub struct Caller {
     pub plan: Arc<Plan>,
     /// The tenant's sender identities (none: an empty list).
     pub senders: Arc<Vec<SenderIdentity>>,
+    /// Authenticated with a test key.
+    pub test: bool,
 }
 
 impl Registry {
@@ -790,9 +817,13 @@ impl Registry {
 
     // ----- keys -----
 
-    /// Issues a key for `tenant_id`; returns `(key id, full key)`. The full
-    /// key exists only in this return value.
-    pub async fn issue_key(&self, tenant_id: &str) -> Result<(String, String), RegistryError> {
+    /// Issues a key of `kind` for `tenant_id`; returns `(key id, full
+    /// key)`. The full key exists only in this return value.
+    pub async fn issue_key(
+        &self,
+        tenant_id: &str,
+        kind: KeyKind,
+    ) -> Result<(String, String), RegistryError> {
         if self.tenant_fresh(tenant_id).await.is_none() {
             return Err(RegistryError::NotFound(format!("tenant {tenant_id:?}")));
         }
@@ -805,6 +836,7 @@ impl Registry {
             &key_id,
             tenant_id,
             &hex::encode(secret_hash),
+            kind.as_str(),
             now_ms(),
         )
         .await?;
@@ -813,10 +845,15 @@ impl Registry {
             KeyEntry {
                 tenant_id: tenant_id.to_owned(),
                 secret_hash,
+                test: kind == KeyKind::Test,
             },
         );
         self.announce("key").await;
-        let full = format!("{KEY_PREFIX}{key_id}_{secret}");
+        let prefix = match kind {
+            KeyKind::Live => KEY_PREFIX,
+            KeyKind::Test => TEST_KEY_PREFIX,
+        };
+        let full = format!("{prefix}{key_id}_{secret}");
         Ok((key_id, full))
     }
 
@@ -837,8 +874,13 @@ impl Registry {
         let rows = registry::keys_of(&self.db, tenant_id).await?;
         Ok(rows
             .into_iter()
-            .map(|(id, created, revoked)| KeyInfo {
+            .map(|(id, created, revoked, kind)| KeyInfo {
                 id,
+                kind: if kind == KeyKind::Test.as_str() {
+                    KeyKind::Test
+                } else {
+                    KeyKind::Live
+                },
                 created_at: crate::model::ms_to_rfc3339(created),
                 revoked_at: revoked.map(crate::model::ms_to_rfc3339),
             })
@@ -848,12 +890,16 @@ impl Registry {
     /// The tenant and plan behind a bearer key, if the key is valid and not
     /// revoked. Memory only; no I/O.
     pub fn authenticate(&self, key: &str) -> Option<Caller> {
-        let rest = key.strip_prefix(KEY_PREFIX)?;
+        // Key ids are hex, so `test_` cannot begin a live key's id.
+        let (rest, test) = match key.strip_prefix(TEST_KEY_PREFIX) {
+            Some(rest) => (rest, true),
+            None => (key.strip_prefix(KEY_PREFIX)?, false),
+        };
         let (key_id, secret) = rest.split_once('_')?;
         let tenant_id = {
             let keys = self.keys.read().expect("keys lock");
             let entry = keys.get(key_id)?;
-            if entry.secret_hash != hash_secret(secret) {
+            if entry.secret_hash != hash_secret(secret) || entry.test != test {
                 return None;
             }
             entry.tenant_id.clone()
@@ -865,6 +911,7 @@ impl Registry {
             tenant,
             plan,
             senders,
+            test,
         })
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{RegistryError, invalid};
+pub use crate::message::SenderOnMessage;
 use crate::message::{is_e164, is_email_address};
 use crate::model::Channel;
 
@@ -84,22 +85,6 @@ pub struct NewSender {
     /// stops being one).
     #[serde(default)]
     pub default: bool,
-}
-
-/// The part of an identity a message carries in its delivery payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SenderOnMessage {
-    pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub display_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reply_to: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub configuration_set: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub messaging_service_sid: Option<String>,
 }
 
 impl SenderIdentity {

@@ -34,6 +34,7 @@ mod slow_clients;
 mod sqs;
 mod storms;
 mod support;
+mod test_keys;
 mod unsubscribe;
 mod webhook_transport;
 mod webhooks;

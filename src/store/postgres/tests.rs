@@ -93,6 +93,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             last_error: None,
             provider_message_id: None,
             send_at: None,
+            test: false,
         },
         outbound: OutboundMessage {
             message_id: id.into(),
@@ -433,7 +434,10 @@ async fn a_registry_change_made_through_one_instance_reaches_another_within_a_se
     a.create_tenant("acme", "Acme", "pro", Default::default())
         .await
         .unwrap();
-    let (key_id, key) = a.issue_key("acme").await.unwrap();
+    let (key_id, key) = a
+        .issue_key("acme", crate::tenants::KeyKind::Live)
+        .await
+        .unwrap();
     let seen = tokio::task::block_in_place(|| within_a_second(&|| b.authenticate(&key).is_some()));
     assert!(seen.is_some(), "the new key works on the other instance");
 

@@ -454,6 +454,7 @@ struct AcceptColumns {
     created_at: Vec<i64>,
     updated_at: Vec<i64>,
     send_at: Vec<Option<i64>>,
+    test: Vec<bool>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -481,6 +482,7 @@ impl AcceptColumns {
             columns.created_at.push(record.created_at);
             columns.updated_at.push(record.updated_at);
             columns.send_at.push(record.send_at);
+            columns.test.push(record.test);
             columns.body.push(entry.outbound.body.clone());
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
@@ -637,9 +639,10 @@ async fn insert_accepts(
 ) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, \
-         metadata, created_at, updated_at, send_at) \
+         metadata, created_at, updated_at, send_at, test) \
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-         $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[])",
+         $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], \
+         $13::boolean[])",
     )
     .bind(&rows.id)
     .bind(&rows.tenant_id)
@@ -653,6 +656,7 @@ async fn insert_accepts(
     .bind(&rows.created_at)
     .bind(&rows.updated_at)
     .bind(&rows.send_at)
+    .bind(&rows.test)
     .execute(&mut **tx)
     .await
     .context("inserting status rows")?;

@@ -361,23 +361,24 @@ const LEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = ?1 \
 
 /// A [`SNAPSHOT`] row.
 fn snapshot_row(row: &rusqlite::Row) -> rusqlite::Result<SnapshotRow> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-        row.get(6)?,
-        row.get(7)?,
-        row.get(8)?,
-        row.get(9)?,
-        row.get(10)?,
-        row.get(11)?,
-        row.get(12)?,
-        row.get(13)?,
-        row.get(14)?,
-    ))
+    Ok(SnapshotRow {
+        id: row.get(0)?,
+        tenant_id: row.get(1)?,
+        at: row.get(2)?,
+        status: row.get(3)?,
+        attempts: row.get(4)?,
+        detail: row.get(5)?,
+        provider_message_id: row.get(6)?,
+        channel: row.get(7)?,
+        priority: row.get(8)?,
+        lane: row.get(9)?,
+        reference: row.get(10)?,
+        metadata: row.get(11)?,
+        created_at: row.get(12)?,
+        sent_at: row.get(13)?,
+        send_at: row.get(14)?,
+        test: row.get(15)?,
+    })
 }
 
 /// See [`crate::store::Writer::calls_delivered`].
