@@ -52,6 +52,7 @@ fn entry(n: u64) -> AcceptEntry {
             provider_message_id: None,
             send_at: None,
             test: false,
+            fragments: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

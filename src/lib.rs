@@ -16,6 +16,7 @@ pub mod queue;
 pub mod receipts;
 pub mod scheduler;
 pub mod serve;
+pub mod sms;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;

@@ -712,6 +712,8 @@ pub struct MessageRecord {
     pub send_at: Option<i64>,
     /// Sent with a test key: a simulated provider answers it.
     pub test: bool,
+    /// SMS: the billed segments of its text (see [`crate::sms`]).
+    pub fragments: Option<u32>,
 }
 
 /// A message's delivery status.
@@ -744,6 +746,10 @@ pub struct MessageView {
     /// no real message went out. Absent for live messages.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub test: bool,
+    /// SMS: the segments its text is billed as (GSM-7: 160 characters in
+    /// one, 153 per part; UCS-2: 70 and 67).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<u32>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -771,6 +777,7 @@ impl From<MessageRecord> for MessageView {
             provider_message_id: record.provider_message_id,
             send_at: record.send_at.map(ms_to_rfc3339),
             test: record.test,
+            fragments: record.fragments,
         }
     }
 }

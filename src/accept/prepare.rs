@@ -124,6 +124,8 @@ pub(crate) fn prepare(
     {
         headers.extend(unsubscribe_headers(caller, &message.to, &id, links)?);
     }
+    let fragments =
+        (message.channel == Channel::Sms).then(|| crate::sms::fragments(&message.text).1);
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
@@ -178,6 +180,7 @@ pub(crate) fn prepare(
             provider_message_id: None,
             send_at: message.send_at,
             test: caller.test,
+            fragments,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

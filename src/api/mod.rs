@@ -7,6 +7,7 @@ pub mod auth;
 pub mod dlq;
 pub mod error;
 pub mod health;
+pub mod message_list;
 pub mod messages;
 pub mod receipts;
 pub mod senders;
@@ -97,6 +98,7 @@ pub fn app(state: AppState) -> Router {
         .merge(webhooks::router())
         .merge(suppressions::router())
         .merge(senders::router())
+        .merge(message_list::router())
         .merge(unsubscribe::router())
         .merge(dlq::router())
         .merge(tenant_queue::router())
@@ -552,6 +554,7 @@ impl Modify for SecurityAddon {
         messages::send_message,
         messages::send_batch,
         messages::get_message,
+        message_list::list_messages,
         messages::cancel_message,
         messages::cancel_by_reference,
         receipts::list_events,
@@ -586,6 +589,7 @@ impl Modify for SecurityAddon {
         suppressions::add_tenant_suppression,
         suppressions::get_tenant_suppression,
         suppressions::remove_tenant_suppression,
+        message_list::list_tenant_messages,
         senders::list_own_senders,
         senders::list_senders,
         senders::add_sender,

@@ -144,7 +144,7 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
 }
 
 /// Receives in flight at once.
-const POLLS: usize = 8;
+const POLLS: usize = 4;
 
 /// How long a receive waits for messages (SQS's longest long poll).
 const WAIT_SECS: i32 = 20;

@@ -507,6 +507,7 @@ pub(crate) mod tests {
             provider_message_id: None,
             send_at: None,
             test: false,
+            fragments: None,
         }
     }
 

@@ -10,8 +10,8 @@ use crate::model::Lane;
 pub use crate::message::MessageRecord;
 
 /// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
 
 /// Inserts `rows` in the accept writer's transaction, through one cached
 /// single-row statement.
@@ -35,35 +35,40 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusql
             record.provider_message_id,
             record.send_at,
             record.test,
+            record.fragments,
         ])?;
     }
     Ok(())
 }
 
-type MessageRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    i64,
-    Option<String>,
-    Option<String>,
-    i64,
-    i64,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    bool,
-);
+/// A status row as read.
+#[derive(sqlx::FromRow)]
+struct MessageRow {
+    id: String,
+    tenant_id: String,
+    channel: String,
+    status: String,
+    priority: String,
+    lane: String,
+    attempts: i64,
+    reference: Option<String>,
+    metadata: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    sent_at: Option<i64>,
+    last_error: Option<String>,
+    provider_message_id: Option<String>,
+    send_at: Option<i64>,
+    test: bool,
+    fragments: Option<i64>,
+}
 
 macro_rules! select_message {
     ($where:literal) => {
         concat!(
             "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test FROM messages ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments ",
+            "FROM messages ",
             $where
         )
     };
@@ -74,25 +79,37 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         anyhow::anyhow!("stored {what} {value:?} is not valid: {err}")
     };
     Ok(MessageRecord {
-        channel: row.2.parse().map_err(|e| parse_err("channel", &row.2, e))?,
-        status: row.3.parse().map_err(|e| parse_err("status", &row.3, e))?,
-        priority: row
-            .4
+        channel: row
+            .channel
             .parse()
-            .map_err(|e| parse_err("priority", &row.4, e))?,
-        lane: row.5.parse().map_err(|e| parse_err("lane", &row.5, e))?,
-        id: row.0,
-        tenant_id: row.1,
-        attempts: row.6.max(0) as u32,
-        reference: row.7,
-        metadata: row.8,
-        created_at: row.9,
-        updated_at: row.10,
-        sent_at: row.11,
-        last_error: row.12,
-        provider_message_id: row.13,
-        send_at: row.14,
-        test: row.15,
+            .map_err(|e| parse_err("channel", &row.channel, e))?,
+        status: row
+            .status
+            .parse()
+            .map_err(|e| parse_err("status", &row.status, e))?,
+        priority: row
+            .priority
+            .parse()
+            .map_err(|e| parse_err("priority", &row.priority, e))?,
+        lane: row
+            .lane
+            .parse()
+            .map_err(|e| parse_err("lane", &row.lane, e))?,
+        id: row.id,
+        tenant_id: row.tenant_id,
+        attempts: row.attempts.max(0) as u32,
+        reference: row.reference,
+        metadata: row.metadata,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        sent_at: row.sent_at,
+        last_error: row.last_error,
+        provider_message_id: row.provider_message_id,
+        send_at: row.send_at,
+        test: row.test,
+        fragments: row
+            .fragments
+            .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
     })
 }
 
@@ -128,7 +145,7 @@ pub async fn get(db: &Db, id: &str) -> anyhow::Result<Option<MessageRecord>> {
 pub async fn count_since(db: &Db, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
     let count: i64 = on_pool!(db, read, |pool| {
         sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND created_at >= $2 AND NOT test",
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND test = FALSE AND created_at >= $2",
         )
         .bind(tenant_id)
         .bind(since_ms)
@@ -327,4 +344,89 @@ pub async fn release_interrupted_sends(db: &Db) -> anyhow::Result<u64> {
         .execute(&sqlite.write)
         .await?;
     Ok(reset.rows_affected())
+}
+
+/// Which of a tenant's messages a list shows (all given conditions hold).
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// A test key's messages, or live ones: never both in one list.
+    pub test: bool,
+    pub reference: Option<String>,
+    pub status: Option<crate::model::MessageStatus>,
+    pub channel: Option<crate::model::Channel>,
+    /// Created at or after (ms).
+    pub since: Option<i64>,
+    /// Created before (ms).
+    pub until: Option<i64>,
+    /// Only messages older than this `(created_at, id)`: the previous
+    /// page's last.
+    pub before: Option<(i64, String)>,
+}
+
+/// A page of `tenant_id`'s messages, newest first, at most `limit`. The
+/// index `(tenant_id, test, created_at, id)` gives the order, so a page
+/// reads about as many rows as it shows unless a filter is rare (a
+/// reference has an index of its own).
+pub async fn list(
+    db: &Db,
+    tenant_id: &str,
+    filter: &ListFilter,
+    limit: i64,
+) -> anyhow::Result<Vec<MessageRecord>> {
+    enum Value<'a> {
+        Text(&'a str),
+        Number(i64),
+    }
+    // $1 and $2 are the tenant and `test`; each condition given adds one
+    // placeholder after them, numbered in the order of `binds`.
+    let mut sql = String::from(select_message!("WHERE tenant_id = $1 AND test = $2"));
+    let push = |sql: &mut String, binds: &mut Vec<Value<'_>>, column: &str, op: &str| {
+        sql.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
+    };
+    let mut binds: Vec<Value> = Vec::new();
+    if let Some(reference) = filter.reference.as_deref() {
+        push(&mut sql, &mut binds, "reference", "=");
+        binds.push(Value::Text(reference));
+    }
+    if let Some(status) = filter.status {
+        push(&mut sql, &mut binds, "status", "=");
+        binds.push(Value::Text(status.as_str()));
+    }
+    if let Some(channel) = filter.channel {
+        push(&mut sql, &mut binds, "channel", "=");
+        binds.push(Value::Text(channel.as_str()));
+    }
+    if let Some(since) = filter.since {
+        push(&mut sql, &mut binds, "created_at", ">=");
+        binds.push(Value::Number(since));
+    }
+    if let Some(until) = filter.until {
+        push(&mut sql, &mut binds, "created_at", "<");
+        binds.push(Value::Number(until));
+    }
+    if let Some((at, id)) = &filter.before {
+        let (a, b) = (binds.len() + 3, binds.len() + 4);
+        sql.push_str(&format!(
+            " AND (created_at < ${a} OR (created_at = ${a} AND id < ${b}))"
+        ));
+        binds.push(Value::Number(*at));
+        binds.push(Value::Text(id));
+    }
+    sql.push_str(&format!(
+        " ORDER BY created_at DESC, id DESC LIMIT ${}",
+        binds.len() + 3
+    ));
+    let rows: Vec<MessageRow> = on_pool!(db, read, |pool| {
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(tenant_id)
+            .bind(filter.test);
+        for value in &binds {
+            query = match value {
+                Value::Text(text) => query.bind(*text),
+                Value::Number(number) => query.bind(*number),
+            };
+        }
+        query.bind(limit).fetch_all(pool).await?
+    });
+    rows.into_iter().map(from_row).collect()
 }

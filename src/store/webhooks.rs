@@ -497,6 +497,7 @@ pub(crate) struct SnapshotRow {
     pub sent_at: Option<i64>,
     pub send_at: Option<i64>,
     pub test: bool,
+    pub fragments: Option<i64>,
 }
 
 /// A [`SnapshotRow`] with the id of its event (PostgreSQL's read).
@@ -509,7 +510,7 @@ struct EventSnapshot {
 
 /// Reads a [`SnapshotRow`] by event id (SQLite's writer connection).
 pub(crate) const SNAPSHOT: &str = "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at, m.test \
+     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at, m.test, m.fragments \
      FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1";
 
 /// The message's status rows at each of `event_ids`' events, by event id
@@ -522,7 +523,7 @@ pub async fn snapshots_pg(
     let rows: Vec<EventSnapshot> = sqlx::query_as(
         "SELECT e.id AS event_id, m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, \
          e.provider_message_id, m.channel, m.priority, m.lane, m.reference, m.metadata, \
-         m.created_at, m.sent_at, m.send_at, m.test \
+         m.created_at, m.sent_at, m.send_at, m.test, m.fragments \
          FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = ANY($1)",
     )
     .bind(event_ids)
@@ -552,6 +553,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         sent_at,
         send_at,
         test,
+        fragments,
     } = row;
     let status: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
     let failure = !matches!(
@@ -578,6 +580,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         provider_message_id,
         send_at,
         test,
+        fragments: fragments.map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
     })
 }
 

@@ -17,6 +17,7 @@ mod idempotency;
 mod instances;
 mod limits;
 mod logging;
+mod message_list;
 mod messages;
 mod openapi;
 mod ops;

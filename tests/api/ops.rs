@@ -98,7 +98,7 @@ async fn a_wrong_method_on_a_known_route_is_a_405_problem() {
     let app = TestApp::start("").await;
     let response = app
         .client
-        .get(app.url("/v1/messages"))
+        .put(app.url("/v1/messages"))
         .send()
         .await
         .unwrap();

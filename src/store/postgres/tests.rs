@@ -94,6 +94,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             provider_message_id: None,
             send_at: None,
             test: false,
+            fragments: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),

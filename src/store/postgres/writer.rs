@@ -455,6 +455,7 @@ struct AcceptColumns {
     updated_at: Vec<i64>,
     send_at: Vec<Option<i64>>,
     test: Vec<bool>,
+    fragments: Vec<Option<i64>>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -483,6 +484,7 @@ impl AcceptColumns {
             columns.updated_at.push(record.updated_at);
             columns.send_at.push(record.send_at);
             columns.test.push(record.test);
+            columns.fragments.push(record.fragments.map(i64::from));
             columns.body.push(entry.outbound.body.clone());
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
@@ -639,10 +641,10 @@ async fn insert_accepts(
 ) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, \
-         metadata, created_at, updated_at, send_at, test) \
+         metadata, created_at, updated_at, send_at, test, fragments) \
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
          $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], \
-         $13::boolean[])",
+         $13::boolean[], $14::bigint[])",
     )
     .bind(&rows.id)
     .bind(&rows.tenant_id)
@@ -657,6 +659,7 @@ async fn insert_accepts(
     .bind(&rows.updated_at)
     .bind(&rows.send_at)
     .bind(&rows.test)
+    .bind(&rows.fragments)
     .execute(&mut **tx)
     .await
     .context("inserting status rows")?;

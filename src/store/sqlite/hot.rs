@@ -378,6 +378,7 @@ fn snapshot_row(row: &rusqlite::Row) -> rusqlite::Result<SnapshotRow> {
         sent_at: row.get(13)?,
         send_at: row.get(14)?,
         test: row.get(15)?,
+        fragments: row.get(16)?,
     })
 }
 

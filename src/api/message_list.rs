@@ -1,0 +1,222 @@
+//! The message list a support desk searches: `GET /v1/messages` (a tenant's
+//! own, the live ones with a live key and the test ones with a test key)
+//! and `GET /v1/admin/tenants/{id}/messages`, newest first, filtered by
+//! reference, status, channel and creation time, a page at a time.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{AdminForbidden, AdminUnauthorized, ApiError, Problem, TenantUnauthorized};
+use super::{ApiPath, AppState, known_tenant};
+use crate::api::auth::{AdminOnly, TenantAuth};
+use crate::message::{MAX_REFERENCE_CHARS, MessageView};
+use crate::model::{Channel, MessageStatus};
+use crate::store::messages::{self, ListFilter};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/messages", get(list_messages))
+        .route("/v1/admin/tenants/{id}/messages", get(list_tenant_messages))
+}
+
+/// Messages in a page when `limit` is not given.
+const DEFAULT_LIMIT: i64 = 100;
+/// Most messages in a page.
+pub const MAX_LIMIT: i64 = 1000;
+
+/// What a message list shows.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only messages with this `reference` (1-255 characters).
+    #[param(min_length = 1, max_length = 255)]
+    pub reference: Option<String>,
+    /// Only messages in this status.
+    #[param(value_type = Option<MessageStatus>)]
+    pub status: Option<String>,
+    /// Only `email` or only `sms`.
+    #[param(value_type = Option<Channel>)]
+    pub channel: Option<String>,
+    /// RFC 3339: only messages created at or after this.
+    #[param(format = DateTime)]
+    pub since: Option<String>,
+    /// RFC 3339: only messages created before this.
+    #[param(format = DateTime)]
+    pub until: Option<String>,
+    /// The `next` of the previous page.
+    #[param(max_length = 200)]
+    pub cursor: Option<String>,
+    /// Messages per page: 1-1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// `true`: the messages of test keys; `false`: live messages. A
+    /// tenant's list follows its key (a live key lists live messages, a
+    /// test key test ones; asking for the other kind is refused); the
+    /// admin's lists live messages unless `test=true`.
+    pub test: Option<bool>,
+}
+
+/// One page of messages, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageList {
+    pub messages: Vec<MessageView>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+fn time(field: &str, text: &str) -> Result<i64, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|at| at.timestamp_millis())
+        .map_err(|_| {
+            ApiError::field(
+                field,
+                "must be an RFC 3339 date-time with a time zone, like 2026-12-01T09:00:00Z",
+            )
+        })
+}
+
+/// The filter and page size `query` asks for, or a 422 naming the field.
+fn filter_of(query: ListQuery, test: bool) -> Result<(ListFilter, i64), ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::field("limit", "must be between 1 and 1000"));
+    }
+    if let Some(reference) = &query.reference
+        && (reference.is_empty() || reference.chars().count() > MAX_REFERENCE_CHARS)
+    {
+        return Err(ApiError::field("reference", "must be 1-255 characters"));
+    }
+    let status = query
+        .status
+        .as_deref()
+        .map(str::parse::<MessageStatus>)
+        .transpose()
+        .map_err(|message| ApiError::field("status", message))?;
+    let channel = query
+        .channel
+        .as_deref()
+        .map(str::parse::<Channel>)
+        .transpose()
+        .map_err(|message| ApiError::field("channel", message))?;
+    let before = match query.cursor.as_deref() {
+        None => None,
+        Some(cursor) => Some(
+            cursor
+                .split_once('.')
+                .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id)))
+                .filter(|(_, id)| !id.is_empty() && id.len() <= 64)
+                .map(|(at, id)| (at, id.to_owned()))
+                .ok_or_else(|| ApiError::field("cursor", "is not a `next` this list gave"))?,
+        ),
+    };
+    Ok((
+        ListFilter {
+            test,
+            reference: query.reference,
+            status,
+            channel,
+            since: query
+                .since
+                .as_deref()
+                .map(|t| time("since", t))
+                .transpose()?,
+            until: query
+                .until
+                .as_deref()
+                .map(|t| time("until", t))
+                .transpose()?,
+            before,
+        },
+        limit,
+    ))
+}
+
+async fn page(
+    state: &AppState,
+    tenant_id: &str,
+    query: Result<axum::extract::Query<ListQuery>, QueryRejection>,
+    test: bool,
+) -> Result<Json<MessageList>, ApiError> {
+    let axum::extract::Query(query) = query
+        .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
+    let (filter, limit) = filter_of(query, test)?;
+    let rows = messages::list(&state.db, tenant_id, &filter, limit).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| {
+            rows.last()
+                .map(|last| format!("{}.{}", last.created_at, last.id))
+        })
+        .flatten();
+    Ok(Json(MessageList {
+        messages: rows.into_iter().map(MessageView::from).collect(),
+        next,
+    }))
+}
+
+/// This tenant's messages, newest first.
+///
+/// A live key lists the live messages, a test key the test ones. Filters
+/// combine; `next` leads to the following page.
+#[utoipa::path(
+    get, path = "/v1/messages", tag = "messages",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "One page of messages, newest first.", body = MessageList),
+        (status = 400, description = "A malformed query.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = TenantUnauthorized),
+        (status = 422, description = "A bad filter, cursor or limit (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("tenant_key" = []))
+)]
+pub async fn list_messages(
+    State(state): State<AppState>,
+    TenantAuth(caller): TenantAuth,
+    query: Result<axum::extract::Query<ListQuery>, QueryRejection>,
+) -> Result<Json<MessageList>, ApiError> {
+    if let Ok(axum::extract::Query(ListQuery {
+        test: Some(asked), ..
+    })) = &query
+        && *asked != caller.test
+    {
+        return Err(ApiError::field(
+            "test",
+            "a live key lists live messages and a test key test messages",
+        ));
+    }
+    page(&state, &caller.tenant.id, query, caller.test).await
+}
+
+/// A tenant's messages, newest first (see `GET /v1/messages`).
+#[utoipa::path(
+    get, path = "/v1/admin/tenants/{id}/messages", tag = "admin",
+    params(("id" = String, Path, description = "Tenant id."), ListQuery),
+    responses(
+        (status = 200, description = "One page of messages, newest first.", body = MessageList),
+        (status = 400, description = "A malformed query, or a path segment that is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = AdminUnauthorized),
+        (status = 403, response = AdminForbidden),
+        (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad filter, cursor or limit (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+pub async fn list_tenant_messages(
+    State(state): State<AppState>,
+    _admin: AdminOnly,
+    ApiPath(id): ApiPath<String>,
+    query: Result<axum::extract::Query<ListQuery>, QueryRejection>,
+) -> Result<Json<MessageList>, ApiError> {
+    known_tenant(&state, &id)?;
+    let test = match &query {
+        Ok(axum::extract::Query(query)) => query.test.unwrap_or(false),
+        Err(_) => false,
+    };
+    page(&state, &id, query, test).await
+}
