@@ -406,9 +406,9 @@ pub async fn list(
     }
     if let Some((at, id)) = &filter.before {
         let (a, b) = (binds.len() + 3, binds.len() + 4);
-        sql.push_str(&format!(
-            " AND (created_at < ${a} OR (created_at = ${a} AND id < ${b}))"
-        ));
+        // A row value, which both engines read as a range of the index
+        // (an OR of the two cases made PostgreSQL filter from the top).
+        sql.push_str(&format!(" AND (created_at, id) < (${a}, ${b})"));
         binds.push(Value::Number(*at));
         binds.push(Value::Text(id));
     }
