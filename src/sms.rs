@@ -9,20 +9,22 @@
 //! part, where a character outside the Basic Multilingual Plane (most emoji)
 //! takes two units that are never split between parts either.
 
-/// The GSM 03.38 default alphabet.
-const GSM_BASIC: &str = "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞ\u{1b}ÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?\
-¡ABCDEFGHIJKLMNOPQRSTUVWXYZÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà";
-/// Its extension table: two septets each.
-const GSM_EXTENSION: &str = "\u{0c}^{}\\[~]|€";
-
-/// Septets `c` takes in GSM-7, or `None` when it is not in GSM 03.38.
+/// Septets `c` takes in GSM-7, or `None` when it is not in GSM 03.38: one
+/// for the default alphabet, two for its extension table (an escape, then
+/// the character). A `match`, so counting a text is one pass with no
+/// lookup per character (this runs on the accept path).
 fn gsm_septets(c: char) -> Option<u32> {
-    if GSM_BASIC.contains(c) {
-        Some(1)
-    } else if GSM_EXTENSION.contains(c) {
-        Some(2)
-    } else {
-        None
+    match c {
+        'A'..='Z' | 'a'..='z' | '0'..='9' => Some(1),
+        ' ' | '!' | '"' | '#' | '$' | '%' | '&' | '\'' | '(' | ')' | '*' | '+' | ',' | '-'
+        | '.' | '/' | ':' | ';' | '<' | '=' | '>' | '?' | '@' | '_' | '\n' | '\r' => Some(1),
+        '£' | '¥' | 'è' | 'é' | 'ù' | 'ì' | 'ò' | 'Ç' | 'Ø' | 'ø' | 'Å' | 'å' | 'Δ' | 'Φ' | 'Γ'
+        | 'Λ' | 'Ω' | 'Π' | 'Ψ' | 'Σ' | 'Θ' | 'Ξ' | '\u{1b}' | 'Æ' | 'æ' | 'ß' | 'É' | '¤'
+        | '¡' | 'Ä' | 'Ö' | 'Ñ' | 'Ü' | '§' | '¿' | 'ä' | 'ö' | 'ñ' | 'ü' | 'à' => {
+            Some(1)
+        }
+        '\u{0c}' | '^' | '{' | '}' | '\\' | '[' | '~' | ']' | '|' | '€' => Some(2),
+        _ => None,
     }
 }
 
@@ -67,6 +69,27 @@ pub fn fragments(text: &str) -> (Encoding, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `match` holds exactly the GSM 03.38 tables: the 128 characters
+    /// of the default alphabet (as the standard lists them, row by row) and
+    /// the 10 of the extension table.
+    #[test]
+    fn the_alphabet_is_the_standards() {
+        let basic = "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞ\u{1b}ÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?\
+                     ¡ABCDEFGHIJKLMNOPQRSTUVWXYZÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà";
+        assert_eq!(basic.chars().count(), 128);
+        for c in basic.chars() {
+            assert_eq!(gsm_septets(c), Some(1), "{c:?}");
+        }
+        for c in "\u{0c}^{}\\[~]|€".chars() {
+            assert_eq!(gsm_septets(c), Some(2), "{c:?}");
+        }
+        let counted = (0..=0x10FFFF)
+            .filter_map(char::from_u32)
+            .filter(|c| gsm_septets(*c).is_some())
+            .count();
+        assert_eq!(counted, 138);
+    }
 
     /// Known texts and their segments, as Twilio's segment calculator
     /// counts them (GSM-7 160/153, UCS-2 70/67, escapes and surrogate

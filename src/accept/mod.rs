@@ -188,11 +188,11 @@ pub struct Acceptor {
 /// Whose bucket and day count a caller's sends are taken from: the
 /// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
 /// test sends neither use the daily quota nor the live sends' rate.
-fn limits_key(caller: &Caller) -> String {
+fn limits_key(caller: &Caller) -> std::borrow::Cow<'_, str> {
     if caller.test {
-        format!("{}#test", caller.tenant.id)
+        std::borrow::Cow::Owned(format!("{}#test", caller.tenant.id))
     } else {
-        caller.tenant.id.clone()
+        std::borrow::Cow::Borrowed(&caller.tenant.id)
     }
 }
 
