@@ -111,6 +111,8 @@ done
 if [ -n "${PG_URL:-}" ]; then psql "$store" -qAtc "ANALYZE messages" >/dev/null; else sqlite3 "$work/fairlane.db" "ANALYZE"; fi
 python3 -c "print('%d + %d rows written in %.1f s' % ($rows, $rows // 10, $(now) - $started))"
 
+# SETTLE_SECS=N waits before reading (for autovacuum of the fresh rows).
+sleep "${SETTLE_SECS:-0}"
 start_fairlane
 half=$((rows / 2))
 half_id=$(python3 -c "print('bench-%012x' % $half)")
