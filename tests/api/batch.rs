@@ -55,7 +55,7 @@ pub(crate) fn accepted_ids(answer: &Value) -> Vec<String> {
 }
 
 /// Asserts that result `index` of `answer` is a 422 whose problem names `field`.
-fn assert_item_names_field(answer: &Value, index: usize, field: &str) {
+pub(crate) fn assert_item_names_field(answer: &Value, index: usize, field: &str) {
     let result = &answer["results"][index];
     assert_eq!(result["index"], index, "{answer}");
     assert_eq!(result["status"], 422, "item {index}: {answer}");

@@ -193,6 +193,50 @@ on_both_stores! {
     }
 }
 
+/// In a batch each item's `sender_id` is checked alone: a foreign one
+/// refuses that item, naming the field, and the others are accepted with
+/// their identities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_checks_each_items_sender_id() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-BATCH").await;
+    let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
+    let acme = app.tenant_with_key("acme", "pro").await;
+    app.tenant_with_key("globex", "pro").await;
+    let ours = add_sender(&app, "acme", json!({"channel": "sms", "from": "ACME"})).await;
+    let theirs = add_sender(&app, "globex", json!({"channel": "sms", "from": "GLOBEX"})).await;
+    let batch = json!({"messages": [
+        with(sms(), "sender_id", ours["id"].clone()),
+        with(sms(), "sender_id", theirs["id"].clone()),
+        sms(),
+    ]});
+    let answer = expect_json(
+        crate::batch::post_batch(&app, &acme, &batch).await,
+        StatusCode::OK,
+    )
+    .await;
+    crate::batch::assert_item_names_field(&answer, 1, "sender_id");
+    let accepted = crate::batch::accepted_ids(&answer);
+    assert_eq!(accepted.len(), 2, "{answer}");
+    for id in &accepted {
+        wait_for(&app, &acme, id, status_is("sent")).await;
+    }
+    let forms: Vec<String> = sms_api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|request| String::from_utf8_lossy(&request.body).into_owned())
+        .collect();
+    assert_eq!(forms.len(), 2, "{forms:?}");
+    assert!(forms.iter().any(|f| f.contains("From=ACME")), "{forms:?}");
+    assert!(
+        forms.iter().any(|f| f.contains("From=%2B15550001111")),
+        "{forms:?}"
+    );
+    assert!(!forms.iter().any(|f| f.contains("GLOBEX")), "{forms:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identities_outlive_a_restart_on_sqlite() {
     let app = TestApp::start("").await;
