@@ -207,7 +207,8 @@ pub struct IssueKey {
     pub kind: KeyKind,
 }
 
-fn created(location: String, body: impl Serialize) -> Response {
+/// 201 with `body` and a `Location` header.
+pub(super) fn created(location: String, body: impl Serialize) -> Response {
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
     if let Ok(value) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, value);

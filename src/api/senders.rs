@@ -8,8 +8,8 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::{get, patch};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -126,11 +126,7 @@ pub async fn add_sender(
     let sender = state.registry.add_sender(&id, &input).await?;
     tracing::info!(tenant = %id, sender = %sender.id, channel = %sender.channel, "Sender identity added.");
     let location = format!("/v1/admin/tenants/{id}/senders/{}", sender.id);
-    let mut response = (StatusCode::CREATED, Json(sender)).into_response();
-    if let Ok(value) = HeaderValue::from_str(&location) {
-        response.headers_mut().insert(header::LOCATION, value);
-    }
-    Ok(response)
+    Ok(super::admin::created(location, sender))
 }
 
 /// Make a sender identity the tenant's default for its channel, or not.

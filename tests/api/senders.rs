@@ -32,6 +32,18 @@ pub(crate) async fn add_sender(app: &TestApp, tenant: &str, identity: Value) -> 
     created
 }
 
+/// The admin's listing of `tenant`'s identities; panics unless 200.
+async fn listed_senders(app: &TestApp, tenant: &str) -> Value {
+    expect_json(
+        app.admin(Method::GET, &format!("/v1/admin/tenants/{tenant}/senders"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await
+}
+
 fn ids(list: &Value) -> Vec<&str> {
     list["senders"]
         .as_array()
@@ -97,14 +109,7 @@ on_both_stores! {
             StatusCode::NOT_FOUND,
         )
         .await;
-        let listed = expect_json(
-            app.admin(Method::GET, "/v1/admin/tenants/acme/senders")
-                .send()
-                .await
-                .unwrap(),
-            StatusCode::OK,
-        )
-        .await;
+        let listed = listed_senders(&app, "acme").await;
         assert_eq!(
             ids(&listed),
             [texts["id"].as_str().unwrap(), mails["id"].as_str().unwrap()]
@@ -181,14 +186,7 @@ on_both_stores! {
         let gone = app.admin(Method::DELETE, "/v1/admin/tenants/globex").send().await.unwrap();
         assert_eq!(gone.status(), StatusCode::NO_CONTENT);
         app.tenant_with_key("globex", "pro").await;
-        let fresh = expect_json(
-            app.admin(Method::GET, "/v1/admin/tenants/globex/senders")
-                .send()
-                .await
-                .unwrap(),
-            StatusCode::OK,
-        )
-        .await;
+        let fresh = listed_senders(&app, "globex").await;
         assert_eq!(ids(&fresh), Vec::<&str>::new());
     }
 }
@@ -249,14 +247,7 @@ async fn identities_outlive_a_restart_on_sqlite() {
     .await;
     let dir = app.stop().await;
     let app = TestApp::start_in(dir, "", |_| {}).await;
-    let listed = expect_json(
-        app.admin(Method::GET, "/v1/admin/tenants/acme/senders")
-            .send()
-            .await
-            .unwrap(),
-        StatusCode::OK,
-    )
-    .await;
+    let listed = listed_senders(&app, "acme").await;
     assert_eq!(listed["senders"][0], made, "{listed}");
 }
 
