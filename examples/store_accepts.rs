@@ -53,6 +53,7 @@ fn entry(n: u64) -> AcceptEntry {
             send_at: None,
             test: false,
             fragments: None,
+            erased_at: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

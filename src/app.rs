@@ -60,6 +60,7 @@ impl Application {
         let db = Db::connect(&settings.storage.url, settings.storage.fsync).await?;
         info!(store = db.kind(), "Store opened.");
         let registry = Arc::new(Registry::load(db.clone(), &settings.plans).await?);
+        registry.set_retention_default(settings.retention.default_days);
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
@@ -219,6 +220,22 @@ impl Application {
         )
         .context("setting up the webhook dispatcher")?;
         background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
+        background.push(tokio::spawn(crate::scheduler::run_retention(
+            crate::scheduler::Retention {
+                db: db.clone(),
+                registry: registry.clone(),
+                queues: tenant_queues.clone(),
+                batch: settings.retention.batch,
+            },
+            std::time::Duration::from_secs(settings.retention.interval_secs),
+            shutdown_rx.clone(),
+        )));
+        if db.is_shared() {
+            background.push(tokio::spawn(crate::scheduler::roll_up_usage(
+                db.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
         background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
             db.clone(),
             shutdown_rx,

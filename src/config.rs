@@ -56,6 +56,10 @@ pub struct Settings {
     /// Tenant webhooks: timeouts, concurrency, retries.
     #[serde(default)]
     pub webhooks: WebhookSettings,
+    /// How long messages' personal data is kept, and how often the
+    /// retention job erases what has passed it.
+    #[serde(default)]
+    pub retention: RetentionSettings,
     /// What the log may contain (levels and format come from `RUST_LOG`
     /// and `FAIRLANE_LOG_FORMAT`, read before the settings).
     #[serde(default)]
@@ -512,6 +516,46 @@ pub enum LimitsBackend {
     Redis,
 }
 
+/// `[retention]`: once a message is settled (sent, delivered, failed,
+/// cancelled, …) and older than its tenant's retention, its body,
+/// recipient, reference, metadata and error details are erased.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Retention of tenants that set none, in days (1-90). Default 7.
+    #[serde(default = "default_retention_days")]
+    pub default_days: u16,
+    /// Seconds between runs of the retention job (one instance runs it at
+    /// a time). Default 3600.
+    #[serde(default = "default_retention_interval_secs")]
+    pub interval_secs: u64,
+    /// Messages erased per transaction. Default 500.
+    #[serde(default = "default_retention_batch")]
+    pub batch: usize,
+}
+
+fn default_retention_days() -> u16 {
+    crate::model::DEFAULT_RETENTION_DAYS
+}
+
+fn default_retention_interval_secs() -> u64 {
+    3600
+}
+
+fn default_retention_batch() -> usize {
+    500
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            default_days: default_retention_days(),
+            interval_secs: default_retention_interval_secs(),
+            batch: default_retention_batch(),
+        }
+    }
+}
+
 /// `[limits]`: where tenant rates, daily quotas and provider token buckets
 /// are kept.
 #[derive(Debug, Clone, Deserialize)]
@@ -720,6 +764,18 @@ impl Settings {
             || self.server.max_batch_body_bytes > 64 * 1024 * 1024
         {
             bail!("server.max_batch_body_bytes must be between server.max_body_bytes and 67108864");
+        }
+        let retention = &self.retention;
+        if !(crate::model::MIN_RETENTION_DAYS..=crate::model::MAX_RETENTION_DAYS)
+            .contains(&retention.default_days)
+        {
+            bail!("retention.default_days must be between 1 and 90");
+        }
+        if retention.interval_secs == 0 || retention.interval_secs > 86_400 {
+            bail!("retention.interval_secs must be between 1 and 86400");
+        }
+        if retention.batch == 0 || retention.batch > 500 {
+            bail!("retention.batch must be between 1 and 500");
         }
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");

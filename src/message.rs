@@ -714,6 +714,8 @@ pub struct MessageRecord {
     pub test: bool,
     /// SMS: the billed segments of its text (see [`crate::sms`]).
     pub fragments: Option<u32>,
+    /// When retention erased its personal data (ms).
+    pub erased_at: Option<i64>,
 }
 
 /// A message's delivery status.
@@ -726,17 +728,26 @@ pub struct MessageView {
     pub lane: Lane,
     /// Provider calls made, the successful one included.
     pub attempts: u32,
-    pub reference: Option<String>,
-    /// The caller's metadata object.
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Value>,
+    /// `null` when none was given; absent once retention erased it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub reference: Option<Option<String>>,
+    /// The caller's metadata object; `null` when none was given, absent
+    /// once retention erased it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>, nullable)]
+    pub metadata: Option<Option<Value>>,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
     pub updated_at: String,
     /// RFC 3339; set once the provider accepted the message.
     pub sent_at: Option<String>,
-    pub last_error: Option<String>,
+    /// The last failure's reason; `null` when there was none, absent once
+    /// retention erased it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub last_error: Option<Option<String>>,
     /// The provider's id (SES MessageId, SMS sid).
     pub provider_message_id: Option<String>,
     /// RFC 3339: when a scheduled message is (or was) due.
@@ -750,6 +761,11 @@ pub struct MessageView {
     /// one, 153 per part; UCS-2: 70 and 67).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fragments: Option<u32>,
+    /// RFC 3339: when retention erased the message's body, recipient,
+    /// reference, metadata and error details (its tenant's
+    /// `retention_days` after it was created). Absent until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub erased_at: Option<String>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -761,6 +777,8 @@ impl From<MessageRecord> for MessageView {
             (MessageStatus::Scheduled, Some(at)) if at <= now_ms() => MessageStatus::Queued,
             (status, _) => status,
         };
+        // Erased fields are left out; fields never set are `null`.
+        let kept = record.erased_at.is_none();
         MessageView {
             id: record.id,
             channel: record.channel,
@@ -768,16 +786,17 @@ impl From<MessageRecord> for MessageView {
             priority: record.priority,
             lane: record.lane,
             attempts: record.attempts,
-            reference: record.reference,
-            metadata: record.metadata.and_then(|m| serde_json::from_str(&m).ok()),
+            reference: kept.then_some(record.reference),
+            metadata: kept.then(|| record.metadata.and_then(|m| serde_json::from_str(&m).ok())),
             created_at: ms_to_rfc3339(record.created_at),
             updated_at: ms_to_rfc3339(record.updated_at),
             sent_at: record.sent_at.map(ms_to_rfc3339),
-            last_error: record.last_error,
+            last_error: kept.then_some(record.last_error),
             provider_message_id: record.provider_message_id,
             send_at: record.send_at.map(ms_to_rfc3339),
             test: record.test,
             fragments: record.fragments,
+            erased_at: record.erased_at.map(ms_to_rfc3339),
         }
     }
 }

@@ -7,6 +7,14 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+/// Retention runs, by `outcome`: `done`, `skipped` (another instance was
+/// running one), `failed`.
+pub const RETENTION_RUNS_TOTAL: &str = "fairlane_retention_runs_total";
+/// Messages whose personal data retention erased.
+pub const RETENTION_ERASED_TOTAL: &str = "fairlane_retention_erased_total";
+/// Queue copies (dead letters, set-aside and delayed rows) retention removed.
+pub const RETENTION_QUEUE_ERASED_TOTAL: &str = "fairlane_retention_queue_erased_total";
+
 /// Messages accepted (202), by `lane`, `channel`.
 pub const ACCEPTED_TOTAL: &str = "fairlane_messages_accepted_total";
 /// Messages the provider accepted, by `lane`, `channel`.
@@ -295,6 +303,21 @@ fn describe_and_register() {
         "Pauses of a tenant's webhook calls after 5 failed calls in a row (or a failed probe after a pause)."
     );
     describe_counter!(
+        RETENTION_RUNS_TOTAL,
+        Unit::Count,
+        "Retention runs by outcome: done, skipped (another instance was running one), failed."
+    );
+    describe_counter!(
+        RETENTION_ERASED_TOTAL,
+        Unit::Count,
+        "Messages whose personal data retention erased."
+    );
+    describe_counter!(
+        RETENTION_QUEUE_ERASED_TOTAL,
+        Unit::Count,
+        "Queue copies (dead letters, set-aside and delayed rows) retention removed."
+    );
+    describe_counter!(
         WEBHOOKS_DISABLED_TOTAL,
         Unit::Count,
         "Webhook endpoints disabled after failing for webhooks.disable_after_secs."
@@ -441,6 +464,11 @@ fn describe_and_register() {
         metrics::counter!(WEBHOOK_ATTEMPTS_TOTAL, "result" => *result).increment(0);
     }
     metrics::counter!(WEBHOOKS_DISABLED_TOTAL).increment(0);
+    for outcome in ["done", "skipped", "failed"] {
+        metrics::counter!(RETENTION_RUNS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    metrics::counter!(RETENTION_ERASED_TOTAL).increment(0);
+    metrics::counter!(RETENTION_QUEUE_ERASED_TOTAL).increment(0);
     metrics::counter!(WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(0);
     let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);
     metrics::gauge!(WEBHOOK_CALLS_DUE).set(0.0);

@@ -57,6 +57,13 @@ word_enum!(
     Lane { Fast => "fast", Slow => "slow" }
 );
 
+/// The shortest retention a tenant may have, in days.
+pub const MIN_RETENTION_DAYS: u16 = 1;
+/// The longest retention a tenant may have, in days.
+pub const MAX_RETENTION_DAYS: u16 = 90;
+/// The retention of tenants that set none, unless configured otherwise.
+pub const DEFAULT_RETENTION_DAYS: u16 = 7;
+
 word_enum!(
     /// Delivery priority; the provider gate serves high before normal before low.
     Priority { High => "high", Normal => "normal", Low => "low" }

@@ -181,6 +181,7 @@ pub(crate) fn prepare(
             send_at: message.send_at,
             test: caller.test,
             fragments,
+            erased_at: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

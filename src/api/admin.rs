@@ -141,6 +141,12 @@ pub struct CreateTenant {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 64)]
     pub max_concurrent_consumers: Option<u32>,
+    /// Days a settled message's body, recipient, reference, metadata and
+    /// error details are kept before they are erased, 1-90. Default: the
+    /// configured `retention.default_days` (7 unless set).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 90)]
+    pub retention_days: Option<u16>,
 }
 
 /// Body of `PATCH /v1/admin/tenants/{id}`; absent fields stay as they are.
@@ -170,6 +176,21 @@ pub struct PatchTenant {
     #[serde(default)]
     #[schema(max_length = 254)]
     pub unsubscribe_mailto: Option<String>,
+    /// Days a settled message's personal data is kept, 1-90; `null`
+    /// returns the tenant to the configured default. A shorter retention
+    /// applies to messages already kept at the next retention run.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u16>, nullable, minimum = 1, maximum = 90)]
+    pub retention_days: Option<Option<u16>>,
+}
+
+/// Tells a field given as `null` (`Some(None)`) from one left out (`None`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -332,6 +353,7 @@ pub async fn create_tenant(
         max_concurrent_consumers: input
             .max_concurrent_consumers
             .unwrap_or(defaults.max_concurrent_consumers),
+        retention_days: input.retention_days,
     };
     let tenant = state
         .registry
@@ -394,7 +416,7 @@ pub async fn get_tenant(
         .ok_or_else(|| ApiError::NotFound(format!("No tenant {id:?}.")))?;
     let keys = state.registry.keys_of(&id).await?;
     Ok(Json(TenantDetail {
-        tenant: tenant.view(),
+        tenant: tenant.view(state.registry.retention_default()),
         keys,
     }))
 }
@@ -442,6 +464,7 @@ pub async fn patch_tenant(
         max_concurrent_consumers: input.max_concurrent_consumers,
         unsubscribe_default: input.unsubscribe_default,
         unsubscribe_mailto: input.unsubscribe_mailto,
+        retention_days: input.retention_days,
     };
     let tenant = state.registry.update_tenant(&id, &change).await?;
     // New messages go to the queue of the isolation now in force; those

@@ -14,6 +14,7 @@ pub mod senders;
 pub mod suppressions;
 pub mod tenant_queue;
 pub mod unsubscribe;
+pub mod usage;
 pub mod webhooks;
 
 use std::ops::Deref;
@@ -99,6 +100,7 @@ pub fn app(state: AppState) -> Router {
         .merge(suppressions::router())
         .merge(senders::router())
         .merge(message_list::router())
+        .merge(usage::router())
         .merge(unsubscribe::router())
         .merge(dlq::router())
         .merge(tenant_queue::router())
@@ -555,6 +557,7 @@ impl Modify for SecurityAddon {
         messages::send_batch,
         messages::get_message,
         message_list::list_messages,
+        usage::tenant_usage,
         messages::cancel_message,
         messages::cancel_by_reference,
         receipts::list_events,
@@ -590,6 +593,8 @@ impl Modify for SecurityAddon {
         suppressions::get_tenant_suppression,
         suppressions::remove_tenant_suppression,
         message_list::list_tenant_messages,
+        usage::admin_tenant_usage,
+        usage::admin_usage,
         senders::list_own_senders,
         senders::list_senders,
         senders::add_sender,

@@ -256,6 +256,18 @@ pub trait TenantQueues: Send + Sync {
         true
     }
 
+    /// Removes for good the copies of `tenant_id`'s messages that wait
+    /// where no consumer takes them soon: its dead letters, its set-aside
+    /// messages and delayed rows of cancelled scheduled ones, in the lanes
+    /// and its own queues; of `message_ids` only when given, else all of
+    /// them (tenant deletion). Copies a consumer holds now are left to it.
+    /// Retention and tenant deletion call it; returns the ids removed.
+    async fn erase_waiting(
+        &self,
+        tenant_id: &str,
+        message_ids: Option<&[String]>,
+    ) -> anyhow::Result<Vec<String>>;
+
     /// The lanes in which `tenant_id` has a queue of its own.
     async fn dedicated_lanes(&self, tenant_id: &str) -> anyhow::Result<Vec<Lane>>;
 

@@ -1,9 +1,14 @@
 //! Work on a clock: scheduled sends that fall due, and the jobs that must
 //! run once across instances (expiry of idempotency keys; the outbox sweep,
-//! which sends rows no relay holds: those of an instance that died). Each is a
+//! which sends rows no relay holds: those of an instance that died;
+//! retention's erasure, [`retention`]; folding usage deltas on PostgreSQL). Each is a
 //! task started by `crate::app` and stopped by the shutdown signal; with
 //! several instances, the store makes sure each row or purge is taken by
 //! one of them (row claims, advisory locks).
+
+pub mod retention;
+
+pub use retention::{Retention, RetentionRun, run_retention};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +18,13 @@ use tracing::{debug, info, warn};
 
 use crate::accept::outbox::Outbox;
 use crate::model::now_ms;
-use crate::store::{Db, idempotency};
+use crate::store::{Db, idempotency, usage};
 
 /// How often expired idempotency keys are purged.
 const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// How often usage deltas are folded into usage rows (PostgreSQL).
+const USAGE_ROLL_UP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How often scheduled messages are looked for: a message is in its lane
 /// at most this long after it is due.
@@ -70,6 +78,25 @@ pub async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>)
                     Ok(None | Some(0)) => {}
                     Ok(Some(purged)) => info!(purged, "Expired idempotency keys purged."),
                     Err(err) => warn!(error = %err, "Could not purge idempotency keys."),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// PostgreSQL: every [`USAGE_ROLL_UP_INTERVAL`], folds the usage deltas
+/// the instances appended into usage rows (one instance at a time).
+pub async fn roll_up_usage(db: Db, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(USAGE_ROLL_UP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match usage::roll_up(&db).await {
+                    Ok(Some(folded)) if folded > 0 => debug!(folded, "Usage deltas folded."),
+                    Ok(_) => {}
+                    Err(err) => warn!(error = %err, "Could not fold usage deltas; the next roll-up tries again."),
                 }
             }
             _ = shutdown.changed() => return,

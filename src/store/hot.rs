@@ -508,6 +508,7 @@ pub(crate) mod tests {
             send_at: None,
             test: false,
             fragments: None,
+            erased_at: None,
         }
     }
 

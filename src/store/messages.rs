@@ -61,13 +61,14 @@ struct MessageRow {
     send_at: Option<i64>,
     test: bool,
     fragments: Option<i64>,
+    erased_at: Option<i64>,
 }
 
 macro_rules! select_message {
     ($where:literal) => {
         concat!(
             "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at ",
             "FROM messages ",
             $where
         )
@@ -110,6 +111,7 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         fragments: row
             .fragments
             .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+        erased_at: row.erased_at,
     })
 }
 

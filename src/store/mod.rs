@@ -25,10 +25,12 @@ pub mod outbox;
 pub mod postgres;
 pub mod receipts;
 pub mod registry;
+pub mod retention;
 pub mod sqlite;
 mod staging;
 mod streak;
 pub mod suppressions;
+pub mod usage;
 pub mod webhooks;
 
 pub use hot::{BeforeSend, SendCheck, TakenCalls, Writer};

@@ -23,12 +23,14 @@ pub struct StoredTenant {
     pub max_concurrent_consumers: i64,
     pub unsubscribe_default: bool,
     pub unsubscribe_mailto: Option<String>,
+    /// Days its messages' personal data is kept; `None`: the configured default.
+    pub retention_days: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 const TENANT_COLUMNS: &str = "id, name, plan, status, isolation, max_concurrent_consumers, \
-     unsubscribe_default, unsubscribe_mailto, created_at, updated_at";
+     unsubscribe_default, unsubscribe_mailto, retention_days, created_at, updated_at";
 /// An active key: id, tenant id, hex SHA-256 of its secret, kind (`live`
 /// or `test`).
 pub type KeyTuple = (String, String, String, String);
@@ -76,6 +78,7 @@ pub struct TenantInsert<'a> {
     pub status: TenantStatus,
     pub isolation: Isolation,
     pub max_concurrent_consumers: u32,
+    pub retention_days: Option<u16>,
     pub created_at: i64,
 }
 
@@ -88,6 +91,8 @@ pub struct TenantUpdate<'a> {
     pub unsubscribe_default: Option<bool>,
     /// `Some("")` removes it.
     pub unsubscribe_mailto: Option<&'a str>,
+    /// `Some(None)` returns it to the configured default.
+    pub retention_days: Option<Option<u16>>,
 }
 
 /// What [`delete_tenant`] did.
@@ -185,7 +190,7 @@ pub async fn write_plan(db: &Db, plan: &Plan, source: PlanSource, now: i64) -> a
 /// decides races between two creates of the same id).
 pub async fn insert_tenant(db: &Db, tenant: &TenantInsert<'_>) -> anyhow::Result<bool> {
     let inserted = on_pool!(db, write, |pool| {
-        sqlx::query("INSERT INTO tenants (id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)")
+        sqlx::query("INSERT INTO tenants (id, name, plan, status, isolation, max_concurrent_consumers, created_at, updated_at, retention_days) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)")
             .bind(tenant.id)
             .bind(tenant.name)
             .bind(tenant.plan)
@@ -193,6 +198,7 @@ pub async fn insert_tenant(db: &Db, tenant: &TenantInsert<'_>) -> anyhow::Result
             .bind(tenant.isolation.as_str())
             .bind(i64::from(tenant.max_concurrent_consumers))
             .bind(tenant.created_at)
+            .bind(tenant.retention_days.map(i64::from))
             .execute(pool)
             .await
             .map(|_| ())
@@ -221,6 +227,7 @@ pub async fn update_tenant(
              unsubscribe_default = COALESCE($7, unsubscribe_default), \
              unsubscribe_mailto = CASE WHEN CAST($8 AS TEXT) IS NULL THEN unsubscribe_mailto \
              WHEN CAST($8 AS TEXT) = '' THEN NULL ELSE CAST($8 AS TEXT) END, \
+             retention_days = CASE WHEN CAST($9 AS BOOLEAN) THEN CAST($10 AS BIGINT) ELSE retention_days END, \
              updated_at = $3 WHERE id = $4 RETURNING {TENANT_COLUMNS}"
         )))
         .bind(change.plan)
@@ -231,13 +238,16 @@ pub async fn update_tenant(
         .bind(change.max_concurrent_consumers.map(i64::from))
         .bind(change.unsubscribe_default)
         .bind(change.unsubscribe_mailto)
+        .bind(change.retention_days.is_some())
+        .bind(change.retention_days.flatten().map(i64::from))
         .fetch_optional(pool)
         .await?
     }))
 }
 
 /// Deletes a tenant with its keys, message history, events, webhook,
-/// suppressions and idempotency keys, in one transaction; refused while
+/// suppressions, sender identities, usage and idempotency keys, in one
+/// transaction; refused while
 /// any of its messages is undelivered (`scheduled`, `queued`, `sending`,
 /// `retrying`): a scheduled one would otherwise be sent for a tenant that
 /// no longer exists.
@@ -261,8 +271,15 @@ pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> 
                 "DELETE FROM webhooks WHERE tenant_id = $1",
                 "DELETE FROM suppressions WHERE tenant_id = $1",
                 "DELETE FROM sender_identities WHERE tenant_id = $1",
+                "DELETE FROM usage WHERE tenant_id = $1",
             ] {
                 sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+            }
+            if db.is_shared() {
+                sqlx::query("DELETE FROM usage_deltas WHERE tenant_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
             }
             let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
                 .bind(id)

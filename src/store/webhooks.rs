@@ -581,6 +581,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         send_at,
         test,
         fragments: fragments.map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+        erased_at: None,
     })
 }
 

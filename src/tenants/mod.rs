@@ -53,6 +53,11 @@ pub struct Tenant {
     /// the https link.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsubscribe_mailto: Option<String>,
+    /// Days a message's body, recipient, reference, metadata and error
+    /// details are kept once it is settled; then they are erased. The
+    /// configured `retention.default_days` unless set for the tenant.
+    #[schema(minimum = 1, maximum = 90)]
+    pub retention_days: u16,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -107,6 +112,12 @@ pub enum RegistryError {
     Invalid { field: String, message: String },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
+}
+
+fn undelivered(id: &str, pending: i64) -> RegistryError {
+    RegistryError::Conflict(format!(
+        "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
+    ))
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RegistryError {
@@ -254,6 +265,8 @@ pub struct Registry {
     /// The queue told each tenant's isolation after every reload, so sends
     /// on this instance follow a change made on another one.
     isolation_sink: std::sync::OnceLock<Arc<dyn crate::queue::TenantQueues>>,
+    /// The retention of tenants that set none (`retention.default_days`).
+    retention_default: std::sync::atomic::AtomicU16,
 }
 
 /// The cached form of a tenant row.
@@ -267,6 +280,8 @@ pub struct TenantRow {
     pub max_concurrent_consumers: u32,
     pub unsubscribe_default: bool,
     pub unsubscribe_mailto: Option<String>,
+    /// Its own retention; `None`: the configured default.
+    pub retention_days: Option<u16>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -284,12 +299,17 @@ impl TenantRow {
             plan: stored.plan,
             unsubscribe_default: stored.unsubscribe_default,
             unsubscribe_mailto: stored.unsubscribe_mailto,
+            retention_days: stored.retention_days.map(|days| {
+                days.clamp(MIN_RETENTION_DAYS.into(), MAX_RETENTION_DAYS.into()) as u16
+            }),
             created_at: stored.created_at,
             updated_at: stored.updated_at,
         })
     }
 
-    pub fn view(&self) -> Tenant {
+    /// The tenant as the API shows it; `retention_default` stands in for
+    /// a retention it has not set.
+    pub fn view(&self, retention_default: u16) -> Tenant {
         Tenant {
             id: self.id.clone(),
             name: self.name.clone(),
@@ -299,6 +319,7 @@ impl TenantRow {
             max_concurrent_consumers: self.max_concurrent_consumers,
             unsubscribe_default: self.unsubscribe_default,
             unsubscribe_mailto: self.unsubscribe_mailto.clone(),
+            retention_days: self.retention_days.unwrap_or(retention_default),
             created_at: crate::model::ms_to_rfc3339(self.created_at),
             updated_at: crate::model::ms_to_rfc3339(self.updated_at),
         }
@@ -311,6 +332,8 @@ impl TenantRow {
 pub struct TenantOptions {
     pub isolation: Isolation,
     pub max_concurrent_consumers: u32,
+    /// `None`: the configured default.
+    pub retention_days: Option<u16>,
 }
 
 impl Default for TenantOptions {
@@ -318,7 +341,21 @@ impl Default for TenantOptions {
         TenantOptions {
             isolation: Isolation::Shared,
             max_concurrent_consumers: DEFAULT_CONSUMERS,
+            retention_days: None,
         }
+    }
+}
+
+pub use crate::model::{DEFAULT_RETENTION_DAYS, MAX_RETENTION_DAYS, MIN_RETENTION_DAYS};
+
+fn check_retention(days: u16) -> Result<u16, RegistryError> {
+    if (MIN_RETENTION_DAYS..=MAX_RETENTION_DAYS).contains(&days) {
+        Ok(days)
+    } else {
+        Err(invalid(
+            "retention_days",
+            format!("must be {MIN_RETENTION_DAYS}-{MAX_RETENTION_DAYS} days"),
+        ))
     }
 }
 
@@ -337,6 +374,8 @@ pub struct TenantChange {
     pub unsubscribe_default: Option<bool>,
     /// An email address; `""` removes it.
     pub unsubscribe_mailto: Option<String>,
+    /// `Some(None)` returns it to the configured default.
+    pub retention_days: Option<Option<u16>>,
 }
 
 fn check_consumers(consumers: u32) -> Result<u32, RegistryError> {
@@ -392,6 +431,7 @@ impl Registry {
             senders: RwLock::new(senders),
             changing: tokio::sync::Mutex::new(()),
             isolation_sink: std::sync::OnceLock::new(),
+            retention_default: std::sync::atomic::AtomicU16::new(DEFAULT_RETENTION_DAYS),
         })
     }
 
@@ -546,6 +586,34 @@ impl Registry {
 
     // ----- tenants -----
 
+    /// Sets the retention of tenants that set none (`retention.default_days`).
+    pub fn set_retention_default(&self, days: u16) {
+        self.retention_default.store(
+            days.clamp(MIN_RETENTION_DAYS, MAX_RETENTION_DAYS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The retention of tenants that set none.
+    pub fn retention_default(&self) -> u16 {
+        self.retention_default
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every tenant's id with the retention in force for it, in days.
+    pub fn retention_by_tenant(&self) -> Vec<(String, u16)> {
+        let default = self.retention_default();
+        let mut list: Vec<(String, u16)> = self
+            .tenants
+            .read()
+            .expect("tenants lock")
+            .values()
+            .map(|t| (t.id.clone(), t.retention_days.unwrap_or(default)))
+            .collect();
+        list.sort();
+        list
+    }
+
     pub fn tenant(&self, id: &str) -> Option<Arc<TenantRow>> {
         self.tenants.read().expect("tenants lock").get(id).cloned()
     }
@@ -556,7 +624,7 @@ impl Registry {
             .read()
             .expect("tenants lock")
             .values()
-            .map(|t| t.view())
+            .map(|t| t.view(self.retention_default()))
             .collect();
         list.sort_by(|a, b| a.id.cmp(&b.id));
         list
@@ -588,6 +656,7 @@ impl Registry {
             max_concurrent_consumers: check_consumers(options.max_concurrent_consumers)?,
             unsubscribe_default: false,
             unsubscribe_mailto: None,
+            retention_days: options.retention_days.map(check_retention).transpose()?,
             created_at: now,
             updated_at: now,
         };
@@ -602,6 +671,7 @@ impl Registry {
                 status: row.status,
                 isolation: row.isolation,
                 max_concurrent_consumers: row.max_concurrent_consumers,
+                retention_days: row.retention_days,
                 created_at: row.created_at,
             },
         )
@@ -611,7 +681,7 @@ impl Registry {
                 "tenant {id:?} already exists"
             )));
         }
-        let view = row.view();
+        let view = row.view(self.retention_default());
         self.tenants
             .write()
             .expect("tenants lock")
@@ -631,6 +701,9 @@ impl Registry {
             .max_concurrent_consumers
             .map(check_consumers)
             .transpose()?;
+        if let Some(Some(days)) = change.retention_days {
+            check_retention(days)?;
+        }
         if let Some(mailto) = change.unsubscribe_mailto.as_deref()
             && !mailto.is_empty()
             && !crate::message::is_email_address(mailto)
@@ -661,6 +734,7 @@ impl Registry {
                 max_concurrent_consumers: consumers,
                 unsubscribe_default: change.unsubscribe_default,
                 unsubscribe_mailto: change.unsubscribe_mailto.as_deref(),
+                retention_days: change.retention_days,
             },
             now_ms(),
         )
@@ -669,7 +743,7 @@ impl Registry {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         };
         let row = TenantRow::from_stored(stored)?;
-        let view = row.view();
+        let view = row.view(self.retention_default());
         self.tenants
             .write()
             .expect("tenants lock")
@@ -682,19 +756,27 @@ impl Registry {
     /// keys. Refused (409) while any of its messages is still undelivered
     /// (`queued`, `sending`, `retrying`): otherwise a tenant re-created under
     /// the same id could inherit them. Pause or disable it and let its lane
-    /// drain, or redrive/inspect dead letters first.
+    /// drain, or redrive/inspect dead letters first. Its dead letters and
+    /// other waiting copies are erased from the queue first, so no body of
+    /// a deleted tenant's message is left behind.
     pub async fn delete_tenant(&self, id: &str) -> Result<(), RegistryError> {
+        if self.tenant_fresh(id).await.is_none() {
+            return Err(RegistryError::NotFound(format!("tenant {id:?}")));
+        }
         let _changing = self.changing.lock().await;
+        let pending = crate::store::retention::undelivered(&self.db, id).await?;
+        if pending > 0 {
+            return Err(undelivered(id, pending));
+        }
+        if let Some(queues) = self.isolation_sink.get() {
+            queues.erase_waiting(id, None).await?;
+        }
         match registry::delete_tenant(&self.db, id).await? {
             TenantDeletion::Deleted => {}
             TenantDeletion::NotFound => {
                 return Err(RegistryError::NotFound(format!("tenant {id:?}")));
             }
-            TenantDeletion::Undelivered(pending) => {
-                return Err(RegistryError::Conflict(format!(
-                    "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"
-                )));
-            }
+            TenantDeletion::Undelivered(pending) => return Err(undelivered(id, pending)),
         }
         self.keys
             .write()
@@ -703,6 +785,17 @@ impl Registry {
         self.tenants.write().expect("tenants lock").remove(id);
         self.senders.write().expect("senders lock").remove(id);
         self.announce("tenant").await;
+        // The deleted rows' old page images leave the SQLite log too.
+        match crate::store::retention::truncate_log(&self.db).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                tenant = id,
+                "The store's log could not be truncated after deleting a tenant; the next retention run tries again."
+            ),
+            Err(err) => {
+                tracing::warn!(tenant = id, error = %err, "The store's log could not be truncated after deleting a tenant.")
+            }
+        }
         Ok(())
     }
 

@@ -26,6 +26,7 @@ mod priority;
 mod receipts;
 mod redis_limits;
 mod restart;
+mod retention;
 mod scheduled;
 mod senders;
 #[path = "../servers/mod.rs"]

@@ -53,7 +53,7 @@ impl EmbeddedQueue {
 
     /// Every queue state a tenant's held messages may sit beside: the
     /// lanes, their attention queues and its own queues.
-    fn states_of(&self, tenant_id: &str) -> Vec<Arc<LaneState>> {
+    pub(super) fn states_of(&self, tenant_id: &str) -> Vec<Arc<LaneState>> {
         let mut states = vec![self.fast.clone(), self.slow.clone()];
         states.extend(self.dedicated.attention.iter().cloned());
         for lane in Lane::ALL {

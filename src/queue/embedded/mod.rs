@@ -66,6 +66,7 @@
 //! - `dedicated.rs`: dedicated tenant queues and their attention signals.
 
 mod dedicated;
+mod erase;
 mod held;
 mod insert;
 mod receive;
@@ -354,6 +355,14 @@ impl LaneQueue for EmbeddedQueue {
 impl TenantQueues for EmbeddedQueue {
     fn has_dedicated_queues(&self) -> bool {
         true
+    }
+
+    async fn erase_waiting(
+        &self,
+        tenant_id: &str,
+        message_ids: Option<&[String]>,
+    ) -> anyhow::Result<Vec<String>> {
+        self.erase_rows(tenant_id, message_ids).await
     }
 
     fn set_tenant_dedicated(&self, tenant_id: &str, dedicated: bool) {

@@ -74,6 +74,16 @@ impl Book {
         }
     }
 
+    /// Forgets one row due at `at` (removed before it was due).
+    pub(super) fn remove_delayed(&mut self, at: i64) {
+        if let Some(count) = self.delayed.get_mut(&at) {
+            *count -= 1;
+            if *count == 0 {
+                self.delayed.remove(&at);
+            }
+        }
+    }
+
     /// Forgets due times that have passed; returns how many are to come.
     pub(super) fn delayed_now(&mut self, now: i64) -> u64 {
         self.delayed = self.delayed.split_off(&(now + 1));

@@ -365,6 +365,64 @@ impl SqsQueue {
 
     /// One receive from `lane`'s DLQ, hiding what it returns for
     /// [`DLQ_SCAN_VISIBILITY_SECS`].
+    /// Walks `lane`'s DLQ and deletes `tenant_id`'s dead letters (those in
+    /// `wanted` only, when given); the others are made visible again. A
+    /// walk covers the DLQ's approximate visible count at its start.
+    /// Returns the ids deleted.
+    async fn erase_dead(
+        &self,
+        lane: Lane,
+        tenant_id: &str,
+        wanted: Option<&HashSet<&str>>,
+    ) -> anyhow::Result<Vec<String>> {
+        let queues = self.queues(lane);
+        let visible = self.dead_visible(lane).await?;
+        let mut seen = HashSet::new();
+        let mut kept = Vec::new();
+        let mut erased = Vec::new();
+        let outcome: anyhow::Result<()> = async {
+            while (seen.len() as u64) < visible {
+                let batch = self.receive_dead(lane, MAX_BATCH_ENTRIES).await?;
+                let mut fresh = false;
+                let mut doomed: Vec<(String, String)> = Vec::new();
+                for message in &batch {
+                    let Some(receipt) = message.receipt_handle() else {
+                        continue;
+                    };
+                    fresh |= seen.insert(message.message_id().unwrap_or_default().to_owned());
+                    let ours = Parsed::from_sqs(message).ok().filter(|p| {
+                        p.tenant_id == tenant_id
+                            && wanted.is_none_or(|ids| ids.contains(p.message_id.as_str()))
+                    });
+                    match ours {
+                        Some(parsed) => doomed.push((receipt.to_owned(), parsed.message_id)),
+                        None => kept.push(receipt.to_owned()),
+                    }
+                }
+                if !doomed.is_empty() {
+                    let receipts: Vec<&str> = doomed.iter().map(|(r, _)| r.as_str()).collect();
+                    let results = delete_receipts(&self.client, &queues.dlq_url, &receipts).await?;
+                    for ((_, id), result) in doomed.into_iter().zip(results) {
+                        if result.is_ok() {
+                            erased.push(id);
+                        }
+                    }
+                }
+                if !fresh {
+                    break;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let refs: Vec<&str> = kept.iter().map(String::as_str).collect();
+        if !refs.is_empty() {
+            release(&self.client, &queues.dlq_url, &refs).await;
+        }
+        outcome?;
+        Ok(erased)
+    }
+
     async fn receive_dead(&self, lane: Lane, max: usize) -> anyhow::Result<Vec<Message>> {
         let output = self
             .client
@@ -840,6 +898,31 @@ impl LaneQueue for SqsQueue {
 impl TenantQueues for SqsQueue {
     fn has_dedicated_queues(&self) -> bool {
         self.dedicated.is_some()
+    }
+
+    /// SQS holds no set-aside or delayed rows of settled messages (a
+    /// scheduled message waits in the outbox): only dead letters, in each
+    /// lane's DLQ and the DLQs of the tenant's own queues.
+    async fn erase_waiting(
+        &self,
+        tenant_id: &str,
+        message_ids: Option<&[String]>,
+    ) -> anyhow::Result<Vec<String>> {
+        if message_ids.is_some_and(<[String]>::is_empty) {
+            return Ok(Vec::new());
+        }
+        let wanted: Option<HashSet<&str>> =
+            message_ids.map(|ids| ids.iter().map(String::as_str).collect());
+        let mut erased = Vec::new();
+        for lane in Lane::ALL.iter().copied() {
+            erased.extend(self.erase_dead(lane, tenant_id, wanted.as_ref()).await?);
+            if let Some(dedicated) = &self.dedicated
+                && let Some(view) = self.tenant_view(dedicated, lane, tenant_id, false).await?
+            {
+                erased.extend(view.erase_dead(lane, tenant_id, wanted.as_ref()).await?);
+            }
+        }
+        Ok(erased)
     }
 
     fn set_tenant_dedicated(&self, tenant_id: &str, dedicated: bool) {

@@ -129,6 +129,10 @@ pub mod locks {
     pub const OUTBOX_SWEEP: i64 = 0x6661_6972_0001;
     /// Expiry of idempotency keys.
     pub const IDEMPOTENCY_PURGE: i64 = 0x6661_6972_0002;
+    /// A retention run.
+    pub const RETENTION: i64 = 0x6661_6972_0003;
+    /// Folding usage deltas into usage rows.
+    pub const USAGE_ROLL_UP: i64 = 0x6661_6972_0004;
 }
 
 mod writer;

@@ -95,6 +95,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             send_at: None,
             test: false,
             fragments: None,
+            erased_at: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),

@@ -62,6 +62,9 @@ impl SqliteDb {
                 SqliteSynchronous::Normal
             })
             .foreign_keys(true)
+            // Deleted and overwritten content is zeroed in the file, so
+            // what retention erases is not left in free space.
+            .pragma("secure_delete", "on")
             .busy_timeout(Duration::from_secs(10))
             .statement_cache_capacity(256);
         let write = SqlitePoolOptions::new()

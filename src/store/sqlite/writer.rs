@@ -335,6 +335,7 @@ pub(crate) fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Conn
     conn.pragma_update(None, "journal_mode", "wal")?;
     conn.pragma_update(None, "synchronous", if fsync { "full" } else { "normal" })?;
     conn.pragma_update(None, "foreign_keys", "on")?;
+    conn.pragma_update(None, "secure_delete", "on")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }

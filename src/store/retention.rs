@@ -1,0 +1,146 @@
+//! Retention's statements: which settled messages of a tenant have passed
+//! its retention with their personal data still kept, and erasing that
+//! data from the status row, its events and the outbox. The queues' own
+//! copies (dead letters, held and delayed rows) are the queue's to erase;
+//! `crate::scheduler::retention` runs the job that calls both.
+//!
+//! Erasing keeps what usage, support and late receipts need: id, tenant,
+//! channel, status, priority, lane, attempts, times, fragments and the
+//! provider's message id. A row marked erased that receives something
+//! personal again (a late bounce's error, an event's detail) is unmarked by
+//! a trigger, and the next run erases it again.
+
+use sqlx::QueryBuilder;
+
+use super::sqlite::push_id_list;
+use super::{Db, on_pool};
+
+/// A message due for erasure.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Due {
+    pub id: String,
+    pub status: String,
+}
+
+/// Up to `limit` settled messages of `tenant_id` created before `cutoff`
+/// (ms) whose personal data is still kept, oldest first.
+pub async fn due(db: &Db, tenant_id: &str, cutoff: i64, limit: usize) -> anyhow::Result<Vec<Due>> {
+    // The settled statuses: nothing more is sent (receipts may still
+    // follow `sent`).
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_as(
+            "SELECT id, status FROM messages \
+             WHERE tenant_id = $1 AND erased_at IS NULL AND created_at < $2 \
+             AND status IN ('sent', 'delivered', 'bounced', 'complained', 'failed', 'suppressed', \
+             'dead_lettered', 'rejected', 'cancelled') \
+             ORDER BY created_at LIMIT $3",
+        )
+        .bind(tenant_id)
+        .bind(cutoff)
+        .bind(limit as i64)
+        .fetch_all(pool)
+        .await?
+    }))
+}
+
+/// Erases the personal data of the messages `ids` (at most
+/// [`super::sqlite::IDS_PER_STATEMENT`] of them) in one transaction: the
+/// status row's reference, metadata and error, its events' details, and an
+/// outbox row if one is left. Returns how many status rows it erased.
+pub async fn erase(db: &Db, ids: &[String], now: i64) -> anyhow::Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    const MESSAGES: &str = "UPDATE messages SET reference = NULL, metadata = NULL, \
+         last_error = NULL, erased_at = $1 WHERE erased_at IS NULL AND id ";
+    const EVENTS: &str =
+        "UPDATE message_events SET detail = NULL WHERE detail IS NOT NULL AND message_id ";
+    const OUTBOX: &str = "DELETE FROM outbox WHERE message_id ";
+    match db {
+        Db::Sqlite(sqlite) => {
+            let _turn = sqlite.write_turn().await;
+            let mut tx = sqlite.write.begin_with("BEGIN IMMEDIATE").await?;
+            let mut erased = 0;
+            for head in [MESSAGES, EVENTS, OUTBOX] {
+                let mut query = QueryBuilder::new("");
+                match head.split_once("$1") {
+                    Some((before, after)) => query.push(before).push_bind(now).push(after),
+                    None => query.push(head),
+                };
+                query.push("IN (");
+                push_id_list(&mut query, ids);
+                let done = query.build().persistent(false).execute(&mut *tx).await?;
+                if head == MESSAGES {
+                    erased = done.rows_affected();
+                }
+            }
+            tx.commit().await?;
+            Ok(erased)
+        }
+        Db::Postgres(pg) => {
+            let mut tx = pg.pool.begin().await?;
+            let erased = sqlx::query(sqlx::AssertSqlSafe(format!("{MESSAGES}= ANY($2)")))
+                .bind(now)
+                .bind(ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            for head in [EVENTS, OUTBOX] {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{head}= ANY($1)")))
+                    .bind(ids)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(erased)
+        }
+    }
+}
+
+/// Held through a retention run: on PostgreSQL the advisory lock that
+/// keeps other instances' runs out until it is dropped.
+pub struct RunLock {
+    _held: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
+}
+
+/// The right to run retention now; `None` while another instance runs it.
+pub async fn lock_run(db: &Db) -> anyhow::Result<Option<RunLock>> {
+    match db {
+        Db::Sqlite(_) => Ok(Some(RunLock { _held: None })),
+        Db::Postgres(pg) => Ok(
+            super::postgres::try_lock(pg, super::postgres::locks::RETENTION)
+                .await?
+                .map(|tx| RunLock { _held: Some(tx) }),
+        ),
+    }
+}
+
+/// How many of `tenant_id`'s messages are not delivered yet (`scheduled`,
+/// `queued`, `sending`, `retrying`).
+pub async fn undelivered(db: &Db, tenant_id: &str) -> anyhow::Result<i64> {
+    Ok(on_pool!(db, read, |pool| {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
+             AND status IN ('scheduled', 'queued', 'sending', 'retrying')",
+        )
+        .bind(tenant_id)
+        .fetch_one(pool)
+        .await?
+    }))
+}
+
+/// SQLite: copies the write-ahead log into the file and truncates it, so
+/// the erased text's old page images leave the log too (`secure_delete`
+/// has already zeroed them in the file). Returns false when readers or the
+/// writer kept it from finishing; the next run tries again. Nothing to do
+/// on PostgreSQL.
+pub async fn truncate_log(db: &Db) -> anyhow::Result<bool> {
+    let Db::Sqlite(sqlite) = db else {
+        return Ok(true);
+    };
+    let _turn = sqlite.write_turn().await;
+    let (busy, _log, _done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+        .fetch_one(&sqlite.write)
+        .await?;
+    Ok(busy == 0)
+}
