@@ -10,21 +10,6 @@ ALTER TABLE tenants ADD COLUMN retention_days INTEGER;
 ALTER TABLE messages ADD COLUMN erased_at INTEGER;
 CREATE INDEX messages_unerased ON messages(tenant_id, created_at) WHERE erased_at IS NULL;
 
--- Something personal written about an erased message (a late receipt's
--- error, an event's detail) makes it unerased again: the next run erases
--- it too.
-CREATE TRIGGER message_erasure_undone AFTER UPDATE OF last_error ON messages
-WHEN OLD.erased_at IS NOT NULL AND NEW.erased_at IS NOT NULL AND NEW.last_error IS NOT NULL
-BEGIN
-    UPDATE messages SET erased_at = NULL WHERE id = NEW.id;
-END;
-
-CREATE TRIGGER message_event_erasure_undone AFTER INSERT ON message_events
-WHEN NEW.detail IS NOT NULL
-BEGIN
-    UPDATE messages SET erased_at = NULL WHERE id = NEW.message_id AND erased_at IS NOT NULL;
-END;
-
 -- Usage per tenant, UTC day (days since 1970-01-01), channel and key kind.
 -- Each counter counts the messages that reached that state on that day;
 -- `fragments` are the SMS fragments of the messages counted in `sent`.
@@ -50,28 +35,34 @@ CREATE TABLE usage (
 ) WITHOUT ROWID;
 CREATE INDEX usage_day ON usage(day);
 
--- One writer holds the file, so the counts are kept in place.
-CREATE TRIGGER usage_accepted AFTER INSERT ON messages
-BEGIN
-    INSERT INTO usage (tenant_id, day, channel, test, accepted)
-    VALUES (NEW.tenant_id, NEW.created_at / 86400000, NEW.channel, NEW.test, 1)
-    ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET accepted = accepted + 1;
-END;
-
-CREATE TRIGGER usage_outcome AFTER UPDATE OF status ON messages
+-- One writer holds the file, so the counts are kept in place. The two
+-- counts every message makes, `accepted` (the insert) and `sent` (with its
+-- fragments), are summed by the store writer over each group and written
+-- once per tenant, day, channel and kind before the group commits
+-- (`crate::store::usage::Pending`): a trigger would cost each message an
+-- upsert.
+--
+-- The rarer outcomes are counted by a trigger that the two writes every
+-- message makes (`sending`, `sent`) do not fire: SQLite runs a trigger's
+-- sub-program for every row a statement names its columns for, even when
+-- its WHEN is false, which cost each message several microseconds of the
+-- one writer. Every other write of a status on SQLite (failures, dead
+-- letters, suppressions, cancels, receipts) also sets `erased_at = NULL`:
+-- the trigger fires on that column, and a message changed after its
+-- erasure is looked at again by the next retention run (a late receipt may
+-- bring an address back).
+CREATE TRIGGER usage_outcome AFTER UPDATE OF erased_at ON messages
 WHEN NEW.status <> OLD.status
- AND NEW.status IN ('sent', 'delivered', 'bounced', 'complained', 'failed', 'dead_lettered',
+ AND NEW.status IN ('delivered', 'bounced', 'complained', 'failed', 'dead_lettered',
                     'suppressed', 'cancelled', 'rejected')
 BEGIN
-    INSERT INTO usage (tenant_id, day, channel, test, sent, delivered, bounced, complained,
-                       failed, dead_lettered, suppressed, cancelled, rejected, fragments)
+    INSERT INTO usage (tenant_id, day, channel, test, delivered, bounced, complained,
+                       failed, dead_lettered, suppressed, cancelled, rejected)
     VALUES (NEW.tenant_id, NEW.updated_at / 86400000, NEW.channel, NEW.test,
-            NEW.status = 'sent', NEW.status = 'delivered', NEW.status = 'bounced',
-            NEW.status = 'complained', NEW.status = 'failed', NEW.status = 'dead_lettered',
-            NEW.status = 'suppressed', NEW.status = 'cancelled', NEW.status = 'rejected',
-            CASE WHEN NEW.status = 'sent' THEN coalesce(NEW.fragments, 0) ELSE 0 END)
+            NEW.status = 'delivered', NEW.status = 'bounced', NEW.status = 'complained',
+            NEW.status = 'failed', NEW.status = 'dead_lettered', NEW.status = 'suppressed',
+            NEW.status = 'cancelled', NEW.status = 'rejected')
     ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET
-        sent = sent + excluded.sent,
         delivered = delivered + excluded.delivered,
         bounced = bounced + excluded.bounced,
         complained = complained + excluded.complained,
@@ -79,6 +70,22 @@ BEGIN
         dead_lettered = dead_lettered + excluded.dead_lettered,
         suppressed = suppressed + excluded.suppressed,
         cancelled = cancelled + excluded.cancelled,
-        rejected = rejected + excluded.rejected,
-        fragments = fragments + excluded.fragments;
+        rejected = rejected + excluded.rejected;
+END;
+
+-- A new event: one trigger makes its webhook call (as
+-- `message_event_webhook` did, migration 0006) and, when the event carries
+-- a detail (a receipt that changes no status may still quote an address),
+-- unerases its message.
+DROP TRIGGER message_event_webhook;
+CREATE TRIGGER message_event_added AFTER INSERT ON message_events
+BEGIN
+    INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, next_attempt_at, attempts, state)
+    SELECT NEW.id, NEW.tenant_id, NEW.message_id, 'message.' || NEW.event, NEW.at, NEW.at, 0,
+           CASE WHEN w.disabled_at IS NULL THEN 'pending' ELSE 'failed' END
+      FROM webhooks AS w
+     WHERE w.tenant_id = NEW.tenant_id AND instr(w.events, ' message.' || NEW.event || ' ') > 0;
+
+    UPDATE messages SET erased_at = NULL
+     WHERE id = NEW.message_id AND NEW.detail IS NOT NULL AND erased_at IS NOT NULL;
 END;

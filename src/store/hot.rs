@@ -540,4 +540,49 @@ pub(crate) mod tests {
         assert_eq!(stored.attempts, 1);
         assert_eq!(stored.provider_message_id.as_deref(), Some("SM1"));
     }
+
+    /// On SQLite the writer sums `accepted` and `sent` over a group: a
+    /// piece that fails (a duplicate id) leaves no count behind, the pieces
+    /// of its group that commit alone count once, and a second `sent` of
+    /// the same message counts nothing.
+    #[tokio::test]
+    async fn the_sqlite_writer_counts_usage_once_per_committed_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("s.db"), false).await.unwrap();
+        let (writer, finished) = Writer::start(&db, 64, 0).unwrap();
+        let store = writer.sqlite().unwrap().clone();
+        let insert = |id: &'static str, fragments: Option<u32>| {
+            let store = store.clone();
+            let mut record = queued_record(id);
+            record.fragments = fragments;
+            async move {
+                store
+                    .run(move |tx| Ok(messages::insert_rows(tx, &[&record])?))
+                    .await
+            }
+        };
+        // Submitted together, so they share a group; "m2" twice breaks the
+        // primary key and the group is applied piece by piece.
+        let (a, b, c, d) = tokio::join!(
+            insert("m1", Some(2)),
+            insert("m2", Some(3)),
+            insert("m2", Some(3)),
+            insert("m3", None)
+        );
+        assert!(a.is_ok() && c.is_ok() != b.is_ok() && d.is_ok());
+        for id in ["m1", "m2"] {
+            writer.sending(id).await;
+            writer.sent(id, "SM").await.unwrap();
+        }
+        writer.sent("m1", "SM").await.unwrap();
+        writer.stop().await;
+        finished.await.unwrap();
+        let rows = crate::store::usage::read(&db, Some("t"), 0, i64::MAX / 86_400_000)
+            .await
+            .unwrap();
+        let accepted: i64 = rows.iter().map(|r| r.accepted).sum();
+        let sent: i64 = rows.iter().map(|r| r.sent).sum();
+        let fragments: i64 = rows.iter().map(|r| r.fragments).sum();
+        assert_eq!((accepted, sent, fragments), (3, 2, 5), "{rows:?}");
+    }
 }

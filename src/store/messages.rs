@@ -14,10 +14,17 @@ const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, 
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
 
 /// Inserts `rows` in the accept writer's transaction, through one cached
-/// single-row statement.
+/// single-row statement, and counts them `accepted` in the group's usage
+/// ([`super::usage::Pending`]: call it on the store writer's thread).
 pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusqlite::Result<()> {
     let mut insert = tx.prepare_cached(INSERT_ROW)?;
     for record in rows {
+        super::usage::Pending::accepted(
+            &record.tenant_id,
+            record.created_at,
+            record.channel.as_str(),
+            record.test,
+        );
         insert.execute(rusqlite::params![
             record.id,
             record.tenant_id,

@@ -469,7 +469,8 @@ pub(crate) fn apply_in(
     }
     if let Some(outcome) = decision.moves {
         tx.prepare_cached(
-            "UPDATE messages SET status = ?1, last_error = ?2, updated_at = ?3 WHERE id = ?4",
+            "UPDATE messages SET status = ?1, last_error = ?2, updated_at = ?3, erased_at = NULL \
+             WHERE id = ?4",
         )?
         .execute(rusqlite::params![
             outcome.as_str(),

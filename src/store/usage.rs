@@ -1,11 +1,17 @@
 //! Usage rows: per tenant, UTC day, channel and key kind, how many messages
 //! were accepted and reached each outcome, and the SMS fragments sent.
-//! Triggers on `messages` count them in the same transaction as the change
-//! they count (migrations sqlite 0014, postgres 0013), so no code path can
-//! forget one. SQLite keeps the counts in place; on PostgreSQL each
-//! statement appends its counts to `usage_deltas` and [`roll_up`] folds
-//! them into `usage` on one instance at a time; reads add both. The rows
-//! are apart from the messages, so retention never changes them.
+//! They are counted in the same transaction as the change they count.
+//! On PostgreSQL, statement triggers on `messages` (migration 0013) append
+//! each statement's counts to `usage_deltas`, and [`roll_up`] folds them
+//! into `usage` on one instance at a time; reads add both. On SQLite
+//! (migration 0014) a trigger counts the rarer outcomes in place, and the
+//! two counts every message makes (`accepted`, `sent`) are summed by the
+//! store writer over a group in [`Pending`] and written once per key before
+//! the group commits. The rows are apart from the messages, so retention
+//! never changes them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use super::{Db, on_pool};
 
@@ -124,5 +130,92 @@ pub async fn roll_up(db: &Db) -> anyhow::Result<Option<u64>> {
         if moved < ROLL_UP_BATCH {
             return Ok(Some(total));
         }
+    }
+}
+
+/// What a group of the SQLite store writer has counted and not yet written:
+/// `accepted`, `sent` and fragments per tenant, day, channel and kind.
+/// It lives on the writer's thread, where every piece that inserts a
+/// message or marks one `sent` applies; the writer writes it into the
+/// group's transaction just before the commit ([`Pending::write`]) and
+/// forgets it when the transaction is rolled back ([`Pending::forget`]).
+pub struct Pending;
+
+#[derive(Default)]
+struct Counted {
+    accepted: i64,
+    sent: i64,
+    fragments: i64,
+}
+
+thread_local! {
+    static PENDING: RefCell<HashMap<(String, i64, String, bool), Counted>> = RefCell::new(HashMap::new());
+}
+
+const MS_PER_DAY: i64 = 86_400_000;
+
+impl Pending {
+    fn add(
+        tenant_id: &str,
+        at_ms: i64,
+        channel: &str,
+        test: bool,
+        count: impl FnOnce(&mut Counted),
+    ) {
+        PENDING.with(|pending| {
+            let mut pending = pending.borrow_mut();
+            let key = (
+                tenant_id.to_owned(),
+                at_ms.div_euclid(MS_PER_DAY),
+                channel.to_owned(),
+                test,
+            );
+            count(pending.entry(key).or_default());
+        });
+    }
+
+    /// A message stored at `created_at` (ms).
+    pub fn accepted(tenant_id: &str, created_at: i64, channel: &str, test: bool) {
+        Self::add(tenant_id, created_at, channel, test, |c| c.accepted += 1);
+    }
+
+    /// A message that became `sent` at `at` (ms), with its fragments.
+    pub fn sent(tenant_id: &str, at: i64, channel: &str, test: bool, fragments: Option<i64>) {
+        Self::add(tenant_id, at, channel, test, |c| {
+            c.sent += 1;
+            c.fragments += fragments.unwrap_or(0);
+        });
+    }
+
+    /// Writes what was counted into `tx` (one upsert per key) and forgets it.
+    pub fn write(tx: &rusqlite::Transaction) -> rusqlite::Result<()> {
+        let counted = PENDING.with(|pending| std::mem::take(&mut *pending.borrow_mut()));
+        if counted.is_empty() {
+            return Ok(());
+        }
+        let mut upsert = tx.prepare_cached(
+            "INSERT INTO usage (tenant_id, day, channel, test, accepted, sent, fragments) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET \
+             accepted = accepted + excluded.accepted, sent = sent + excluded.sent, \
+             fragments = fragments + excluded.fragments",
+        )?;
+        for ((tenant_id, day, channel, test), c) in counted {
+            upsert.execute(rusqlite::params![
+                tenant_id,
+                day,
+                channel,
+                test,
+                c.accepted,
+                c.sent,
+                c.fragments
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Forgets what was counted (its transaction was rolled back).
+    pub fn forget() {
+        PENDING.with(|pending| pending.borrow_mut().clear());
     }
 }

@@ -220,7 +220,7 @@ impl Work for PurgeWork {
         let book = self.state.book();
         let mut delete = tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1")?;
         let mut cancel = tx.prepare_cached(
-            "UPDATE messages SET status = 'cancelled', updated_at = ?1 \
+            "UPDATE messages SET status = 'cancelled', updated_at = ?1, erased_at = NULL \
              WHERE id = ?2 AND status IN ('queued', 'retrying', 'scheduled')",
         )?;
         for (seq, message_id) in rows {

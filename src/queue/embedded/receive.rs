@@ -157,7 +157,7 @@ impl Work for ReceiveWork {
              last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?4",
         )?;
         let mut mark_dead = tx.prepare_cached(
-            "UPDATE messages SET status = 'dead_lettered', updated_at = ?1, \
+            "UPDATE messages SET status = 'dead_lettered', updated_at = ?1, erased_at = NULL, \
              last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?2), last_error) \
              WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?2) AND status <> 'sent'",
         )?;

@@ -16,6 +16,7 @@ use crate::store::hot::{BeforeSend, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
+use crate::store::usage;
 use crate::store::webhooks::{DUE_CALLS, DueCall, SNAPSHOT, SnapshotRow};
 
 /// Makes `entries` durable in one transaction, all or none; true once
@@ -106,7 +107,7 @@ pub(crate) async fn cancel(
     writer
         .run(move |tx| {
             let mut cancel = tx.prepare_cached(
-                "UPDATE messages SET status = 'cancelled', updated_at = ?1 \
+                "UPDATE messages SET status = 'cancelled', updated_at = ?1, erased_at = NULL \
                  WHERE id = ?2 AND tenant_id = ?3 AND status IN ('scheduled', 'queued', 'retrying')",
             )?;
             let mut forget = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
@@ -241,7 +242,7 @@ pub(crate) async fn failure(
             let attempts: Option<i64> = tx
                 .prepare_cached(
                     "UPDATE messages SET status = ?1, attempts = attempts + ?2, last_error = ?3, \
-                     updated_at = ?4 WHERE id = ?5 RETURNING attempts",
+                     updated_at = ?4, erased_at = NULL WHERE id = ?5 RETURNING attempts",
                 )?
                 .query_row(
                     rusqlite::params![status.as_str(), i64::from(counted), error, now_ms(), id],
@@ -284,15 +285,33 @@ struct Sent {
 
 impl Work for Sent {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
+        // Usage counts the change to `sent` (not a second write of it).
+        type Before = (String, String, String, bool, Option<i64>);
+        let before: Option<Before> = tx
+            .prepare_cached(
+                "SELECT status, tenant_id, channel, test, fragments FROM messages WHERE id = ?1",
+            )?
+            .query_row([&self.id], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })
+            .optional()?;
+        let now = now_ms();
         tx.prepare_cached(
             "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
              sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3",
         )?
-        .execute(rusqlite::params![
-            now_ms(),
-            self.provider_message_id,
-            self.id
-        ])?;
+        .execute(rusqlite::params![now, self.provider_message_id, self.id])?;
+        if let Some((status, tenant_id, channel, test, fragments)) = before
+            && status != "sent"
+        {
+            usage::Pending::sent(&tenant_id, now, &channel, test, fragments);
+        }
         Ok(())
     }
 

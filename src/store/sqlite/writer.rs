@@ -38,6 +38,7 @@ use tracing::error;
 
 use super::SqliteDb;
 pub use crate::store::streak::{FailureStreak, WriteFailed};
+use crate::store::usage;
 
 /// How long the writer waits for another connection's write transaction
 /// (a rare admin write on sqlx's connection) before a group fails.
@@ -456,9 +457,13 @@ fn commit_group(
                 work.settle_early();
             }
         }
+        usage::Pending::write(&tx)?;
         tx.commit()?;
         Ok(None)
     })();
+    if !matches!(applied, Ok(None)) {
+        usage::Pending::forget();
+    }
     match applied {
         Ok(None) => Ok(None),
         Ok(Some(failed_at)) => {
@@ -485,9 +490,13 @@ fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Option<W
         let outcome = (|| -> anyhow::Result<()> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             work.apply(&tx)?;
+            usage::Pending::write(&tx)?;
             tx.commit()?;
             Ok(())
         })();
+        if outcome.is_err() {
+            usage::Pending::forget();
+        }
         match outcome {
             Ok(()) => kept.push(work),
             Err(err) => {
