@@ -226,6 +226,7 @@ impl Application {
                 registry: registry.clone(),
                 queues: tenant_queues.clone(),
                 batch: settings.retention.batch,
+                vacuum: settings.retention.vacuum,
             },
             std::time::Duration::from_secs(settings.retention.interval_secs),
             shutdown_rx.clone(),

@@ -532,6 +532,14 @@ pub struct RetentionSettings {
     /// Messages erased per transaction. Default 500.
     #[serde(default = "default_retention_batch")]
     pub batch: usize,
+    /// SQLite: rewrite the file (`VACUUM`) after a run that erased
+    /// something, then truncate its log. `secure_delete` zeroes what a
+    /// write frees, but SQLite's page rebuilds leave old copies of rows in
+    /// the unused middle of pages; only a rewrite removes them. Writes wait
+    /// meanwhile (about 1.3 s per 400 MB here). Default true; false keeps
+    /// those copies until their pages are rewritten by later writes.
+    #[serde(default = "default_true")]
+    pub vacuum: bool,
 }
 
 fn default_retention_days() -> u16 {
@@ -540,6 +548,10 @@ fn default_retention_days() -> u16 {
 
 fn default_retention_interval_secs() -> u64 {
     3600
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_retention_batch() -> usize {
@@ -552,6 +564,7 @@ impl Default for RetentionSettings {
             default_days: default_retention_days(),
             interval_secs: default_retention_interval_secs(),
             batch: default_retention_batch(),
+            vacuum: true,
         }
     }
 }

@@ -3,8 +3,9 @@
 //! their tenant's retention: first the queue's waiting copies (dead
 //! letters, set-aside and delayed rows of cancelled messages), then the
 //! status row, its events and any outbox row, a bounded batch per
-//! transaction (`crate::store::retention`). On SQLite the log is then
-//! truncated, so the old page images leave the disk too. Each run writes
+//! transaction (`crate::store::retention`). On SQLite the file is then
+//! rewritten and its log truncated, so no old copy of the erased text is
+//! left on disk. Each run writes
 //! one INFO line and counts into the `fairlane_retention_*` metrics.
 
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct RetentionRun {
     pub erased: u64,
     /// Queue copies removed (dead letters, set-aside and delayed rows).
     pub queue_copies: u64,
+    /// SQLite: whether the file was rewritten (`VACUUM`) after erasing.
+    pub vacuumed: bool,
     /// SQLite: whether the log was truncated after erasing.
     pub log_truncated: bool,
 }
@@ -39,6 +42,9 @@ pub struct Retention {
     pub queues: Arc<dyn TenantQueues>,
     /// Messages per transaction.
     pub batch: usize,
+    /// SQLite: rewrite the file after a run that erased something
+    /// (`retention.vacuum`).
+    pub vacuum: bool,
 }
 
 impl Retention {
@@ -77,8 +83,9 @@ impl Retention {
                 }
             }
         }
-        if run.erased > 0 {
-            run.log_truncated = retention::truncate_log(&self.db).await?;
+        if run.erased > 0 || run.queue_copies > 0 {
+            let scrubbed = retention::scrub_file(&self.db, self.vacuum).await?;
+            (run.vacuumed, run.log_truncated) = (scrubbed.vacuumed, scrubbed.log_truncated);
         }
         Ok(Some(run))
     }
@@ -103,6 +110,7 @@ pub async fn run_retention(
                             tenants = run.tenants,
                             erased = run.erased,
                             queue_copies = run.queue_copies,
+                            vacuumed = run.vacuumed,
                             log_truncated = run.log_truncated,
                             elapsed_ms = started.elapsed().as_millis() as u64,
                             "Retention run finished: personal data of settled messages past their tenant's retention erased."

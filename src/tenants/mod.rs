@@ -785,10 +785,11 @@ impl Registry {
         self.tenants.write().expect("tenants lock").remove(id);
         self.senders.write().expect("senders lock").remove(id);
         self.announce("tenant").await;
-        // The deleted rows' old page images leave the SQLite log too.
-        match crate::store::retention::truncate_log(&self.db).await {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
+        // No old copy of the deleted rows is left in the SQLite file or
+        // its log.
+        match crate::store::retention::scrub_file(&self.db, true).await {
+            Ok(scrubbed) if scrubbed.log_truncated => {}
+            Ok(_) => tracing::warn!(
                 tenant = id,
                 "The store's log could not be truncated after deleting a tenant; the next retention run tries again."
             ),

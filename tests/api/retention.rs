@@ -67,6 +67,7 @@ async fn run_retention(app: &TestApp) -> RetentionRun {
         registry: app.state.registry.clone(),
         queues: app.state.tenant_queues.clone(),
         batch: 2,
+        vacuum: true,
     };
     for _ in 0..100 {
         if let Some(run) = job.run_once(now_ms()).await.expect("a retention run") {
@@ -211,6 +212,7 @@ on_both_stores! {
         let copies = if app.state.db.is_shared() { 1 } else { 2 };
         assert_eq!(run.queue_copies, copies, "{run:?}");
         assert!(run.log_truncated, "{run:?}");
+        assert_eq!(run.vacuumed, !app.state.db.is_shared(), "{run:?}");
         assert_eq!(run_retention(&app).await.erased, 0, "a second run finds nothing");
 
         for (id, outcome) in outcomes {
