@@ -285,32 +285,34 @@ struct Sent {
 
 impl Work for Sent {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        // Usage counts the change to `sent` (not a second write of it).
-        type Before = (String, String, String, bool, Option<i64>);
-        let before: Option<Before> = tx
-            .prepare_cached(
-                "SELECT status, tenant_id, channel, test, fragments FROM messages WHERE id = ?1",
-            )?
-            .query_row([&self.id], |row| {
-                Ok((
-                    row.get(0)?,
-                    row.get(1)?,
-                    row.get(2)?,
-                    row.get(3)?,
-                    row.get(4)?,
-                ))
+        // Usage counts the change to `sent`, not a second write of it: the
+        // first statement changes only a message not `sent` yet and names
+        // what usage needs; a message already `sent` (a rare second write)
+        // is written by the second.
+        macro_rules! set_sent {
+            () => {
+                "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
+                 sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3"
+            };
+        }
+        let now = now_ms();
+        let params = rusqlite::params![now, self.provider_message_id, self.id];
+        let changed: Option<(String, String, bool, Option<i64>)> = tx
+            .prepare_cached(concat!(
+                set_sent!(),
+                " AND status <> 'sent' RETURNING tenant_id, channel, test, fragments"
+            ))?
+            .query_row(params, |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
             })
             .optional()?;
-        let now = now_ms();
-        tx.prepare_cached(
-            "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
-             sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3",
-        )?
-        .execute(rusqlite::params![now, self.provider_message_id, self.id])?;
-        if let Some((status, tenant_id, channel, test, fragments)) = before
-            && status != "sent"
-        {
-            usage::Pending::sent(&tenant_id, now, &channel, test, fragments);
+        match changed {
+            Some((tenant_id, channel, test, fragments)) => {
+                usage::Pending::sent(&tenant_id, now, &channel, test, fragments);
+            }
+            None => {
+                tx.prepare_cached(set_sent!())?.execute(params)?;
+            }
         }
         Ok(())
     }
