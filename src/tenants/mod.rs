@@ -791,7 +791,7 @@ impl Registry {
             Ok(scrubbed) if scrubbed.log_truncated => {}
             Ok(_) => tracing::warn!(
                 tenant = id,
-                "The store's log could not be truncated after deleting a tenant; the next retention run tries again."
+                "The store's log could not be truncated after deleting a tenant (a reader held it); the next retention run that erases something truncates it."
             ),
             Err(err) => {
                 tracing::warn!(tenant = id, error = %err, "The store's log could not be truncated after deleting a tenant.")
