@@ -54,6 +54,7 @@ fn entry(n: u64) -> AcceptEntry {
             test: false,
             fragments: None,
             erased_at: None,
+            provider: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -19,10 +19,10 @@ use crate::accept::outbox::Outbox;
 use crate::api::auth::AdminAuth;
 use crate::api::{self, AppInner, AppState};
 use crate::config::{LimitsBackend, QueueBackend, Settings};
-use crate::consumer::{Delivery, GatedProvider, LaneConsumer};
+use crate::consumer::{Delivery, GatedProvider, LaneConsumer, PoolMember};
 use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::{LaneBackpressure, PendingCounts};
-use crate::limits::gate::ProviderGate;
+use crate::limits::gate::{MemberSpec, ProviderGate};
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::SentCounts;
 use crate::model::{Channel, Lane, TenantStatus};
@@ -204,14 +204,17 @@ impl Application {
             std::time::Duration::from_secs(settings.receipts.match_for_secs),
             shutdown_rx.clone(),
         )));
-        if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
-            &settings.providers.email,
-            db.clone(),
-            store_writer.clone(),
-        )
-        .await?
-        {
-            background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
+        // Each SES provider of the email pool may have its own events queue.
+        for entry in settings.providers.pool(Channel::Email) {
+            if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
+                entry.settings,
+                db.clone(),
+                store_writer.clone(),
+            )
+            .await?
+            {
+                background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
+            }
         }
         let webhooks = crate::webhooks::dispatch::Dispatcher::new(
             db.clone(),
@@ -239,9 +242,10 @@ impl Application {
         }
         background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
             db.clone(),
-            shutdown_rx,
+            shutdown_rx.clone(),
         )));
 
+        let mut providers = Vec::new();
         let consumers = if settings.consumers.enabled {
             let share = settings
                 .lanes
@@ -254,7 +258,7 @@ impl Application {
                 queue: queue.clone(),
                 tenant_queues: tenant_queues.clone(),
                 email: gated(
-                    &settings.providers.email,
+                    &settings.providers,
                     Channel::Email,
                     share,
                     redis.clone(),
@@ -262,7 +266,7 @@ impl Application {
                 )
                 .await?,
                 sms: gated(
-                    &settings.providers.sms,
+                    &settings.providers,
                     Channel::Sms,
                     share,
                     redis.clone(),
@@ -278,6 +282,14 @@ impl Application {
                 log_addresses: settings.logging.log_addresses,
                 store_trouble: Default::default(),
             };
+            providers = vec![
+                (Channel::Email, delivery.email.clone()),
+                (Channel::Sms, delivery.sms.clone()),
+            ];
+            background.push(tokio::spawn(report_provider_shares(
+                providers.clone(),
+                shutdown_rx.clone(),
+            )));
             Lane::ALL
                 .iter()
                 .map(|lane| {
@@ -328,6 +340,7 @@ impl Application {
             admin,
             metrics,
             unsubscribe,
+            providers,
         });
         Ok(Application {
             listener,
@@ -445,35 +458,95 @@ impl PendingCounts for OutboxRows {
     }
 }
 
-/// A provider for `channel` with its rate gate.
+/// `channel`'s providers with their gate: one line of waiting messages
+/// over a bucket per provider.
 ///
 /// The gate serves waiting messages high priority first with the lanes'
 /// share rule; it is shared by both lanes, so it gives lower priorities the
-/// larger of the two lanes' `low_priority_share`. With `redis`, its tokens
-/// come from the provider's fleet-wide bucket.
+/// larger of the two lanes' `low_priority_share`. With `redis`, each
+/// provider's tokens come from its fleet-wide bucket (`{prefix}:gate:{name}`).
+/// Names are kept for the process's life (metrics labels want them
+/// `'static`); a process builds its pools once.
 async fn gated(
-    settings: &crate::config::ProviderSettings,
+    settings: &crate::config::ProvidersSettings,
     channel: Channel,
     low_priority_share: f64,
     redis: Option<Arc<RedisLimits>>,
     public_url: Option<&str>,
 ) -> anyhow::Result<GatedProvider> {
-    let gate =
-        ProviderGate::with_share(settings.rate_per_second, settings.burst, low_priority_share);
+    let entries = settings.pool(channel);
+    let specs: Vec<MemberSpec> = entries
+        .iter()
+        .map(|entry| MemberSpec {
+            name: entry.name.to_owned(),
+            weight: entry.settings.weight,
+            rate_per_second: entry.settings.rate_per_second,
+            burst: entry.settings.burst,
+        })
+        .collect();
+    let gate = ProviderGate::pool(&specs, low_priority_share, &settings.health);
     let gate = match redis {
         Some(redis) => gate.with_global_bucket(redis, channel.as_str()),
         None => gate,
     };
-    let provider = crate::providers::build(settings, channel, public_url)
-        .await
-        .with_context(|| format!("setting up the {channel} provider"))?;
+    let mut members = Vec::with_capacity(entries.len());
+    for (at, entry) in entries.iter().enumerate() {
+        // The first SMS provider keeps the callback path of a pool of one;
+        // each other one has its own, so its token verifies its callbacks.
+        let callback = public_url.map(|url| {
+            let url = url.trim_end_matches('/');
+            if at == 0 {
+                format!("{url}{}", crate::providers::sms_http::CALLBACK_PATH)
+            } else {
+                format!(
+                    "{url}{}/{}",
+                    crate::providers::sms_http::CALLBACK_PATH,
+                    entry.name
+                )
+            }
+        });
+        let provider = crate::providers::build(entry.settings, channel, callback)
+            .await
+            .with_context(|| format!("setting up the {channel} provider {:?}", entry.name))?;
+        let name: &'static str = Box::leak(entry.name.to_owned().into_boxed_str());
+        crate::metrics::register_provider(name);
+        members.push(PoolMember {
+            name,
+            provider,
+            breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
+                crate::limits::breaker::BreakerSettings::of(entry.settings),
+            )),
+        });
+    }
     Ok(GatedProvider {
-        provider,
         gate: Arc::new(gate),
-        breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
-            crate::limits::breaker::BreakerSettings::of(settings),
-        )),
+        members: members.into(),
     })
+}
+
+/// Keeps `fairlane_provider_share` current, once a second.
+async fn report_provider_shares(
+    pools: Vec<(Channel, GatedProvider)>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        for (channel, pool) in &pools {
+            for (member, view) in pool.members.iter().zip(pool.gate.view()) {
+                let share = if view.paused_for.is_some() {
+                    0.0
+                } else {
+                    view.share
+                };
+                metrics::gauge!(crate::metrics::PROVIDER_SHARE, "channel" => channel.as_str(), "provider" => member.name)
+                    .set(share);
+            }
+        }
+    }
 }
 
 /// Test keys' messages: at most this many simulated calls a second per
@@ -489,17 +562,14 @@ fn simulated(settings: &crate::config::ProviderSettings, low_priority_share: f64
         crate::providers::DEFAULT_TIMEOUT,
         std::time::Duration::from_millis,
     );
-    GatedProvider {
-        provider: Arc::new(crate::providers::simulated::SimulatedProvider::new(timeout)),
-        gate: Arc::new(ProviderGate::with_share(
-            TEST_RATE_PER_SECOND,
-            TEST_BURST,
-            low_priority_share,
+    GatedProvider::single(
+        crate::providers::simulated::NAME,
+        Arc::new(crate::providers::simulated::SimulatedProvider::new(timeout)),
+        ProviderGate::with_share(TEST_RATE_PER_SECOND, TEST_BURST, low_priority_share),
+        crate::limits::breaker::CircuitBreaker::new(crate::limits::breaker::BreakerSettings::of(
+            settings,
         )),
-        breaker: Arc::new(crate::limits::breaker::CircuitBreaker::new(
-            crate::limits::breaker::BreakerSettings::of(settings),
-        )),
-    }
+    )
 }
 
 /// Completes on SIGINT or SIGTERM.

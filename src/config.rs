@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::model::Lane;
+use crate::model::{Channel, Lane};
 
 /// The built-in defaults, compiled into the binary so `fairlane serve` runs
 /// with no file at all.
@@ -294,8 +294,109 @@ fn default_slice_max_secs() -> u64 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProvidersSettings {
+    /// The first email provider (a pool of one unless `email_pool` names
+    /// more).
     pub email: ProviderSettings,
+    /// The first SMS provider.
     pub sms: ProviderSettings,
+    /// Further email providers, by name: `[providers.email_pool.NAME]`
+    /// (`FAIRLANE__PROVIDERS__EMAIL_POOL__NAME__KIND=ses`). Each message
+    /// goes to one provider of its channel's pool, chosen by weight and
+    /// health (see [`crate::limits::gate`]).
+    #[serde(default)]
+    pub email_pool: BTreeMap<String, ProviderSettings>,
+    /// Further SMS providers, by name.
+    #[serde(default)]
+    pub sms_pool: BTreeMap<String, ProviderSettings>,
+    /// When a provider of a pool loses its share and how it wins it back.
+    #[serde(default)]
+    pub health: ProviderHealthSettings,
+}
+
+/// One provider of a channel's pool, as configured.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolEntry<'a> {
+    /// The provider's name: the Redis gate key, the `provider` metrics
+    /// label, the message's `provider`, the admin view.
+    pub name: &'a str,
+    /// Where it is configured (`providers.sms`, `providers.sms_pool.backup`),
+    /// for error messages.
+    pub path: &'a str,
+    pub settings: &'a ProviderSettings,
+}
+
+impl ProvidersSettings {
+    /// `channel`'s providers in order: its table first (named by its
+    /// `name`, the channel's own name by default), then its pool by name.
+    pub fn pool(&self, channel: Channel) -> Vec<PoolEntry<'_>> {
+        let (first, path, more, more_path) = match channel {
+            Channel::Email => (
+                &self.email,
+                "providers.email",
+                &self.email_pool,
+                "providers.email_pool",
+            ),
+            Channel::Sms => (
+                &self.sms,
+                "providers.sms",
+                &self.sms_pool,
+                "providers.sms_pool",
+            ),
+        };
+        let mut entries = vec![PoolEntry {
+            name: first.name.as_deref().unwrap_or(channel.as_str()),
+            path,
+            settings: first,
+        }];
+        entries.extend(more.iter().map(|(name, settings)| PoolEntry {
+            name: name.as_str(),
+            path: more_path,
+            settings,
+        }));
+        entries
+    }
+
+    /// Every provider of both channels, with its channel.
+    pub fn all(&self) -> impl Iterator<Item = (Channel, PoolEntry<'_>)> {
+        Channel::ALL
+            .iter()
+            .copied()
+            .flat_map(move |channel| self.pool(channel).into_iter().map(move |e| (channel, e)))
+    }
+}
+
+/// `[providers.health]`: how a pool's routing judges its providers by
+/// their recent calls. A provider whose calls in the last `window_secs`
+/// (at least `min_calls` of them) failed more often than
+/// `max_failure_rate` (5xx, timeouts, refused connections, and SMS
+/// receipts reporting `failed`), or took longer than `max_latency_ms` on
+/// average, is marked down: it gets no new messages for `down_secs`
+/// while another provider of its channel can take them, then wins its
+/// weight back in a straight line over `recover_secs`. Its window starts
+/// empty when it is marked down, so one bad spell is not judged twice;
+/// failing again while it recovers marks it down again.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderHealthSettings {
+    pub window_secs: u64,
+    pub min_calls: u32,
+    pub max_failure_rate: f64,
+    pub max_latency_ms: u64,
+    pub down_secs: u64,
+    pub recover_secs: u64,
+}
+
+impl Default for ProviderHealthSettings {
+    fn default() -> Self {
+        ProviderHealthSettings {
+            window_secs: 10,
+            min_calls: 10,
+            max_failure_rate: 0.5,
+            max_latency_ms: 5000,
+            down_secs: 5,
+            recover_secs: 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -315,6 +416,14 @@ pub enum ProviderKind {
 #[serde(deny_unknown_fields)]
 pub struct ProviderSettings {
     pub kind: ProviderKind,
+    /// The first provider of a channel only: its name (default the
+    /// channel's, `email` or `sms`). Pool entries are named by their key.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its share of the channel's messages beside the pool's other
+    /// providers (1 to 1000; default 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
     /// Sends per second the provider allows.
     pub rate_per_second: f64,
     /// Sends allowed at once after idle.
@@ -373,6 +482,10 @@ pub struct ProviderSettings {
     pub breaker_open_ms: u64,
     #[serde(default = "default_breaker_max_open_secs")]
     pub breaker_max_open_secs: u64,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 fn default_breaker_failures() -> u32 {
@@ -832,11 +945,6 @@ impl Settings {
                 "webhooks.timeout_ms, webhooks.poll_interval_ms and webhooks.retry_base_ms must be at least 1"
             );
         }
-        if self.providers.email.events_queue_url.is_some()
-            && self.providers.email.kind != ProviderKind::Ses
-        {
-            bail!("providers.email.events_queue_url needs providers.email.kind = \"ses\"");
-        }
         if let Some(instance) = &self.server.instance
             && (instance.is_empty()
                 || instance.len() > 64
@@ -872,32 +980,7 @@ impl Settings {
         if self.retry.max_attempts == 0 {
             bail!("retry.max_attempts must be at least 1");
         }
-        for (name, provider) in [
-            ("email", &self.providers.email),
-            ("sms", &self.providers.sms),
-        ] {
-            if !is_sensible_rate(provider.rate_per_second) {
-                bail!(
-                    "providers.{name}.rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
-                );
-            }
-            if provider.burst == 0 {
-                bail!("providers.{name}.burst must be at least 1");
-            }
-            if f64::from(provider.burst) / provider.rate_per_second > MAX_PROVIDER_REFILL_SECS {
-                bail!(
-                    "providers.{name}.burst / rate_per_second (the time an empty bucket takes to fill) must be at most {MAX_PROVIDER_REFILL_SECS} s"
-                );
-            }
-            let max_open = MAX_PROVIDER_PAUSE.as_secs();
-            if provider.breaker_open_ms > max_open * 1000
-                || provider.breaker_max_open_secs > max_open
-            {
-                bail!(
-                    "providers.{name}.breaker_open_ms and breaker_max_open_secs must be at most {max_open} s"
-                );
-            }
-        }
+        self.validate_providers()?;
         let sqs = &self.queue.sqs;
         if sqs.access_key_id.is_some() != sqs.secret_access_key.is_some() {
             bail!("queue.sqs.access_key_id and secret_access_key must be set together");
@@ -911,55 +994,52 @@ impl Settings {
         if sqs.outbox_sweep_secs == 0 {
             bail!("queue.sqs.outbox_sweep_secs must be at least 1");
         }
-        for (name, provider) in [
-            ("email", &self.providers.email),
-            ("sms", &self.providers.sms),
-        ] {
-            if provider.access_key_id.is_some() != provider.secret_access_key.is_some() {
-                bail!("providers.{name}.access_key_id and secret_access_key must be set together");
-            }
-        }
-        match self.providers.email.kind {
-            ProviderKind::Http => bail!("providers.email.kind must be \"ses\" or \"log\""),
-            ProviderKind::Ses | ProviderKind::Log => {}
-        }
-        if self
-            .providers
-            .email
-            .from
-            .as_deref()
-            .unwrap_or("")
-            .is_empty()
-        {
-            bail!("providers.email.from is required");
-        }
-        match self.providers.sms.kind {
-            ProviderKind::Ses => bail!("providers.sms.kind must be \"http\" or \"log\""),
-            ProviderKind::Http => {
-                for (key, value) in [
-                    ("base_url", &self.providers.sms.base_url),
-                    ("account_sid", &self.providers.sms.account_sid),
-                    ("from", &self.providers.sms.from),
-                ] {
-                    if value.as_deref().unwrap_or("").is_empty() {
-                        bail!("providers.sms.{key} is required when providers.sms.kind = \"http\"");
-                    }
-                }
-                // An empty token would sign callbacks with an empty key,
-                // which anyone can forge.
-                let token = self.providers.sms.auth_token.as_ref();
-                if token.is_none_or(|token| token.expose_secret().trim().is_empty()) {
-                    bail!(
-                        "providers.sms.auth_token is required (and must not be empty) when providers.sms.kind = \"http\""
-                    );
-                }
-            }
-            ProviderKind::Log => {}
-        }
         self.validate_limits()?;
         for (name, plan) in &self.plans {
             validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
                 .with_context(|| format!("plans.{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Checks every provider of both pools: figures in range, what its
+    /// kind needs, names that can be Redis keys and metric labels.
+    fn validate_providers(&self) -> anyhow::Result<()> {
+        for channel in Channel::ALL.iter().copied() {
+            let mut seen = std::collections::HashSet::new();
+            for entry in self.providers.pool(channel) {
+                let path = if entry.path.ends_with("_pool") {
+                    format!("{}.{}", entry.path, entry.name)
+                } else {
+                    entry.path.to_owned()
+                };
+                if entry.path.ends_with("_pool") && entry.settings.name.is_some() {
+                    bail!("{path}.name must not be set: a pool entry is named by its key");
+                }
+                validate_provider(&path, channel, entry.name, entry.settings)?;
+                if !seen.insert(entry.name) {
+                    bail!(
+                        "{path}: the name {:?} is used twice among the {channel} providers",
+                        entry.name
+                    );
+                }
+            }
+        }
+        let health = &self.providers.health;
+        if health.window_secs == 0 || health.window_secs > 3600 {
+            bail!("providers.health.window_secs must be between 1 and 3600");
+        }
+        if health.min_calls == 0 {
+            bail!("providers.health.min_calls must be at least 1");
+        }
+        if !(health.max_failure_rate > 0.0 && health.max_failure_rate <= 1.0) {
+            bail!("providers.health.max_failure_rate must be above 0 and at most 1");
+        }
+        if health.max_latency_ms == 0 {
+            bail!("providers.health.max_latency_ms must be at least 1");
+        }
+        if health.down_secs > 3600 || health.recover_secs > 3600 {
+            bail!("providers.health.down_secs and recover_secs must be at most 3600");
         }
         Ok(())
     }
@@ -1014,6 +1094,81 @@ impl Settings {
 }
 
 /// Checks the figures of a plan; shared by the config loader and the API.
+/// Checks one provider, configured at `path`, of `channel`'s pool.
+fn validate_provider(
+    path: &str,
+    channel: Channel,
+    name: &str,
+    provider: &ProviderSettings,
+) -> anyhow::Result<()> {
+    if name.is_empty()
+        || name.len() > 32
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_".contains(&b))
+    {
+        bail!(
+            "{path}: a provider's name must be 1-32 characters of a-z, 0-9, '-' or '_' (got {name:?})"
+        );
+    }
+    if provider.weight == 0 || provider.weight > 1000 {
+        bail!("{path}.weight must be between 1 and 1000");
+    }
+    if !is_sensible_rate(provider.rate_per_second) {
+        bail!(
+            "{path}.rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
+        );
+    }
+    if provider.burst == 0 {
+        bail!("{path}.burst must be at least 1");
+    }
+    if f64::from(provider.burst) / provider.rate_per_second > MAX_PROVIDER_REFILL_SECS {
+        bail!(
+            "{path}.burst / rate_per_second (the time an empty bucket takes to fill) must be at most {MAX_PROVIDER_REFILL_SECS} s"
+        );
+    }
+    let max_open = MAX_PROVIDER_PAUSE.as_secs();
+    if provider.breaker_open_ms > max_open * 1000 || provider.breaker_max_open_secs > max_open {
+        bail!("{path}.breaker_open_ms and breaker_max_open_secs must be at most {max_open} s");
+    }
+    if provider.access_key_id.is_some() != provider.secret_access_key.is_some() {
+        bail!("{path}.access_key_id and secret_access_key must be set together");
+    }
+    if provider.events_queue_url.is_some() && provider.kind != ProviderKind::Ses {
+        bail!("{path}.events_queue_url needs {path}.kind = \"ses\"");
+    }
+    match (channel, provider.kind) {
+        (Channel::Email, ProviderKind::Http) => bail!("{path}.kind must be \"ses\" or \"log\""),
+        (Channel::Sms, ProviderKind::Ses) => bail!("{path}.kind must be \"http\" or \"log\""),
+        (Channel::Email, _) => {
+            if provider.from.as_deref().unwrap_or("").is_empty() {
+                bail!("{path}.from is required");
+            }
+        }
+        (Channel::Sms, ProviderKind::Http) => {
+            for (key, value) in [
+                ("base_url", &provider.base_url),
+                ("account_sid", &provider.account_sid),
+                ("from", &provider.from),
+            ] {
+                if value.as_deref().unwrap_or("").is_empty() {
+                    bail!("{path}.{key} is required when {path}.kind = \"http\"");
+                }
+            }
+            // An empty token would sign callbacks with an empty key, which
+            // anyone can forge.
+            let token = provider.auth_token.as_ref();
+            if token.is_none_or(|token| token.expose_secret().trim().is_empty()) {
+                bail!(
+                    "{path}.auth_token is required (and must not be empty) when {path}.kind = \"http\""
+                );
+            }
+        }
+        (Channel::Sms, _) => {}
+    }
+    Ok(())
+}
+
 /// The slowest rate a plan or provider may have: one send in 1,000 s.
 /// (Fewer sends a day are what a daily quota is for.)
 pub const MIN_RATE_PER_SECOND: f64 = 0.001;

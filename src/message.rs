@@ -716,6 +716,9 @@ pub struct MessageRecord {
     pub fragments: Option<u32>,
     /// When retention erased its personal data (ms).
     pub erased_at: Option<i64>,
+    /// The name of the provider last called for it (the one that sent it,
+    /// once sent).
+    pub provider: Option<String>,
 }
 
 /// A message's delivery status.
@@ -766,6 +769,11 @@ pub struct MessageView {
     /// `retention_days` after it was created). Absent until then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub erased_at: Option<String>,
+    /// The name of the provider (in the operator's configuration) that
+    /// sent the message, or was last tried for it. Absent before the first
+    /// provider call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -797,6 +805,7 @@ impl From<MessageRecord> for MessageView {
             test: record.test,
             fragments: record.fragments,
             erased_at: record.erased_at.map(ms_to_rfc3339),
+            provider: record.provider,
         }
     }
 }

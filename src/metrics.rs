@@ -84,9 +84,26 @@ pub const ATTENTION_SLICES_TOTAL: &str = "fairlane_attention_slices_total";
 /// Pauses of a provider's gate after it answered 429 with `Retry-After`,
 /// by `provider`.
 pub const PROVIDER_PAUSES_TOTAL: &str = "fairlane_provider_pauses_total";
+/// Series of one provider (its configured name), at zero until it counts.
+pub fn register_provider(provider: &'static str) {
+    metrics::counter!(PROVIDER_PAUSES_TOTAL, "provider" => provider).increment(0);
+    metrics::counter!(BREAKER_OPENS_TOTAL, "provider" => provider).increment(0);
+    metrics::counter!(PROVIDER_DOWNS_TOTAL, "provider" => provider).increment(0);
+    for outcome in RECEIPT_OUTCOMES {
+        metrics::counter!(RECEIPTS_TOTAL, "provider" => provider, "outcome" => *outcome)
+            .increment(0);
+    }
+}
+
 /// Openings of a provider's circuit breaker after a run of failed calls, by
 /// `provider`.
 pub const BREAKER_OPENS_TOTAL: &str = "fairlane_provider_breaker_opens_total";
+/// Times a provider of a pool was marked down by its recent calls
+/// (`providers.health`), by `provider`.
+pub const PROVIDER_DOWNS_TOTAL: &str = "fairlane_provider_downs_total";
+/// The share of its channel's new messages a provider gets now (0 to 1:
+/// weight × health, and 0 while paused), by `channel` and `provider`.
+pub const PROVIDER_SHARE: &str = "fairlane_provider_share";
 /// Connections shed at `server.max_connections`, by `action`: `evicted` (the
 /// oldest connection waiting for a request head, closed to make room) or
 /// `refused` (every connection busy: answered 503 and closed).
@@ -251,6 +268,16 @@ fn describe_and_register() {
         BREAKER_OPENS_TOTAL,
         Unit::Count,
         "Provider circuit breaker openings after a run of failed calls, by provider (no call to it while open)."
+    );
+    describe_counter!(
+        PROVIDER_DOWNS_TOTAL,
+        Unit::Count,
+        "Times a provider was marked down by its recent failures or latency (providers.health), by provider."
+    );
+    describe_gauge!(
+        PROVIDER_SHARE,
+        Unit::Count,
+        "Share of its channel's new messages a provider gets now (weight x health, 0 while paused), by channel and provider."
     );
     describe_counter!(
         CONNECTIONS_SHED_TOTAL,
@@ -432,10 +459,6 @@ fn describe_and_register() {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
-    for provider in ["ses", "http", "log"] {
-        metrics::counter!(PROVIDER_PAUSES_TOTAL, "provider" => provider).increment(0);
-        metrics::counter!(BREAKER_OPENS_TOTAL, "provider" => provider).increment(0);
-    }
     for action in ["evicted", "refused"] {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
     }
@@ -451,7 +474,7 @@ fn describe_and_register() {
         }
         metrics::gauge!(DEDICATED_QUEUES_BACKLOGGED, "lane" => lane).increment(0.0);
     }
-    for provider in ["ses", "http"] {
+    for provider in ["ses"] {
         for outcome in RECEIPT_OUTCOMES {
             metrics::counter!(RECEIPTS_TOTAL, "provider" => provider, "outcome" => *outcome)
                 .increment(0);

@@ -182,6 +182,7 @@ pub(crate) fn prepare(
             test: caller.test,
             fragments,
             erased_at: None,
+            provider: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -9,6 +9,7 @@ pub mod error;
 pub mod health;
 pub mod message_list;
 pub mod messages;
+pub mod providers;
 pub mod receipts;
 pub mod senders;
 pub mod suppressions;
@@ -69,6 +70,10 @@ pub struct AppInner {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Checks one-click unsubscribe links (none without a public URL).
     pub unsubscribe: Option<Arc<crate::unsubscribe::Links>>,
+    /// Each channel's providers with their gate, as the consumers use them
+    /// (empty with `consumers.enabled = false`): the admin view reads
+    /// them, SMS callbacks count in their health.
+    pub providers: Vec<(crate::model::Channel, crate::consumer::GatedProvider)>,
 }
 
 impl AppState {
@@ -101,6 +106,7 @@ pub fn app(state: AppState) -> Router {
         .merge(senders::router())
         .merge(message_list::router())
         .merge(usage::router())
+        .merge(providers::router())
         .merge(unsubscribe::router())
         .merge(dlq::router())
         .merge(tenant_queue::router())
@@ -562,6 +568,7 @@ impl Modify for SecurityAddon {
         messages::cancel_by_reference,
         receipts::list_events,
         receipts::sms_callback,
+        receipts::sms_callback_of,
         unsubscribe::unsubscribe_page,
         unsubscribe::unsubscribe,
         webhooks::put_webhook,
@@ -595,6 +602,7 @@ impl Modify for SecurityAddon {
         message_list::list_tenant_messages,
         usage::admin_tenant_usage,
         usage::admin_usage,
+        providers::list_providers,
         senders::list_own_senders,
         senders::list_senders,
         senders::add_sender,

@@ -33,6 +33,10 @@ pub fn router() -> Router<AppState> {
             twilio::CALLBACK_PATH,
             post(sms_callback).layer(DefaultBodyLimit::max(MAX_CALLBACK_BYTES)),
         )
+        .route(
+            &format!("{}/{{provider}}", twilio::CALLBACK_PATH),
+            post(sms_callback_of).layer(DefaultBodyLimit::max(MAX_CALLBACK_BYTES)),
+        )
 }
 
 /// One step of a message's history.
@@ -197,6 +201,53 @@ pub async fn sms_callback(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
+    take_callback(&state, None, &uri, &headers, body).await
+}
+
+/// Status callback of a named provider of the SMS pool.
+///
+/// For the providers of `providers.sms_pool` (the first SMS provider's
+/// callbacks come to `/v1/callbacks/sms`). The same as `POST /v1/callbacks/sms`, with the signature checked with
+/// that provider's auth token over this URL.
+#[utoipa::path(
+    post,
+    path = "/v1/callbacks/sms/{provider}",
+    tag = "receipts",
+    params(
+        ("provider" = String, Path, description = "The SMS provider's name in `providers.sms_pool`"),
+        ("X-Twilio-Signature" = String, Header, description = "Base64 HMAC-SHA1 of the URL and the sorted form, keyed with that provider's auth token"),
+    ),
+    request_body(content = SmsStatusForm, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 204, description = "Recorded (or kept until the message's provider id is known)."),
+        (status = 400, description = "The body is not a readable form.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The signature is missing or wrong.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is larger than 16 KiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No `http` provider of that name in `providers.sms_pool`, or no server.public_url.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/x-www-form-urlencoded.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A signed form without `MessageSid` or `MessageStatus` (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(())
+)]
+pub async fn sms_callback_of(
+    State(state): State<AppState>,
+    axum::extract::Path(provider): axum::extract::Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    take_callback(&state, Some(&provider), &uri, &headers, body).await
+}
+
+/// Checks and records one status callback of the SMS provider `named`
+/// (`None`: the pool's first).
+async fn take_callback(
+    state: &AppState,
+    named: Option<&str>,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
     // Unsigned requests are refused before anything else is looked at.
     let Some(given) = headers
         .get("x-twilio-signature")
@@ -207,7 +258,21 @@ pub async fn sms_callback(
         ));
     };
     let settings = &state.settings;
-    let sms = &settings.providers.sms;
+    let pool = settings.providers.pool(crate::model::Channel::Sms);
+    let (path, sms) = match named {
+        None => (twilio::CALLBACK_PATH.to_owned(), pool[0].settings),
+        Some(name) => match pool.iter().skip(1).find(|entry| entry.name == name) {
+            Some(entry) => (
+                format!("{}/{}", twilio::CALLBACK_PATH, entry.name),
+                entry.settings,
+            ),
+            None => {
+                return Err(ApiError::NotFound(format!(
+                    "No SMS provider named {name:?} in providers.sms_pool."
+                )));
+            }
+        },
+    };
     let (Some(public_url), ProviderKind::Http, Some(auth_token)) =
         (&settings.server.public_url, sms.kind, &sms.auth_token)
     else {
@@ -238,23 +303,49 @@ pub async fn sms_callback(
     })?;
     let params: Vec<(String, String)> = form_urlencoded::parse(&body).into_owned().collect();
     let url = match uri.query() {
-        Some(query) => format!(
-            "{}{}?{query}",
-            public_url.trim_end_matches('/'),
-            twilio::CALLBACK_PATH
-        ),
-        None => format!(
-            "{}{}",
-            public_url.trim_end_matches('/'),
-            twilio::CALLBACK_PATH
-        ),
+        Some(query) => format!("{}{path}?{query}", public_url.trim_end_matches('/')),
+        None => format!("{}{path}", public_url.trim_end_matches('/')),
     };
     if !twilio::verify(auth_token.expose_secret(), &url, &params, given) {
         return Err(ApiError::Forbidden(
             "X-Twilio-Signature does not match this request.".into(),
         ));
     }
-    let receipt = twilio::receipt(&params).map_err(|(field, why)| ApiError::field(field, why))?;
+    let mut receipt =
+        twilio::receipt(&params).map_err(|(field, why)| ApiError::field(field, why))?;
+    note_receipt(state, named, &mut receipt);
     receipts::ingest(&state.db, &state.writer, &receipt).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Names the receipt after the SMS provider that reported it (its metrics
+/// label) and counts it in that provider's health: a `failed` report
+/// counts against it (see [`crate::limits::health::Health::record_receipt`]).
+fn note_receipt(
+    state: &AppState,
+    named: Option<&str>,
+    receipt: &mut crate::store::receipts::Receipt,
+) {
+    let name = match named {
+        Some(name) => name.to_owned(),
+        None => state.settings.providers.pool(crate::model::Channel::Sms)[0]
+            .name
+            .to_owned(),
+    };
+    let pool = state
+        .providers
+        .iter()
+        .find(|(channel, _)| *channel == crate::model::Channel::Sms)
+        .map(|(_, pool)| pool);
+    if let Some((pool, member)) = pool.and_then(|pool| Some((pool, pool.position(&name)?))) {
+        let failed = receipt.outcome == Some(MessageStatus::Failed);
+        let delivered = receipt.outcome == Some(MessageStatus::Delivered);
+        if (failed || delivered) && pool.gate.record_receipt(member, failed) {
+            tracing::warn!(
+                provider = %name,
+                "SMS provider's recent receipts report failures past providers.health; it takes no new messages for a while while its pool has others."
+            );
+        }
+    }
+    receipt.provider = name;
 }

@@ -52,13 +52,46 @@ const LOOKED_UP_FRESH_FOR: Duration = Duration::from_secs(1);
 /// Longest pause after failed receives.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
-/// A provider with the gate that paces it.
+/// A channel's providers with the gate that paces them: one line of
+/// waiting messages, a bucket per provider (see [`crate::limits::gate`]).
 #[derive(Clone)]
 pub struct GatedProvider {
-    pub provider: Arc<dyn Provider>,
     pub gate: Arc<ProviderGate>,
-    /// Opens the gate's pause after a run of failed calls.
+    /// In the gate's order: the gate's member `i` is `members[i]`.
+    pub members: Arc<[PoolMember]>,
+}
+
+/// One provider of a channel's pool.
+pub struct PoolMember {
+    /// Its configured name: metrics label, logs, the message's `provider`.
+    pub name: &'static str,
+    pub provider: Arc<dyn Provider>,
+    /// Pauses the provider's bucket after a run of failed calls.
     pub breaker: Arc<crate::limits::breaker::CircuitBreaker>,
+}
+
+impl GatedProvider {
+    /// A pool of one provider.
+    pub fn single(
+        name: &'static str,
+        provider: Arc<dyn Provider>,
+        gate: ProviderGate,
+        breaker: crate::limits::breaker::CircuitBreaker,
+    ) -> Self {
+        GatedProvider {
+            gate: Arc::new(gate),
+            members: Arc::new([PoolMember {
+                name,
+                provider,
+                breaker: Arc::new(breaker),
+            }]),
+        }
+    }
+
+    /// The position of the provider called `name` in the pool.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.members.iter().position(|member| member.name == name)
+    }
 }
 
 /// What every lane's consumer shares.

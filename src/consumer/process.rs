@@ -26,11 +26,13 @@ use tracing::{debug, info, warn};
 use super::{Delivery, GatedProvider};
 use crate::config::LaneSettings;
 use crate::limits::breaker::Change;
+use crate::limits::gate::Choice;
 use crate::message::DeliveryPayload;
 use crate::metrics as names;
 use crate::model::{Lane, MessageStatus, TenantStatus};
 use crate::providers::{Delivered, ProviderError};
 use crate::queue::{LaneQueue, ReceivedMessage};
+use crate::store::Called;
 use crate::store::SendCheck;
 use crate::store::{messages, suppressions};
 
@@ -53,17 +55,35 @@ pub(super) struct Context {
 /// when the breaker opens. A 429 leaves it as it is (its Retry-After
 /// pauses the gate by itself); a permanent refusal is an answer the
 /// provider meant, so it counts as the provider working.
-fn note_provider_health(gated: &GatedProvider, outcome: &Result<Delivered, ProviderError>) {
-    let provider = gated.provider.name();
+///
+/// The outcome also counts in the provider's health in its pool: a
+/// transient failure as a failure, an answer it meant (sent, or a
+/// permanent refusal) as a call that worked, with its time.
+fn note_provider_health(
+    gated: &GatedProvider,
+    member: usize,
+    outcome: &Result<Delivered, ProviderError>,
+    took: Duration,
+) {
+    let pool = &gated.members[member];
+    let provider = pool.name;
     let change = match outcome {
-        Ok(_) | Err(ProviderError::Permanent(_)) => gated.breaker.succeeded(),
-        Err(ProviderError::Transient(_)) => gated.breaker.failed(),
+        Ok(_) | Err(ProviderError::Permanent(_)) => pool.breaker.succeeded(),
+        Err(ProviderError::Transient(_)) => pool.breaker.failed(),
         Err(ProviderError::Throttled { .. }) => return,
     };
+    let failed = matches!(outcome, Err(ProviderError::Transient(_)));
+    if gated.gate.record_outcome(member, failed, took) {
+        metrics::counter!(names::PROVIDER_DOWNS_TOTAL, "provider" => provider).increment(1);
+        warn!(
+            provider,
+            "Provider's recent calls failed or were slow past providers.health; it takes no new messages for a while while its pool has others."
+        );
+    }
     match change {
         Change::None => {}
         Change::Opened { open_for, failures } => {
-            gated.gate.pause_for(open_for);
+            gated.gate.pause_member(member, open_for);
             metrics::counter!(names::BREAKER_OPENS_TOTAL, "provider" => provider).increment(1);
             warn!(
                 provider,
@@ -412,6 +432,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             .await
             .map(|record| record.map(|record| record.status)),
     };
+    let retrying = matches!(status, Ok(Some(MessageStatus::Retrying)));
     match status {
         Ok(Some(status)) if status == MessageStatus::Sent || status.is_receipt() => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
@@ -462,6 +483,10 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     }
 
     let gated = context.delivery.provider_for(&payload);
+    let choice = match retrying {
+        true if gated.members.len() > 1 => choose_after_failure(context, gated, &payload.id).await,
+        _ => Choice::Any,
+    };
     let beat = heartbeat(context, &message);
     let mut shutdown = context.shutdown.clone();
     // The token first, in the gate's line by priority and tenant turn, with
@@ -470,9 +495,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         let _waiting = names::GaugeHold::new(
             metrics::gauge!(names::MESSAGES_WAITING, "lane" => lane.as_str(), "priority" => payload.priority.as_str(), "stage" => "token"),
         );
-        let waited = gated
+        let (waited, member) = gated
             .gate
-            .acquire_for(payload.priority, &message.tenant_id)
+            .acquire_from(payload.priority, &message.tenant_id, choice)
             .await;
         let worker = context
             .workers
@@ -480,9 +505,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             .acquire_owned()
             .await
             .expect("worker semaphore is never closed");
-        (waited, worker)
+        (waited, member, worker)
     };
-    let (waited, worker) = tokio::select! {
+    let (waited, member, worker) = tokio::select! {
         got = token_and_worker => got,
         () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
             beat.abort();
@@ -517,9 +542,10 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     }
     // Spaced again at the call itself: the claim's write may have held a
     // group of granted messages up (see ProviderGate::pace_call).
-    gated.gate.pace_call().await;
+    gated.gate.pace_call_of(member).await;
+    let pool = &gated.members[member];
     let started = Instant::now();
-    let outcome = gated.provider.send(&payload).await;
+    let outcome = pool.provider.send(&payload).await;
     drop(worker);
     let outcome_label = match &outcome {
         Ok(_) => "sent",
@@ -528,13 +554,13 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Err(ProviderError::Throttled { .. }) => "throttled",
     };
     let call_time = started.elapsed();
-    metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => gated.provider.name(), "outcome" => outcome_label)
+    metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => pool.name, "outcome" => outcome_label)
         .record(call_time.as_secs_f64());
-    note_provider_health(gated, &outcome);
+    note_provider_health(gated, member, &outcome, call_time);
     beat.abort();
     let called = Known {
         payload: Some(&payload),
-        provider: Some(gated.provider.name()),
+        provider: Some(pool.name),
         detail: None,
     };
 
@@ -544,7 +570,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             let recorded = context
                 .delivery
                 .status
-                .sent(&payload.id, &delivered.provider_message_id)
+                .sent_by(&payload.id, &delivered.provider_message_id, Some(pool.name))
                 .await;
             note_store_write(context, recorded.as_ref().map(|_| ()));
             if let Err(err) = recorded {
@@ -568,7 +594,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 channel,
                 lane = lane.as_str(),
                 priority = payload.priority.as_str(),
-                provider = gated.provider.name(),
+                provider = pool.name,
                 provider_message_id = %delivered.provider_message_id,
                 receive_count = message.receive_count,
                 queued_ms = (crate::model::now_ms() - message.enqueued_at_ms).max(0),
@@ -581,24 +607,29 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             retry_after,
             failure,
         }) => {
+            // A 429 refused the message: another provider may take it.
             let _ = context
                 .delivery
                 .status
-                .failure(
+                .failure_of(
                     &payload.id,
                     MessageStatus::Retrying,
                     &format!("throttled by provider: {}", failure.reason),
                     false,
+                    Some(Called {
+                        provider: pool.name,
+                        pinned: false,
+                    }),
                 )
                 .await;
             if let Some(pause) = retry_after.filter(|pause| !pause.is_zero()) {
                 // Every message of this provider waits, not only this one.
                 // The provider bounded the pause (MAX_PROVIDER_PAUSE).
-                gated.gate.pause_for(pause);
-                metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => gated.provider.name())
+                gated.gate.pause_member(member, pause);
+                metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => pool.name)
                     .increment(1);
                 warn!(
-                    provider = gated.provider.name(),
+                    provider = pool.name,
                     pause_secs = pause.as_secs_f64(),
                     detail = %failure.detail,
                     "Provider answered 429 with Retry-After; its gate pauses every send for that long."
@@ -613,11 +644,26 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             });
             defer(context, &message, delay, "throttled").await;
         }
-        Err(ProviderError::Transient(failure)) => {
+        Err(error @ ProviderError::Transient(_)) => {
+            // The next attempt goes to another provider of the pool, unless
+            // this call may have reached the provider (a timeout): then
+            // only the same one may try again.
+            let pinned = error.may_have_arrived();
+            let failure = error.failure().clone();
+            let tried = Some(Called {
+                provider: pool.name,
+                pinned,
+            });
             let attempts = context
                 .delivery
                 .status
-                .failure(&payload.id, MessageStatus::Retrying, &failure.reason, true)
+                .failure_of(
+                    &payload.id,
+                    MessageStatus::Retrying,
+                    &failure.reason,
+                    true,
+                    tried,
+                )
                 .await
                 .unwrap_or(retry.max_attempts);
             if attempts >= retry.max_attempts {
@@ -640,7 +686,8 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 tenant = %payload.tenant_id,
                 channel,
                 lane = lane.as_str(),
-                provider = gated.provider.name(),
+                provider = pool.name,
+                pinned,
                 attempts,
                 delay_ms = delay.as_millis() as u64,
                 error = %failure.reason,
@@ -657,6 +704,26 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
                 ..called
             };
             dead_letter(context, &message, known, &failure.reason, true).await;
+        }
+    }
+}
+
+/// Which providers of the pool a retried message may go to: not the one
+/// whose last call failed (failover), or only that one when the call may
+/// have reached it (a timeout: a second provider could send it twice).
+/// A provider no longer configured, or a row that cannot be read, leaves
+/// the choice to routing.
+async fn choose_after_failure(context: &Context, gated: &GatedProvider, id: &str) -> Choice {
+    match messages::last_provider(&context.delivery.db, id).await {
+        Ok(Some((name, pinned))) => match gated.position(&name) {
+            Some(member) if pinned => Choice::Only(member),
+            Some(member) => Choice::Avoid(member),
+            None => Choice::Any,
+        },
+        Ok(None) => Choice::Any,
+        Err(err) => {
+            warn!(message_id = %id, error = %format!("{err:#}"), "Could not read which provider the message last went to; routing chooses.");
+            Choice::Any
         }
     }
 }

@@ -12,7 +12,7 @@
 //! the gate goes on at its rate, without a burst; one more failure opens it
 //! again at once (the run is still past the threshold), for twice as long.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::config::MAX_PROVIDER_PAUSE;
@@ -84,6 +84,13 @@ impl CircuitBreaker {
             settings,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Failed calls in a row now, and whether the breaker is open.
+    pub fn status(&self) -> (u32, bool) {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = state.open_until.is_some_and(|until| until > Instant::now());
+        (state.failures, open)
     }
 
     /// A call failed in a way that says the provider is unwell.

@@ -1,8 +1,20 @@
-//! Provider gate: one token bucket per provider (one for email, one for SMS),
-//! shared by every lane's consumer, so that fairlane as a whole never calls a
-//! provider faster than its contract allows. A consumer awaits
-//! [`ProviderGate::acquire`] before each provider call; it returns once the
-//! call may go, with the time spent waiting, for the wait histogram.
+//! Provider gate: one per channel, with a token bucket per provider of the
+//! channel's pool, shared by every lane's consumer, so that fairlane as a
+//! whole never calls a provider faster than its contract allows. A consumer
+//! awaits [`ProviderGate::acquire_from`] before each provider call; it
+//! returns once the call may go, with the time spent waiting (for the wait
+//! histogram) and the provider whose token it took.
+//!
+//! Pools: the line below is one line over all the channel's buckets. The
+//! head of the line tries the providers in smooth weighted round robin
+//! order (weight × health factor, see [`super::health`]) and takes the
+//! first token there is; a paused provider (429, open breaker) is skipped,
+//! so the others serve meanwhile, and the head sleeps until the earliest
+//! token of any provider it may use. A message may be limited to providers
+//! ([`Choice`]): failover avoids the one whose call was refused, a timed-out
+//! message may only go back to the same one. Each provider keeps its own
+//! bucket and `burst + rate × t`; a gate of one provider behaves exactly as
+//! the single gate did before pools.
 //!
 //! governor's GCRA does the arithmetic: in any window of length t at most
 //! `burst + rate × t` calls pass, and an idle bucket refills to `burst` and no
@@ -73,7 +85,9 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{NotUntil, Quota, RateLimiter};
 use tokio::sync::Notify;
 
+use super::health::{self, Health};
 use super::redis::{RedisLimits, period_micros};
+use crate::config::ProviderHealthSettings;
 use crate::model::Priority;
 use crate::queue::priority::ShareCredit;
 
@@ -84,26 +98,38 @@ const PRIORITIES: usize = 3;
 /// the gate was built.
 type Bucket = RateLimiter<NotKeyed, InMemoryState, Timeline, NoOpMiddleware<Nanos>>;
 
-/// Paces calls to one provider: a token bucket with waiters served high
-/// priority first, then by arrival.
+/// Paces calls to the providers of one channel: a token bucket per
+/// provider, with one line of waiters over all of them, served high
+/// priority first, then by tenant turns and arrival.
 ///
-/// Build it once per provider and share it as `Arc<ProviderGate>`; `new`
+/// Build it once per channel and share it as `Arc<ProviderGate>`; `new`
 /// returns the gate itself so the caller chooses how to share it.
 pub struct ProviderGate {
-    /// GCRA state: decides whether a call may go now and, if not, from when.
-    bucket: Bucket,
     /// Where "now" comes from and how to sleep until a token is due.
     timeline: Timeline,
+    /// Callers waiting for a token. A std mutex is enough: it is held only
+    /// for a few queue operations and bucket checks, never across an await.
+    line: Mutex<Line>,
+    /// The channel's providers, in configuration order; a gate of one
+    /// provider behaves exactly as before pools existed.
+    members: Vec<Member>,
+}
+
+/// One provider of the gate: its bucket, pause and health.
+struct Member {
+    /// The provider's name (Redis key, metrics label, admin view).
+    name: String,
+    /// Its configured share beside the others.
+    weight: u32,
+    /// GCRA state: decides whether a call may go now and, if not, from when.
+    bucket: Bucket,
     /// The configured rate, reported as given for metrics and logs (the
     /// bucket holds it as a whole number of nanoseconds per call).
     rate_per_second: f64,
     /// The configured bucket size, reported as given.
     burst: u32,
-    /// Callers waiting for a token. A std mutex is enough: it is held only
-    /// for a few queue operations and a bucket check, never across an await.
-    line: Mutex<Line>,
     /// With `limits.backend = "redis"`: the fleet-wide bucket the head of
-    /// the line takes its tokens from instead of `bucket`.
+    /// the line takes this provider's tokens from instead of `bucket`.
     global: Option<GlobalBucket>,
     /// Until when no token is handed out (nanoseconds on the timeline),
     /// after the provider answered 429 with a `Retry-After`; 0: never.
@@ -116,6 +142,62 @@ pub struct ProviderGate {
     /// A second bucket of the same rate and burst, taken from right before
     /// each call (see [`ProviderGate::pace_call`]).
     calls: Bucket,
+    /// Its recent outcomes and the share of its weight they leave it.
+    health: Health,
+}
+
+/// One provider of a pool, as [`ProviderGate::pool`] builds it.
+#[derive(Debug, Clone)]
+pub struct MemberSpec {
+    pub name: String,
+    pub weight: u32,
+    pub rate_per_second: f64,
+    pub burst: u32,
+}
+
+/// Which providers of the gate a caller may take a token from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// Any, by weight and health.
+    Any,
+    /// Any but this one (failover after a refused or failed call), unless
+    /// it is the gate's only provider.
+    Avoid(usize),
+    /// Only this one: a call to it timed out, so the message may have
+    /// arrived, and only the same provider may try it again.
+    Only(usize),
+}
+
+impl Choice {
+    fn allows(self, member: usize, members: usize) -> bool {
+        match self {
+            Choice::Any => true,
+            Choice::Avoid(avoid) => member != avoid || members == 1,
+            Choice::Only(only) => member == only || only >= members,
+        }
+    }
+}
+
+/// A provider routing may choose now, with its weight × health factor.
+#[derive(Debug, Clone, Copy)]
+struct Weighed {
+    member: usize,
+    weight: f64,
+    factor: f64,
+}
+
+/// What the admin view and metrics read of one provider of a gate.
+#[derive(Debug, Clone)]
+pub struct MemberView {
+    pub name: String,
+    pub weight: u32,
+    pub rate_per_second: f64,
+    pub burst: u32,
+    /// The share of the channel's new messages it gets now, 0 to 1.
+    pub share: f64,
+    /// Until when its gate is paused (a 429, an open breaker), from now.
+    pub paused_for: Option<Duration>,
+    pub health: health::Snapshot,
 }
 
 /// A provider's bucket in Redis, shared by every instance, and this
@@ -165,84 +247,170 @@ impl ProviderGate {
         )
     }
 
+    /// A gate over several providers of one channel (see the module
+    /// documentation): one line, a bucket per provider.
+    ///
+    /// # Panics
+    ///
+    /// As [`ProviderGate::new`], for any member, or with no member.
+    pub fn pool(
+        members: &[MemberSpec],
+        low_priority_share: f64,
+        health: &ProviderHealthSettings,
+    ) -> Self {
+        Self::pool_with_timeline(members, low_priority_share, health, Timeline::tokio())
+    }
+
     fn with_timeline(
         rate_per_second: f64,
         burst: u32,
         low_priority_share: f64,
         timeline: Timeline,
     ) -> Self {
-        assert!(
-            rate_per_second.is_finite() && rate_per_second > 0.0,
-            "provider rate must be a positive number, not {rate_per_second}"
-        );
-        let max_burst = NonZeroU32::new(burst).expect("provider burst must be at least 1");
-        let quota = quota(rate_per_second, max_burst);
-        ProviderGate {
-            bucket: empty_bucket(quota, &timeline),
-            calls: empty_bucket(quota, &timeline),
-            timeline,
+        let only = MemberSpec {
+            name: String::new(),
+            weight: 1,
             rate_per_second,
             burst,
-            line: Mutex::new(Line::new(low_priority_share)),
-            global: None,
-            paused_until: AtomicU64::new(0),
-            drain_grants: AtomicBool::new(false),
-            drain_calls: AtomicBool::new(false),
+        };
+        Self::pool_with_timeline(
+            &[only],
+            low_priority_share,
+            &ProviderHealthSettings::default(),
+            timeline,
+        )
+    }
+
+    fn pool_with_timeline(
+        members: &[MemberSpec],
+        low_priority_share: f64,
+        health: &ProviderHealthSettings,
+        timeline: Timeline,
+    ) -> Self {
+        assert!(!members.is_empty(), "a gate needs a provider");
+        let members = members
+            .iter()
+            .map(|spec| {
+                let rate_per_second = spec.rate_per_second;
+                assert!(
+                    rate_per_second.is_finite() && rate_per_second > 0.0,
+                    "provider rate must be a positive number, not {rate_per_second}"
+                );
+                let max_burst =
+                    NonZeroU32::new(spec.burst).expect("provider burst must be at least 1");
+                let quota = quota(rate_per_second, max_burst);
+                Member {
+                    name: spec.name.clone(),
+                    weight: spec.weight.max(1),
+                    bucket: empty_bucket(quota, &timeline),
+                    calls: empty_bucket(quota, &timeline),
+                    rate_per_second,
+                    burst: spec.burst,
+                    global: None,
+                    paused_until: AtomicU64::new(0),
+                    drain_grants: AtomicBool::new(false),
+                    drain_calls: AtomicBool::new(false),
+                    health: Health::new(health.clone()),
+                }
+            })
+            .collect::<Vec<_>>();
+        ProviderGate {
+            line: Mutex::new(Line::new(low_priority_share, members.len())),
+            members,
+            timeline,
         }
     }
 
-    /// Hands out no token for `pause` from now (or until a later pause
-    /// ends): the provider said to wait, and every caller of the gate waits,
-    /// not only the one that was told. When the pause ends, one call goes
-    /// (the provider's "retry after", the breaker's trial) and then the gate
-    /// goes on at its rate: the first grant empties what the bucket saved up
-    /// during the pause, so the gate does not resume with a burst into a
-    /// provider that just pushed back, and a burst of calls opening new
-    /// connections at once cannot arrive bunched on top of the rate.
+    /// Hands out no token of any provider for `pause` from now (see
+    /// [`ProviderGate::pause_member`]).
+    pub fn pause_for(&self, pause: Duration) {
+        for member in 0..self.members.len() {
+            self.pause_member(member, pause);
+        }
+    }
+
+    /// Hands out no token of provider `member` for `pause` from now (or
+    /// until a later pause ends): the provider said to wait, and every
+    /// caller waits for it, not only the one that was told; in a pool the
+    /// other providers go on meanwhile. When the pause ends, one call goes
+    /// (the provider's "retry after", the breaker's trial) and then the
+    /// provider goes on at its rate: the first grant empties what the
+    /// bucket saved up during the pause, so the gate does not resume with a
+    /// burst into a provider that just pushed back, and a burst of calls
+    /// opening new connections at once cannot arrive bunched on top of the
+    /// rate.
     ///
     /// `pause` may come from a provider's header: however long it is, the
     /// end saturates rather than overflows (the providers clamp it first, see
     /// [`crate::config::MAX_PROVIDER_PAUSE`]).
-    pub fn pause_for(&self, pause: Duration) {
+    pub fn pause_member(&self, member: usize, pause: Duration) {
+        let Some(member) = self.members.get(member) else {
+            return;
+        };
         let until = Duration::from(self.timeline.now()).saturating_add(pause);
         let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
-        self.paused_until.fetch_max(until, Ordering::Relaxed);
-        self.drain_grants.store(true, Ordering::Relaxed);
-        self.drain_calls.store(true, Ordering::Relaxed);
+        member.paused_until.fetch_max(until, Ordering::Relaxed);
+        member.drain_grants.store(true, Ordering::Relaxed);
+        member.drain_calls.store(true, Ordering::Relaxed);
+        // A waiter asleep until another provider's token is due may now
+        // have to look elsewhere sooner; the head re-checks when it wakes.
     }
 
-    /// Takes one token of `bucket` (the gate's, or its share during a Redis
-    /// outage); the first taken after a pause also empties it.
-    fn take_grant(&self, bucket: &Bucket) -> Result<(), NotUntil<Nanos>> {
+    /// Counts one call's outcome in provider `member`'s health; true when
+    /// it marked the provider down.
+    pub fn record_outcome(&self, member: usize, failed: bool, took: Duration) -> bool {
+        let now = Duration::from(self.timeline.now());
+        self.members
+            .get(member)
+            .is_some_and(|m| m.health.record(now, failed, took))
+    }
+
+    /// Counts one delivery receipt of provider `member` in its health;
+    /// true when it marked the provider down.
+    pub fn record_receipt(&self, member: usize, failed: bool) -> bool {
+        let now = Duration::from(self.timeline.now());
+        self.members
+            .get(member)
+            .is_some_and(|m| m.health.record_receipt(now, failed))
+    }
+
+    /// Takes one token of `bucket` (the member's, or its share during a
+    /// Redis outage); the first taken after a pause also empties it.
+    fn take_grant(member: &Member, bucket: &Bucket) -> Result<(), NotUntil<Nanos>> {
         bucket.check()?;
-        if self.drain_grants.swap(false, Ordering::Relaxed) {
-            drain(bucket, self.burst);
+        if member.drain_grants.swap(false, Ordering::Relaxed) {
+            drain(bucket, member.burst);
         }
         Ok(())
     }
 
-    /// Waits until a call may start without the provider seeing more than
-    /// `burst + rate × t` calls in any window t; returns the wait. A token
-    /// from [`ProviderGate::acquire_for`] spaces the grants, but what comes
-    /// between grant and call (the claim's store write, waiting for a
-    /// worker) can bunch calls after a stall: a writer held up for two
-    /// seconds releases two seconds' worth of granted messages at once.
-    /// This second bucket, of the same rate and burst, spaces them again at
-    /// the moment of the call. Normally it has a token ready and costs one
-    /// check. Fleet-wide gates (Redis) pace grants only: a local bucket
-    /// there would refuse what the fleet's bucket granted.
-    pub async fn pace_call(&self) -> Duration {
-        if self.global.is_some() {
+    /// Waits until a call to provider `member` may start without it seeing
+    /// more than `burst + rate × t` calls in any window t; returns the
+    /// wait. A token from [`ProviderGate::acquire_for`] spaces the grants,
+    /// but what comes between grant and call (the claim's store write,
+    /// waiting for a worker) can bunch calls after a stall: a writer held
+    /// up for two seconds releases two seconds' worth of granted messages
+    /// at once. This second bucket, of the same rate and burst, spaces them
+    /// again at the moment of the call. Normally it has a token ready and
+    /// costs one check. Fleet-wide gates (Redis) pace grants only: a local
+    /// bucket there would refuse what the fleet's bucket granted.
+    pub async fn pace_call_of(&self, member: usize) -> Duration {
+        let Some(member) = self.members.get(member) else {
+            return Duration::ZERO;
+        };
+        if member.global.is_some() {
             return Duration::ZERO;
         }
         let started = self.timeline.now();
         loop {
-            match self.calls.check() {
+            match member.calls.check() {
                 Ok(()) => {
                     // A call granted before a pause may be paced during it;
                     // only the first after the pause drains.
-                    if self.paused().is_none() && self.drain_calls.swap(false, Ordering::Relaxed) {
-                        drain(&self.calls, self.burst);
+                    if self.paused(member).is_none()
+                        && member.drain_calls.swap(false, Ordering::Relaxed)
+                    {
+                        drain(&member.calls, member.burst);
                     }
                     return self.timeline.elapsed_since(started);
                 }
@@ -255,36 +423,83 @@ impl ProviderGate {
         }
     }
 
-    /// The end of a pause still running, if any.
-    fn paused(&self) -> Option<Nanos> {
-        let until = self.paused_until.load(Ordering::Relaxed);
+    /// [`ProviderGate::pace_call_of`] the first provider.
+    pub async fn pace_call(&self) -> Duration {
+        self.pace_call_of(0).await
+    }
+
+    /// The end of `member`'s pause still running, if any.
+    fn paused(&self, member: &Member) -> Option<Nanos> {
+        let until = member.paused_until.load(Ordering::Relaxed);
         let now = u64::try_from(Duration::from(self.timeline.now()).as_nanos()).unwrap_or(u64::MAX);
         (until > now).then(|| Nanos::from(Duration::from_nanos(until)))
     }
 
-    /// Makes the gate fleet-wide: the head of the line takes its tokens from
-    /// the bucket `{prefix}:gate:{provider}` in Redis, which every instance
-    /// with this prefix shares, so together they keep the gate's rate and
+    /// Makes the gate fleet-wide: the head of the line takes each
+    /// provider's tokens from the bucket `{prefix}:gate:{name}` in Redis
+    /// (`provider` for a gate of one provider), which every instance with
+    /// this prefix shares, so together they keep each provider's rate and
     /// burst. While Redis is unreachable, this instance paces its calls at
     /// its share of both (see the module documentation).
     pub fn with_global_bucket(mut self, redis: Arc<RedisLimits>, provider: &str) -> Self {
-        self.global = Some(GlobalBucket {
-            redis,
-            provider: provider.to_owned(),
-            period_us: period_micros(self.rate_per_second),
-            share: Mutex::new(None),
-        });
+        let single = self.members.len() == 1;
+        for member in &mut self.members {
+            let key = if single || member.name.is_empty() {
+                provider.to_owned()
+            } else {
+                member.name.clone()
+            };
+            member.global = Some(GlobalBucket {
+                redis: Arc::clone(&redis),
+                provider: key,
+                period_us: period_micros(member.rate_per_second),
+                share: Mutex::new(None),
+            });
+        }
         self
     }
 
-    /// The configured rate in calls per second.
+    /// The first provider's configured rate in calls per second.
     pub fn rate_per_second(&self) -> f64 {
-        self.rate_per_second
+        self.members[0].rate_per_second
     }
 
-    /// The configured burst: the most calls let through at one instant.
+    /// The first provider's configured burst.
     pub fn burst(&self) -> u32 {
-        self.burst
+        self.members[0].burst
+    }
+
+    /// The providers, in configuration order.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Each provider's weight, share, pause and health, now.
+    pub fn view(&self) -> Vec<MemberView> {
+        let now = Duration::from(self.timeline.now());
+        let weights = self.effective_weights(Choice::Any, now);
+        let total: f64 = weights.iter().map(|w| w.weight).sum();
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(i, member)| {
+                let weight = weights
+                    .iter()
+                    .find(|w| w.member == i)
+                    .map_or(0.0, |w| w.weight);
+                MemberView {
+                    name: member.name.clone(),
+                    weight: member.weight,
+                    rate_per_second: member.rate_per_second,
+                    burst: member.burst,
+                    share: if total > 0.0 { weight / total } else { 0.0 },
+                    paused_for: self
+                        .paused(member)
+                        .map(|until| Duration::from(until).saturating_sub(now)),
+                    health: member.health.snapshot(now),
+                }
+            })
+            .collect()
     }
 
     /// Callers waiting right now, by priority rank: `[high, normal, low]`.
@@ -311,9 +526,20 @@ impl ProviderGate {
     /// one tenant's hundred waiting messages do not stand in front of
     /// another tenant's first.
     pub async fn acquire_for(&self, priority: Priority, tenant: &str) -> Duration {
+        self.acquire_from(priority, tenant, Choice::Any).await.0
+    }
+
+    /// Like [`ProviderGate::acquire_for`], from the providers `choice`
+    /// allows; returns the wait and the provider whose token it is.
+    pub async fn acquire_from(
+        &self,
+        priority: Priority,
+        tenant: &str,
+        choice: Choice,
+    ) -> (Duration, usize) {
         let rank = priority.rank();
-        if let Some(global) = &self.global {
-            return self.acquire_global(global, rank, tenant).await;
+        if self.members.iter().any(|member| member.global.is_some()) {
+            return self.acquire_global(rank, tenant, choice).await;
         }
         let started = self.timeline.now();
 
@@ -321,12 +547,11 @@ impl ProviderGate {
         // head of the line: it may take a token straight away if one is free.
         let place = {
             let mut line = self.line();
-            if self.paused().is_none()
-                && line.would_lead(rank)
-                && self.take_grant(&self.bucket).is_ok()
+            if line.would_lead(rank)
+                && let Ok(member) = self.take_local(&mut line, choice)
             {
                 line.record_grant(rank);
-                return Duration::ZERO;
+                return (Duration::ZERO, member);
             }
             line.join(self, rank, tenant)
         };
@@ -336,23 +561,21 @@ impl ProviderGate {
                 let mut line = self.line();
                 if line.head_id() != Some(place.id) {
                     None
-                } else if let Some(until) = self.paused() {
-                    Some(until)
                 } else {
-                    match self.take_grant(&self.bucket) {
-                        Ok(()) => {
+                    match self.take_local(&mut line, choice) {
+                        Ok(member) => {
                             // Leave the line in the same poll that takes the
                             // token, so a cancellation cannot come between.
                             line.leave(rank, place.id, true);
                             place.served();
-                            return self.timeline.elapsed_since(started);
+                            return (self.timeline.elapsed_since(started), member);
                         }
-                        Err(not_until) => Some(not_until.earliest_possible()),
+                        Err(due) => Some(due),
                     }
                 }
             };
             match due {
-                // Tokens never come sooner than the bucket says, so the head
+                // Tokens never come sooner than the buckets say, so the head
                 // needs no other wake-up. If a more urgent caller arrives
                 // meanwhile, it becomes the head and sleeps until the same
                 // instant; this one then finds it is no longer the head.
@@ -363,60 +586,155 @@ impl ProviderGate {
         }
     }
 
-    /// [`ProviderGate::acquire_for`] with a fleet-wide bucket: the same line,
-    /// but the head takes its token from Redis, or from this instance's
-    /// share while Redis is down. Every caller queues first (no fast path),
-    /// because the Redis call cannot be made under the line's lock; a caller
-    /// that finds the line empty is its head at once, so it costs nothing
-    /// but the queue operations.
-    async fn acquire_global(&self, global: &GlobalBucket, rank: usize, tenant: &str) -> Duration {
+    /// The providers `choice` allows with the weight routing gives each
+    /// now (its configured weight × its health factor). When health
+    /// leaves none of them a share, all of them at their configured
+    /// weight: a channel whose every provider looks down still tries
+    /// them rather than hold every message.
+    fn effective_weights(&self, choice: Choice, now: Duration) -> Vec<Weighed> {
+        let count = self.members.len();
+        let allowed: Vec<Weighed> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| choice.allows(*i, count))
+            .map(|(i, member)| {
+                let factor = if count == 1 {
+                    1.0
+                } else {
+                    member.health.factor(now)
+                };
+                Weighed {
+                    member: i,
+                    weight: f64::from(member.weight) * factor,
+                    factor,
+                }
+            })
+            .collect();
+        if allowed.iter().any(|w| w.weight > 0.0) {
+            allowed.into_iter().filter(|w| w.weight > 0.0).collect()
+        } else {
+            allowed
+                .into_iter()
+                .map(|w| Weighed {
+                    weight: f64::from(self.members[w.member].weight),
+                    factor: 1.0,
+                    ..w
+                })
+                .collect()
+        }
+    }
+
+    /// The providers the head may take from, in the order it tries them
+    /// (smooth weighted round robin, see [`Line::order`]), with each one's
+    /// weight now.
+    fn candidates(&self, line: &Line, choice: Choice) -> (Vec<usize>, Vec<Weighed>) {
+        let now = Duration::from(self.timeline.now());
+        let weights = self.effective_weights(choice, now);
+        (line.order(&weights), weights)
+    }
+
+    /// Takes a token for the head from the first provider, in routing
+    /// order, that has one and is not paused; otherwise says when the
+    /// first of them will have one.
+    fn take_local(&self, line: &mut Line, choice: Choice) -> Result<usize, Nanos> {
+        let (order, weights) = self.candidates(line, choice);
+        let mut due: Option<Nanos> = None;
+        for i in order {
+            let member = &self.members[i];
+            if let Some(until) = self.paused(member) {
+                due = Some(due.map_or(until, |d| d.min(until)));
+                continue;
+            }
+            match Self::take_grant(member, &member.bucket) {
+                Ok(()) => {
+                    line.granted(i, &weights);
+                    return Ok(i);
+                }
+                Err(not_until) => {
+                    let at = not_until.earliest_possible();
+                    due = Some(due.map_or(at, |d| d.min(at)));
+                }
+            }
+        }
+        Err(due.expect("a gate has at least one provider and choice allows one"))
+    }
+
+    /// [`ProviderGate::acquire_from`] with fleet-wide buckets: the same
+    /// line, but the head takes its token from Redis, or from this
+    /// instance's share while Redis is down. Every caller queues first (no
+    /// fast path), because the Redis call cannot be made under the line's
+    /// lock; a caller that finds the line empty is its head at once, so it
+    /// costs nothing but the queue operations.
+    async fn acquire_global(&self, rank: usize, tenant: &str, choice: Choice) -> (Duration, usize) {
         let started = self.timeline.now();
         let place = self.line().join(self, rank, tenant);
-        loop {
-            if self.line().head_id() != Some(place.id) {
+        'wait: loop {
+            let candidates = {
+                let line = self.line();
+                (line.head_id() == Some(place.id)).then(|| self.candidates(&line, choice))
+            };
+            let Some((order, weights)) = candidates else {
                 place.wake.notified().await;
                 continue;
-            }
-            if let Some(until) = self.paused() {
-                self.timeline.sleep_until(until).await;
-                continue;
-            }
-            if global.redis.is_up() {
-                match global
-                    .redis
-                    .take_gate_token(&global.provider, global.period_us, self.burst)
-                    .await
-                {
-                    Ok(None) => {
-                        self.line().leave(rank, place.id, true);
-                        place.served();
-                        return self.timeline.elapsed_since(started);
-                    }
-                    Ok(Some(wait)) => {
-                        let due = Nanos::from(Duration::from(self.timeline.now()) + wait);
-                        self.timeline.sleep_until(due).await;
-                    }
-                    // Redis is marked down now: the next round takes from
-                    // this instance's share.
-                    Err(_) => {}
-                }
-                continue;
-            }
-            let share = global.share(self);
-            let due = {
-                let mut line = self.line();
-                if line.head_id() != Some(place.id) {
+            };
+            let mut due: Option<Nanos> = None;
+            let mut earliest = |at: Nanos| due = Some(due.map_or(at, |d: Nanos| d.min(at)));
+            for i in order {
+                let member = &self.members[i];
+                let global = member.global.as_ref().expect("every member is global");
+                if let Some(until) = self.paused(member) {
+                    earliest(until);
                     continue;
                 }
-                match self.take_grant(&share) {
-                    Ok(()) => {
-                        line.leave(rank, place.id, true);
-                        place.served();
-                        return self.timeline.elapsed_since(started);
+                if global.redis.is_up() {
+                    match global
+                        .redis
+                        .take_gate_token(&global.provider, global.period_us, member.burst)
+                        .await
+                    {
+                        Ok(None) => {
+                            {
+                                let mut line = self.line();
+                                line.granted(i, &weights);
+                                line.leave(rank, place.id, true);
+                            }
+                            place.served();
+                            return (self.timeline.elapsed_since(started), i);
+                        }
+                        Ok(Some(wait)) => {
+                            earliest(Nanos::from(Duration::from(self.timeline.now()) + wait));
+                        }
+                        // Redis is marked down now: the next round takes from
+                        // this instance's share.
+                        Err(_) => continue 'wait,
                     }
-                    Err(not_until) => not_until.earliest_possible(),
+                    continue;
                 }
-            };
+                let share = global.share(self, member);
+                let taken = {
+                    let mut line = self.line();
+                    if line.head_id() != Some(place.id) {
+                        None
+                    } else {
+                        let taken = Self::take_grant(member, &share);
+                        if taken.is_ok() {
+                            line.granted(i, &weights);
+                            line.leave(rank, place.id, true);
+                        }
+                        Some(taken)
+                    }
+                };
+                match taken {
+                    None => continue 'wait,
+                    Some(Ok(())) => {
+                        place.served();
+                        return (self.timeline.elapsed_since(started), i);
+                    }
+                    Some(Err(not_until)) => earliest(not_until.earliest_possible()),
+                }
+            }
+            let due = due.expect("a gate has at least one provider and choice allows one");
             self.timeline.sleep_until(due).await;
         }
     }
@@ -431,31 +749,28 @@ impl ProviderGate {
 impl fmt::Debug for ProviderGate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProviderGate")
-            .field("rate_per_second", &self.rate_per_second)
-            .field("burst", &self.burst)
+            .field("rate_per_second", &self.rate_per_second())
+            .field("burst", &self.burst())
+            .field("members", &self.members.len())
             .field("waiting", &self.waiting())
-            .field(
-                "global",
-                &self.global.as_ref().map(|global| &global.provider),
-            )
             .finish()
     }
 }
 
 impl GlobalBucket {
-    /// This instance's share of `gate` for the current outage: rate and
-    /// burst divided by the live instances last counted (the burst at least
-    /// one). It starts empty, so that the fleet's switch to shares adds no
-    /// burst on top of the tokens just taken from Redis.
-    fn share(&self, gate: &ProviderGate) -> Arc<Bucket> {
+    /// This instance's share of `member`'s bucket for the current outage:
+    /// rate and burst divided by the live instances last counted (the burst
+    /// at least one). It starts empty, so that the fleet's switch to shares
+    /// adds no burst on top of the tokens just taken from Redis.
+    fn share(&self, gate: &ProviderGate, member: &Member) -> Arc<Bucket> {
         let outage = self.redis.outages();
         let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(current) = share.as_ref().filter(|s| s.outage == outage) {
             return Arc::clone(&current.bucket);
         }
         let instances = self.redis.live_instances().max(1);
-        let rate = gate.rate_per_second / f64::from(instances);
-        let burst = NonZeroU32::new((gate.burst / instances).max(1)).expect("at least 1");
+        let rate = member.rate_per_second / f64::from(instances);
+        let burst = NonZeroU32::new((member.burst / instances).max(1)).expect("at least 1");
         let bucket = Arc::new(empty_bucket(quota(rate, burst), &gate.timeline));
         *share = Some(ShareBucket {
             outage,
@@ -506,6 +821,13 @@ struct Line {
     share: ShareCredit,
     /// Source of waiter ids, so a waiter can find itself in its queue.
     next_id: u64,
+    /// Smooth weighted round robin over the providers: each one's running
+    /// credit (see [`Line::order`]).
+    current: Vec<f64>,
+    /// A recovering provider's allowance: it grows by the provider's
+    /// health factor with every grant the pool makes, and the provider
+    /// may take a token only with a whole one.
+    allowance: Vec<f64>,
 }
 
 /// One tenant's waiters of one priority, oldest first.
@@ -521,11 +843,56 @@ struct Waiter {
 }
 
 impl Line {
-    fn new(low_priority_share: f64) -> Self {
+    fn new(low_priority_share: f64, members: usize) -> Self {
         Line {
             tiers: Default::default(),
             share: ShareCredit::new(low_priority_share),
             next_id: 0,
+            current: vec![0.0; members],
+            allowance: vec![0.0; members],
+        }
+    }
+
+    /// The order in which the head tries the providers of `weights` (each
+    /// with its weight and health factor now): highest running credit
+    /// plus weight first, as smooth weighted round robin would pick; ties
+    /// by configuration order. A recovering provider (factor below 1)
+    /// without a whole allowance is left out while another can serve, so
+    /// under a backlog it gets about its factor's part of the grants
+    /// instead of its whole rate.
+    fn order(&self, weights: &[Weighed]) -> Vec<usize> {
+        let mut order: Vec<(usize, f64)> = weights
+            .iter()
+            .filter(|w| weights.len() == 1 || w.factor >= 1.0 || self.allowance[w.member] >= 1.0)
+            .map(|w| (w.member, self.current[w.member] + w.weight))
+            .collect();
+        if order.is_empty() {
+            order = weights.iter().map(|w| (w.member, w.weight)).collect();
+        }
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        order.into_iter().map(|(member, _)| member).collect()
+    }
+
+    /// Books a grant of provider `member`: smooth weighted round robin
+    /// (every candidate's credit grows by its weight, the chosen one's
+    /// falls by their sum) and the recovering providers' allowances.
+    fn granted(&mut self, member: usize, weights: &[Weighed]) {
+        if weights.len() < 2 {
+            return;
+        }
+        let total: f64 = weights.iter().map(|w| w.weight).sum();
+        for w in weights {
+            self.current[w.member] += w.weight;
+            if w.factor < 1.0 {
+                self.allowance[w.member] = (self.allowance[w.member] + w.factor).min(2.0);
+            }
+        }
+        self.current[member] -= total;
+        if let Some(w) = weights
+            .iter()
+            .find(|w| w.member == member && w.factor < 1.0)
+        {
+            self.allowance[w.member] = (self.allowance[w.member] - 1.0).max(0.0);
         }
     }
 
@@ -742,6 +1109,159 @@ mod tests {
         }
         let grants = grants.borrow().clone();
         (grants, sim.polls() - polls_before)
+    }
+
+    fn spec(name: &str, weight: u32, rate_per_second: f64, burst: u32) -> MemberSpec {
+        MemberSpec {
+            name: name.into(),
+            weight,
+            rate_per_second,
+            burst,
+        }
+    }
+
+    /// `callers` tasks taking tokens of `gate` back to back under `choice`
+    /// for `run_for`; returns each grant's instant and provider.
+    fn pool_backlog(
+        sim: &Sim,
+        gate: &Arc<ProviderGate>,
+        callers: usize,
+        choice: Choice,
+        run_for: Duration,
+    ) -> Vec<(Duration, usize)> {
+        let grants = Rc::new(RefCell::new(Vec::new()));
+        let start = sim.now();
+        let tasks: Vec<_> = (0..callers)
+            .map(|i| {
+                let (sim2, gate, grants) = (sim.clone(), Arc::clone(gate), Rc::clone(&grants));
+                sim.spawn(async move {
+                    loop {
+                        let (_, member) = gate
+                            .acquire_from(Priority::ALL[i % 3], &format!("t{}", i % 4), choice)
+                            .await;
+                        grants.borrow_mut().push((sim2.now(), member));
+                    }
+                })
+            })
+            .collect();
+        sim.run_until(start + run_for);
+        for task in tasks {
+            sim.abort(task);
+        }
+        grants.borrow().clone()
+    }
+
+    fn of_member(grants: &[(Duration, usize)], member: usize) -> Vec<Duration> {
+        grants
+            .iter()
+            .filter(|(_, m)| *m == member)
+            .map(|(at, _)| *at)
+            .collect()
+    }
+
+    #[test]
+    fn a_pool_uses_every_providers_rate_and_none_exceeds_its_own() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let health = ProviderHealthSettings::default();
+        let gate = sim.pool(&[spec("a", 1, 100.0, 5), spec("b", 1, 50.0, 3)], &health);
+        let grants = pool_backlog(&sim, &gate, 40, Choice::Any, 10 * SECOND);
+        let (a, b) = (of_member(&grants, 0), of_member(&grants, 1));
+        // Both start empty: 10 s earn 1,000 and 500 tokens.
+        assert!(a.len() >= 999 && a.len() <= 1000, "a: {}", a.len());
+        assert!(b.len() >= 499 && b.len() <= 500, "b: {}", b.len());
+        let utilisation = grants.len() as f64 / 1500.0;
+        assert!(utilisation >= 0.99, "utilisation {utilisation}");
+        assert!(worst_window_excess(&a, 100.0, 5) <= 1e-9);
+        assert!(worst_window_excess(&b, 50.0, 3) <= 1e-9);
+    }
+
+    #[test]
+    fn spare_tokens_are_shared_by_weight() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let health = ProviderHealthSettings::default();
+        // Both could take every call: 3:1 weights decide.
+        let gate = sim.pool(
+            &[spec("a", 3, 1000.0, 100), spec("b", 1, 1000.0, 100)],
+            &health,
+        );
+        sim.run_until(SECOND);
+        let grants = Rc::new(RefCell::new(Vec::new()));
+        let (g, log) = (Arc::clone(&gate), Rc::clone(&grants));
+        let sim2 = sim.clone();
+        sim.spawn(async move {
+            for _ in 0..400 {
+                let (_, member) = g.acquire_from(Priority::Normal, "", Choice::Any).await;
+                log.borrow_mut().push(member);
+                let at = Nanos::from(sim2.now() + Duration::from_millis(5));
+                sim2.clock().sleep_until(at).await;
+            }
+        });
+        sim.run_until(10 * SECOND);
+        let grants = grants.borrow();
+        let a = grants.iter().filter(|m| **m == 0).count();
+        assert_eq!(grants.len(), 400);
+        assert_eq!(a, 300, "weights 3:1 give a three quarters");
+    }
+
+    #[test]
+    fn a_paused_provider_leaves_its_calls_to_the_others_and_choices_are_kept() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let health = ProviderHealthSettings::default();
+        let gate = sim.pool(&[spec("a", 1, 100.0, 5), spec("b", 1, 100.0, 5)], &health);
+        gate.pause_member(0, 5 * SECOND);
+        let grants = pool_backlog(&sim, &gate, 20, Choice::Any, 2 * SECOND);
+        assert!(
+            grants.iter().all(|(_, m)| *m == 1),
+            "paused a served nothing"
+        );
+        assert!(grants.len() >= 199, "b alone served {}", grants.len());
+        // Only(0) waits for a's pause to end; Avoid(1) is the same here.
+        let only = pool_backlog(&sim, &gate, 4, Choice::Only(0), 4 * SECOND);
+        assert!(
+            only.iter().all(|(at, m)| *m == 0 && *at >= 5 * SECOND),
+            "{only:?}"
+        );
+        assert!(!only.is_empty());
+        let avoid = pool_backlog(&sim, &gate, 4, Choice::Avoid(0), SECOND);
+        assert!(avoid.iter().all(|(_, m)| *m == 1));
+    }
+
+    #[test]
+    fn a_provider_marked_down_gets_nothing_then_its_share_back_gradually() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let health = ProviderHealthSettings {
+            window_secs: 2,
+            min_calls: 5,
+            max_failure_rate: 0.5,
+            max_latency_ms: 1000,
+            down_secs: 2,
+            recover_secs: 4,
+        };
+        let gate = sim.pool(&[spec("a", 1, 100.0, 5), spec("b", 1, 100.0, 5)], &health);
+        sim.run_until(SECOND);
+        let marked = (0..5).any(|_| gate.record_outcome(0, true, MS));
+        assert!(marked);
+        let view = gate.view();
+        assert_eq!(view[0].share, 0.0);
+        assert_eq!(view[1].share, 1.0);
+        assert_eq!(view[0].health.state, health::State::Down);
+        // Under a backlog: nothing for a while it is down, a small part
+        // while it recovers, its whole rate after.
+        let grants = pool_backlog(&sim, &gate, 40, Choice::Any, 8 * SECOND);
+        let a_in = |from: u32, to: u32| {
+            grants
+                .iter()
+                .filter(|(at, m)| *m == 0 && *at >= SECOND * from && *at < SECOND * to)
+                .count()
+        };
+        assert_eq!(a_in(1, 3), 0, "down for 2 s");
+        let early = a_in(3, 4);
+        let late = a_in(8, 9);
+        assert!(
+            early > 0 && early < 40,
+            "recovering at first: {early} of 100"
+        );
+        assert!(late >= 99, "recovered: {late}");
     }
 
     /// Largest excess over `burst + rate × t` in any window between two grants.
@@ -1575,6 +2095,17 @@ mod sim {
                 burst,
                 share,
                 timeline,
+            ))
+        }
+
+        pub fn pool(
+            &self,
+            members: &[super::MemberSpec],
+            health: &crate::config::ProviderHealthSettings,
+        ) -> Arc<ProviderGate> {
+            let timeline = Timeline::Simulated(self.clock());
+            Arc::new(ProviderGate::pool_with_timeline(
+                members, 0.0, health, timeline,
             ))
         }
 

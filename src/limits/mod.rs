@@ -10,6 +10,7 @@ pub mod admission;
 pub mod backpressure;
 pub mod breaker;
 pub mod gate;
+pub mod health;
 pub mod redis;
 pub mod tenant;
 mod tenant_redis;

@@ -36,6 +36,12 @@ pub use self::log::LogProvider;
 pub use self::ses::SesProvider;
 pub use self::sms_http::SmsHttpProvider;
 
+/// The reason of a call that timed out.
+pub const TIMEOUT: &str = "timeout";
+/// The reason of a call that failed in a way the transport does not name
+/// (it may have reached the provider).
+pub const REQUEST_FAILED: &str = "request failed";
+
 /// Request timeout when `timeout_ms` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -132,6 +138,15 @@ impl ProviderError {
         }
     }
 
+    /// True when the provider may have taken the message although the call
+    /// failed: it timed out after the request went out, or broke in a way
+    /// that does not say. Such a message is tried again only by the same
+    /// provider, never failed over to another one.
+    pub fn may_have_arrived(&self) -> bool {
+        matches!(self, ProviderError::Transient(failure)
+            if matches!(failure.reason.as_str(), TIMEOUT | REQUEST_FAILED))
+    }
+
     /// The word used for metrics labels: `permanent`, `transient`, `throttled`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -146,24 +161,21 @@ impl ProviderError {
 ///
 /// Email goes through `ses` or `log`, SMS through `http` or `log`; other
 /// combinations are refused (configuration validation refuses them too).
-/// With `public_url`, the `http` SMS provider asks for status callbacks
-/// (see [`crate::receipts::twilio`]).
+/// With `callback_url`, the `http` SMS provider asks for status callbacks
+/// there (see [`crate::receipts::twilio`]).
 pub async fn build(
     settings: &ProviderSettings,
     channel: Channel,
-    public_url: Option<&str>,
+    callback_url: Option<String>,
 ) -> anyhow::Result<Arc<dyn Provider>> {
     let provider: Arc<dyn Provider> = match (channel, settings.kind) {
         (_, ProviderKind::Log) => Arc::new(LogProvider::open(settings.log_path.as_deref()).await?),
         (Channel::Email, ProviderKind::Ses) => {
             Arc::new(SesProvider::from_settings(settings).await?)
         }
-        (Channel::Sms, ProviderKind::Http) => Arc::new(
-            SmsHttpProvider::from_settings(settings)?
-                .with_status_callback(public_url.map(|url| {
-                    format!("{}{}", url.trim_end_matches('/'), sms_http::CALLBACK_PATH)
-                })),
-        ),
+        (Channel::Sms, ProviderKind::Http) => {
+            Arc::new(SmsHttpProvider::from_settings(settings)?.with_status_callback(callback_url))
+        }
         (Channel::Email, ProviderKind::Http) => {
             bail!("providers.email.kind = \"http\" is not supported; use \"ses\" or \"log\"")
         }
@@ -416,6 +428,8 @@ mod tests {
     pub(crate) fn settings(kind: ProviderKind) -> ProviderSettings {
         ProviderSettings {
             kind,
+            name: None,
+            weight: 1,
             rate_per_second: 10.0,
             burst: 10,
             from: None,

@@ -60,6 +60,17 @@ pub struct TakenCalls {
     pub data: std::collections::HashMap<i64, MessageRecord>,
 }
 
+/// The provider a failed call went to, as the message's row keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Called<'a> {
+    /// Its name in the channel's pool.
+    pub provider: &'a str,
+    /// True when the call may have reached it (a timeout): the next
+    /// attempt must go to the same provider, never to another, so that a
+    /// message is not sent by two providers.
+    pub pinned: bool,
+}
+
 /// The hot path's writer; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
@@ -331,9 +342,22 @@ impl Writer {
     /// Records a successful send; returns once it is committed (the caller
     /// deletes the queue entry only then, so a redelivery finds `sent`).
     pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
+        self.sent_by(id, provider_message_id, None).await
+    }
+
+    /// [`Writer::sent`], naming the provider that sent it (its name in the
+    /// channel's pool).
+    pub async fn sent_by(
+        &self,
+        id: &str,
+        provider_message_id: &str,
+        provider: Option<&str>,
+    ) -> anyhow::Result<()> {
         let recorded = match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::sent(writer, id, provider_message_id).await,
-            Backend::Postgres(writer) => writer.sent(id, provider_message_id).await,
+            Backend::Sqlite { writer, .. } => {
+                hot::sent(writer, id, provider_message_id, provider).await
+            }
+            Backend::Postgres(writer) => writer.sent(id, provider_message_id, provider).await,
         };
         if recorded.is_ok() {
             self.changed.notify_one();
@@ -358,11 +382,25 @@ impl Writer {
         error: &str,
         counted: bool,
     ) -> anyhow::Result<u32> {
+        self.failure_of(id, status, error, counted, None).await
+    }
+
+    /// [`Writer::failure`] of a call to a provider of the channel's pool:
+    /// its name, and whether the next attempt must go to it again (see
+    /// [`Called`]).
+    pub async fn failure_of(
+        &self,
+        id: &str,
+        status: MessageStatus,
+        error: &str,
+        counted: bool,
+        called: Option<Called<'_>>,
+    ) -> anyhow::Result<u32> {
         let recorded = match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                hot::failure(writer, id, status, error, counted).await
+                hot::failure(writer, id, status, error, counted, called).await
             }
-            Backend::Postgres(writer) => writer.failure(id, status, error, counted).await,
+            Backend::Postgres(writer) => writer.failure(id, status, error, counted, called).await,
         };
         if recorded.is_ok() {
             self.changed.notify_one();
@@ -509,6 +547,7 @@ pub(crate) mod tests {
             test: false,
             fragments: None,
             erased_at: None,
+            provider: None,
         }
     }
 

@@ -69,13 +69,14 @@ struct MessageRow {
     test: bool,
     fragments: Option<i64>,
     erased_at: Option<i64>,
+    provider: Option<String>,
 }
 
 macro_rules! select_message {
     ($where:literal) => {
         concat!(
             "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider ",
             "FROM messages ",
             $where
         )
@@ -119,6 +120,7 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
             .fragments
             .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
         erased_at: row.erased_at,
+        provider: row.provider,
     })
 }
 
@@ -147,6 +149,18 @@ pub async fn get(db: &Db, id: &str) -> anyhow::Result<Option<MessageRecord>> {
             .await?
     });
     row.map(from_row).transpose()
+}
+
+/// The provider last called for message `id` and whether its next
+/// attempt must go to that provider again (see [`crate::store::Called`]).
+pub async fn last_provider(db: &Db, id: &str) -> anyhow::Result<Option<(String, bool)>> {
+    let row: Option<(Option<String>, bool)> = on_pool!(db, read, |pool| {
+        sqlx::query_as("SELECT provider, provider_pinned FROM messages WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(row.and_then(|(provider, pinned)| provider.map(|provider| (provider, pinned))))
 }
 
 /// Live messages (not a test key's) `tenant_id` sent at or after

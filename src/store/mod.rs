@@ -33,7 +33,7 @@ pub mod suppressions;
 pub mod usage;
 pub mod webhooks;
 
-pub use hot::{BeforeSend, SendCheck, TakenCalls, Writer};
+pub use hot::{BeforeSend, Called, SendCheck, TakenCalls, Writer};
 pub use sqlite::SqliteDb;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
 pub use streak::{FailureStreak, WriteFailed};

@@ -172,7 +172,7 @@ async fn sent_dead_lettered_and_redriven_are_info_lines_without_addresses() {
     assert_eq!(fields["channel"], "email", "{sent}");
     assert_eq!(fields["lane"], "fast", "{sent}");
     assert_eq!(fields["priority"], "normal", "{sent}");
-    assert_eq!(fields["provider"], "log", "{sent}");
+    assert_eq!(fields["provider"], "email", "{sent}");
     assert!(fields["provider_message_id"].is_string(), "{sent}");
     assert!(fields.get("to").is_none(), "{sent}");
 
@@ -181,7 +181,7 @@ async fn sent_dead_lettered_and_redriven_are_info_lines_without_addresses() {
     let fields = &dead["fields"];
     assert_eq!(fields["tenant"], "acme", "{dead}");
     assert_eq!(fields["channel"], "sms", "{dead}");
-    assert_eq!(fields["provider"], "http", "{dead}");
+    assert_eq!(fields["provider"], "sms", "{dead}");
     assert_eq!(fields["attempts"], 1, "{dead}");
     assert!(fields["reason"].is_string(), "{dead}");
 

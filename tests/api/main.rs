@@ -22,6 +22,7 @@ mod messages;
 mod openapi;
 mod ops;
 mod panics;
+mod pools;
 mod priority;
 mod receipts;
 mod redis_limits;

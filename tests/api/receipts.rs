@@ -179,7 +179,7 @@ on_both_stores! {
         metrics
             .lines()
             .any(|line| line.starts_with("fairlane_receipts_total{")
-                && line.contains("provider=\"http\"")
+                && line.contains("provider=\"sms\"")
                 && line.contains("outcome=\"delivered\"")
                 // One recorder per process: other tests count too.
                 && !line.ends_with(" 0")),

@@ -97,12 +97,11 @@ fn pauses_of_http(metrics: &str) -> u64 {
     metrics
         .lines()
         .find(|line| {
-            line.starts_with("fairlane_provider_pauses_total{")
-                && line.contains("provider=\"http\"")
+            line.starts_with("fairlane_provider_pauses_total{") && line.contains("provider=\"sms\"")
         })
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
-        .expect("fairlane_provider_pauses_total{provider=\"http\"} is in every scrape")
+        .expect("fairlane_provider_pauses_total{provider=\"sms\"} is in every scrape")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,10 +200,10 @@ async fn a_run_of_5xx_opens_the_providers_breaker_for_a_growing_interval() {
 fn counter_of_http(metrics: &str, name: &str) -> u64 {
     metrics
         .lines()
-        .find(|line| line.starts_with(&format!("{name}{{")) && line.contains("provider=\"http\""))
+        .find(|line| line.starts_with(&format!("{name}{{")) && line.contains("provider=\"sms\""))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("{name}{{provider=\"http\"}} is in every scrape"))
+        .unwrap_or_else(|| panic!("{name}{{provider=\"sms\"}} is in every scrape"))
 }
 
 /// The real binary, JSON logs captured: the SMS provider answers 429 with a

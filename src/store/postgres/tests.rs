@@ -96,6 +96,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             test: false,
             fragments: None,
             erased_at: None,
+            provider: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),
@@ -340,7 +341,7 @@ async fn of_two_instances_claiming_one_message_exactly_one_gets_it() {
     }
     // A sent message is claimed by nobody; a claim older than
     // `stale_before` (its sender died) is taken over.
-    first.sent("m0", "SM0").await.unwrap();
+    first.sent("m0", "SM0", None).await.unwrap();
     assert!(!second.claim("m0", now_ms() + 1).await.unwrap());
     assert!(!second.claim("m1", now_ms() - 60_000).await.unwrap());
     assert!(second.claim("m1", now_ms() + 1).await.unwrap());

@@ -40,6 +40,7 @@ enum Piece {
     Sent {
         id: String,
         provider_message_id: String,
+        provider: Option<String>,
         reply: oneshot::Sender<bool>,
     },
     Failure {
@@ -47,6 +48,8 @@ enum Piece {
         status: MessageStatus,
         error: String,
         counted: bool,
+        provider: Option<String>,
+        pinned: Option<bool>,
         reply: oneshot::Sender<anyhow::Result<u32>>,
     },
     /// A provider's receipt, recorded after the group's status changes.
@@ -163,11 +166,17 @@ impl PgWriter {
     }
 
     /// Records a successful send; returns once committed.
-    pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
+    pub async fn sent(
+        &self,
+        id: &str,
+        provider_message_id: &str,
+        provider: Option<&str>,
+    ) -> anyhow::Result<()> {
         let (reply, answer) = oneshot::channel();
         self.submit(Piece::Sent {
             id: id.to_owned(),
             provider_message_id: provider_message_id.to_owned(),
+            provider: provider.map(str::to_owned),
             reply,
         })
         .await;
@@ -184,6 +193,7 @@ impl PgWriter {
         status: MessageStatus,
         error: &str,
         counted: bool,
+        called: Option<crate::store::Called<'_>>,
     ) -> anyhow::Result<u32> {
         let (reply, answer) = oneshot::channel();
         self.submit(Piece::Failure {
@@ -191,6 +201,8 @@ impl PgWriter {
             status,
             error: error.to_owned(),
             counted,
+            provider: called.map(|called| called.provider.to_owned()),
+            pinned: called.map(|called| called.pinned),
             reply,
         })
         .await;
@@ -506,6 +518,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
     let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
     let (mut sending_ids, mut sending_at) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
+    let mut sent_by: Vec<Option<String>> = Vec::new();
     for piece in group {
         match piece {
             Piece::Accept { entries, .. } => accepted.extend(entries),
@@ -516,10 +529,12 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             Piece::Sent {
                 id,
                 provider_message_id,
+                provider,
                 ..
             } => {
                 sent_ids.push(id.clone());
                 sent_provider_ids.push(provider_message_id.clone());
+                sent_by.push(provider.clone());
             }
             Piece::Claim {
                 id, stale_before, ..
@@ -576,18 +591,22 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         .execute(&mut *tx)
         .await?;
     }
-    for (ids, provider_ids) in sent_ids
+    for ((ids, provider_ids), by) in sent_ids
         .chunks(STATUS_ROWS)
         .zip(sent_provider_ids.chunks(STATUS_ROWS))
+        .zip(sent_by.chunks(STATUS_ROWS))
     {
         sqlx::query(
             "UPDATE messages AS m SET status = 'sent', attempts = m.attempts + 1, last_error = NULL, \
-             sent_at = $1, updated_at = $1, provider_message_id = u.provider_id \
-             FROM UNNEST($2::text[], $3::text[]) AS u(id, provider_id) WHERE m.id = u.id",
+             sent_at = $1, updated_at = $1, provider_message_id = u.provider_id, \
+             provider = COALESCE(u.provider, m.provider), provider_pinned = FALSE \
+             FROM UNNEST($2::text[], $3::text[], $4::text[]) AS u(id, provider_id, provider) \
+             WHERE m.id = u.id",
         )
         .bind(now)
         .bind(ids)
         .bind(provider_ids)
+        .bind(by)
         .execute(&mut *tx)
         .await?;
     }
@@ -598,18 +617,23 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             status,
             error,
             counted,
+            provider,
+            pinned,
             ..
         } = piece
         {
             let made: Option<i64> = sqlx::query_scalar(
                 "UPDATE messages SET status = $1, attempts = attempts + $2, last_error = $3, \
-                 updated_at = $4 WHERE id = $5 RETURNING attempts",
+                 updated_at = $4, provider = COALESCE($6, provider), \
+                 provider_pinned = COALESCE($7, provider_pinned) WHERE id = $5 RETURNING attempts",
             )
             .bind(status.as_str())
             .bind(i64::from(*counted))
             .bind(error)
             .bind(now)
             .bind(id)
+            .bind(provider)
+            .bind(pinned)
             .fetch_optional(&mut *tx)
             .await?;
             attempts.push(made.unwrap_or(0).max(0) as u32);

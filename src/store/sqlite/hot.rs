@@ -213,12 +213,14 @@ pub(crate) async fn sent(
     writer: &StoreWriter,
     id: &str,
     provider_message_id: &str,
+    provider: Option<&str>,
 ) -> anyhow::Result<()> {
     let (done, committed) = oneshot::channel();
     writer
         .submit(Box::new(Sent {
             id: id.to_owned(),
             provider_message_id: provider_message_id.to_owned(),
+            provider: provider.map(str::to_owned),
             done: Some(done),
         }))
         .await;
@@ -235,17 +237,29 @@ pub(crate) async fn failure(
     status: MessageStatus,
     error: &str,
     counted: bool,
+    called: Option<crate::store::Called<'_>>,
 ) -> anyhow::Result<u32> {
     let (id, error) = (id.to_owned(), error.to_owned());
+    let provider = called.map(|called| called.provider.to_owned());
+    let pinned = called.map(|called| called.pinned);
     writer
         .run(move |tx| {
             let attempts: Option<i64> = tx
                 .prepare_cached(
                     "UPDATE messages SET status = ?1, attempts = attempts + ?2, last_error = ?3, \
-                     updated_at = ?4, erased_at = NULL WHERE id = ?5 RETURNING attempts",
+                     updated_at = ?4, erased_at = NULL, provider = COALESCE(?6, provider), \
+                     provider_pinned = COALESCE(?7, provider_pinned) WHERE id = ?5 RETURNING attempts",
                 )?
                 .query_row(
-                    rusqlite::params![status.as_str(), i64::from(counted), error, now_ms(), id],
+                    rusqlite::params![
+                        status.as_str(),
+                        i64::from(counted),
+                        error,
+                        now_ms(),
+                        id,
+                        provider,
+                        pinned
+                    ],
                     |row| row.get(0),
                 )
                 .map(Some)
@@ -280,6 +294,7 @@ impl Work for Sending {
 struct Sent {
     id: String,
     provider_message_id: String,
+    provider: Option<String>,
     done: Option<oneshot::Sender<bool>>,
 }
 
@@ -292,11 +307,12 @@ impl Work for Sent {
         macro_rules! set_sent {
             () => {
                 "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
-                 sent_at = ?1, updated_at = ?1, provider_message_id = ?2 WHERE id = ?3"
+                 sent_at = ?1, updated_at = ?1, provider_message_id = ?2, \
+                 provider = COALESCE(?4, provider), provider_pinned = 0 WHERE id = ?3"
             };
         }
         let now = now_ms();
-        let params = rusqlite::params![now, self.provider_message_id, self.id];
+        let params = rusqlite::params![now, self.provider_message_id, self.id, self.provider];
         let changed: Option<(String, String, bool, Option<i64>)> = tx
             .prepare_cached(concat!(
                 set_sent!(),
