@@ -187,7 +187,7 @@ def slow_gate():
 
 
 def quiet_latencies(with_noise):
-    rig = Rig(rate=100)
+    rig = Rig(rate=100, latency_ms=int(os.environ.get("MOCK_LATENCY_MS", "5")))
     try:
         quiet = rig.tenant("quiet")
         if with_noise:
@@ -209,16 +209,19 @@ def quiet_latencies(with_noise):
 
 
 def quiet():
-    """Quiet tenant (20 SMS, 50 ms apart) beside a noisy 2,000 backlog, gate 100/s: p99 <= solo p99 + 50 ms."""
-    solo = quiet_latencies(False)
-    noisy = quiet_latencies(True)
+    """Quiet tenant (20 SMS, 50 ms apart) beside a noisy 2,000 backlog, gate 100/s: p99 <= solo p99 + 20 ms.
+
+    QUIET_RUNS=5 repeats the pair of runs; MOCK_LATENCY_MS sets the provider's latency (5 ms)."""
 
     def p99(xs):
         return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
 
-    print(f"quiet: solo p50 {statistics.median(solo)*1000:.1f} ms p99 {p99(solo)*1000:.1f} ms; "
-          f"beside the noisy backlog p50 {statistics.median(noisy)*1000:.1f} ms p99 {p99(noisy)*1000:.1f} ms; "
-          f"difference {(p99(noisy)-p99(solo))*1000:.1f} ms (target <= 50 ms)")
+    for _ in range(int(os.environ.get("QUIET_RUNS", "1"))):
+        solo = quiet_latencies(False)
+        noisy = quiet_latencies(True)
+        print(f"quiet: solo p50 {statistics.median(solo)*1000:.1f} ms p99 {p99(solo)*1000:.1f} ms; "
+              f"beside the noisy backlog p50 {statistics.median(noisy)*1000:.1f} ms p99 {p99(noisy)*1000:.1f} ms; "
+              f"difference {(p99(noisy)-p99(solo))*1000:.1f} ms (target <= 20 ms)", flush=True)
 
 
 def utilisation():

@@ -42,7 +42,11 @@
 //! caller goes ahead of queued normal and low waiters and gets the very next
 //! token, while callers of equal priority and tenant keep their order, and a
 //! tenant's first waiter is at most one turn per waiting tenant away from a
-//! token however many callers another tenant has queued.
+//! token however many callers another tenant has queued. A tenant that
+//! starts waiting joins the rotation ahead of the tenants served since it
+//! was last served (start-time fair queuing), so a quiet tenant beside a
+//! busy one takes the very next token rather than the one after the busy
+//! tenant's turn.
 //!
 //! Cancellation is safe: a token is taken only in the poll that returns it, so
 //! dropping an `acquire` future never loses one. The dropped waiter leaves the
@@ -71,7 +75,7 @@
 //! moving time on, so the checks of windows and rates are exact to the
 //! nanosecond and need no real sleeping.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -139,8 +143,8 @@ struct Member {
     drain_grants: AtomicBool,
     /// The same for `calls`, by the first call paced after the pause.
     drain_calls: AtomicBool,
-    /// A second bucket of the same rate and burst, taken from right before
-    /// each call (see [`ProviderGate::pace_call`]).
+    /// A second bucket of the same rate and one call more of burst, taken
+    /// from right before each call (see [`ProviderGate::pace_call`]).
     calls: Bucket,
     /// Its recent outcomes and the share of its weight they leave it.
     health: Health,
@@ -303,7 +307,7 @@ impl ProviderGate {
                     name: spec.name.clone(),
                     weight: spec.weight.max(1),
                     bucket: empty_bucket(quota, &timeline),
-                    calls: empty_bucket(quota, &timeline),
+                    calls: empty_bucket(calls_quota(rate_per_second, max_burst), &timeline),
                     rate_per_second,
                     burst: spec.burst,
                     global: None,
@@ -390,9 +394,9 @@ impl ProviderGate {
     /// but what comes between grant and call (the claim's store write,
     /// waiting for a worker) can bunch calls after a stall: a writer held
     /// up for two seconds releases two seconds' worth of granted messages
-    /// at once. This second bucket, of the same rate and burst, spaces them
-    /// again at the moment of the call. Normally it has a token ready and
-    /// costs one check. Fleet-wide gates (Redis) pace grants only: a local
+    /// at once. This second bucket, of the same rate and one call more of
+    /// burst (see `calls_quota`), spaces them again at the moment of the
+    /// call. Normally it has a token ready and costs one check. Fleet-wide gates (Redis) pace grants only: a local
     /// bucket there would refuse what the fleet's bucket granted.
     pub async fn pace_call_of(&self, member: usize) -> Duration {
         let Some(member) = self.members.get(member) else {
@@ -410,7 +414,7 @@ impl ProviderGate {
                     if self.paused(member).is_none()
                         && member.drain_calls.swap(false, Ordering::Relaxed)
                     {
-                        drain(&member.calls, member.burst);
+                        drain(&member.calls, member.burst.saturating_add(1));
                     }
                     return self.timeline.elapsed_since(started);
                 }
@@ -550,7 +554,7 @@ impl ProviderGate {
             if line.would_lead(rank)
                 && let Ok(member) = self.take_local(&mut line, choice)
             {
-                line.record_grant(rank);
+                line.record_grant(rank, tenant);
                 return (Duration::ZERO, member);
             }
             line.join(self, rank, tenant)
@@ -788,6 +792,18 @@ fn quota(rate_per_second: f64, burst: NonZeroU32) -> Quota {
         .allow_burst(burst)
 }
 
+/// The call-pacing bucket's quota: the gate's rate with one call more of
+/// burst. Grants come exactly at the rate under a backlog, so a bucket of
+/// the same burst at the call could never win back a call held up between
+/// grant and call (a claim's commit): every later call would wait as long
+/// as the longest such hold-up so far, whoever's it was. One cell more lets
+/// a call that is up to one interval late be followed by the next on time,
+/// at the price of at most one call over `burst + rate × t` at the
+/// provider in the window around it.
+fn calls_quota(rate_per_second: f64, burst: NonZeroU32) -> Quota {
+    quota(rate_per_second, burst.saturating_add(1))
+}
+
 /// A bucket with no token in it: the first is due one period after now,
 /// and it fills up to its burst only by waiting, never by being built.
 fn empty_bucket(quota: Quota, timeline: &Timeline) -> Bucket {
@@ -828,7 +844,16 @@ struct Line {
     /// health factor with every grant the pool makes, and the provider
     /// may take a token only with a whole one.
     allowance: Vec<f64>,
+    /// Grants made so far, and the grant count at each tenant's last
+    /// grant: a tenant that starts waiting goes ahead of the tenants
+    /// served since it was last served (see [`Line::join`]).
+    grants: u64,
+    last_served: HashMap<Arc<str>, u64>,
 }
+
+/// How many tenants' last grants the line remembers; one forgotten counts
+/// as served long ago, which it was.
+const REMEMBERED_TENANTS: usize = 4096;
 
 /// One tenant's waiters of one priority, oldest first.
 struct TenantWaiters {
@@ -850,7 +875,28 @@ impl Line {
             next_id: 0,
             current: vec![0.0; members],
             allowance: vec![0.0; members],
+            grants: 0,
+            last_served: HashMap::new(),
         }
+    }
+
+    /// Notes a grant to `tenant`.
+    fn served(&mut self, tenant: &str) {
+        self.grants += 1;
+        if self.last_served.len() >= REMEMBERED_TENANTS && !self.last_served.contains_key(tenant) {
+            let horizon = self.grants.saturating_sub(REMEMBERED_TENANTS as u64);
+            self.last_served.retain(|_, at| *at > horizon);
+        }
+        match self.last_served.get_mut(tenant) {
+            Some(at) => *at = self.grants,
+            None => {
+                self.last_served.insert(Arc::from(tenant), self.grants);
+            }
+        }
+    }
+
+    fn last_served(&self, tenant: &str) -> u64 {
+        self.last_served.get(tenant).copied().unwrap_or(0)
     }
 
     /// The order in which the head tries the providers of `weights` (each
@@ -914,7 +960,8 @@ impl Line {
 
     /// Books a token given to a caller of `rank` who was not waiting.
     /// Credit may move the head to another priority: that waiter is woken.
-    fn record_grant(&mut self, rank: usize) {
+    fn record_grant(&mut self, rank: usize, tenant: &str) {
+        self.served(tenant);
         let before = self.head_id();
         let mut waiting = self.waiting_ranks();
         waiting[rank] = true;
@@ -939,8 +986,12 @@ impl Line {
         self.tiers[rank].iter().map(|turn| turn.waiters.len()).sum()
     }
 
-    /// Queues a waiter at the back of its tenant's queue in its priority; a
-    /// tenant with no one waiting there takes the last turn of the rotation.
+    /// Queues a waiter at the back of its tenant's queue in its priority. A
+    /// tenant with no one waiting there joins the rotation ahead of every
+    /// tenant served since it was last served (start-time fair queuing):
+    /// a quiet tenant beside a busy one takes the very next token instead
+    /// of waiting for the busy one's turn first, while a tenant that was
+    /// just served and comes back at once goes to the back.
     fn join<'g>(&mut self, gate: &'g ProviderGate, rank: usize, tenant: &str) -> Place<'g> {
         let id = self.next_id;
         self.next_id += 1;
@@ -949,13 +1000,25 @@ impl Line {
             id,
             wake: Arc::clone(&wake),
         };
-        let tier = &mut self.tiers[rank];
-        match tier.iter_mut().find(|turn| &*turn.tenant == tenant) {
-            Some(turn) => turn.waiters.push_back(waiter),
-            None => tier.push_back(TenantWaiters {
-                tenant: Arc::from(tenant),
-                waiters: VecDeque::from([waiter]),
-            }),
+        let known = self.tiers[rank]
+            .iter()
+            .position(|turn| &*turn.tenant == tenant);
+        match known {
+            Some(at) => self.tiers[rank][at].waiters.push_back(waiter),
+            None => {
+                let last = self.last_served(tenant);
+                let at = self.tiers[rank]
+                    .iter()
+                    .position(|turn| self.last_served(&turn.tenant) > last)
+                    .unwrap_or(self.tiers[rank].len());
+                self.tiers[rank].insert(
+                    at,
+                    TenantWaiters {
+                        tenant: Arc::from(tenant),
+                        waiters: VecDeque::from([waiter]),
+                    },
+                );
+            }
         }
         Place {
             gate,
@@ -974,11 +1037,15 @@ impl Line {
         if served {
             self.share.record(rank, self.waiting_ranks());
         }
-        let tier = &mut self.tiers[rank];
-        if let Some(at) = tier
+        let at = self.tiers[rank]
             .iter()
-            .position(|turn| turn.waiters.iter().any(|w| w.id == id))
-        {
+            .position(|turn| turn.waiters.iter().any(|w| w.id == id));
+        if let (true, Some(at)) = (served, at) {
+            let tenant = Arc::clone(&self.tiers[rank][at].tenant);
+            self.served(&tenant);
+        }
+        let tier = &mut self.tiers[rank];
+        if let Some(at) = at {
             let turn = &mut tier[at];
             turn.waiters.retain(|w| w.id != id);
             if turn.waiters.is_empty() {
@@ -1157,6 +1224,85 @@ mod tests {
             .filter(|(_, m)| *m == member)
             .map(|(at, _)| *at)
             .collect()
+    }
+
+    #[test]
+    fn a_quiet_tenant_beside_a_busy_one_takes_the_very_next_token() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let gate = sim.gate(100.0, 1);
+        let grants = Rc::new(RefCell::new(Vec::new()));
+        for _ in 0..8 {
+            let (g, log, sim2) = (Arc::clone(&gate), Rc::clone(&grants), sim.clone());
+            sim.spawn(async move {
+                loop {
+                    g.acquire_for(Priority::Normal, "busy").await;
+                    log.borrow_mut().push(("busy", sim2.now()));
+                }
+            });
+        }
+        // Quiet callers one at a time, off the token grid, each once the
+        // previous one got its token.
+        let (g, log, sim2) = (Arc::clone(&gate), Rc::clone(&grants), sim.clone());
+        sim.spawn(async move {
+            for n in 0..20u32 {
+                let at = Nanos::from(SECOND + Duration::from_micros(53_700 * u64::from(n) + 1_300));
+                sim2.clock().sleep_until(at).await;
+                let asked = sim2.now();
+                let waited = g.acquire_for(Priority::Normal, "quiet").await;
+                log.borrow_mut().push(("quiet", sim2.now()));
+                assert!(
+                    waited <= 10 * MS,
+                    "quiet caller {n} asked at {asked:?} and waited {waited:?}: more than one token interval"
+                );
+            }
+        });
+        sim.run_until(3 * SECOND);
+        let grants = grants.borrow();
+        let quiet = grants.iter().filter(|(who, _)| *who == "quiet").count();
+        assert_eq!(quiet, 20);
+        // The busy tenant still gets every other token: the gate is exact.
+        let times: Vec<Duration> = grants.iter().map(|(_, at)| *at).collect();
+        assert!(worst_window_excess(&times, 100.0, 1) <= 1e-9);
+        assert!(
+            grants.len() >= 299,
+            "{} grants in 3 s at 100/s",
+            grants.len()
+        );
+    }
+
+    #[test]
+    fn a_call_held_up_after_its_grant_does_not_hold_up_every_later_call() {
+        let sim = Sim::new(Duration::from_micros(10));
+        let gate = sim.gate(100.0, 1);
+        let calls = Rc::new(RefCell::new(Vec::new()));
+        let (g, log, sim2) = (Arc::clone(&gate), Rc::clone(&calls), sim.clone());
+        sim.spawn(async move {
+            for n in 0..100u32 {
+                g.acquire(Priority::Normal).await;
+                // Every tenth call is held up 8 ms between grant and call
+                // (a slow claim); the others go at once.
+                if n % 10 == 3 {
+                    let at = Nanos::from(sim2.now() + 8 * MS);
+                    sim2.clock().sleep_until(at).await;
+                }
+                let paced = g.pace_call().await;
+                log.borrow_mut().push((sim2.now(), paced));
+            }
+        });
+        sim.run_until(2 * SECOND);
+        let calls = calls.borrow();
+        assert_eq!(calls.len(), 100);
+        let late: Vec<_> = calls
+            .iter()
+            .filter(|(_, paced)| *paced > Duration::ZERO)
+            .collect();
+        assert!(late.is_empty(), "calls paced after a held-up one: {late:?}");
+        let times: Vec<Duration> = calls.iter().map(|(at, _)| *at).collect();
+        let excess = worst_window_excess(&times, 100.0, 1);
+        assert!(
+            excess <= 1.0,
+            "at most one call over burst + rate x t: {excess}"
+        );
     }
 
     #[test]
@@ -1522,11 +1668,12 @@ mod tests {
         let calls = calls.borrow();
         assert_eq!(calls.len(), 20);
         // Every window [calls[i], calls[j]] holds j - i + 1 calls: at most
-        // burst + rate x its length.
+        // burst + rate x its length, and the one call more the call bucket
+        // allows (see `calls_quota`).
         for i in 0..calls.len() {
             for j in i..calls.len() {
                 let window = (calls[j] - calls[i]).as_secs_f64();
-                let allowed = 2.0 + 10.0 * window + 1e-9;
+                let allowed = 2.0 + 1.0 + 10.0 * window + 1e-9;
                 assert!(
                     (j - i + 1) as f64 <= allowed,
                     "{} calls in {window:.3} s: {calls:?}",
@@ -1535,11 +1682,11 @@ mod tests {
             }
         }
         // The bucket for calls filled up while no call came (until 2.5 s):
-        // two at once, then one every 100 ms.
+        // burst + 1 at once, then one every 100 ms.
         assert_eq!(calls[0], 2500 * MS);
-        assert_eq!(calls[1], 2500 * MS);
-        assert_eq!(calls[2], 2600 * MS);
-        assert_eq!(calls[19], 4300 * MS);
+        assert_eq!(calls[2], 2500 * MS);
+        assert_eq!(calls[3], 2600 * MS);
+        assert_eq!(calls[19], 4200 * MS);
     }
 
     #[test]
