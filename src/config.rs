@@ -382,6 +382,10 @@ pub struct ProviderHealthSettings {
     pub min_calls: u32,
     pub max_failure_rate: f64,
     pub max_latency_ms: u64,
+    /// Receipts (SMS status callbacks) coming longer than this after their
+    /// sends on average, over at least `min_calls` of them, mark the
+    /// provider down too.
+    pub max_receipt_delay_ms: u64,
     pub down_secs: u64,
     pub recover_secs: u64,
 }
@@ -393,6 +397,7 @@ impl Default for ProviderHealthSettings {
             min_calls: 10,
             max_failure_rate: 0.5,
             max_latency_ms: 5000,
+            max_receipt_delay_ms: 600_000,
             down_secs: 5,
             recover_secs: 20,
         }
@@ -1035,8 +1040,8 @@ impl Settings {
         if !(health.max_failure_rate > 0.0 && health.max_failure_rate <= 1.0) {
             bail!("providers.health.max_failure_rate must be above 0 and at most 1");
         }
-        if health.max_latency_ms == 0 {
-            bail!("providers.health.max_latency_ms must be at least 1");
+        if health.max_latency_ms == 0 || health.max_receipt_delay_ms == 0 {
+            bail!("providers.health.max_latency_ms and max_receipt_delay_ms must be at least 1");
         }
         if health.down_secs > 3600 || health.recover_secs > 3600 {
             bail!("providers.health.down_secs and recover_secs must be at most 3600");

@@ -313,39 +313,60 @@ async fn take_callback(
     }
     let mut receipt =
         twilio::receipt(&params).map_err(|(field, why)| ApiError::field(field, why))?;
-    note_receipt(state, named, &mut receipt);
-    receipts::ingest(&state.db, &state.writer, &receipt).await?;
+    receipt.provider = provider_name(state, named);
+    let applied = receipts::ingest(&state.db, &state.writer, &receipt).await?;
+    note_receipt(state, &receipt, &applied);
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Names the receipt after the SMS provider that reported it (its metrics
-/// label) and counts it in that provider's health: a `failed` report
-/// counts against it (see [`crate::limits::health::Health::record_receipt`]).
-fn note_receipt(
-    state: &AppState,
-    named: Option<&str>,
-    receipt: &mut crate::store::receipts::Receipt,
-) {
-    let name = match named {
+/// The name of the SMS provider `named` (`None`: the pool's first),
+/// which labels its receipts.
+fn provider_name(state: &AppState, named: Option<&str>) -> String {
+    match named {
         Some(name) => name.to_owned(),
         None => state.settings.providers.pool(crate::model::Channel::Sms)[0]
             .name
             .to_owned(),
-    };
-    let pool = state
+    }
+}
+
+/// Counts a recorded receipt in its provider's health: a `failed` report
+/// against it, and how long after the send a `delivered` or `failed` one
+/// came (see [`crate::limits::health::Health::record_receipt`]).
+fn note_receipt(
+    state: &AppState,
+    receipt: &crate::store::receipts::Receipt,
+    applied: &receipts::Applied,
+) {
+    let failed = receipt.outcome == Some(MessageStatus::Failed);
+    let delivered = receipt.outcome == Some(MessageStatus::Delivered);
+    if !(failed || delivered) {
+        return;
+    }
+    let Some(pool) = state
         .providers
         .iter()
         .find(|(channel, _)| *channel == crate::model::Channel::Sms)
-        .map(|(_, pool)| pool);
-    if let Some((pool, member)) = pool.and_then(|pool| Some((pool, pool.position(&name)?))) {
-        let failed = receipt.outcome == Some(MessageStatus::Failed);
-        let delivered = receipt.outcome == Some(MessageStatus::Delivered);
-        if (failed || delivered) && pool.gate.record_receipt(member, failed) {
-            tracing::warn!(
-                provider = %name,
-                "SMS provider's recent receipts report failures past providers.health; it takes no new messages for a while while its pool has others."
-            );
-        }
+        .map(|(_, pool)| pool)
+    else {
+        return;
+    };
+    let Some(member) = pool.position(&receipt.provider) else {
+        return;
+    };
+    let delay = match applied {
+        receipts::Applied::Matched {
+            sent_at: Some(sent_at),
+            ..
+        } => Some(std::time::Duration::from_millis(
+            u64::try_from(crate::model::now_ms() - sent_at).unwrap_or(0),
+        )),
+        _ => None,
+    };
+    if pool.gate.record_receipt(member, failed, delay) {
+        tracing::warn!(
+            provider = %receipt.provider,
+            "SMS provider's recent receipts report failures or come late past providers.health; it takes no new messages for a while while its pool has others."
+        );
     }
-    receipt.provider = name;
 }

@@ -371,11 +371,11 @@ impl ProviderGate {
 
     /// Counts one delivery receipt of provider `member` in its health;
     /// true when it marked the provider down.
-    pub fn record_receipt(&self, member: usize, failed: bool) -> bool {
+    pub fn record_receipt(&self, member: usize, failed: bool, delay: Option<Duration>) -> bool {
         let now = Duration::from(self.timeline.now());
         self.members
             .get(member)
-            .is_some_and(|m| m.health.record_receipt(now, failed))
+            .is_some_and(|m| m.health.record_receipt(now, failed, delay))
     }
 
     /// Takes one token of `bucket` (the member's, or its share during a
@@ -1380,6 +1380,7 @@ mod tests {
             min_calls: 5,
             max_failure_rate: 0.5,
             max_latency_ms: 1000,
+            max_receipt_delay_ms: 60_000,
             down_secs: 2,
             recover_secs: 4,
         };

@@ -86,6 +86,10 @@ struct Slot {
     /// failure.
     receipts: u64,
     receipt_failures: u64,
+    /// Receipts that said how long after the send they came, and the sum
+    /// of those delays in ms.
+    receipts_timed: u64,
+    receipt_delay_ms: f64,
 }
 
 impl Health {
@@ -140,11 +144,13 @@ impl Health {
     }
 
     /// Counts one delivery receipt at `now`, `failed` when it reports the
-    /// message failed. Receipts are judged apart from calls, by the same
-    /// rule: at least `min_calls` of them in the window and more than
-    /// `max_failure_rate` failed mark the provider down (a provider that
-    /// takes every message and delivers none). Returns true then.
-    pub fn record_receipt(&self, now: Duration, failed: bool) -> bool {
+    /// message failed, with how long after the send it came when known.
+    /// Receipts are judged apart from calls: at least `min_calls` of them
+    /// in the window and more than `max_failure_rate` failed (a provider
+    /// that takes every message and delivers none), or coming more than
+    /// `max_receipt_delay_ms` after their sends on average, mark the
+    /// provider down. Returns true then.
+    pub fn record_receipt(&self, now: Duration, failed: bool, delay: Option<Duration>) -> bool {
         let mut window = self.window();
         let second = now.as_secs();
         let slots = self.rule.window_secs.max(1) as usize;
@@ -160,19 +166,29 @@ impl Health {
         }
         slot.receipts += 1;
         slot.receipt_failures += u64::from(failed);
+        if let Some(delay) = delay {
+            slot.receipts_timed += 1;
+            slot.receipt_delay_ms += delay.as_secs_f64() * 1000.0;
+        }
         if state_at(&window, &self.rule, now) == State::Down {
             return false;
         }
-        let (receipts, failures) = window
+        let live = window
             .slots
             .iter()
-            .filter(|slot| slot.second + slots as u64 > second && slot.second <= second)
-            .fold((0, 0), |(r, f), slot| {
-                (r + slot.receipts, f + slot.receipt_failures)
-            });
-        if receipts >= u64::from(self.rule.min_calls)
-            && failures as f64 > self.rule.max_failure_rate * receipts as f64
-        {
+            .filter(|slot| slot.second + slots as u64 > second && slot.second <= second);
+        let (mut receipts, mut failures, mut timed, mut delay_ms) = (0, 0, 0, 0.0);
+        for slot in live {
+            receipts += slot.receipts;
+            failures += slot.receipt_failures;
+            timed += slot.receipts_timed;
+            delay_ms += slot.receipt_delay_ms;
+        }
+        let enough = receipts >= u64::from(self.rule.min_calls);
+        let failing = failures as f64 > self.rule.max_failure_rate * receipts as f64;
+        let slow = timed >= u64::from(self.rule.min_calls)
+            && delay_ms / timed as f64 > self.rule.max_receipt_delay_ms as f64;
+        if (enough && failing) || slow {
             mark_down(&mut window, now);
             return true;
         }
@@ -268,6 +284,7 @@ mod tests {
             min_calls: 10,
             max_failure_rate: 0.5,
             max_latency_ms: 1000,
+            max_receipt_delay_ms: 60_000,
             down_secs: 5,
             recover_secs: 20,
         }
@@ -323,9 +340,22 @@ mod tests {
         for i in 0..20 {
             assert!(!health.record(t0 + i * MS, false, MS));
         }
-        let marked = (0..10).any(|i| health.record_receipt(t0 + (20 + i) * MS, true));
+        let marked = (0..10).any(|i| health.record_receipt(t0 + (20 + i) * MS, true, None));
         assert!(marked, "a provider that delivers nothing is marked down");
         assert_eq!(health.factor(t0 + Duration::from_secs(1)), 0.0);
+    }
+
+    #[test]
+    fn receipts_that_come_long_after_their_sends_mark_down() {
+        let health = Health::new(rule());
+        let t0 = Duration::from_secs(40);
+        let prompt = Some(Duration::from_secs(2));
+        assert!(!(0..20).any(|i| health.record_receipt(t0 + i * MS, false, prompt)));
+        let late = Some(Duration::from_secs(300));
+        let marked = (0..40).any(|i| health.record_receipt(t0 + (20 + i) * MS, false, late));
+        assert!(marked, "delivered, but minutes late on average");
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(health.snapshot(later).state, State::Down);
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Resu
             message_id,
             tenant_id,
             changed,
+            ..
         } => {
             info!(%tenant_id, %message_id, provider = %receipt.provider, event = %receipt.event, changed, "Receipt recorded.");
             receipt.outcome_label()

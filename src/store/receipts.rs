@@ -48,6 +48,9 @@ pub enum Applied {
         message_id: String,
         tenant_id: String,
         changed: bool,
+        /// When the message was sent (ms), for the provider's receipt
+        /// latency.
+        sent_at: Option<i64>,
     },
     /// The same report again: nothing recorded.
     Duplicate,
@@ -135,6 +138,7 @@ struct Found {
     tenant_id: String,
     status: MessageStatus,
     attempts: i64,
+    sent_at: Option<i64>,
 }
 
 /// Records a group's `receipts` against their messages in PostgreSQL's
@@ -157,8 +161,8 @@ pub(crate) async fn apply_group_pg(
         .iter()
         .map(|receipt| receipt.provider_message_id.as_str())
         .collect();
-    let rows: Vec<(String, String, String, i64, String)> = sqlx::query_as(
-        "SELECT id, tenant_id, status, attempts, provider_message_id FROM messages \
+    let rows: Vec<(String, String, String, i64, String, Option<i64>)> = sqlx::query_as(
+        "SELECT id, tenant_id, status, attempts, provider_message_id, sent_at FROM messages \
          WHERE provider_message_id = ANY($1::text[])",
     )
     .bind(&provider_ids)
@@ -166,7 +170,7 @@ pub(crate) async fn apply_group_pg(
     .await?;
     let mut found = Vec::with_capacity(rows.len());
     let mut by_provider_id = HashMap::with_capacity(rows.len());
-    for (id, tenant_id, status, attempts, provider_id) in rows {
+    for (id, tenant_id, status, attempts, provider_id, sent_at) in rows {
         // Two messages with one provider id: the first found, as a single
         // receipt's `LIMIT 1` would.
         if let Entry::Vacant(slot) = by_provider_id.entry(provider_id) {
@@ -176,6 +180,7 @@ pub(crate) async fn apply_group_pg(
                 tenant_id,
                 status: status.parse().map_err(anyhow::Error::msg)?,
                 attempts,
+                sent_at,
             });
         }
     }
@@ -279,6 +284,7 @@ pub(crate) async fn apply_group_pg(
             message_id: target.id.clone(),
             tenant_id: target.tenant_id.clone(),
             changed: decision.moves.is_some(),
+            sent_at: target.sent_at,
         });
     }
 
@@ -441,16 +447,22 @@ pub(crate) fn apply_in(
     now: i64,
 ) -> anyhow::Result<Applied> {
     use rusqlite::OptionalExtension;
-    let found: Option<(String, String, String, i64)> = tx
+    let found: Option<(String, String, String, i64, Option<i64>)> = tx
         .prepare_cached(
-            "SELECT id, tenant_id, status, attempts FROM messages \
+            "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
              WHERE provider_message_id = ?1 LIMIT 1",
         )?
         .query_row([&receipt.provider_message_id], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+            ))
         })
         .optional()?;
-    let Some((id, tenant_id, status, attempts)) = found else {
+    let Some((id, tenant_id, status, attempts, sent_at)) = found else {
         return Ok(Applied::Unmatched);
     };
     let current: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
@@ -505,6 +517,7 @@ pub(crate) fn apply_in(
         message_id: id,
         tenant_id,
         changed: decision.moves.is_some(),
+        sent_at,
     })
 }
 

@@ -470,3 +470,62 @@ async fn each_providers_callbacks_come_to_its_own_url_and_its_token_verifies_the
     assert_eq!(view["status"], "delivered", "{view}");
     assert!(alpha_calls.lock().unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_whose_receipts_come_late_loses_its_share() {
+    use crate::receipts::{PUBLIC_URL, twilio_signature};
+    let (alpha_calls, beta_calls): (Calls, Calls) = Default::default();
+    let alpha = provider(alpha_calls.clone(), Arc::default(), ok).await;
+    let beta = provider(beta_calls.clone(), Arc::default(), ok).await;
+    // beta takes the messages while it is healthy; any receipt more than
+    // 1 ms after its send is late here.
+    let settings = pool_settings(
+        &alpha.uri(),
+        &beta.uri(),
+        "rate_per_second = 100.0\nburst = 10\n",
+        "min_calls = 3\nmax_receipt_delay_ms = 1\ndown_secs = 60\n",
+    );
+    let at = settings.rfind("[providers.sms_pool.beta]\n").unwrap();
+    let mut settings = settings;
+    settings.insert_str(at + "[providers.sms_pool.beta]\n".len(), "weight = 1000\n");
+    let app = TestApp::start_custom(&settings, |settings| {
+        settings.server.public_url = Some(PUBLIC_URL.into());
+    })
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    for n in 0..3 {
+        let id = app
+            .send_accepted(&key, &with(sms(), "text", json!(format!("late {n}"))))
+            .await;
+        let view = wait_for(&app, &key, &id, status_is("sent")).await;
+        assert_eq!(view["provider"], "beta", "{view}");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for n in 0..3 {
+        let sid = format!("SM-late {n}");
+        let form = [("MessageSid", sid.as_str()), ("MessageStatus", "delivered")];
+        let path = "/v1/callbacks/sms/beta";
+        let signature = twilio_signature("secret-token", &format!("{PUBLIC_URL}{path}"), &form);
+        let response = app
+            .client
+            .post(app.url(path))
+            .header("X-Twilio-Signature", signature)
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    }
+    let view = providers_view(&app).await;
+    let beta_view = sms_provider(&view, "beta");
+    assert_eq!(beta_view["state"], "down", "{view}");
+    assert_eq!(beta_view["share"], 0.0, "{view}");
+    assert_eq!(sms_provider(&view, "alpha")["share"], 1.0, "{view}");
+    // The next message goes to alpha despite beta's weight.
+    let id = app
+        .send_accepted(&key, &with(sms(), "text", json!("after")))
+        .await;
+    let view = wait_for(&app, &key, &id, status_is("sent")).await;
+    assert_eq!(view["provider"], "alpha", "{view}");
+    assert_eq!(alpha_calls.lock().unwrap().len(), 1);
+}
