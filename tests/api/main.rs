@@ -3,6 +3,7 @@
 
 mod admin;
 mod auth;
+mod aws_policy;
 #[macro_use]
 mod backends;
 mod batch;
