@@ -180,3 +180,97 @@ fn batch_operations_map_to_their_single_message_action() {
     assert_eq!(action("sqs", "get_queue_url"), "sqs:GetQueueUrl");
     assert_eq!(action("ses", "send_email"), "ses:SendEmail");
 }
+
+/// Deploys `deploy/aws/fairlane.json` into moto with `prefix` as its
+/// `QueuePrefix` (boto3 from the test support's venv), then returns the
+/// stack's outputs.
+fn deploy_into_moto(moto: &str, prefix: &str) -> Value {
+    const DEPLOY: &str = r#"
+import json, sys, boto3
+moto, prefix, path = sys.argv[1:4]
+kw = dict(endpoint_url=moto, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+cf = boto3.client("cloudformation", **kw)
+name = "stack-" + prefix
+cf.create_stack(StackName=name, TemplateBody=open(path).read(),
+                Parameters=[{"ParameterKey": "QueuePrefix", "ParameterValue": prefix}],
+                Capabilities=["CAPABILITY_IAM"])
+stack = cf.describe_stacks(StackName=name)["Stacks"][0]
+print(json.dumps({"status": stack["StackStatus"], "outputs": stack.get("Outputs", [])}))
+"#;
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/fairlane.json");
+    let output = std::process::Command::new(crate::servers::python())
+        .args(["-c", DEPLOY, moto, prefix])
+        .arg(&template)
+        .output()
+        .expect("the test support's Python runs");
+    assert!(
+        output.status.success(),
+        "deploying the template into moto failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the deploy script prints JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_template_deployed_into_moto_is_what_fairlane_needs_without_creating_a_queue() {
+    use crate::backends::{moto_url, unique_prefix};
+    use crate::delivery::{status_is, wait_for};
+    use crate::support::{TestApp, email};
+    let moto = moto_url();
+    let prefix = unique_prefix("cfn");
+    let stack = deploy_into_moto(&moto, &prefix);
+    assert_eq!(stack["status"], "CREATE_COMPLETE", "{stack}");
+    let events_queue = stack["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|output| output["OutputKey"] == "SesEventsQueueUrl")
+        .expect("the stack names its SES events queue");
+    assert!(
+        events_queue["OutputValue"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/{prefix}-ses-events")),
+        "{events_queue}"
+    );
+    let deliveries = tempfile::tempdir().unwrap();
+    let log = deliveries.path().join("deliveries.jsonl");
+    // create_queues = false: fairlane only looks the queues up, so it
+    // starts only if the template made every queue it needs.
+    let settings = format!(
+        "[queue]\nbackend = \"sqs\"\n\n[queue.sqs]\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
+         queue_prefix = \"{prefix}\"\ncreate_queues = false\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
+         [consumers]\nenabled = true\nreceive_wait_secs = 1\n\n\
+         [providers.email]\nkind = \"log\"\nrate_per_second = 100.0\nburst = 10\nfrom = \"noreply@example.com\"\nlog_path = \"{}\"\n",
+        log.display()
+    );
+    let app = TestApp::start(&settings).await;
+    // A shared tenant goes through the lanes; a dedicated one through its
+    // own queues (made by fairlane) and the attention queues (the
+    // template's: without them dedicated isolation is refused).
+    let shared = app.tenant_with_key("acme", "pro").await;
+    let created = app
+        .admin(reqwest::Method::POST, "/v1/admin/tenants")
+        .json(&serde_json::json!({"id": "own", "name": "own", "plan": "pro", "isolation": "dedicated"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        created.status(),
+        reqwest::StatusCode::CREATED,
+        "{}",
+        created.text().await.unwrap()
+    );
+    let dedicated = app.issue_key("own").await.1;
+    let mut sent = Vec::new();
+    for key in [&shared, &dedicated] {
+        let id = app.send_accepted(key, &email()).await;
+        let view = wait_for(&app, key, &id, status_is("sent")).await;
+        assert_eq!(view["status"], "sent", "{view}");
+        sent.push(id);
+    }
+    let written = std::fs::read_to_string(&log).unwrap();
+    for id in &sent {
+        assert!(written.contains(id.as_str()), "the log provider got {id}");
+    }
+}
