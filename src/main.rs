@@ -51,6 +51,14 @@ enum Command {
     },
     /// Print the OpenAPI document (JSON) to stdout.
     Openapi,
+    /// Read the AWS account's queues (never change them) and report each
+    /// way they differ from the configuration; exit status 1 when any does.
+    #[command(after_help = ENVIRONMENT)]
+    CheckAws {
+        /// The configuration file `serve` runs with.
+        #[arg(long, env = "FAIRLANE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Generate a new admin token, store its hash and print it.
     #[command(after_help = ENVIRONMENT)]
     AdminToken {
@@ -71,6 +79,21 @@ fn main() -> anyhow::Result<()> {
         Command::Openapi => {
             println!("{}", fairlane::api::ApiDoc::openapi().to_pretty_json()?);
             Ok(())
+        }
+        Command::CheckAws { config } => {
+            let settings = fairlane::config::Settings::load(config.as_deref())?;
+            let problems = tokio::runtime::Runtime::new()?
+                .block_on(fairlane::queue::sqs::check::check(&settings))?;
+            for problem in &problems {
+                println!("{problem}");
+            }
+            if problems.is_empty() {
+                println!("The queues match the configuration.");
+                Ok(())
+            } else {
+                eprintln!("{} mismatch(es) with the configuration.", problems.len());
+                std::process::exit(1);
+            }
         }
         Command::Serve { config } => {
             fairlane::telemetry::init();

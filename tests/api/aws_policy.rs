@@ -274,3 +274,97 @@ async fn the_template_deployed_into_moto_is_what_fairlane_needs_without_creating
         assert!(written.contains(id.as_str()), "the log provider got {id}");
     }
 }
+
+/// Runs `fairlane check-aws` with `config`; returns its exit code and output.
+fn check_aws(config: &Path) -> (i32, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fairlane"))
+        .args(["check-aws", "--config"])
+        .arg(config)
+        .env_remove("FAIRLANE_CONFIG")
+        .output()
+        .expect("fairlane check-aws runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_aws_reports_a_removed_dlq_and_a_wrong_max_receive_count_and_nothing_on_the_intact_stack()
+ {
+    use crate::backends::{moto_url, unique_prefix};
+    let moto = moto_url();
+    let prefix = unique_prefix("chk");
+    let stack = deploy_into_moto(&moto, &prefix);
+    assert_eq!(stack["status"], "CREATE_COMPLETE", "{stack}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("fairlane.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[queue]\nbackend = \"sqs\"\n\n[queue.sqs]\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
+             queue_prefix = \"{prefix}\"\ncreate_queues = false\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
+             [storage]\nurl = \"sqlite://{}/fairlane.db\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let (code, text) = check_aws(&config);
+    assert_eq!(code, 0, "the intact stack matches: {text}");
+    assert!(text.contains("match the configuration"), "{text}");
+
+    // Break it: remove the fast lane's DLQ, give a slow class queue another
+    // maxReceiveCount.
+    let sdk = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .endpoint_url(&moto)
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "test", "test", None, None, "tests",
+        ))
+        .build();
+    let sqs = aws_sdk_sqs::Client::from_conf(sdk);
+    let url = |name: String| {
+        let sqs = sqs.clone();
+        async move {
+            sqs.get_queue_url()
+                .queue_name(name)
+                .send()
+                .await
+                .unwrap()
+                .queue_url()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let dlq = url(format!("{prefix}-fast-dlq")).await;
+    sqs.delete_queue().queue_url(&dlq).send().await.unwrap();
+    let slow_dlq_arn = format!("arn:aws:sqs:us-east-1:123456789012:{prefix}-slow-dlq");
+    let slow_high = url(format!("{prefix}-slow-high")).await;
+    sqs.set_queue_attributes()
+        .queue_url(&slow_high)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": slow_dlq_arn, "maxReceiveCount": 7})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let (code, text) = check_aws(&config);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("missing queue {prefix}-fast-dlq")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("queue {prefix}-slow-high has maxReceiveCount 7")),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("{prefix}-slow-low")),
+        "only what was changed is reported: {text}"
+    );
+}

@@ -27,6 +27,7 @@
 //! fresh copy with a delivery delay and deletes the received one.
 
 mod batch;
+pub mod check;
 mod dedicated;
 mod envelope;
 mod lanes;
