@@ -274,6 +274,9 @@ async fn a_refused_call_fails_over_but_a_timed_out_one_stays_with_its_provider()
     settings = settings.replace("max_attempts = 10", "max_attempts = 3");
     let app = TestApp::start(&settings).await;
     let key = app.tenant_with_key("acme", "pro").await;
+    // Both buckets start empty (see limits::gate); once they hold tokens,
+    // routing by weight decides, not which bucket earned a token first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     let refused = app
         .send_accepted(&key, &with(sms(), "text", json!("refuse me")))
@@ -435,6 +438,9 @@ async fn each_providers_callbacks_come_to_its_own_url_and_its_token_verifies_the
     })
     .await;
     let key = app.tenant_with_key("acme", "pro").await;
+    // Both buckets start empty (see limits::gate); once they hold tokens,
+    // routing by weight decides, not which bucket earned a token first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let id = app
         .send_accepted(&key, &with(sms(), "text", json!("to beta")))
         .await;
@@ -493,6 +499,9 @@ async fn a_provider_whose_receipts_come_late_loses_its_share() {
     })
     .await;
     let key = app.tenant_with_key("acme", "pro").await;
+    // Both buckets start empty (see limits::gate); once they hold tokens,
+    // routing by weight decides, not which bucket earned a token first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for n in 0..3 {
         let id = app
             .send_accepted(&key, &with(sms(), "text", json!(format!("late {n}"))))
