@@ -292,25 +292,49 @@ fn check_aws(config: &Path) -> (i32, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_aws_reports_a_removed_dlq_and_a_wrong_max_receive_count_and_nothing_on_the_intact_stack()
+async fn check_aws_reports_a_removed_dlq_a_wrong_max_receive_count_and_a_missing_configuration_set_and_nothing_on_the_intact_stack()
  {
     use crate::backends::{moto_url, unique_prefix};
     let moto = moto_url();
     let prefix = unique_prefix("chk");
     let stack = deploy_into_moto(&moto, &prefix);
     assert_eq!(stack["status"], "CREATE_COMPLETE", "{stack}");
+    // The SES side: the sender's identity and a configuration set.
+    crate::backends::ses_identity(&moto).await;
+    let ses = aws_sdk_sesv2::Client::from_conf(
+        aws_sdk_sesv2::Config::builder()
+            .behavior_version(aws_sdk_sesv2::config::BehaviorVersion::latest())
+            .region(aws_sdk_sesv2::config::Region::new("us-east-1"))
+            .endpoint_url(&moto)
+            .credentials_provider(aws_sdk_sesv2::config::Credentials::new(
+                "test", "test", None, None, "tests",
+            ))
+            .build(),
+    );
+    ses.create_configuration_set()
+        .configuration_set_name(format!("{prefix}-set"))
+        .send()
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("fairlane.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[queue]\nbackend = \"sqs\"\n\n[queue.sqs]\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
-             queue_prefix = \"{prefix}\"\ncreate_queues = false\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
-             [storage]\nurl = \"sqlite://{}/fairlane.db\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let write_config = |set: &str| {
+        let config = dir.path().join(format!("{set}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[queue]\nbackend = \"sqs\"\n\n[queue.sqs]\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
+                 queue_prefix = \"{prefix}\"\ncreate_queues = false\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
+                 [providers.email]\nkind = \"ses\"\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
+                 access_key_id = \"test\"\nsecret_access_key = \"test\"\nfrom = \"noreply@example.com\"\n\
+                 configuration_set = \"{set}\"\n\n\
+                 [storage]\nurl = \"sqlite://{}/fairlane.db\"\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        config
+    };
+    let config = write_config(&format!("{prefix}-set"));
     let (code, text) = check_aws(&config);
     assert_eq!(code, 0, "the intact stack matches: {text}");
     assert!(text.contains("match the configuration"), "{text}");
@@ -353,8 +377,16 @@ async fn check_aws_reports_a_removed_dlq_and_a_wrong_max_receive_count_and_nothi
         .send()
         .await
         .unwrap();
-    let (code, text) = check_aws(&config);
+    let (code, text) = check_aws(&write_config(&format!("{prefix}-absent")));
     assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("SES configuration set {prefix}-absent is missing")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("no SES identity"),
+        "the identity exists: {text}"
+    );
     assert!(
         text.contains(&format!("missing queue {prefix}-fast-dlq")),
         "{text}"

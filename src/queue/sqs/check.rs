@@ -5,8 +5,9 @@
 //! and the DLQ exist; each class queue's redrive policy targets its lane's
 //! DLQ with the lane's `max_receive_count`; its visibility timeout is the
 //! lane's and outlasts the longest provider timeout; its retention (and the
-//! DLQ's) outlasts the longest retry backoff. Each SES events queue the
-//! email providers name exists.
+//! DLQ's) outlasts the longest retry backoff. For each SES provider of the
+//! email pool: the identity that verifies its `from` (the address or its
+//! domain) and its configuration set exist, and so does its events queue.
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -64,6 +65,7 @@ pub async fn check(settings: &Settings) -> anyhow::Result<Vec<String>> {
         if channel != Channel::Email || entry.settings.kind != ProviderKind::Ses {
             continue;
         }
+        check_ses(entry, &mut problems).await?;
         if let Some(url) = &entry.settings.events_queue_url {
             let found = client
                 .get_queue_attributes()
@@ -209,4 +211,69 @@ fn check_retention(
             "queue {name} keeps messages {secs} s, no longer than the longest retry backoff (retry.max_delay_secs = {longest_backoff} s)"
         ));
     }
+}
+
+/// The SES identity of `entry`'s `from` (the address, or else its domain)
+/// and its configuration set.
+async fn check_ses(
+    entry: crate::config::PoolEntry<'_>,
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let sdk_config = crate::aws::provider_config(entry.settings, "SES").await?;
+    let client = aws_sdk_sesv2::Client::new(&sdk_config);
+    let name = entry.name;
+    if let Some(from) = entry.settings.from.as_deref() {
+        let mut candidates = vec![from.to_owned()];
+        if let Some((_, domain)) = from.rsplit_once('@') {
+            candidates.push(domain.to_owned());
+        }
+        let mut found = false;
+        for identity in &candidates {
+            if client
+                .get_email_identity()
+                .email_identity(identity)
+                .send()
+                .await
+                .is_ok()
+            {
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            problems.push(format!(
+                "provider {name:?}: no SES identity for {from} (neither the address nor its domain), or no permission to read it"
+            ));
+        }
+    }
+    if let Some(set) = entry.settings.configuration_set.as_deref() {
+        let read = client
+            .get_configuration_set()
+            .configuration_set_name(set)
+            .send()
+            .await;
+        match read {
+            Ok(_) => {}
+            // Answered 2xx but the body could not be read (moto's, for
+            // one): the set is there.
+            Err(err)
+                if err
+                    .raw_response()
+                    .is_some_and(|raw| raw.status().is_success()) => {}
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|e| e.is_not_found_exception()) =>
+            {
+                problems.push(format!(
+                    "provider {name:?}: SES configuration set {set} is missing"
+                ));
+            }
+            Err(err) => problems.push(format!(
+                "provider {name:?}: SES configuration set {set} could not be read: {}",
+                aws_sdk_sesv2::error::DisplayErrorContext(&err)
+            )),
+        }
+    }
+    Ok(())
 }
