@@ -317,15 +317,15 @@ async fn check_aws_reports_a_removed_dlq_a_wrong_max_receive_count_and_a_missing
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let write_config = |set: &str| {
-        let config = dir.path().join(format!("{set}.toml"));
+    let write_config_from = |set: &str, from: &str| {
+        let config = dir.path().join(format!("{set}-{from}.toml"));
         std::fs::write(
             &config,
             format!(
                 "[queue]\nbackend = \"sqs\"\n\n[queue.sqs]\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
                  queue_prefix = \"{prefix}\"\ncreate_queues = false\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n\n\
                  [providers.email]\nkind = \"ses\"\nendpoint_url = \"{moto}\"\nregion = \"us-east-1\"\n\
-                 access_key_id = \"test\"\nsecret_access_key = \"test\"\nfrom = \"noreply@example.com\"\n\
+                 access_key_id = \"test\"\nsecret_access_key = \"test\"\nfrom = \"{from}\"\n\
                  configuration_set = \"{set}\"\n\n\
                  [storage]\nurl = \"sqlite://{}/fairlane.db\"\n",
                 dir.path().display()
@@ -334,6 +334,7 @@ async fn check_aws_reports_a_removed_dlq_a_wrong_max_receive_count_and_a_missing
         .unwrap();
         config
     };
+    let write_config = |set: &str| write_config_from(set, "noreply@example.com");
     let config = write_config(&format!("{prefix}-set"));
     let (code, text) = check_aws(&config);
     assert_eq!(code, 0, "the intact stack matches: {text}");
@@ -386,6 +387,16 @@ async fn check_aws_reports_a_removed_dlq_a_wrong_max_receive_count_and_a_missing
     assert!(
         !text.contains("no SES identity"),
         "the identity exists: {text}"
+    );
+    // A sender no identity verifies (neither the address nor its domain).
+    let (code, text) = check_aws(&write_config_from(
+        &format!("{prefix}-set"),
+        "someone@unverified.example",
+    ));
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("no SES identity for someone@unverified.example"),
+        "{text}"
     );
     assert!(
         text.contains(&format!("missing queue {prefix}-fast-dlq")),
