@@ -138,6 +138,11 @@ pub struct Scrubbed {
     pub log_truncated: bool,
 }
 
+/// Checkpoints tried while readers keep the log from being truncated, and
+/// the pause between them (writes wait meanwhile: at most about 1 s).
+const TRUNCATE_TRIES: u32 = 20;
+const TRUNCATE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// SQLite: leaves no old copy of erased or deleted text on disk.
 /// `secure_delete` zeroes the space a write frees, but when SQLite
 /// rebuilds a page (a split or a merge) it leaves the bytes that were in
@@ -145,7 +150,8 @@ pub struct Scrubbed {
 /// `VACUUM` (when `vacuum`) writes every page anew. Then the log, which
 /// holds the old page images, is copied into the file and truncated.
 /// Writes wait for their turn meanwhile. `log_truncated` is false when
-/// readers kept the checkpoint from finishing; the next run tries again.
+/// readers kept the checkpoint from finishing through
+/// [`TRUNCATE_TRIES`] tries; the next run tries again.
 /// Nothing to do on PostgreSQL, whose rows are read only through its
 /// tables.
 pub async fn scrub_file(db: &Db, vacuum: bool) -> anyhow::Result<Scrubbed> {
@@ -159,9 +165,23 @@ pub async fn scrub_file(db: &Db, vacuum: bool) -> anyhow::Result<Scrubbed> {
     if vacuum {
         sqlx::query("VACUUM").execute(&sqlite.write).await?;
     }
-    let (busy, _log, _done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
-        .fetch_one(&sqlite.write)
-        .await?;
+    // A reader's snapshot (a request, a long-poll receive) keeps the
+    // checkpoint from truncating the log; such snapshots last milliseconds,
+    // so try again a few times before leaving it to the next run.
+    let mut busy = 1;
+    for attempt in 0..TRUNCATE_TRIES {
+        if attempt > 0 {
+            tokio::time::sleep(TRUNCATE_PAUSE).await;
+        }
+        let (now_busy, _log, _done): (i64, i64, i64) =
+            sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                .fetch_one(&sqlite.write)
+                .await?;
+        busy = now_busy;
+        if busy == 0 {
+            break;
+        }
+    }
     Ok(Scrubbed {
         vacuumed: vacuum,
         log_truncated: busy == 0,
