@@ -75,6 +75,24 @@ struct Window {
     downs: u64,
 }
 
+impl Window {
+    /// The slot of `second` in a window of `slots` seconds, emptied when
+    /// it last held an older second.
+    fn slot(&mut self, second: u64, slots: usize) -> &mut Slot {
+        if self.slots.len() != slots {
+            self.slots = vec![Slot::default(); slots];
+        }
+        let slot = &mut self.slots[(second % slots as u64) as usize];
+        if slot.second != second {
+            *slot = Slot {
+                second,
+                ..Slot::default()
+            };
+        }
+        slot
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Slot {
     second: u64,
@@ -111,16 +129,7 @@ impl Health {
         let mut window = self.window();
         let second = now.as_secs();
         let slots = self.rule.window_secs.max(1) as usize;
-        if window.slots.len() != slots {
-            window.slots = vec![Slot::default(); slots];
-        }
-        let slot = &mut window.slots[(second % slots as u64) as usize];
-        if slot.second != second {
-            *slot = Slot {
-                second,
-                ..Slot::default()
-            };
-        }
+        let slot = window.slot(second, slots);
         slot.calls += 1;
         if failed {
             slot.failures += 1;
@@ -154,16 +163,7 @@ impl Health {
         let mut window = self.window();
         let second = now.as_secs();
         let slots = self.rule.window_secs.max(1) as usize;
-        if window.slots.len() != slots {
-            window.slots = vec![Slot::default(); slots];
-        }
-        let slot = &mut window.slots[(second % slots as u64) as usize];
-        if slot.second != second {
-            *slot = Slot {
-                second,
-                ..Slot::default()
-            };
-        }
+        let slot = window.slot(second, slots);
         slot.receipts += 1;
         slot.receipt_failures += u64::from(failed);
         if let Some(delay) = delay {
