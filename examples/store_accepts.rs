@@ -79,6 +79,7 @@ fn entry(n: u64) -> AcceptEntry {
         } else {
             Vec::new()
         },
+        trace: None,
     }
 }
 
@@ -130,7 +131,7 @@ fn report(label: &str, seconds: u64, (count, waits): (u64, Vec<u64>)) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    fairlane::telemetry::init();
+    let _telemetry = fairlane::telemetry::init(&Default::default())?;
     let args: Vec<String> = std::env::args().collect();
     let seconds: u64 = args.get(1).map_or(Ok(10), |s| s.parse())?;
     let concurrency: usize = args.get(2).map_or(Ok(64), |s| s.parse())?;

@@ -64,6 +64,10 @@ pub struct Settings {
     /// and `FAIRLANE_LOG_FORMAT`, read before the settings).
     #[serde(default)]
     pub logging: LoggingSettings,
+    /// Traces (OpenTelemetry, OTLP over HTTP): off unless an endpoint is
+    /// set.
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
     /// Built-in plans. The admin API can add more; an admin `PUT` of a plan
     /// named here wins over this file from then on.
     #[serde(default)]
@@ -623,6 +627,41 @@ pub struct LoggingSettings {
     pub log_addresses: bool,
 }
 
+/// `[telemetry]`: OpenTelemetry traces of a message's way through the
+/// service (README "Traces"). Spans carry ids, tenants, lanes, providers
+/// and outcomes; never a message body or a recipient's address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySettings {
+    /// The collector's OTLP/HTTP base address (`http://collector:4318`);
+    /// spans go to `{otlp_endpoint}/v1/traces` as protobuf. Empty: no
+    /// traces, no exporter, no `traceparent` in queued messages.
+    pub otlp_endpoint: String,
+    /// Fraction of new traces kept, 0.0-1.0. A trace begun by a caller's
+    /// `traceparent` or by a queued message follows that decision.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute. `OTEL_RESOURCE_ATTRIBUTES`
+    /// adds others (e.g. `service.instance.id=api-1`).
+    pub service_name: String,
+    /// How often finished spans are sent, in milliseconds.
+    pub export_interval_ms: u64,
+    /// Most finished spans held for export; beyond it new ones are dropped
+    /// (and counted by the SDK), never waited for.
+    pub max_queued_spans: usize,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            otlp_endpoint: String::new(),
+            sample_ratio: 1.0,
+            service_name: "fairlane".into(),
+            export_interval_ms: 5000,
+            max_queued_spans: 8192,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitsBackend {
@@ -880,6 +919,18 @@ impl Settings {
     /// Checks that figures are in range and that each provider has what its
     /// kind needs.
     pub fn validate(&self) -> anyhow::Result<()> {
+        let telemetry = &self.telemetry;
+        if !(0.0..=1.0).contains(&telemetry.sample_ratio) {
+            bail!("telemetry.sample_ratio must be between 0.0 and 1.0");
+        }
+        let endpoint = telemetry.otlp_endpoint.as_str();
+        let http = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+        if !endpoint.is_empty() && !http {
+            bail!("telemetry.otlp_endpoint must be an http:// or https:// address, or empty");
+        }
+        if telemetry.export_interval_ms == 0 || telemetry.max_queued_spans == 0 {
+            bail!("telemetry.export_interval_ms and telemetry.max_queued_spans must be at least 1");
+        }
         if self.server.max_body_bytes == 0 || self.server.max_body_bytes > 250 * 1024 {
             bail!(
                 "server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)"

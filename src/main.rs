@@ -24,6 +24,8 @@ Environment:
                            server.listen (README: \"Configuration reference\")
   RUST_LOG                 serve: log filter, default \"info\" (e.g. \"fairlane=debug\")
   FAIRLANE_LOG_FORMAT      serve: \"json\" writes the log as JSON lines
+  OTEL_RESOURCE_ATTRIBUTES serve, with telemetry.otlp_endpoint: attributes of
+                           the spans' resource (service.instance.id=api-1)
   AWS_REGION, AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   AWS_SESSION_TOKEN        the standard AWS chain, for SQS and SES only";
 
@@ -96,9 +98,14 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Serve { config } => {
-            fairlane::telemetry::init();
             let settings = fairlane::config::Settings::load(config.as_deref())?;
-            tokio::runtime::Runtime::new()?.block_on(fairlane::app::serve(settings))
+            let telemetry = fairlane::telemetry::init(&settings.telemetry)?;
+            let runtime = tokio::runtime::Runtime::new()?;
+            let served = runtime.block_on(fairlane::app::serve(settings));
+            // The runtime's tasks end first; the last spans are exported then.
+            drop(runtime);
+            drop(telemetry);
+            served
         }
         Command::AdminToken { config, rotate } => {
             anyhow::ensure!(rotate, "pass --rotate to replace the generated admin token");

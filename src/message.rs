@@ -187,6 +187,11 @@ pub struct DeliveryPayload {
     /// Sent with a test key: the simulated provider answers it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub test: bool,
+    /// With traces on: the W3C `traceparent` of the span that queued it,
+    /// which the consumer's span continues. Kept last: see
+    /// `telemetry::traceparent_in`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 // The channel of each request kind has exactly one value, so exactly one

@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
+use tracing::Instrument;
 use utoipa::ToSchema;
 
 pub use self::batch::MAX_ITEM_BYTES;
@@ -276,8 +277,10 @@ impl Acceptor {
         };
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
-        let (entry, mut handed) = prepared.into_parts(self.outbox.is_some());
-        if let Err(failed) = self.writer.accept(entry).await {
+        let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
+        let waiting = durable_wait_span(1);
+        entry.trace = crate::telemetry::span_context(&waiting);
+        if let Err(failed) = self.writer.accept(entry).instrument(waiting).await {
             self.limits.release(&limits_key(caller), &grant).await;
             return Err(Refused::Unavailable {
                 detail: "The message could not be queued durably; nothing was accepted.".into(),
@@ -369,7 +372,12 @@ impl Acceptor {
                 created_at: now_ms(),
             });
         }
-        if let Err(failed) = self.writer.accept_all(entries).await {
+        let waiting = durable_wait_span(entries.len());
+        let trace = crate::telemetry::span_context(&waiting);
+        for entry in &mut entries {
+            entry.trace = trace.clone();
+        }
+        if let Err(failed) = self.writer.accept_all(entries).instrument(waiting).await {
             for (_, _, grant) in &admitted {
                 self.limits.release(&limits_key(caller), grant).await;
             }
@@ -484,6 +492,15 @@ impl Acceptor {
         metrics::counter!(names::ACCEPTED_TOTAL, "lane" => handed.lane.as_str(), "channel" => handed.channel.as_str())
             .increment(1);
     }
+}
+
+/// The span of a request waiting for its messages' group commit; the
+/// group's span links to it.
+fn durable_wait_span(messages: usize) -> tracing::Span {
+    crate::telemetry::span!(
+        "wait for the durable write",
+        fairlane.messages = messages as u64
+    )
 }
 
 /// A batch item past its checks.

@@ -126,6 +126,20 @@ pub(crate) fn prepare(
     }
     let fragments =
         (message.channel == Channel::Sms).then(|| crate::sms::fragments(&message.text).1);
+    // The message's producer span: its context travels in the payload, and
+    // the consumer's span (on whichever instance) continues it.
+    let created = crate::telemetry::span!(
+        "create",
+        otel.name = %format!("create {}", lane.as_str()),
+        otel.kind = "producer",
+        messaging.system = "fairlane",
+        messaging.operation.type = "create",
+        messaging.destination.name = lane.as_str(),
+        messaging.message.id = id.as_str(),
+        fairlane.tenant_id = tenant_id,
+        fairlane.channel = message.channel.as_str(),
+        fairlane.priority = message.priority.as_str(),
+    );
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
@@ -139,7 +153,9 @@ pub(crate) fn prepare(
         sender: sender.map(crate::tenants::SenderIdentity::on_message),
         headers,
         test: caller.test,
+        traceparent: crate::telemetry::traceparent_of(&created),
     };
+    drop(created);
     let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
     if body.len() > MAX_PAYLOAD_BYTES {
         return Err(Refused::TooLarge(format!(
@@ -202,6 +218,7 @@ pub(crate) fn prepare(
             message_id: id.clone(),
             created_at: now,
         })),
+        trace: None,
     };
     Ok(Prepared {
         id,

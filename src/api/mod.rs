@@ -32,6 +32,7 @@ use serde::de::DeserializeOwned;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
+use tracing::Instrument;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_swagger_ui::SwaggerUi;
@@ -131,6 +132,10 @@ pub fn app(state: AppState) -> Router {
             timeout,
             problem_for_bare_errors,
         ));
+    let router = match crate::telemetry::enabled() {
+        true => router.layer(axum::middleware::from_fn(trace_request)),
+        false => router,
+    };
     answering_panics(router)
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -161,6 +166,44 @@ fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respons
 /// [`app`]): a client that drips its body cannot hold a connection, and its
 /// request is answered 503 once the deadline passes (see
 /// [`BodyDeadlinePassed`]).
+/// With traces on: the server span of a request (method and route, never
+/// the query, which may hold an unsubscribe token), continuing the caller's
+/// `traceparent` when it sends one.
+async fn trace_request(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |path| path.as_str())
+        .to_owned();
+    let method = request.method().as_str().to_owned();
+    let span = crate::telemetry::span!(
+        "request",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+    );
+    let parent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok());
+    crate::telemetry::parent_from(&span, parent);
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    crate::telemetry::attribute(
+        &span,
+        "http.response.status_code",
+        i64::from(status.as_u16()),
+    );
+    if status.is_server_error() {
+        crate::telemetry::failed(&span, status.as_str());
+    }
+    response
+}
+
 async fn body_deadline(
     axum::extract::State(timeout): axum::extract::State<Duration>,
     request: axum::extract::Request,

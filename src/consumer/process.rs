@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, Span, debug, info, warn};
 
 use super::{Delivery, GatedProvider};
 use crate::config::LaneSettings;
@@ -372,7 +372,6 @@ fn simulated_receipt(
 }
 
 pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
-    let lane = context.lane;
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
         Ok(payload) => payload,
         Err(err) => {
@@ -385,6 +384,34 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             return dead_letter(context, &message, known, &reason, false).await;
         }
     };
+    let span = process_span(context.lane, &message, &payload);
+    deliver_payload(context, message, payload)
+        .instrument(span)
+        .await
+}
+
+/// The consumer span of one delivery attempt (OpenTelemetry messaging
+/// conventions), continuing the trace the message was queued in.
+fn process_span(lane: Lane, message: &ReceivedMessage, payload: &DeliveryPayload) -> Span {
+    let span = crate::telemetry::span!(
+        "process",
+        otel.name = %format!("process {}", lane.as_str()),
+        otel.kind = "consumer",
+        messaging.system = "fairlane",
+        messaging.operation.type = "process",
+        messaging.destination.name = lane.as_str(),
+        messaging.message.id = payload.id.as_str(),
+        fairlane.tenant_id = payload.tenant_id.as_str(),
+        fairlane.channel = payload.channel.as_str(),
+        fairlane.priority = payload.priority.as_str(),
+        fairlane.receive_count = message.receive_count,
+    );
+    crate::telemetry::parent_from(&span, payload.traceparent.as_deref());
+    span
+}
+
+async fn deliver_payload(context: &Context, message: ReceivedMessage, payload: DeliveryPayload) {
+    let lane = context.lane;
     let channel = payload.channel.as_str();
     let unsent = Known {
         payload: Some(&payload),
@@ -491,6 +518,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let mut shutdown = context.shutdown.clone();
     // The token first, in the gate's line by priority and tenant turn, with
     // no worker held meanwhile; then a worker for the call itself.
+    let token_span = crate::telemetry::span!("wait for a provider token");
     let token_and_worker = async {
         let _waiting = names::GaugeHold::new(
             metrics::gauge!(names::MESSAGES_WAITING, "lane" => lane.as_str(), "priority" => payload.priority.as_str(), "stage" => "token"),
@@ -506,7 +534,8 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             .await
             .expect("worker semaphore is never closed");
         (waited, member, worker)
-    };
+    }
+    .instrument(token_span);
     let (waited, member, worker) = tokio::select! {
         got = token_and_worker => got,
         () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
@@ -519,7 +548,9 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         .record(waited.as_secs_f64());
     // Of several instances holding a copy, only the one whose claim takes
     // the message calls the provider.
-    let claimed = claim(context, &payload.id).await;
+    let claimed = claim(context, &payload.id)
+        .instrument(crate::telemetry::span!("claim"))
+        .await;
     note_store_write(context, claimed.as_ref().map(|_| ()));
     match claimed {
         Ok(true) => {}
@@ -544,8 +575,19 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     // group of granted messages up (see ProviderGate::pace_call).
     gated.gate.pace_call_of(member).await;
     let pool = &gated.members[member];
+    let call_span = crate::telemetry::span!(
+        "provider call",
+        otel.name = %format!("send {}", pool.name),
+        otel.kind = "client",
+        fairlane.provider = pool.name,
+        fairlane.message.id = payload.id.as_str(),
+    );
     let started = Instant::now();
-    let outcome = pool.provider.send(&payload).await;
+    let outcome = pool
+        .provider
+        .send(&payload)
+        .instrument(call_span.clone())
+        .await;
     drop(worker);
     let outcome_label = match &outcome {
         Ok(_) => "sent",
@@ -553,6 +595,12 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
         Err(ProviderError::Transient(_)) => "transient",
         Err(ProviderError::Throttled { .. }) => "throttled",
     };
+    crate::telemetry::attribute(&call_span, "fairlane.outcome", outcome_label);
+    if outcome.is_err() {
+        // The label only: a provider's error text may quote the address.
+        crate::telemetry::failed(&call_span, outcome_label);
+    }
+    drop(call_span);
     let call_time = started.elapsed();
     metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => pool.name, "outcome" => outcome_label)
         .record(call_time.as_secs_f64());

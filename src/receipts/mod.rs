@@ -21,7 +21,7 @@ pub mod twilio;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::metrics as names;
 use crate::model::now_ms;
@@ -33,7 +33,18 @@ use crate::store::{Db, Writer};
 /// found yet; counts it. An error means it was neither applied nor kept,
 /// and the caller must not acknowledge it to the provider.
 pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Result<Applied> {
-    let applied = writer.apply_receipt(receipt).await?;
+    // Its own trace (or the callback request's): found from the message's
+    // by `messaging.message.id`.
+    let span = crate::telemetry::span!(
+        "receipt",
+        otel.name = %format!("receipt {}", receipt.event),
+        fairlane.provider = %receipt.provider,
+        fairlane.receipt.event = %receipt.event,
+    );
+    let applied = writer
+        .apply_receipt(receipt)
+        .instrument(span.clone())
+        .await?;
     let label = match &applied {
         Applied::Matched {
             message_id,
@@ -41,6 +52,8 @@ pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Resu
             changed,
             ..
         } => {
+            crate::telemetry::attribute(&span, "messaging.message.id", message_id.clone());
+            crate::telemetry::attribute(&span, "fairlane.tenant_id", tenant_id.clone());
             info!(%tenant_id, %message_id, provider = %receipt.provider, event = %receipt.event, changed, "Receipt recorded.");
             receipt.outcome_label()
         }
@@ -51,6 +64,7 @@ pub async fn ingest(db: &Db, writer: &Writer, receipt: &Receipt) -> anyhow::Resu
             "pending"
         }
     };
+    crate::telemetry::attribute(&span, "fairlane.outcome", label);
     count(receipt, label);
     Ok(applied)
 }

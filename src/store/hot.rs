@@ -471,6 +471,7 @@ pub(crate) mod tests {
                 record,
                 outbound,
                 idempotency: Vec::new(),
+                trace: None,
             })
             .await
             .unwrap();

@@ -35,6 +35,7 @@ pub mod webhooks;
 
 pub use hot::{BeforeSend, Called, SendCheck, TakenCalls, Writer};
 pub use sqlite::SqliteDb;
+pub(crate) use staging::group_span;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
 pub use streak::{FailureStreak, WriteFailed};
 

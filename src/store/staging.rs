@@ -19,6 +19,26 @@ pub struct AcceptEntry {
     /// Answers to remember with it: its own `Idempotency-Key`'s, and a
     /// batch's (on one of the batch's entries).
     pub idempotency: Vec<StoredResponse>,
+    /// With traces on: the span of the request waiting for this write,
+    /// which the group commit's span links to.
+    pub trace: Option<opentelemetry::trace::SpanContext>,
+}
+
+/// The span of a group commit holding accepted messages, linked to the
+/// spans of the requests waiting for it (`entries`' traces); none while
+/// traces are off or when the group accepts nothing traced.
+pub(crate) fn group_span<'a>(entries: impl Iterator<Item = &'a AcceptEntry>) -> tracing::Span {
+    if !crate::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let links: Vec<_> = entries.filter_map(|entry| entry.trace.clone()).collect();
+    if links.is_empty() {
+        return tracing::Span::none();
+    }
+    let span =
+        crate::telemetry::span!("group commit", fairlane.store.messages = links.len() as u64);
+    crate::telemetry::link_all(&span, links);
+    span
 }
 
 /// The write could not be made durable; retry after the given time.

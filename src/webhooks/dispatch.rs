@@ -38,7 +38,7 @@ use std::time::Duration;
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::endpoint::{EndpointPolicy, Refusal, refusal_in};
 use super::sign::sign;
@@ -378,6 +378,16 @@ impl Dispatcher {
                 detail,
             }),
             Ok(url) => {
+                // Found from the message's trace by `messaging.message.id`.
+                let span = crate::telemetry::span!(
+                    "webhook call",
+                    otel.name = %format!("webhook {}", due.kind),
+                    otel.kind = "client",
+                    messaging.message.id = due.message_id.as_str(),
+                    fairlane.tenant_id = due.tenant_id.as_str(),
+                    fairlane.webhook.event_id = due.event_id,
+                    fairlane.webhook.attempt = due.attempts + 1,
+                );
                 let started = std::time::Instant::now();
                 let answer = self
                     .client
@@ -388,8 +398,12 @@ impl Dispatcher {
                     .header("webhook-signature", signatures)
                     .body(body)
                     .send()
+                    .instrument(span.clone())
                     .await;
                 let failure = Failure::of(answer, self.settings.timeout_ms);
+                if let Some(failure) = &failure {
+                    crate::telemetry::failed(&span, failure.result);
+                }
                 let healthy = failure.is_none() && started.elapsed() <= SLOW_CALL;
                 self.adapt(&due.tenant_id, healthy, backlog);
                 failure

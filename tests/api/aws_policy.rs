@@ -170,6 +170,64 @@ fn the_policy_grants_exactly_the_sdk_calls_the_code_makes() {
     );
 }
 
+/// Each template parameter that names a setting in its description
+/// defaults to that setting's built-in default (`config/default.toml`), so
+/// a stack deployed with defaults matches fairlane run with defaults.
+#[test]
+fn the_template_defaults_are_the_configuration_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/fairlane.json");
+    let template: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read the template"))
+            .expect("the template is JSON");
+    let settings = fairlane::config::Settings::from_toml_overlay("").expect("the defaults");
+    let lanes = [
+        ("fast", &settings.lanes.fast),
+        ("slow", &settings.lanes.slow),
+    ];
+    let mut compared = 0;
+    for (name, parameter) in template["Parameters"].as_object().expect("parameters") {
+        let key = parameter["Description"].as_str().unwrap_or_default();
+        let default = &parameter["Default"];
+        let want: Value = match key {
+            "queue.sqs.queue_prefix" => settings.queue.sqs.queue_prefix.clone().into(),
+            _ => match lanes.iter().find_map(|(lane, lane_settings)| {
+                match key.strip_prefix(&format!("lanes.{lane}.")) {
+                    Some("visibility_timeout_secs") => {
+                        Some(lane_settings.visibility_timeout_secs.into())
+                    }
+                    Some("max_receive_count") => Some(lane_settings.max_receive_count.into()),
+                    _ => None,
+                }
+            }) {
+                Some(value) => value,
+                None => {
+                    assert_eq!(
+                        name, "RetentionSeconds",
+                        "{name} names no known setting: {key}"
+                    );
+                    let retention = default.as_u64().expect("a number");
+                    assert_eq!(
+                        retention,
+                        14 * 24 * 3600,
+                        "fairlane's own queues keep 14 days"
+                    );
+                    assert!(retention > settings.retry.max_delay_secs);
+                    continue;
+                }
+            },
+        };
+        assert_eq!(
+            default, &want,
+            "{name} (for {key}) defaults to {default}, the configuration to {want}"
+        );
+        compared += 1;
+    }
+    assert_eq!(
+        compared, 5,
+        "prefix, two visibility timeouts, two receive counts"
+    );
+}
+
 #[test]
 fn batch_operations_map_to_their_single_message_action() {
     assert_eq!(action("sqs", "send_message_batch"), "sqs:SendMessage");

@@ -552,6 +552,16 @@ impl Cluster {
     /// A cluster whose instances reach SQS at `sqs` (one endpoint each, so
     /// a test can put a proxy in front of one of them).
     async fn start_full(redis_url: &str, sqs: [String; 3]) -> Cluster {
+        Self::start_with_env(redis_url, sqs, |_| Vec::new()).await
+    }
+
+    /// [`Cluster::start_full`] with `env(on)` added to instance `on`'s
+    /// environment.
+    async fn start_with_env(
+        redis_url: &str,
+        sqs: [String; 3],
+        env: impl Fn(usize) -> Vec<(&'static str, String)>,
+    ) -> Cluster {
         let prefix = crate::backends::unique_prefix("inst");
         let redis = RedisKeys::new(redis_url, &prefix);
         let db = TestDatabase::create().await;
@@ -560,7 +570,7 @@ impl Cluster {
 
         let mut instances = Vec::new();
         let mut bases = Vec::new();
-        for (name, moto) in NAMES.into_iter().zip(&sqs) {
+        for (on, (name, moto)) in NAMES.into_iter().zip(&sqs).enumerate() {
             let port = free_port();
             let config = dir.path().join(format!("{name}.toml"));
             std::fs::write(
@@ -569,7 +579,7 @@ impl Cluster {
             )
             .expect("write an instance configuration");
             let log = dir.path().join(format!("{name}.log"));
-            let child = start_binary(&config, &log);
+            let child = start_binary(&config, &log, &env(on));
             instances.push(Instance {
                 log,
                 child: Some(child),
@@ -762,10 +772,11 @@ burst = {SMS_BURST}
 }
 
 /// Starts the binary with `config`, stdout and stderr going to `log`.
-fn start_binary(config: &Path, log: &Path) -> ChildGuard {
+fn start_binary(config: &Path, log: &Path, env: &[(&str, String)]) -> ChildGuard {
     let file = std::fs::File::create(log).expect("log file");
     ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_fairlane"))
+            .envs(env.iter().map(|(name, value)| (name, value)))
             .arg("serve")
             .arg("--config")
             .arg(config)
@@ -1581,4 +1592,120 @@ async fn a_tenant_made_dedicated_on_one_instance_sends_to_its_own_queue_through_
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Issue 31: a message accepted through a and sent by b (the only instance
+/// whose consumers run), over SQS on moto, is one trace: a's request, its
+/// producer span and the wait for the group commit (which the commit's span
+/// links to), a's SendMessageBatch span linked to the producer span, and
+/// b's consumer span continuing it with the token wait, the claim and the
+/// provider call under it. b's "Message sent." line carries the trace id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_accepted_by_one_instance_and_sent_by_another_is_one_trace() {
+    use crate::traces::{
+        CLIENT, CONSUMER, OtlpReceiver, PRODUCER, SERVER, assert_no_secrets, child_of, span_of,
+    };
+    let otlp = OtlpReceiver::start().await;
+    let moto = crate::backends::moto_url();
+    let cluster = Cluster::start_with_env(
+        &default_redis_url(),
+        [moto.clone(), moto.clone(), moto],
+        |on| {
+            let mut env = vec![
+                ("FAIRLANE__TELEMETRY__OTLP_ENDPOINT", otlp.url.clone()),
+                ("FAIRLANE__TELEMETRY__EXPORT_INTERVAL_MS", "100".to_owned()),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    format!("service.instance.id={}", NAMES[on]),
+                ),
+                ("FAIRLANE_LOG_FORMAT", "json".to_owned()),
+            ];
+            if on != B {
+                env.push(("FAIRLANE__CONSUMERS__ENABLED", "false".to_owned()));
+            }
+            env
+        },
+    )
+    .await;
+    let key = cluster.tenant_with_key("traced", "traced", 50.0, 50).await;
+    let answer = cluster
+        .api
+        .send(A, &key, "trace marker 31")
+        .await
+        .expect("send through a");
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{:?}", answer.body);
+    let id = answer.id();
+    cluster
+        .api
+        .wait_all_sent(
+            &key,
+            std::slice::from_ref(&id),
+            &[A],
+            Duration::from_secs(30),
+        )
+        .await;
+    otlp.wait_until("b's provider call and a's SendMessageBatch", |spans| {
+        spans.iter().any(|span| {
+            span.instance == "b" && span.attribute("fairlane.message.id") == Some(id.as_str())
+        }) && spans.iter().any(|span| {
+            span.instance == "a" && span.name.starts_with("send ") && span.kind == PRODUCER
+        })
+    })
+    .await;
+    let spans = otlp.spans();
+
+    let created = span_of(&spans, "create fast", &id);
+    assert_eq!((created.instance.as_str(), created.kind), ("a", PRODUCER));
+    let request = spans
+        .iter()
+        .find(|span| span.span_id == created.parent_span_id)
+        .unwrap_or_else(|| panic!("the create span's parent was not exported: {created:#?}"));
+    assert_eq!(
+        (
+            request.instance.as_str(),
+            request.name.as_str(),
+            request.kind
+        ),
+        ("a", "POST /v1/messages", SERVER)
+    );
+    let wait = child_of(&spans, "wait for the durable write", request);
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.instance == "a" && span.name == "group commit" && span.links_to(wait)),
+        "no group commit span of a links to {wait:#?}"
+    );
+    let send = spans
+        .iter()
+        .find(|span| span.name.starts_with("send ") && span.links_to(created))
+        .unwrap_or_else(|| panic!("no SendMessageBatch span links to {created:#?}"));
+    assert_eq!((send.instance.as_str(), send.kind), ("a", PRODUCER));
+    assert_eq!(send.attribute("messaging.system"), Some("aws_sqs"));
+
+    let process = span_of(&spans, "process fast", &id);
+    assert_eq!((process.instance.as_str(), process.kind), ("b", CONSUMER));
+    assert!(
+        process.is_child_of(created),
+        "{process:#?} under {created:#?}"
+    );
+    let token = child_of(&spans, "wait for a provider token", process);
+    let claim = child_of(&spans, "claim", process);
+    let call = child_of(&spans, "send sms", process);
+    assert_eq!(call.kind, CLIENT);
+    assert_eq!(call.attribute("fairlane.outcome"), Some("sent"));
+    for span in [token, claim, call] {
+        assert_eq!(span.instance, "b", "{span:#?}");
+    }
+    assert_no_secrets(&spans, &["+15551234567", "trace marker"]);
+
+    let log = std::fs::read_to_string(&cluster.instances[B].log).expect("b's log");
+    let sent: Value = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| {
+            line["fields"]["message"] == "Message sent."
+                && line["fields"]["message_id"] == id.as_str()
+        })
+        .unwrap_or_else(|| panic!("no \"Message sent.\" line for {id} in b's log:\n{log}"));
+    assert_eq!(sent["trace_id"], created.trace_id.as_str(), "{sent}");
 }

@@ -17,21 +17,21 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
 
 const ADMIN: &str = "logging-test-admin-token-0123";
-const EMAIL_TO: &str = "ada.lovelace@example.com";
-const SMS_TO: &str = "+15557654321";
+pub(crate) const EMAIL_TO: &str = "ada.lovelace@example.com";
+pub(crate) const SMS_TO: &str = "+15557654321";
 const SMS_PATH: &str = "/2010-04-01/Accounts/AC123/Messages.json";
 
 /// The JSON log lines fairlane wrote, and the ids of the email and the SMS.
-struct Run {
-    lines: Vec<Value>,
-    email_id: String,
-    sms_id: String,
+pub(crate) struct Run {
+    pub(crate) lines: Vec<Value>,
+    pub(crate) email_id: String,
+    pub(crate) sms_id: String,
 }
 
 impl Run {
     /// The first line with `message` about message `id` (the redriven SMS
     /// may be dead-lettered a second time before the process is stopped).
-    fn line(&self, message: &str, id: &str) -> &Value {
+    pub(crate) fn line(&self, message: &str, id: &str) -> &Value {
         self.lines
             .iter()
             .find(|line| line["fields"]["message"] == message && line["fields"]["message_id"] == id)
@@ -71,8 +71,10 @@ async fn send(client: &reqwest::Client, base: &str, key: &str, body: Value) -> S
     body["id"].as_str().unwrap().to_owned()
 }
 
-/// Runs the binary through send, dead letter and redrive, with `env` added.
-async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
+/// Runs the binary through send, dead letter, redrive and the redriven
+/// message's second dead letter, with `env` added; then stops it with
+/// SIGTERM and waits for it to exit.
+pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
     let provider = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
@@ -144,7 +146,9 @@ async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
         .await
         .unwrap();
     assert_eq!(redrive["redriven"], 1, "{redrive}");
-    drop(child);
+    // The redrive answered with the message `queued` again.
+    wait_for_status(&client, &base, &key, &sms_id, "dead_lettered").await;
+    stop(child).await;
 
     let text = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
     let lines = text
@@ -157,6 +161,27 @@ async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
         lines,
         email_id,
         sms_id,
+    }
+}
+
+/// SIGTERM to the binary (our own child, by its PID); waits for its exit.
+async fn stop(mut child: ChildGuard) {
+    let signalled = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success(), "SIGTERM to fairlane failed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.0.try_wait().expect("wait for fairlane") {
+            assert!(status.success(), "fairlane exited with {status}");
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fairlane did not exit within 30 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -39,6 +39,7 @@ mod sqs;
 mod storms;
 mod support;
 mod test_keys;
+mod traces;
 mod unsubscribe;
 mod webhook_transport;
 mod webhooks;

@@ -11,7 +11,7 @@ use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
 };
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use super::envelope::Envelope;
 pub(super) use super::envelope::ceil_secs;
@@ -129,11 +129,13 @@ pub(super) async fn send_envelopes(
             .enumerate()
             .map(|(i, envelope)| envelope.entry(i))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let span = send_span(url, chunk);
         let output = client
             .send_message_batch()
             .queue_url(url)
             .set_entries(Some(entries))
             .send()
+            .instrument(span)
             .await
             .map_err(sdk_error)
             .context("SendMessageBatch failed")?;
@@ -144,6 +146,32 @@ pub(super) async fn send_envelopes(
         ))
     })
     .await
+}
+
+/// The producer span of one SendMessageBatch (OpenTelemetry messaging
+/// conventions), linked to each message's own trace.
+fn send_span(url: &str, chunk: &[Envelope<'_>]) -> tracing::Span {
+    if !crate::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    let queue = url.rsplit('/').next().unwrap_or(url);
+    let span = crate::telemetry::span!(
+        "send",
+        otel.name = %format!("send {queue}"),
+        otel.kind = "producer",
+        messaging.system = "aws_sqs",
+        messaging.operation.type = "send",
+        messaging.destination.name = queue,
+        messaging.batch.message_count = chunk.len() as u64,
+    );
+    crate::telemetry::link_all(
+        &span,
+        chunk.iter().filter_map(|envelope| {
+            crate::telemetry::traceparent_in(envelope.body)
+                .and_then(crate::telemetry::remote_context)
+        }),
+    );
+    span
 }
 
 /// ChangeMessageVisibilityBatch of `(receipt, seconds)` pairs.

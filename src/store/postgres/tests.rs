@@ -115,6 +115,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             message_id: id.into(),
             created_at: now,
         })),
+        trace: None,
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, warn};
+use tracing::{Instrument, error, warn};
 
 use super::PgDb;
 use crate::model::{MessageStatus, now_ms};
@@ -346,7 +346,11 @@ async fn run(
                 Command::Stop => stopping = true,
             }
         }
-        commit_group(&pool, group, &streak).await;
+        let span = crate::store::group_span(group.iter().flat_map(|piece| match piece {
+            Piece::Accept { entries, .. } => entries.as_slice(),
+            _ => &[],
+        }));
+        commit_group(&pool, group, &streak).instrument(span).await;
     }
     receiver.close();
     while let Some(command) = receiver.recv().await {

@@ -49,6 +49,10 @@ struct AcceptWork {
 }
 
 impl Work for AcceptWork {
+    fn accepted(&self) -> &[AcceptEntry] {
+        &self.entries
+    }
+
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
         self.after_commit = None;
         let now = now_ms();

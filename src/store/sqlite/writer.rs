@@ -79,6 +79,11 @@ pub trait Work: Send + 'static {
     /// Called once, after the piece's transaction committed (`Ok`) or
     /// failed for good.
     fn finish(self: Box<Self>, outcome: Result<(), WriteFailed>);
+
+    /// Accepted messages this piece makes durable, for the group's span.
+    fn accepted(&self) -> &[crate::store::AcceptEntry] {
+        &[]
+    }
 }
 
 /// Whether `err` says the store itself cannot write (full, read-only, an
@@ -388,7 +393,8 @@ fn run(
             receiver.close();
         }
         if !group.is_empty() {
-            let committed = commit_group(&mut conn, &mut group);
+            let span = crate::store::group_span(group.iter().flat_map(|work| work.accepted()));
+            let committed = span.in_scope(|| commit_group(&mut conn, &mut group));
             drop(my_turn);
             let fault = match committed {
                 Ok(fault) => {
