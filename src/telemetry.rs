@@ -86,6 +86,20 @@ pub fn init(settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
         .unwrap_or_else(|_| EnvFilter::new("info"))
         .add_directive(format!("{TARGET}=off").parse()?);
     let json = std::env::var("FAIRLANE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    if settings.otlp_endpoint.is_empty() {
+        // The log alone, its filter global: every span of TARGET is off at
+        // its call site.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr);
+        let _ = if json {
+            builder.json().try_init()
+        } else {
+            builder.try_init()
+        };
+        return Ok(Telemetry { provider: None });
+    }
     // Colours only on a terminal: in `docker logs`, a file or a log shipper
     // the escape codes would sit inside field names and values (the
     // generated admin token among them).
@@ -100,32 +114,25 @@ pub fn init(settings: &TelemetrySettings) -> anyhow::Result<Telemetry> {
     } else {
         log.with_filter(filter).boxed()
     };
-    let provider = match settings.otlp_endpoint.is_empty() {
-        true => None,
-        false => Some(provider(settings)?),
-    };
-    let mut layers = vec![log];
-    if let Some(provider) = &provider {
-        let tracer = provider.tracer("fairlane");
-        layers.push(
-            tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_location(false)
-                .with_threads(false)
-                .with_level(false)
-                .with_filter(Targets::new().with_target(TARGET, Level::TRACE))
-                .boxed(),
-        );
-    }
+    let provider = provider(settings)?;
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("fairlane"))
+        .with_location(false)
+        .with_threads(false)
+        .with_level(false)
+        .with_filter(Targets::new().with_target(TARGET, Level::TRACE))
+        .boxed();
     if tracing_subscriber::registry()
-        .with(layers)
+        .with(vec![log, traces])
         .try_init()
         .is_err()
     {
         return Ok(Telemetry { provider: None });
     }
-    ENABLED.store(provider.is_some(), Ordering::Relaxed);
-    Ok(Telemetry { provider })
+    ENABLED.store(true, Ordering::Relaxed);
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
 }
 
 fn provider(settings: &TelemetrySettings) -> anyhow::Result<SdkTracerProvider> {
