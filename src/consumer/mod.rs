@@ -27,7 +27,7 @@ mod attention;
 pub mod buffer;
 mod process;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -215,6 +215,8 @@ struct TenantSlots {
 #[derive(Default)]
 struct SlotState {
     in_flight: HashMap<String, u32>,
+    /// Each tenant's cap as of its last admission.
+    caps: HashMap<String, u32>,
     parked: HashMap<String, TieredQueue>,
     parked_total: usize,
 }
@@ -281,6 +283,9 @@ impl TenantSlots {
     /// in flight; then parks the message.
     fn admit(self: &Arc<Self>, message: ReceivedMessage, cap: u32) -> Admission {
         let mut state = self.lock();
+        if state.caps.get(&message.tenant_id) != Some(&cap) {
+            state.caps.insert(message.tenant_id.clone(), cap);
+        }
         let count = state
             .in_flight
             .entry(message.tenant_id.clone())
@@ -324,6 +329,23 @@ impl TenantSlots {
             }
             freed.await;
         }
+    }
+
+    /// How many more messages may be parked now (0 at the bound).
+    fn room_now(&self) -> usize {
+        self.max_parked.saturating_sub(self.lock().parked_total)
+    }
+
+    /// The tenants at their cap: a message of theirs received now would
+    /// be parked.
+    fn capped(&self) -> HashSet<String> {
+        let state = self.lock();
+        state
+            .in_flight
+            .iter()
+            .filter(|(tenant, count)| state.caps.get(*tenant).is_some_and(|cap| *count >= cap))
+            .map(|(tenant, _)| tenant.clone())
+            .collect()
     }
 
     /// Removes every parked message (shutdown returns them to the queue).
@@ -375,6 +397,7 @@ impl Drop for TenantSlot {
             *count -= 1;
             if *count == 0 {
                 state.in_flight.remove(&self.tenant_id);
+                state.caps.remove(&self.tenant_id);
             }
         }
     }
@@ -492,10 +515,7 @@ impl LaneConsumer {
                 }
             }
             let slots = tokio::select! {
-                slots = async {
-                    let room = self.tenants.wait_for_room().await;
-                    self.buffer.reserve(room.min(self.delivery.queue.max_batch())).await
-                } => slots,
+                slots = self.reserve_room(queue.as_ref()) => slots,
                 _ = shutdown.changed() => return,
             };
             // The embedded receive is cancel-safe at its waiting points;
@@ -524,6 +544,46 @@ impl LaneConsumer {
                     }
                     error_backoff = (error_backoff * 2).min(MAX_ERROR_BACKOFF);
                 }
+            }
+        }
+    }
+
+    /// Buffer slots for the next receive, once a message may be parked.
+    /// At the parking bound (a tenant's backlog waits behind its cap) the
+    /// lane does not wait for one of its places to free before taking
+    /// another tenant's message: on a queue that can leave the capped
+    /// tenants' messages where they are, such a message is received as it
+    /// arrives and goes straight to the gate's line, where the tenant's
+    /// turn puts it ahead of the backlog.
+    async fn reserve_room(&self, queue: &dyn LaneQueue) -> Vec<buffer::Slot> {
+        loop {
+            let room = self.tenants.room_now();
+            if room > 0 {
+                return self.buffer.reserve(room.min(queue.max_batch())).await;
+            }
+            if self.buffer.available() > 0 {
+                let skip = self.tenants.capped();
+                match queue.receive_skipping(self.lane, 1, &skip).await {
+                    Ok(mut messages) if !messages.is_empty() => {
+                        process::look_up(&self.delivery, &mut messages).await;
+                        let slots = self.buffer.reserve(messages.len()).await;
+                        for (message, slot) in messages.into_iter().zip(slots) {
+                            let priority = message.priority;
+                            self.buffer.push(message, priority, slot);
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        warn!(lane = %self.lane, error = %err, "Receive of other tenants' messages failed; waiting for a place instead.");
+                        self.tenants.wait_for_room().await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.tenants.wait_for_room() => {}
+                () = queue.arrival(self.lane) => {}
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod embedded;
 pub mod priority;
 pub mod sqs;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,6 +122,26 @@ pub trait LaneQueue: Send + Sync {
         max: usize,
         wait: Duration,
     ) -> anyhow::Result<Vec<ReceivedMessage>>;
+
+    /// Receives at once (no wait) up to `max` messages of tenants not in
+    /// `skip`, leaving theirs where they are. A backend that cannot choose
+    /// (SQS hands out what it hands out) receives nothing.
+    async fn receive_skipping(
+        &self,
+        _lane: Lane,
+        _max: usize,
+        _skip: &HashSet<String>,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        Ok(Vec::new())
+    }
+
+    /// Returns when something may have been put on `lane` (a send, a
+    /// redrive, a message coming back); never on a backend that cannot
+    /// tell. With [`LaneQueue::receive_skipping`], for a consumer whose
+    /// parked messages are at their bound.
+    async fn arrival(&self, _lane: Lane) {
+        std::future::pending::<()>().await;
+    }
 
     /// Deletes received messages; one result per receipt, in order.
     async fn delete_batch(

@@ -482,6 +482,80 @@ async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
     );
 }
 
+/// Issue 30, item 5: with one tenant's backlog parked behind its cap up to
+/// the lane's bound, another tenant's message does not wait for one of the
+/// backlog's places to free (here a 2 s provider call) before it is
+/// received: it is taken past the backlog as it arrives and sent at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_parking_bound_another_tenants_message_is_received_without_waiting_for_a_place() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .and(body_string_contains("bulk"))
+        .respond_with(
+            ResponseTemplate::new(201)
+                .set_body_json(json!({"sid": "SM-BULK"}))
+                .set_delay(Duration::from_secs(2)),
+        )
+        .mount(&sms_api)
+        .await;
+    mock_sms_ok(&sms_api, "SM-OTP").await;
+    // Two workers: the lane parks at most 2 + 2 × 50 (the embedded
+    // queue's batch) = 102 messages.
+    let extra = "[lanes.fast]\nconcurrency = 2\n\n[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\ndaily_quota = 100000\nmax_in_flight = 1\n";
+    let app = TestApp::start(&delivery_settings(
+        &sms_api.uri(),
+        "http://127.0.0.1:9",
+        extra,
+    ))
+    .await;
+    let bulk = app.tenant_with_key("bulk", "capped").await;
+    let otp = app.tenant_with_key("otp", "capped").await;
+    for n in 0..130 {
+        app.send_accepted(
+            &bulk,
+            &json!({"channel":"sms","to":"+15551234567","text": format!("bulk {n}")}),
+        )
+        .await;
+    }
+    // The bound is reached: 102 parked, one bulk call with the provider.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = app.metrics_text().await;
+        let parked: f64 = text
+            .lines()
+            .filter(|line| {
+                line.starts_with("fairlane_messages_waiting{") && line.contains("stage=\"parked\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if parked >= 102.0 && sms_requests(&sms_api).await >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bulk backlog did not reach the parking bound: {parked} parked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let id = app
+        .send_accepted(
+            &otp,
+            &json!({"channel":"sms","to":"+15557654321","text":"code 1234"}),
+        )
+        .await;
+    let view = wait_for(&app, &otp, &id, status_is("sent")).await;
+    assert_eq!(view["status"], "sent", "{view}");
+    // Waiting for a place would take until the bulk call in progress ends,
+    // up to 2 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "the otp waited {:?} for a place behind the parked backlog",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
     let sms_api = MockServer::start().await;

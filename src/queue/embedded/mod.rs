@@ -259,6 +259,19 @@ impl LaneQueue for EmbeddedQueue {
         self.long_poll(lane, max, wait).await
     }
 
+    async fn receive_skipping(
+        &self,
+        lane: Lane,
+        max: usize,
+        skip: &std::collections::HashSet<String>,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        self.receive_now(lane, max.max(1), Some(skip.clone())).await
+    }
+
+    async fn arrival(&self, lane: Lane) {
+        self.state(lane).arrivals.notified().await;
+    }
+
     async fn delete_batch(
         &self,
         lane: Lane,

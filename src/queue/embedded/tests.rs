@@ -404,8 +404,11 @@ async fn a_receive_abandoned_while_the_writer_works_gives_its_messages_back_at_o
     // in hand, then abandon the receive, as a consumer shutting down
     // mid-poll does.
     let busy = queue.db.write_turn().await;
-    let abandoned =
-        tokio::time::timeout(Duration::from_millis(50), queue.receive_now(Lane::Fast, 10)).await;
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(50),
+        queue.receive_now(Lane::Fast, 10, None),
+    )
+    .await;
     assert!(abandoned.is_err());
     drop(busy);
     let again = queue
@@ -576,4 +579,57 @@ async fn messages_and_fairness_survive_reopening() {
         .unwrap();
     let got = queue.receive(Lane::Fast, 2, Duration::ZERO).await.unwrap();
     assert!(got.iter().any(|m| m.tenant_id == "b"));
+}
+
+#[tokio::test]
+async fn a_skipping_receive_takes_another_tenants_message_past_a_backlog_and_leaves_the_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open_queue(&dir, 5).await;
+    let backlog: Vec<OutboundMessage> = (0..200).map(|n| message("noisy", n)).collect();
+    queue.send_batch(Lane::Fast, backlog).await.unwrap();
+    // The consumer has taken some of the backlog (leased, in flight).
+    let taken = queue.receive(Lane::Fast, 40, Duration::ZERO).await.unwrap();
+    assert_eq!(taken.len(), 40);
+    queue
+        .send_batch(Lane::Fast, vec![message("quiet", 1)])
+        .await
+        .unwrap();
+
+    let skip = std::collections::HashSet::from(["noisy".to_owned()]);
+    let got = queue.receive_skipping(Lane::Fast, 1, &skip).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["quiet-1"]);
+    // Nothing else to take: the backlog stays where it was.
+    assert!(
+        queue
+            .receive_skipping(Lane::Fast, 5, &skip)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let stats = queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!((stats.depth, stats.in_flight), (160, 41));
+    // An ordinary receive goes on with the backlog in its order.
+    let next = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(next[0].message_id, "noisy-40");
+}
+
+#[tokio::test]
+async fn an_arrival_wakes_a_waiter_on_its_lane() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Arc::new(open_queue(&dir, 5).await);
+    let waiting = tokio::spawn({
+        let queue = queue.clone();
+        async move { queue.arrival(Lane::Fast).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "nothing has arrived yet");
+    queue
+        .send_batch(Lane::Fast, vec![message("a", 1)])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the arrival wakes the waiter")
+        .unwrap();
 }
