@@ -48,6 +48,11 @@ pub struct ProviderView {
     pub share: f64,
     pub rate_per_second: f64,
     pub burst: u32,
+    /// Tokens in its bucket now, 0 to `burst`: as this instance's grants
+    /// left it, or with `limits.backend = "redis"` the fleet-wide bucket's
+    /// (absent while Redis cannot be reached).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u32>,
     /// How long its pause still runs.
     pub paused_for_ms: Option<u64>,
     /// Failed calls in a row, and whether its circuit breaker is open.
@@ -80,8 +85,9 @@ pub struct ProviderView {
 pub async fn list_providers(State(state): State<AppState>, _admin: AdminOnly) -> Json<Providers> {
     let mut providers = Vec::new();
     for (channel, pool) in state.providers.iter() {
-        let (_, views) = (channel, pool.gate.view());
-        for (member, view) in pool.members.iter().zip(views) {
+        let views = pool.gate.view();
+        let tokens = pool.gate.tokens().await;
+        for ((member, view), tokens) in pool.members.iter().zip(views).zip(tokens) {
             let (breaker_failures, breaker_open) = member.breaker.status();
             let health = view.health;
             let state = if view.paused_for.is_some() {
@@ -98,6 +104,7 @@ pub async fn list_providers(State(state): State<AppState>, _admin: AdminOnly) ->
                 share: view.share,
                 rate_per_second: view.rate_per_second,
                 burst: view.burst,
+                tokens,
                 paused_for_ms: view
                     .paused_for
                     .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),

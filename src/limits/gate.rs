@@ -83,7 +83,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
+use governor::middleware::StateInformationMiddleware;
 use governor::nanos::Nanos;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{NotUntil, Quota, RateLimiter};
@@ -100,7 +100,7 @@ const PRIORITIES: usize = 3;
 
 /// GCRA bucket reading the gate's timeline; instants are nanoseconds since
 /// the gate was built.
-type Bucket = RateLimiter<NotKeyed, InMemoryState, Timeline, NoOpMiddleware<Nanos>>;
+type Bucket = RateLimiter<NotKeyed, InMemoryState, Timeline, StateInformationMiddleware>;
 
 /// Paces calls to the providers of one channel: a token bucket per
 /// provider, with one line of waiters over all of them, served high
@@ -146,6 +146,10 @@ struct Member {
     /// A second bucket of the same rate and one call more of burst, taken
     /// from right before each call (see [`ProviderGate::pace_call`]).
     calls: Bucket,
+    /// Tokens this instance's grants left in the bucket at its last grant,
+    /// and when: with the rate, what it holds now (governor's bucket
+    /// answers that only when a token is taken).
+    left: Mutex<(u32, Nanos)>,
     /// Its recent outcomes and the share of its weight they leave it.
     health: Health,
 }
@@ -314,6 +318,7 @@ impl ProviderGate {
                     paused_until: AtomicU64::new(0),
                     drain_grants: AtomicBool::new(false),
                     drain_calls: AtomicBool::new(false),
+                    left: Mutex::new((0, timeline.now())),
                     health: Health::new(health.clone()),
                 }
             })
@@ -380,12 +385,40 @@ impl ProviderGate {
 
     /// Takes one token of `bucket` (the member's, or its share during a
     /// Redis outage); the first taken after a pause also empties it.
-    fn take_grant(member: &Member, bucket: &Bucket) -> Result<(), NotUntil<Nanos>> {
-        bucket.check()?;
+    fn take_grant(&self, member: &Member, bucket: &Bucket) -> Result<(), NotUntil<Nanos>> {
+        let mut left = bucket.check()?.remaining_burst_capacity();
         if member.drain_grants.swap(false, Ordering::Relaxed) {
             drain(bucket, member.burst);
+            left = 0;
         }
+        *member.left.lock().unwrap_or_else(PoisonError::into_inner) = (left, self.timeline.now());
         Ok(())
+    }
+
+    /// The tokens provider `member`'s bucket holds now as this instance
+    /// sees it: what its last grant left, plus what accrued since, at most
+    /// the burst. A fleet-wide bucket's come from Redis (`None` while it
+    /// cannot be reached).
+    pub async fn tokens(&self) -> Vec<Option<u32>> {
+        let now = Duration::from(self.timeline.now());
+        let mut tokens = Vec::with_capacity(self.members.len());
+        for member in &self.members {
+            tokens.push(match &member.global {
+                Some(global) => global
+                    .redis
+                    .gate_tokens(&global.provider, global.period_us, member.burst)
+                    .await
+                    .ok(),
+                None => {
+                    let (left, at) = *member.left.lock().unwrap_or_else(PoisonError::into_inner);
+                    let accrued = now.saturating_sub(Duration::from(at)).as_secs_f64()
+                        * member.rate_per_second;
+                    let held = f64::from(left) + accrued.floor();
+                    Some(held.min(f64::from(member.burst)) as u32)
+                }
+            });
+        }
+        tokens
     }
 
     /// Waits until a call to provider `member` may start without it seeing
@@ -408,7 +441,7 @@ impl ProviderGate {
         let started = self.timeline.now();
         loop {
             match member.calls.check() {
-                Ok(()) => {
+                Ok(_) => {
                     // A call granted before a pause may be paced during it;
                     // only the first after the pause drains.
                     if self.paused(member).is_none()
@@ -650,7 +683,7 @@ impl ProviderGate {
                 due = Some(due.map_or(until, |d| d.min(until)));
                 continue;
             }
-            match Self::take_grant(member, &member.bucket) {
+            match self.take_grant(member, &member.bucket) {
                 Ok(()) => {
                     line.granted(i, &weights);
                     return Ok(i);
@@ -721,7 +754,7 @@ impl ProviderGate {
                     if line.head_id() != Some(place.id) {
                         None
                     } else {
-                        let taken = Self::take_grant(member, &share);
+                        let taken = self.take_grant(member, &share);
                         if taken.is_ok() {
                             line.granted(i, &weights);
                             line.leave(rank, place.id, true);
@@ -807,7 +840,8 @@ fn calls_quota(rate_per_second: f64, burst: NonZeroU32) -> Quota {
 /// A bucket with no token in it: the first is due one period after now,
 /// and it fills up to its burst only by waiting, never by being built.
 fn empty_bucket(quota: Quota, timeline: &Timeline) -> Bucket {
-    let bucket = RateLimiter::direct_with_clock(quota, timeline.clone());
+    let bucket = RateLimiter::direct_with_clock(quota, timeline.clone())
+        .with_middleware::<StateInformationMiddleware>();
     // Taking the whole burst at once always fits the bucket's capacity.
     let _ = bucket.check_n(quota.burst_size());
     bucket
@@ -1319,6 +1353,34 @@ mod tests {
         assert!(utilisation >= 0.99, "utilisation {utilisation}");
         assert!(worst_window_excess(&a, 100.0, 5) <= 1e-9);
         assert!(worst_window_excess(&b, 50.0, 3) <= 1e-9);
+    }
+
+    #[test]
+    fn the_view_of_tokens_starts_empty_fills_at_the_rate_up_to_the_burst_and_follows_grants() {
+        let sim = Sim::new(Duration::from_millis(1));
+        let gate = sim.pool(&[spec("a", 1, 10.0, 5)], &ProviderHealthSettings::default());
+        let tokens = |gate: &Arc<ProviderGate>| {
+            let got = Rc::new(RefCell::new(None));
+            let (g, out) = (Arc::clone(gate), Rc::clone(&got));
+            sim.spawn(async move {
+                *out.borrow_mut() = g.tokens().await[0];
+            });
+            sim.settle();
+            got.borrow_mut().take().expect("the view answered")
+        };
+        assert_eq!(tokens(&gate), 0, "a gate starts empty");
+        sim.run_until(Duration::from_millis(350));
+        assert_eq!(tokens(&gate), 3, "10/s for 350 ms");
+        sim.run_until(2 * SECOND);
+        assert_eq!(tokens(&gate), 5, "never more than the burst");
+        let g = Arc::clone(&gate);
+        sim.spawn(async move {
+            for _ in 0..2 {
+                g.acquire(Priority::Normal).await;
+            }
+        });
+        sim.settle();
+        assert_eq!(tokens(&gate), 3, "two grants took two");
     }
 
     #[test]

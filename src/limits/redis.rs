@@ -138,6 +138,18 @@ redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX', math.floor((ne
 return 0
 ";
 
+/// Tokens a provider's fleet-wide bucket holds now (0 to burst), read
+/// from its theoretical arrival time without taking one.
+const GATE_TOKENS_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local period = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local held = math.floor((now + period * (burst - 1) - tat) / period) + 1
+return math.max(0, math.min(burst, held))
+";
+
 /// What one admission script run answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AdmitReply {
@@ -192,6 +204,7 @@ pub struct RedisLimits {
     release: Script,
     add: Script,
     gate: Script,
+    gate_tokens: Script,
 }
 
 impl std::fmt::Debug for RedisLimits {
@@ -252,6 +265,7 @@ impl RedisLimits {
             release: Script::new(RELEASE_LUA),
             add: Script::new(ADD_LUA),
             gate: Script::new(GATE_LUA),
+            gate_tokens: Script::new(GATE_TOKENS_LUA),
         });
         metrics::gauge!(names::LIMITS_BACKEND_UP).set(0.0);
         match redis.beat().await {
@@ -449,6 +463,22 @@ impl RedisLimits {
             .arg(burst);
         let wait: i64 = self.invoke("gate", &invocation).await?;
         Ok((wait > 0).then(|| Duration::from_micros(wait as u64)))
+    }
+
+    /// The tokens `provider`'s fleet-wide bucket holds now, none taken.
+    pub(crate) async fn gate_tokens(
+        &self,
+        provider: &str,
+        period_us: u64,
+        burst: u32,
+    ) -> Result<u32, Unreachable> {
+        let mut invocation = self.gate_tokens.prepare_invoke();
+        invocation
+            .key(format!("{}:gate:{provider}", self.prefix))
+            .arg(period_us)
+            .arg(burst);
+        let held: i64 = self.invoke("gate_tokens", &invocation).await?;
+        Ok(u32::try_from(held.max(0)).unwrap_or(u32::MAX))
     }
 
     async fn invoke<T: FromRedisValue>(

@@ -340,6 +340,29 @@ async fn two_gates_sharing_a_redis_bucket_keep_the_fleet_within_burst_plus_rate(
     assert!(gates.iter().all(|gate| gate.waiting() == [0, 0, 0]));
 }
 
+/// The admin view's tokens of a fleet-wide bucket: a full bucket holds its
+/// burst, tokens one instance takes are gone for the other, and reading
+/// takes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_wide_buckets_tokens_are_read_from_redis_without_taking_one() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let a = Instance::on_shared_redis(&prefix).await;
+    let b = Instance::on_shared_redis(&prefix).await;
+    // 1 a second, so nothing accrues while the test looks.
+    let (gate_a, gate_b) = (a.gate(1.0, 5), b.gate(1.0, 5));
+    assert_eq!(
+        gate_b.tokens().await,
+        [Some(5)],
+        "a bucket never used is full"
+    );
+    for _ in 0..3 {
+        gate_a.acquire(Priority::Normal).await;
+    }
+    assert_eq!(gate_b.tokens().await, [Some(2)], "three taken through a");
+    assert_eq!(gate_b.tokens().await, [Some(2)], "reading takes nothing");
+    assert_eq!(gate_a.tokens().await, [Some(2)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_restarted_on_a_shared_redis_bucket_takes_no_second_burst() {
     // One process spends the fleet's burst and goes on at the rate, then

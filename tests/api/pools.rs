@@ -142,6 +142,11 @@ async fn a_failing_provider_loses_its_share_within_seconds_and_wins_it_back() {
     ))
     .await;
     let key = app.tenant_with_key("acme", "pro").await;
+    // Idle, the buckets (50/s, burst 5) are full within 100 ms.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let idle = providers_view(&app).await;
+    assert_eq!(sms_provider(&idle, "alpha")["tokens"], 5, "{idle}");
+    assert_eq!(sms_provider(&idle, "beta")["tokens"], 5, "{idle}");
 
     // 40 messages a second for 10 s; alpha answers 503 from 2 s to 5 s.
     let start = Instant::now();
@@ -220,6 +225,10 @@ async fn a_failing_provider_loses_its_share_within_seconds_and_wins_it_back() {
     );
     assert!(alpha_view["share"].as_f64().unwrap() < 0.5, "{alpha_view}");
     assert_eq!(sms_provider(&view, "beta")["state"], "healthy");
+    for name in ["alpha", "beta"] {
+        let tokens = sms_provider(&view, name)["tokens"].as_u64();
+        assert!(tokens.is_some_and(|t| t <= 5), "{view}");
+    }
     // Recovered (down 1 s, then 2 s winning its weight back, the last
     // probe failing at 5 s at the latest): from 8 s it takes its share.
     let (a, b) = (
