@@ -272,6 +272,10 @@ pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> 
                 "DELETE FROM suppressions WHERE tenant_id = $1",
                 "DELETE FROM sender_identities WHERE tenant_id = $1",
                 "DELETE FROM usage WHERE tenant_id = $1",
+                // Every message is settled, so each one reached its lane:
+                // an outbox row still here only waits to be forgotten, and
+                // it holds the message's text.
+                "DELETE FROM outbox WHERE tenant_id = $1",
             ] {
                 sqlx::query(statement).bind(id).execute(&mut *tx).await?;
             }
