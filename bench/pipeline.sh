@@ -13,6 +13,10 @@
 #    (default 100,000) are accepted; meanwhile the script samples RSS and the
 #    delivered counter. Then it waits until every accepted message is sent.
 # PAUSED_BACKLOG=N first gives a paused tenant N messages (see below).
+# MAX_IN_FLIGHT (default 100000), EMAIL_RATE (1000000) and EMAIL_BURST
+# (100000) set the tenant's max_in_flight and the provider's gate: e.g.
+# MAX_IN_FLIGHT=8 EMAIL_RATE=3000 EMAIL_BURST=100 keeps the tenant at its cap
+# with its backlog parked.
 # Prints: accepts/s and accept p50/p99 (wrk), deliveries/s during the load
 # and after it, the end-to-end rate (first request to last `sent`) and its
 # share of the ceiling, and the peak RSS.
@@ -50,8 +54,8 @@ FAIRLANE__STORAGE__URL=sqlite://$work/fairlane.db \
 FAIRLANE__LANES__FAST__HIGH_WATER_MARK=1000000000 \
 FAIRLANE__PROVIDERS__EMAIL__KIND=log \
 FAIRLANE__PROVIDERS__EMAIL__LOG_PATH=/dev/null \
-FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=1000000 \
-FAIRLANE__PROVIDERS__EMAIL__BURST=100000 \
+FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=${EMAIL_RATE:-1000000} \
+FAIRLANE__PROVIDERS__EMAIL__BURST=${EMAIL_BURST:-100000} \
 FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
 FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
 RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
@@ -60,7 +64,7 @@ for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && 
 curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
 api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
 api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
-  -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":100000}' >/dev/null
+  -d '{"lane":"fast","rate_per_second":1000000,"burst":1000000,"daily_quota":1000000000,"max_in_flight":'"${MAX_IN_FLIGHT:-100000}"'}' >/dev/null
 api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
 KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 export KEY

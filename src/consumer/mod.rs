@@ -49,6 +49,11 @@ use buffer::TieredBuffer;
 /// message that was parked behind its tenant's cap.
 const LOOKED_UP_FRESH_FOR: Duration = Duration::from_secs(1);
 
+/// Least time between two looks past the capped tenants' rows that an
+/// arrival starts, after one that found nothing (see
+/// `LaneConsumer::reserve_room`): at most 1,000 such looks a second.
+const SKIP_SPACING: Duration = Duration::from_millis(1);
+
 /// Longest pause after failed receives.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -556,12 +561,20 @@ impl LaneConsumer {
     /// arrives and goes straight to the gate's line, where the tenant's
     /// turn puts it ahead of the backlog.
     async fn reserve_room(&self, queue: &dyn LaneQueue) -> Vec<buffer::Slot> {
+        // The queue's arrival count when the last look past the capped
+        // tenants found nothing, and when: the next look waits for
+        // something new, and at least SKIP_SPACING after that one, so
+        // neither freed places nor a busy queue's commits each cost the
+        // store writer a look.
+        let mut found_nothing: Option<(u64, Instant)> = None;
         loop {
             let room = self.tenants.room_now();
             if room > 0 {
                 return self.buffer.reserve(room.min(queue.max_batch())).await;
             }
-            if self.buffer.available() > 0 {
+            let arrived = queue.arrivals_so_far(self.lane);
+            let new_since = found_nothing.is_none_or(|(count, _)| count != arrived);
+            if new_since && self.buffer.available() > 0 {
                 let skip = self.tenants.capped();
                 match queue.receive_skipping(self.lane, 1, &skip).await {
                     Ok(mut messages) if !messages.is_empty() => {
@@ -573,7 +586,7 @@ impl LaneConsumer {
                         }
                         continue;
                     }
-                    Ok(_) => {}
+                    Ok(_) => found_nothing = Some((arrived, Instant::now())),
                     Err(err) => {
                         warn!(lane = %self.lane, error = %err, "Receive of other tenants' messages failed; waiting for a place instead.");
                         self.tenants.wait_for_room().await;
@@ -583,7 +596,15 @@ impl LaneConsumer {
             }
             tokio::select! {
                 _ = self.tenants.wait_for_room() => {}
-                () = queue.arrival(self.lane) => {}
+                () = async {
+                    // Something arrived during the look: look again, spaced.
+                    if queue.arrivals_so_far(self.lane) == arrived {
+                        queue.arrival(self.lane).await;
+                    }
+                    if let Some((_, at)) = found_nothing {
+                        tokio::time::sleep_until((at + SKIP_SPACING).into()).await;
+                    }
+                } => {}
             }
         }
     }

@@ -143,6 +143,13 @@ pub trait LaneQueue: Send + Sync {
         std::future::pending::<()>().await;
     }
 
+    /// How many times [`LaneQueue::arrival`] has returned for `lane` so
+    /// far (a count that changes when something may have arrived); 0 on a
+    /// backend that cannot tell.
+    fn arrivals_so_far(&self, _lane: Lane) -> u64 {
+        0
+    }
+
     /// Deletes received messages; one result per receipt, in order.
     async fn delete_batch(
         &self,

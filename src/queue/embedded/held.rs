@@ -169,7 +169,7 @@ impl Work for ReleaseWork {
                 *key = (*key).max(*last);
             }
             drop(fair);
-            self.state.arrivals.notify_waiters();
+            self.state.arrived();
         }
         let _ = answer(&mut self.reply, Ok(()));
     }

@@ -73,7 +73,7 @@ impl Inserted {
                     book.add_delayed(*at, now);
                 }
             }
-            booked.state.arrivals.notify_waiters();
+            booked.state.arrived();
         }
     }
 }

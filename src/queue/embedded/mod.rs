@@ -272,6 +272,12 @@ impl LaneQueue for EmbeddedQueue {
         self.state(lane).arrivals.notified().await;
     }
 
+    fn arrivals_so_far(&self, lane: Lane) -> u64 {
+        self.state(lane)
+            .arrived_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn delete_batch(
         &self,
         lane: Lane,

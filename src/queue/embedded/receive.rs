@@ -349,7 +349,7 @@ impl ReceiveWork {
                 }
             }
             drop(book);
-            self.state.arrivals.notify_waiters();
+            self.state.arrived();
         }
     }
 }

@@ -70,7 +70,7 @@ impl EmbeddedQueue {
                 .collect()
         };
         if returned_any {
-            state.arrivals.notify_waiters();
+            state.arrived();
         }
         results
     }
@@ -339,7 +339,7 @@ impl Work for MoveWork {
                     book.add_delayed(due, now);
                     if due <= now {
                         drop(book);
-                        self.state.arrivals.notify_waiters();
+                        self.state.arrived();
                     }
                 }
             }
@@ -420,7 +420,7 @@ impl Work for RedriveWork {
                 book.dlq = book.dlq.saturating_sub(moved);
                 book.rows += moved;
             }
-            self.state.arrivals.notify_waiters();
+            self.state.arrived();
         }
         let ids = std::mem::take(&mut self.ids);
         let _ = answer(&mut self.reply, Ok(ids));

@@ -7,7 +7,7 @@
 //! and nothing here uses the files beside it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use tokio::sync::Notify;
@@ -163,8 +163,11 @@ pub(super) struct LaneState {
     fair: Mutex<[FairState; CLASSES]>,
     /// Which classes the next receive serves.
     pub(super) share: PriorityShare,
-    /// Woken after every commit that makes messages receivable.
+    /// Woken after every commit that makes messages receivable (see
+    /// [`LaneState::arrived`]).
     pub(super) arrivals: Notify,
+    /// How many times `arrivals` was woken.
+    pub(super) arrived_total: AtomicU64,
     pub(super) deleted: AtomicU64,
     book: Mutex<Book>,
     /// Receives after which a message moves to the DLQ.
@@ -173,6 +176,12 @@ pub(super) struct LaneState {
 }
 
 impl LaneState {
+    /// Counts a commit that made messages receivable and wakes the waiters.
+    pub(super) fn arrived(&self) {
+        self.arrived_total.fetch_add(1, Ordering::Relaxed);
+        self.arrivals.notify_waiters();
+    }
+
     pub(super) fn new(lane: Lane, names: QueueNames, lanes: &LanesSettings) -> Arc<Self> {
         let settings = lanes.get(lane);
         Arc::new(LaneState {
@@ -181,6 +190,7 @@ impl LaneState {
             fair: Mutex::default(),
             share: PriorityShare::new(settings.low_priority_share),
             arrivals: Notify::new(),
+            arrived_total: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
             book: Mutex::default(),
             max_receives: settings.max_receive_count,
