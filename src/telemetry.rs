@@ -192,8 +192,7 @@ pub fn parent_from(span: &Span, traceparent: Option<&str>) {
     if span.is_disabled() {
         return;
     }
-    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    let context = TraceContextPropagator::new().extract(&carrier);
+    let context = extract(traceparent);
     if context.span().span_context().is_valid() {
         let _ = span.set_parent(context);
     }
@@ -201,10 +200,14 @@ pub fn parent_from(span: &Span, traceparent: Option<&str>) {
 
 /// The context `traceparent` names, for a link.
 pub fn remote_context(traceparent: &str) -> Option<SpanContext> {
-    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
-    let context = TraceContextPropagator::new().extract(&carrier);
-    let span_context = context.span().span_context().clone();
+    let span_context = extract(traceparent).span().span_context().clone();
     span_context.is_valid().then_some(span_context)
+}
+
+/// The remote context of a W3C `traceparent` value (invalid if unreadable).
+fn extract(traceparent: &str) -> opentelemetry::Context {
+    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    TraceContextPropagator::new().extract(&carrier)
 }
 
 /// The `traceparent` inside a queued message's JSON payload, found without
@@ -261,11 +264,7 @@ where
         mut writer: Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
-        let ids = match enabled() {
-            true => span_context(&Span::current()),
-            false => None,
-        };
-        let Some(ids) = ids else {
+        let Some(ids) = span_context(&Span::current()) else {
             return self.0.format_event(ctx, writer, event);
         };
         let mut line = String::new();

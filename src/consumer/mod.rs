@@ -575,8 +575,10 @@ impl LaneConsumer {
             let arrived = queue.arrivals_so_far(self.lane);
             let new_since = found_nothing.is_none_or(|(count, _)| count != arrived);
             if new_since && self.buffer.available() > 0 {
-                let skip = self.tenants.capped();
-                match queue.receive_skipping(self.lane, 1, &skip).await {
+                match queue
+                    .receive_skipping(self.lane, 1, self.tenants.capped())
+                    .await
+                {
                     Ok(mut messages) if !messages.is_empty() => {
                         process::look_up(&self.delivery, &mut messages).await;
                         let slots = self.buffer.reserve(messages.len()).await;

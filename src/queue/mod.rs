@@ -130,7 +130,7 @@ pub trait LaneQueue: Send + Sync {
         &self,
         _lane: Lane,
         _max: usize,
-        _skip: &HashSet<String>,
+        _skip: HashSet<String>,
     ) -> anyhow::Result<Vec<ReceivedMessage>> {
         Ok(Vec::new())
     }

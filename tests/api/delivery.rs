@@ -433,10 +433,10 @@ async fn one_slow_send_does_not_idle_the_other_workers() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
-    // Tenant "bulk" has max_in_flight 1 and a backlog of slow sends; tenant
-    // "otp" sends one message afterwards and must not wait for the backlog.
+/// An SMS provider that answers "bulk" texts after `bulk_delay` and others
+/// at once, and an app (with `extra` settings) where tenants "bulk" and
+/// "otp" are on a plan with `max_in_flight = 1`; their keys.
+async fn bulk_and_otp(bulk_delay: Duration, extra: &str) -> (MockServer, TestApp, String, String) {
     let sms_api = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
@@ -444,20 +444,30 @@ async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
         .respond_with(
             ResponseTemplate::new(201)
                 .set_body_json(json!({"sid": "SM-BULK"}))
-                .set_delay(Duration::from_millis(300)),
+                .set_delay(bulk_delay),
         )
         .mount(&sms_api)
         .await;
     mock_sms_ok(&sms_api, "SM-OTP").await;
-    let extra = "[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\ndaily_quota = 100000\nmax_in_flight = 1\n";
+    let extra = format!(
+        "{extra}[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\ndaily_quota = 100000\nmax_in_flight = 1\n"
+    );
     let app = TestApp::start(&delivery_settings(
         &sms_api.uri(),
         "http://127.0.0.1:9",
-        extra,
+        &extra,
     ))
     .await;
     let bulk = app.tenant_with_key("bulk", "capped").await;
     let otp = app.tenant_with_key("otp", "capped").await;
+    (sms_api, app, bulk, otp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
+    // Tenant "bulk" has max_in_flight 1 and a backlog of slow sends; tenant
+    // "otp" sends one message afterwards and must not wait for the backlog.
+    let (_sms_api, app, bulk, otp) = bulk_and_otp(Duration::from_millis(300), "").await;
     for n in 0..20 {
         app.send_accepted(
             &bulk,
@@ -488,29 +498,10 @@ async fn a_tenant_at_its_in_flight_cap_does_not_hold_every_worker() {
 /// received: it is taken past the backlog as it arrives and sent at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_parking_bound_another_tenants_message_is_received_without_waiting_for_a_place() {
-    let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path(SMS_PATH))
-        .and(body_string_contains("bulk"))
-        .respond_with(
-            ResponseTemplate::new(201)
-                .set_body_json(json!({"sid": "SM-BULK"}))
-                .set_delay(Duration::from_secs(2)),
-        )
-        .mount(&sms_api)
-        .await;
-    mock_sms_ok(&sms_api, "SM-OTP").await;
     // Two workers: the lane parks at most 2 + 2 × 50 (the embedded
     // queue's batch) = 102 messages.
-    let extra = "[lanes.fast]\nconcurrency = 2\n\n[plans.capped]\nlane = \"fast\"\nrate_per_second = 1000.0\nburst = 1000\ndaily_quota = 100000\nmax_in_flight = 1\n";
-    let app = TestApp::start(&delivery_settings(
-        &sms_api.uri(),
-        "http://127.0.0.1:9",
-        extra,
-    ))
-    .await;
-    let bulk = app.tenant_with_key("bulk", "capped").await;
-    let otp = app.tenant_with_key("otp", "capped").await;
+    let (sms_api, app, bulk, otp) =
+        bulk_and_otp(Duration::from_secs(2), "[lanes.fast]\nconcurrency = 2\n\n").await;
     for n in 0..130 {
         app.send_accepted(
             &bulk,

@@ -263,9 +263,9 @@ impl LaneQueue for EmbeddedQueue {
         &self,
         lane: Lane,
         max: usize,
-        skip: &std::collections::HashSet<String>,
+        skip: std::collections::HashSet<String>,
     ) -> anyhow::Result<Vec<ReceivedMessage>> {
-        self.receive_now(lane, max.max(1), Some(skip.clone())).await
+        self.receive_now(lane, max.max(1), Some(skip)).await
     }
 
     async fn arrival(&self, lane: Lane) {

@@ -596,13 +596,16 @@ async fn a_skipping_receive_takes_another_tenants_message_past_a_backlog_and_lea
         .unwrap();
 
     let skip = std::collections::HashSet::from(["noisy".to_owned()]);
-    let got = queue.receive_skipping(Lane::Fast, 1, &skip).await.unwrap();
+    let got = queue
+        .receive_skipping(Lane::Fast, 1, skip.clone())
+        .await
+        .unwrap();
     let ids: Vec<&str> = got.iter().map(|m| m.message_id.as_str()).collect();
     assert_eq!(ids, ["quiet-1"]);
     // Nothing else to take: the backlog stays where it was.
     assert!(
         queue
-            .receive_skipping(Lane::Fast, 5, &skip)
+            .receive_skipping(Lane::Fast, 5, skip)
             .await
             .unwrap()
             .is_empty()
