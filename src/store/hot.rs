@@ -27,7 +27,7 @@ use super::sqlite::hot;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
-use super::webhooks::{self, DueCall};
+use super::webhooks::{self, DueCall, Webhook};
 use crate::model::MessageStatus;
 use crate::store::messages::MessageRecord;
 
@@ -50,14 +50,49 @@ pub struct BeforeSend {
     pub suppressed: bool,
 }
 
-/// What [`Writer::take_calls`] took.
+/// What a dispatcher pass may take ([`Writer::take_pass`]): for each
+/// tenant the dispatcher holds state for (calls in flight, a grown or cut
+/// limit, a pause), its calls in flight and its room; every other tenant
+/// has `default_room` and nothing in flight.
+#[derive(Debug, Default)]
+pub struct PassRooms {
+    pub tenants: std::collections::HashMap<String, TenantRoom>,
+    pub default_room: usize,
+}
+
+/// One tenant's part of [`PassRooms`].
+#[derive(Debug, Default)]
+pub struct TenantRoom {
+    /// Event ids of its calls in flight: not taken again.
+    pub busy: std::collections::HashSet<i64>,
+    /// Calls it may start now.
+    pub room: usize,
+}
+
+impl PassRooms {
+    /// The busy calls and room of `tenant`.
+    pub(crate) fn of(&self, tenant: &str) -> (Option<&std::collections::HashSet<i64>>, usize) {
+        match self.tenants.get(tenant) {
+            Some(room) => (Some(&room.busy), room.room),
+            None => (None, self.default_room),
+        }
+    }
+}
+
+/// What [`Writer::take_pass`] took for one tenant.
 pub struct TakenCalls {
+    pub tenant: String,
+    /// The tenant's room in this pass.
+    pub room: usize,
     /// Due calls found for the room (at most the room).
     pub wanted: usize,
     /// Those leased to this instance (another may have taken some).
     pub calls: Vec<DueCall>,
     /// The message's status at each leased call's event, by event id.
     pub data: std::collections::HashMap<i64, MessageRecord>,
+    /// The tenant's endpoint as it was when the calls were taken; `None`
+    /// when it has none any more.
+    pub webhook: Option<Webhook>,
 }
 
 /// The provider a failed call went to, as the message's row keeps it.
@@ -236,61 +271,74 @@ impl Writer {
         }
     }
 
-    /// Takes up to `room` of `tenant`'s due webhook calls, other than
-    /// `busy` ones, leased until `lease_until`, with the message's status
-    /// at each call's event (absent when the message is gone). Also says
-    /// how many were due (at most `room`): as many as room means a
-    /// backlog. On SQLite one piece of the writer's group does it all; on
-    /// PostgreSQL one statement finds and leases the calls and one reads
-    /// their data.
-    pub async fn take_calls(
+    /// One pass of the webhook dispatcher: for each tenant with pending
+    /// calls and room in `rooms`, takes up to its room of its due calls
+    /// (not its busy ones), leased until `lease_until`, with the message's
+    /// status at each call's event (absent when the message is gone) and
+    /// the tenant's endpoint. Also says how many were due (at most the
+    /// room): as many as room means a backlog. Tenants that got nothing are
+    /// left out. On SQLite one piece of the writer's group does it all, so
+    /// a pass costs the dispatcher one hand-off; on PostgreSQL a statement
+    /// finds the tenants, and for each one statement finds and leases its
+    /// calls, one reads their data and one its endpoint.
+    pub async fn take_pass(
         &self,
         db: &Db,
-        tenant: &str,
-        busy: &std::collections::HashSet<i64>,
-        room: usize,
+        rooms: PassRooms,
         now: i64,
         lease_until: i64,
-    ) -> anyhow::Result<TakenCalls> {
+    ) -> anyhow::Result<Vec<TakenCalls>> {
         match (&self.backend, db) {
             (Backend::Sqlite { writer, .. }, _) => {
-                let (wanted, calls, rows) = hot::take_calls(
-                    writer,
-                    tenant.to_owned(),
-                    busy.clone(),
-                    room,
-                    now,
-                    lease_until,
-                )
-                .await?;
-                let data = rows
+                let taken = hot::take_pass(writer, rooms, now, lease_until).await?;
+                taken
                     .into_iter()
-                    .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
-                    .collect::<anyhow::Result<_>>()?;
-                Ok(TakenCalls {
-                    wanted,
-                    calls,
-                    data,
-                })
+                    .map(|(tenant, room, wanted, calls, rows, webhook)| {
+                        let data = rows
+                            .into_iter()
+                            .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
+                            .collect::<anyhow::Result<_>>()?;
+                        Ok(TakenCalls {
+                            tenant,
+                            room,
+                            wanted,
+                            calls,
+                            data,
+                            webhook,
+                        })
+                    })
+                    .collect()
             }
             (Backend::Postgres(_), Db::Postgres(pg)) => {
-                let busy: Vec<i64> = busy.iter().copied().collect();
-                let calls =
-                    webhooks::take_due_pg(&pg.pool, tenant, &busy, room, now, lease_until).await?;
-                let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
-                let data = if ids.is_empty() {
-                    Default::default()
-                } else {
-                    webhooks::snapshots_pg(&pg.pool, &ids)
+                let mut taken = Vec::new();
+                for tenant in webhooks::tenants_with_pending(db).await? {
+                    let (busy, room) = rooms.of(&tenant);
+                    if room == 0 {
+                        continue;
+                    }
+                    let busy: Vec<i64> = busy.into_iter().flatten().copied().collect();
+                    let calls =
+                        webhooks::take_due_pg(&pg.pool, &tenant, &busy, room, now, lease_until)
+                            .await?;
+                    if calls.is_empty() {
+                        continue;
+                    }
+                    let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
+                    let data = webhooks::snapshots_pg(&pg.pool, &ids)
                         .await?
                         .into_iter()
-                        .collect()
-                };
-                Ok(TakenCalls {
-                    wanted: calls.len(),
-                    calls,
-                    data,
-                })
+                        .collect();
+                    let webhook = webhooks::get(db, &tenant).await?;
+                    taken.push(TakenCalls {
+                        room,
+                        wanted: calls.len(),
+                        tenant,
+                        calls,
+                        data,
+                        webhook,
+                    });
+                }
+                Ok(taken)
             }
             (Backend::Postgres(_), Db::Sqlite(_)) => {
                 anyhow::bail!("a PostgreSQL writer with a SQLite store")

@@ -33,7 +33,7 @@ pub mod suppressions;
 pub mod usage;
 pub mod webhooks;
 
-pub use hot::{BeforeSend, Called, SendCheck, TakenCalls, Writer};
+pub use hot::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls, TenantRoom, Writer};
 pub use sqlite::SqliteDb;
 pub(crate) use staging::group_span;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};

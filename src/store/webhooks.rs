@@ -46,14 +46,13 @@ macro_rules! columns {
     };
 }
 
+/// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
+pub(crate) const WEBHOOK_OF: &str = concat!("SELECT ", columns!(), " FROM webhooks WHERE tenant_id = $1");
+
 /// The tenant's endpoint, if it has one.
 pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
     Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Webhook>(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM webhooks WHERE tenant_id = $1"
-        ))
+        sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
         .bind(tenant_id)
         .fetch_optional(pool)
         .await?
@@ -267,21 +266,21 @@ pub struct DueCall {
     pub attempts: i64,
 }
 
+/// The tenants with calls pending, by one index probe per such tenant (a
+/// "loose index scan"), not a pass over every pending row: a dead
+/// endpoint's backlog can be millions of rows.
+pub(crate) const PENDING_TENANTS: &str = "WITH RECURSIVE pending(tenant_id) AS ( \
+       SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
+       UNION ALL \
+       SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
+               WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
+       FROM pending WHERE pending.tenant_id IS NOT NULL) \
+     SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL";
+
 /// The tenants with calls pending.
 pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
     let tenants: Vec<Option<String>> = on_pool!(db, read, |pool| {
-        // One index probe per tenant with pending calls (a "loose index
-        // scan"), not a pass over every pending row: a dead endpoint's
-        // backlog can be millions of rows.
-        sqlx::query_scalar(
-            "WITH RECURSIVE pending(tenant_id) AS ( \
-               SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
-               UNION ALL \
-               SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
-                       WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
-               FROM pending WHERE pending.tenant_id IS NOT NULL) \
-             SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL",
-        )
+        sqlx::query_scalar(PENDING_TENANTS)
         .fetch_all(pool)
         .await?
     });

@@ -47,7 +47,7 @@ use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
 use crate::store::webhooks::{self, DueCall, Webhook};
-use crate::store::{Db, TakenCalls, Writer};
+use crate::store::{Db, PassRooms, TakenCalls, TenantRoom, Writer};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
 /// limit halves instead of growing.
@@ -168,52 +168,72 @@ impl Dispatcher {
     }
 
     /// One pass: takes and starts the due calls each tenant has room for.
+    /// Each call that ends wakes the next pass at once, so a busy endpoint
+    /// is kept at its limit of calls rather than that many per interval.
     pub async fn pass(self: &Arc<Self>) -> anyhow::Result<()> {
-        let tenants = webhooks::tenants_with_pending(&self.db).await?;
-        for tenant in tenants {
-            self.fill(&tenant).await?;
+        let now = now_ms();
+        let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
+        let taken = self
+            .writer
+            .take_pass(&self.db, self.rooms(), now, lease_until)
+            .await?;
+        for calls in taken {
+            self.start(calls).await?;
         }
         Ok(())
     }
 
-    /// Takes and starts the due calls `tenant` has room for. Each call that
-    /// ends wakes the next pass at once, so a busy endpoint is kept at its
-    /// limit of calls rather than that many per interval.
-    async fn fill(self: &Arc<Self>, tenant: &str) -> anyhow::Result<()> {
-        let now = now_ms();
-        let busy: HashSet<i64> = self.busy(tenant);
-        let limit = match self.pause_state(tenant) {
-            PauseState::Open => self.limit(tenant),
-            // One call at a time tells whether the endpoint is back.
-            PauseState::Probing => 1,
-            PauseState::Paused => return Ok(()),
-        };
-        let room = limit.saturating_sub(busy.len());
-        if room == 0 {
-            return Ok(());
+    /// Each tenant's room as of now (see [`PassRooms`]): its limit (one
+    /// while its endpoint is probed after a pause, none while paused) less
+    /// its calls in flight.
+    fn rooms(&self) -> PassRooms {
+        let mut tenants: HashSet<String> = self.busy_tenants();
+        tenants.extend(self.limits.lock().expect("limits lock").keys().cloned());
+        tenants.extend(self.pauses.lock().expect("pauses lock").keys().cloned());
+        let tenants = tenants
+            .into_iter()
+            .map(|tenant| {
+                let busy = self.busy(&tenant);
+                let limit = self.limit_now(&tenant);
+                let room = limit.saturating_sub(busy.len());
+                (tenant, TenantRoom { busy, room })
+            })
+            .collect();
+        PassRooms {
+            tenants,
+            default_room: self.settings.concurrency_per_tenant,
         }
-        let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
+    }
+
+    /// `tenant`'s limit of calls at once now: 0 while its endpoint is
+    /// paused, 1 while it is probed (one call tells whether it is back).
+    fn limit_now(&self, tenant: &str) -> usize {
+        match self.pause_state(tenant) {
+            PauseState::Open => self.limit(tenant),
+            PauseState::Probing => 1,
+            PauseState::Paused => 0,
+        }
+    }
+
+    /// Starts the calls a pass took for one tenant.
+    async fn start(self: &Arc<Self>, taken: TakenCalls) -> anyhow::Result<()> {
         let TakenCalls {
+            tenant,
+            room,
             wanted,
-            calls: taken,
+            calls,
             mut data,
-        } = self
-            .writer
-            .take_calls(&self.db, tenant, &busy, room, now, lease_until)
-            .await?;
+            webhook,
+        } = taken;
+        let limit = self.limit_now(&tenant);
         // As many due as room: the endpoint has a backlog to grow into.
         let backlog = wanted >= room;
-        if taken.is_empty() {
-            return Ok(());
-        }
-        // One read of the endpoint for every call of this fill.
-        let webhook = super::get(&self.db, tenant).await?.map(Arc::new);
-        for due in taken {
+        let webhook = webhook.map(Arc::new);
+        for due in calls {
             let admitted = {
                 let mut in_flight = self.in_flight.lock().expect("in-flight lock");
                 let ids = in_flight.entry(due.tenant_id.clone()).or_default();
-                // Another fill of this tenant may have got here first and
-                // taken its room.
+                // Another pass may have got here first and taken its room.
                 ids.len() < limit && ids.insert(due.event_id)
             };
             if !admitted {
@@ -324,6 +344,16 @@ impl Dispatcher {
         pause.until = Some(now + length);
         metrics::counter!(names::WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(1);
         info!(%tenant, pause_ms = length.as_millis() as u64, pauses = pause.pauses, "Webhook endpoint failing: its calls pause, then one call tries it.");
+    }
+
+    /// The tenants with calls in flight.
+    fn busy_tenants(&self) -> HashSet<String> {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .keys()
+            .cloned()
+            .collect()
     }
 
     fn busy(&self, tenant: &str) -> HashSet<i64> {

@@ -12,12 +12,14 @@ use tokio::sync::oneshot;
 
 use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::{MessageStatus, now_ms};
-use crate::store::hot::{BeforeSend, SendCheck};
+use crate::store::hot::{BeforeSend, PassRooms, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
 use crate::store::usage;
-use crate::store::webhooks::{DUE_CALLS, DueCall, SNAPSHOT, SnapshotRow};
+use crate::store::webhooks::{
+    DUE_CALLS, DueCall, PENDING_TENANTS, SNAPSHOT, SnapshotRow, WEBHOOK_OF, Webhook,
+};
 
 /// Makes `entries` durable in one transaction, all or none; true once
 /// committed.
@@ -344,56 +346,113 @@ impl Work for Sent {
     }
 }
 
-/// See [`crate::store::Writer::take_calls`]: on SQLite the due calls are
-/// read, leased and their data read in one piece of the writer's group,
-/// rather than a pool read, a piece and a writer read. Returns the calls
-/// wanted (due and not `busy`, at most `room`), those leased, and the
-/// leased calls' data rows.
-pub(crate) async fn take_calls(
+/// A tenant's calls taken by [`take_pass`]: the tenant, its room, how
+/// many were due for it, those leased, their data rows and its endpoint.
+pub(crate) type TenantTake = (
+    String,
+    usize,
+    usize,
+    Vec<DueCall>,
+    Vec<(i64, SnapshotRow)>,
+    Option<Webhook>,
+);
+
+/// See [`crate::store::Writer::take_pass`]: on SQLite the tenants with
+/// pending calls, each one's due calls, their leases, their data and the
+/// tenant's endpoint are read and written in one piece of the writer's
+/// group, rather than two pool reads and a piece per tenant.
+pub(crate) async fn take_pass(
     writer: &StoreWriter,
-    tenant: String,
-    busy: std::collections::HashSet<i64>,
+    rooms: PassRooms,
+    now: i64,
+    lease_until: i64,
+) -> anyhow::Result<Vec<TenantTake>> {
+    writer
+        .run(move |tx| {
+            let tenants: Vec<Option<String>> = tx
+                .prepare_cached(PENDING_TENANTS)?
+                .query_map([], |row| row.get(0))?
+                .collect::<Result<_, _>>()?;
+            let mut taken = Vec::new();
+            for tenant in tenants.into_iter().flatten() {
+                let (busy, room) = rooms.of(&tenant);
+                if room == 0 {
+                    continue;
+                }
+                let (wanted, calls, data) = take_calls(tx, &tenant, busy, room, now, lease_until)?;
+                if calls.is_empty() {
+                    continue;
+                }
+                let webhook = tx
+                    .prepare_cached(WEBHOOK_OF)?
+                    .query_row([&tenant], webhook_row)
+                    .optional()?;
+                taken.push((tenant, room, wanted, calls, data, webhook));
+            }
+            Ok(taken)
+        })
+        .await
+}
+
+/// Up to `room` of `tenant`'s due calls, other than `busy` ones, leased
+/// until `lease_until`: how many were wanted, those leased and their data
+/// rows.
+fn take_calls(
+    tx: &Transaction,
+    tenant: &str,
+    busy: Option<&std::collections::HashSet<i64>>,
     room: usize,
     now: i64,
     lease_until: i64,
-) -> anyhow::Result<(usize, Vec<DueCall>, Vec<(i64, SnapshotRow)>)> {
-    writer
-        .run(move |tx| {
-            let mut due = tx.prepare_cached(DUE_CALLS)?;
-            let limit = (room + busy.len()) as i64;
-            let wanted: Vec<DueCall> = due
-                .query_map(rusqlite::params![tenant, now, limit], |row| {
-                    Ok(DueCall {
-                        event_id: row.get(0)?,
-                        tenant_id: row.get(1)?,
-                        message_id: row.get(2)?,
-                        kind: row.get(3)?,
-                        created_at: row.get(4)?,
-                        attempts: row.get(5)?,
-                    })
-                })?
-                .filter(|call| {
-                    call.as_ref()
-                        .map_or(true, |call| !busy.contains(&call.event_id))
-                })
-                .take(room)
-                .collect::<Result<_, _>>()?;
-            let mut lease = tx.prepare_cached(LEASE)?;
-            let mut read = tx.prepare_cached(SNAPSHOT)?;
-            let mut taken = Vec::with_capacity(wanted.len());
-            let mut data = Vec::with_capacity(wanted.len());
-            for call in &wanted {
-                if lease.execute(rusqlite::params![lease_until, call.event_id, now])? != 1 {
-                    continue;
-                }
-                if let Some(row) = read.query_row([call.event_id], snapshot_row).optional()? {
-                    data.push((call.event_id, row));
-                }
-                taken.push(call.clone());
-            }
-            Ok((wanted.len(), taken, data))
-        })
-        .await
+) -> rusqlite::Result<(usize, Vec<DueCall>, Vec<(i64, SnapshotRow)>)> {
+    let is_busy = |event_id: i64| busy.is_some_and(|busy| busy.contains(&event_id));
+    let mut due = tx.prepare_cached(DUE_CALLS)?;
+    let limit = (room + busy.map_or(0, |busy| busy.len())) as i64;
+    let wanted: Vec<DueCall> = due
+        .query_map(rusqlite::params![tenant, now, limit], |row| {
+            Ok(DueCall {
+                event_id: row.get(0)?,
+                tenant_id: row.get(1)?,
+                message_id: row.get(2)?,
+                kind: row.get(3)?,
+                created_at: row.get(4)?,
+                attempts: row.get(5)?,
+            })
+        })?
+        .filter(|call| call.as_ref().map_or(true, |call| !is_busy(call.event_id)))
+        .take(room)
+        .collect::<Result<_, _>>()?;
+    let mut lease = tx.prepare_cached(LEASE)?;
+    let mut read = tx.prepare_cached(SNAPSHOT)?;
+    let mut taken = Vec::with_capacity(wanted.len());
+    let mut data = Vec::with_capacity(wanted.len());
+    for call in &wanted {
+        if lease.execute(rusqlite::params![lease_until, call.event_id, now])? != 1 {
+            continue;
+        }
+        if let Some(row) = read.query_row([call.event_id], snapshot_row).optional()? {
+            data.push((call.event_id, row));
+        }
+        taken.push(call.clone());
+    }
+    Ok((wanted.len(), taken, data))
+}
+
+/// A [`WEBHOOK_OF`] row.
+fn webhook_row(row: &rusqlite::Row) -> rusqlite::Result<Webhook> {
+    Ok(Webhook {
+        tenant_id: row.get(0)?,
+        url: row.get(1)?,
+        events: row.get(2)?,
+        secret: row.get(3)?,
+        previous_secret: row.get(4)?,
+        previous_until: row.get(5)?,
+        failing_since: row.get(6)?,
+        last_error: row.get(7)?,
+        disabled_at: row.get(8)?,
+        created_at: row.get(9)?,
+        updated_at: row.get(10)?,
+    })
 }
 
 /// Leases a call (`?2`) until `?1` if it is still due at `?3`.
