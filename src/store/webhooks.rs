@@ -47,15 +47,16 @@ macro_rules! columns {
 }
 
 /// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
-pub(crate) const WEBHOOK_OF: &str = concat!("SELECT ", columns!(), " FROM webhooks WHERE tenant_id = $1");
+pub(crate) const WEBHOOK_OF: &str =
+    concat!("SELECT ", columns!(), " FROM webhooks WHERE tenant_id = $1");
 
 /// The tenant's endpoint, if it has one.
 pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
     Ok(on_pool!(db, read, |pool| {
         sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
-        .bind(tenant_id)
-        .fetch_optional(pool)
-        .await?
+            .bind(tenant_id)
+            .fetch_optional(pool)
+            .await?
     }))
 }
 
@@ -280,9 +281,7 @@ pub(crate) const PENDING_TENANTS: &str = "WITH RECURSIVE pending(tenant_id) AS (
 /// The tenants with calls pending.
 pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
     let tenants: Vec<Option<String>> = on_pool!(db, read, |pool| {
-        sqlx::query_scalar(PENDING_TENANTS)
-        .fetch_all(pool)
-        .await?
+        sqlx::query_scalar(PENDING_TENANTS).fetch_all(pool).await?
     });
     Ok(tenants.into_iter().flatten().collect())
 }

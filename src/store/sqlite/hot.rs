@@ -394,6 +394,9 @@ pub(crate) async fn take_pass(
         .await
 }
 
+/// How many calls were wanted, those leased and their data rows.
+type Taken = (usize, Vec<DueCall>, Vec<(i64, SnapshotRow)>);
+
 /// Up to `room` of `tenant`'s due calls, other than `busy` ones, leased
 /// until `lease_until`: how many were wanted, those leased and their data
 /// rows.
@@ -404,7 +407,7 @@ fn take_calls(
     room: usize,
     now: i64,
     lease_until: i64,
-) -> rusqlite::Result<(usize, Vec<DueCall>, Vec<(i64, SnapshotRow)>)> {
+) -> rusqlite::Result<Taken> {
     let is_busy = |event_id: i64| busy.is_some_and(|busy| busy.contains(&event_id));
     let mut due = tx.prepare_cached(DUE_CALLS)?;
     let limit = (room + busy.map_or(0, |busy| busy.len())) as i64;
