@@ -6,8 +6,8 @@
 //! room again), and every `webhooks.poll_interval_ms` (retries that came
 //! due, events written elsewhere: receipts, another instance).
 //!
-//! Each pass looks at the tenants with due calls one by one and takes, for
-//! each, at most the tenant's current limit less the calls it has in
+//! Each pass looks at the tenants with due calls and takes, for each, at
+//! most the tenant's current limit less the calls it has in
 //! flight, so a tenant whose endpoint is slow or dead holds only its own
 //! slots and every other tenant's calls go out on the next pass. The limit
 //! starts at `webhooks.concurrency_per_tenant` and grows by one with each
@@ -19,10 +19,11 @@
 //! pool), and an endpoint that offers HTTP/2 in its TLS handshake (ALPN)
 //! gets its calls as streams of one connection. Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
-//! write per batch rather than one per call. On SQLite a fill's read of
-//! due calls, their leases and the read of their data are one piece of the
-//! store writer's group, and the removals another, rather than taking the
-//! write lock from the delivery path. A call is due only when no earlier
+//! write per batch rather than one per call. On SQLite a whole pass (the
+//! tenants with pending calls, and for each its due calls, their leases,
+//! their data and its endpoint) is one piece of the store writer's group,
+//! and the removals another, rather than taking the write lock from the
+//! delivery path. A call is due only when no earlier
 //! event of its message is still waiting, so each message's events arrive
 //! in order. Taking a call moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
