@@ -293,18 +293,19 @@ impl Writer {
                 let taken = hot::take_pass(writer, rooms, now, lease_until).await?;
                 taken
                     .into_iter()
-                    .map(|(tenant, room, wanted, calls, rows, webhook)| {
-                        let data = rows
+                    .map(|take| {
+                        let data = take
+                            .rows
                             .into_iter()
                             .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
                             .collect::<anyhow::Result<_>>()?;
                         Ok(TakenCalls {
-                            tenant,
-                            room,
-                            wanted,
-                            calls,
+                            tenant: take.tenant,
+                            room: take.room,
+                            wanted: take.wanted,
+                            calls: take.calls,
                             data,
-                            webhook,
+                            webhook: take.webhook,
                         })
                     })
                     .collect()

@@ -346,16 +346,20 @@ impl Work for Sent {
     }
 }
 
-/// A tenant's calls taken by [`take_pass`]: the tenant, its room, how
-/// many were due for it, those leased, their data rows and its endpoint.
-pub(crate) type TenantTake = (
-    String,
-    usize,
-    usize,
-    Vec<DueCall>,
-    Vec<(i64, SnapshotRow)>,
-    Option<Webhook>,
-);
+/// A tenant's calls taken by [`take_pass`], their data still as rows: they
+/// become records off the writer's thread.
+pub(crate) struct TenantTake {
+    pub tenant: String,
+    /// Its room in the pass.
+    pub room: usize,
+    /// Calls due for the room (at most the room).
+    pub wanted: usize,
+    /// Those leased.
+    pub calls: Vec<DueCall>,
+    /// The leased calls' data rows, by event id.
+    pub rows: Vec<(i64, SnapshotRow)>,
+    pub webhook: Option<Webhook>,
+}
 
 /// See [`crate::store::Writer::take_pass`]: on SQLite the tenants with
 /// pending calls, each one's due calls, their leases, their data and the
@@ -379,7 +383,7 @@ pub(crate) async fn take_pass(
                 if room == 0 {
                     continue;
                 }
-                let (wanted, calls, data) = take_calls(tx, &tenant, busy, room, now, lease_until)?;
+                let (wanted, calls, rows) = take_calls(tx, &tenant, busy, room, now, lease_until)?;
                 if calls.is_empty() {
                     continue;
                 }
@@ -387,7 +391,14 @@ pub(crate) async fn take_pass(
                     .prepare_cached(WEBHOOK_OF)?
                     .query_row([&tenant], webhook_row)
                     .optional()?;
-                taken.push((tenant, room, wanted, calls, data, webhook));
+                taken.push(TenantTake {
+                    tenant,
+                    room,
+                    wanted,
+                    calls,
+                    rows,
+                    webhook,
+                });
             }
             Ok(taken)
         })
