@@ -664,8 +664,12 @@ async fn on_sqs_a_high_sms_behind_a_same_tenant_low_backlog_reaches_the_provider
         position + 1,
         position
     );
+    // At the gate's 20 a second each low is 50 ms: the high queue's long
+    // poll answering (moto is Python) and a buffer slot freeing for the
+    // code take a few of them (2 to 4 seen on a busy machine), while
+    // without priority the code would wait for the whole backlog.
     assert!(
-        lows_between <= 3,
+        lows_between <= 6,
         "{lows_between} lows reached the provider between the code's arrival in its lane and the code"
     );
     assert!(
@@ -689,10 +693,21 @@ async fn on_sqs_lows_still_progress_under_a_continuous_flood_of_highs() {
         "low",
     )
     .await;
-    // Highs arrive at twice the gate's rate for 5 s: the high queue never
-    // empties, and without the share rule no low would get through.
+    // A standing backlog of highs (three seconds of the gate) goes in
+    // first, and more highs arrive at twice the gate's rate for 5 s: the
+    // high queue never empties, even in rounds in which the flood's sender
+    // falls behind on a busy machine, and without the share rule no low
+    // would get through.
+    const BACKLOG: usize = 3 * GATE_PER_SECOND as usize;
+    send_sms_concurrently(
+        &app,
+        &key,
+        (0..BACKLOG).map(|n| format!("high {n}")).collect(),
+        "high",
+    )
+    .await;
     let flood_started = sms_requests(&sms_api).await;
-    let mut sent = 0;
+    let mut sent = BACKLOG;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(5) {
         let texts = (sent..sent + 4).map(|n| format!("high {n}")).collect();
@@ -708,10 +723,10 @@ async fn on_sqs_lows_still_progress_under_a_continuous_flood_of_highs() {
         "during the flood ({sent} highs sent): {highs} highs and {lows} lows reached the provider"
     );
     assert!(highs > 3 * lows, "{highs} highs, {lows} lows");
-    // The share is 0.1 (about one call in eleven); the margin absorbs the
-    // rounds in which the flood's sender fell behind on a busy machine.
+    // The share is 0.1 (about one call in eleven; 8 to 11 of about 100
+    // calls were seen); half of it is the bound.
     assert!(
-        lows * 15 >= during.len(),
+        lows * 20 >= during.len(),
         "lows got {lows} of {} provider calls under the flood",
         during.len()
     );
@@ -922,6 +937,14 @@ crate::support::on_both_stores! {
         tokio::time::sleep(Duration::from_secs(1)).await;
         link.restore();
         let restored = Instant::now();
+        // Every SQS call tried while SQS was away; 173 were seen (receives
+        // backing off, relay probes, the 1 s statistics). A receiver that
+        // polled a failing queue again at once tried tens of thousands.
+        let tried = link.refused();
+        assert!(
+            tried <= 1_000,
+            "{tried} SQS calls tried during a {OUTAGE:?} outage"
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
 
@@ -944,13 +967,25 @@ crate::support::on_both_stores! {
         assert!(refused.is_empty(), "refused during the outage: {refused:?}");
         assert!(waiting > 0, "nothing waited in the outbox during the outage");
 
-        // Every 202 ends `sent`, and reaches the provider once.
+        // Every 202 ends `sent`, and reaches the provider once. Recovery
+        // takes the relay's and the receivers' backoffs (up to 5 s and 6.4 s
+        // after a 10 s outage) and then the backlog's drain, which moto
+        // slows: its ReceiveMessage costs about 1.7 ms per message in the
+        // queue (0.5 s with 300 waiting). 14 to 17 s were seen; the bound
+        // is generous for a busy machine.
+        let recovery = restored + Duration::from_secs(60);
         for (text, id) in &accepted {
-            let view = wait_for(&app, &key, id, status_is("sent")).await;
+            let view = loop {
+                let view = expect_json(app.get_message(&key, id).await, StatusCode::OK).await;
+                if view["status"] == "sent" || Instant::now() > recovery {
+                    break view;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
             assert_eq!(view["status"], "sent", "{text}: {view}");
         }
         eprintln!(
-            "{} accepted, {waiting} waited in the outbox near the end of the outage; all sent {:?} after SQS came back",
+            "{} accepted, {waiting} waited in the outbox near the end of the outage, {tried} SQS calls tried during it; all sent {:?} after SQS came back",
             accepted.len(),
             restored.elapsed()
         );

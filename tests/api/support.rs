@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -594,6 +594,8 @@ impl Drop for TestDatabase {
 pub struct TcpProxy {
     pub port: u16,
     cut: Arc<AtomicBool>,
+    /// Connections closed at once because the proxy was cut.
+    refused: Arc<AtomicUsize>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
 }
@@ -603,11 +605,13 @@ impl TcpProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicUsize::new(0));
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (is_cut, held) = (cut.clone(), connections.clone());
+        let (is_cut, held, counted) = (cut.clone(), connections.clone(), refused.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 if is_cut.load(Ordering::SeqCst) {
+                    counted.fetch_add(1, Ordering::SeqCst);
                     drop(client);
                     continue;
                 }
@@ -622,6 +626,7 @@ impl TcpProxy {
         TcpProxy {
             port,
             cut,
+            refused,
             connections,
             accept,
         }
@@ -638,6 +643,12 @@ impl TcpProxy {
 
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// How many connections were closed at once while the proxy was cut:
+    /// the calls a client tried while the server was away.
+    pub fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
     }
 }
 

@@ -21,7 +21,10 @@
 //!   so a class with a backlog is read in batches.
 //!
 //! A receive returns as soon as a stash holds something; polls that answer
-//! later fill their stash for the next receive. Each long poll lasts the
+//! later fill their stash for the next receive. A receive with nothing to
+//! hand out ends with the error of a poll it started that failed, so the
+//! caller's backoff, not the receive's wait, paces the calls to a failing
+//! SQS. Each long poll lasts the
 //! receive's wait (rounded up to whole seconds, at most 20 s), whoever ends
 //! up using its answer, so an idle class queue costs one empty
 //! ReceiveMessage per wait: three a minute with the 20 s default.
@@ -143,6 +146,16 @@ fn pending(state: &State, mine: &[(usize, u64)]) -> bool {
         .any(|&(rank, id)| state.in_flight[rank] == Some(id))
 }
 
+/// The error of a failed poll among `mine`, if one failed.
+fn failed_poll(state: &State, mine: &[(usize, u64)]) -> Option<String> {
+    mine.iter().find_map(|&(rank, id)| {
+        state.failed[rank]
+            .as_ref()
+            .filter(|(failed, _)| *failed == id)
+            .map(|(_, error)| error.clone())
+    })
+}
+
 /// The receipt handed out for a message of class `priority`.
 pub(super) fn class_receipt(priority: Priority, raw: &str) -> String {
     format!("{priority}:{raw}")
@@ -218,6 +231,15 @@ impl Receiver {
             answered.as_mut().enable();
             {
                 let mut state = self.lock();
+                // A poll of this receive failed and nothing is stashed: the
+                // error goes to the caller, whose backoff paces the next
+                // try. Starting another poll here instead would call a
+                // failing SQS again and again for the whole wait.
+                if state.stash.iter().all(VecDeque::is_empty)
+                    && let Some(error) = failed_poll(&state, &mine)
+                {
+                    return Err(anyhow!(error));
+                }
                 if first || poll_wait > 0 {
                     mine.extend(self.start_polls(&mut state, poll_wait));
                 }
@@ -244,17 +266,6 @@ impl Receiver {
                         return Ok(out);
                     }
                 } else {
-                    if !pending(&state, &mine) {
-                        let failure = mine.iter().find_map(|&(rank, id)| {
-                            state.failed[rank]
-                                .as_ref()
-                                .filter(|(failed, _)| *failed == id)
-                                .map(|(_, error)| error.clone())
-                        });
-                        if let Some(error) = failure {
-                            return Err(anyhow!(error));
-                        }
-                    }
                     if poll_wait == 0 && !pending(&state, &mine) && !refilling {
                         // Nothing now; long polls of earlier receives may
                         // still be waiting.
