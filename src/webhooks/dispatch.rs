@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
-use serde_json::json;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, warn};
 
@@ -388,11 +387,11 @@ impl Dispatcher {
         let (Some(webhook), Some(data)) = (webhook, data) else {
             return self.forget(due).await;
         };
-        let body = serde_json::to_vec(&json!({
-            "type": due.kind,
-            "timestamp": ms_to_rfc3339(due.created_at),
-            "data": data,
-        }))?;
+        let body = serde_json::to_vec(&Envelope {
+            kind: &due.kind,
+            timestamp: ms_to_rfc3339(due.created_at),
+            data: &data,
+        })?;
         let id = format!("evt_{}", due.event_id);
         let now = now_ms();
         let timestamp = now / 1000;
@@ -602,6 +601,16 @@ enum PauseState {
 }
 
 /// One call to make.
+/// A call's body: one event, as the Standard Webhooks spec has it.
+/// Serialized straight from the message's view, with no JSON tree between.
+#[derive(serde::Serialize)]
+struct Envelope<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    timestamp: String,
+    data: &'a MessageView,
+}
+
 struct Call<'a> {
     due: &'a DueCall,
     /// The tenant's endpoint; `None` when it has none any more.

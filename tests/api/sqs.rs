@@ -664,12 +664,15 @@ async fn on_sqs_a_high_sms_behind_a_same_tenant_low_backlog_reaches_the_provider
         position + 1,
         position
     );
-    // At the gate's 20 a second each low is 50 ms: the high queue's long
-    // poll answering (moto is Python) and a buffer slot freeing for the
-    // code take a few of them (2 to 4 seen on a busy machine), while
-    // without priority the code would wait for the whole backlog.
+    // At the gate's 20 a second each low is 50 ms. The high queue's long
+    // poll answering and a buffer slot freeing for the code take a few of
+    // them: 2 to 4 seen, 12 once on a machine also compiling, where moto
+    // (Python, its receive costing about 1.7 ms per message in the queue,
+    // here the low queue's backlog) answered late. The bound is a second
+    // of the gate; without priority the code would wait for the whole
+    // backlog (the next assertion).
     assert!(
-        lows_between <= 6,
+        lows_between <= 20,
         "{lows_between} lows reached the provider between the code's arrival in its lane and the code"
     );
     assert!(
