@@ -1029,12 +1029,15 @@ async fn a_tenant_limit_holds_across_three_instances() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_sms_gate_is_shared_by_three_instances() {
-    const MESSAGES: usize = 300;
+    const MESSAGES: usize = 150;
     const SENDERS: usize = 15;
     let cluster = Cluster::start().await;
     let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
 
-    // Accept 300 messages through the three instances at once.
+    // Accept 150 messages through the three instances at once. (With 300,
+    // moto, not the gate, set the pace at the start: its ReceiveMessage
+    // costs about 1.7 ms per message in the queue, half a second a batch
+    // at 300, and the instances saw 6 to 15 calls a second there.)
     let mut senders = Vec::new();
     for sender in 0..SENDERS {
         let (api, key) = (cluster.api.clone(), key.clone());
@@ -1077,7 +1080,7 @@ async fn an_sms_gate_is_shared_by_three_instances() {
     }
     assert_eq!(accepted.len(), MESSAGES);
 
-    // All delivered: the gate lets 20/s through, so about 15 s.
+    // All delivered: the gate lets 20/s through, so about 7.5 s.
     let deadline = Instant::now() + Duration::from_secs(60);
     while cluster.sms.count() < MESSAGES && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1183,10 +1186,10 @@ async fn an_sms_gate_is_shared_by_three_instances() {
          {SMS_RATE}/s × {span:.3} s + 1"
     );
     // …and close to all of it: the instances do not leave the gate idle.
-    // Alone this test measures 0.94 – 0.95; inside the full suite, with
-    // other tests on the same two cores, 0.87 – 0.89 (three debug builds
-    // and PostgreSQL compete for them). A gate the instances leave idle,
-    // or one each instance keeps to itself, is far below 0.8.
+    // Alone this test measures 0.975 – 0.998 (with 300 messages 0.70 –
+    // 0.94, moto-bound, see above); inside the full suite other tests
+    // share the two cores. A gate the instances leave idle, or one each
+    // instance keeps to itself, is far below 0.8.
     assert!(
         utilisation >= 0.8,
         "{MESSAGES} calls took {span_all:.2} s: {:.0}% of what {SMS_RATE}/s allows",
