@@ -600,7 +600,6 @@ enum PauseState {
     Paused,
 }
 
-/// One call to make.
 /// A call's body: one event, as the Standard Webhooks spec has it.
 /// Serialized straight from the message's view, with no JSON tree between.
 #[derive(serde::Serialize)]
@@ -611,6 +610,7 @@ struct Envelope<'a> {
     data: &'a MessageView,
 }
 
+/// One call to make.
 struct Call<'a> {
     due: &'a DueCall,
     /// The tenant's endpoint; `None` when it has none any more.

@@ -41,7 +41,18 @@ pub(crate) async fn wait_for(
     id: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    wait_until(app, key, id, done, Instant::now() + Duration::from_secs(15)).await
+}
+
+/// Polls the message until `done` holds or `deadline` passes; returns the
+/// last view.
+pub(crate) async fn wait_until(
+    app: &TestApp,
+    key: &str,
+    id: &str,
+    done: impl Fn(&Value) -> bool,
+    deadline: Instant,
+) -> Value {
     loop {
         let view = expect_json(app.get_message(key, id).await, StatusCode::OK).await;
         if done(&view) || Instant::now() > deadline {

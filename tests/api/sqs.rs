@@ -19,7 +19,9 @@ use wiremock::MockServer;
 
 use crate::backends::{moto_url, sqs_settings, unique_prefix};
 use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
-use crate::delivery::{delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for};
+use crate::delivery::{
+    delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for, wait_until,
+};
 use crate::support::{TestApp, expect_json, sms};
 
 /// What the proxy does with SendMessageBatch calls; every other call is
@@ -978,13 +980,7 @@ crate::support::on_both_stores! {
         // is generous for a busy machine.
         let recovery = restored + Duration::from_secs(60);
         for (text, id) in &accepted {
-            let view = loop {
-                let view = expect_json(app.get_message(&key, id).await, StatusCode::OK).await;
-                if view["status"] == "sent" || Instant::now() > recovery {
-                    break view;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let view = wait_until(&app, &key, id, status_is("sent"), recovery).await;
             assert_eq!(view["status"], "sent", "{text}: {view}");
         }
         eprintln!(
