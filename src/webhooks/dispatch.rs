@@ -16,8 +16,9 @@
 //! it (never below where it started), so a healthy endpoint keeps up with
 //! its tenant's volume and a struggling one is not pressed harder. The
 //! connections to each endpoint are kept alive between calls (reqwest's
-//! pool), and an endpoint that offers HTTP/2 in its TLS handshake (ALPN)
-//! gets its calls as streams of one connection. Delivered calls are
+//! pool; each answer is read to its end, so its connection can carry the
+//! next call), and an endpoint that offers HTTP/2 in its TLS handshake
+//! (ALPN) gets its calls as streams of one connection. Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
 //! write per batch rather than one per call. On SQLite a whole pass (the
 //! tenants with pending calls, and for each its due calls, their leases,
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
+use reqwest::StatusCode;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, warn};
 
@@ -430,6 +432,10 @@ impl Dispatcher {
                     .send()
                     .instrument(span.clone())
                     .await;
+                let answer = match answer {
+                    Ok(response) => Ok(read_out(response).await),
+                    Err(err) => Err(err),
+                };
                 let failure = Failure::of(answer, self.settings.timeout_ms);
                 if let Some(failure) = &failure {
                     crate::telemetry::failed(&span, failure.result);
@@ -499,6 +505,26 @@ impl Dispatcher {
             .max(1);
         Duration::from_millis(rand::rng().random_range(ceiling / 2..=ceiling))
     }
+}
+
+/// The most of an answer's body that is read (and dropped) so that its
+/// connection goes back to the pool; a longer body is left unread and its
+/// connection closed.
+const READ_OUT_LIMIT: usize = 64 * 1024;
+
+/// An answer's status, once its body has been read to the end (up to
+/// [`READ_OUT_LIMIT`]): a connection whose answer was not read to the end
+/// cannot carry the next call, so every call would open a new one.
+async fn read_out(mut response: reqwest::Response) -> StatusCode {
+    let status = response.status();
+    let mut read = 0;
+    while read <= READ_OUT_LIMIT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    status
 }
 
 /// Removes delivered calls in batches: whatever has arrived while the
@@ -638,11 +664,11 @@ struct Failure {
 
 impl Failure {
     /// None for a 2xx answer.
-    fn of(answer: Result<reqwest::Response, reqwest::Error>, timeout_ms: u64) -> Option<Failure> {
+    fn of(answer: Result<StatusCode, reqwest::Error>, timeout_ms: u64) -> Option<Failure> {
         let err = match answer {
-            Ok(response) if response.status().is_success() => return None,
-            Ok(response) => {
-                let status = response.status().as_u16();
+            Ok(status) if status.is_success() => return None,
+            Ok(status) => {
+                let status = status.as_u16();
                 return Some(Failure {
                     result: "rejected",
                     reason: format!("HTTP {status}"),

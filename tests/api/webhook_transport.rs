@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::Version;
+use axum::response::IntoResponse;
 use serde_json::json;
 
 use crate::receipts::app_with_callbacks;
@@ -54,6 +55,12 @@ struct TlsEndpoint {
 
 impl TlsEndpoint {
     async fn start(alpn: &[&[u8]]) -> TlsEndpoint {
+        TlsEndpoint::answering(alpn, None).await
+    }
+
+    /// As [`TlsEndpoint::start`]; with `body`, each call is answered 200
+    /// with that JSON body instead of 204.
+    async fn answering(alpn: &[&[u8]], body: Option<&'static str>) -> TlsEndpoint {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -101,7 +108,15 @@ impl TlsEndpoint {
             let seen = seen.clone();
             async move {
                 seen.lock().unwrap().push(request.version());
-                axum::http::StatusCode::NO_CONTENT
+                match body {
+                    Some(body) => (
+                        axum::http::StatusCode::OK,
+                        [("content-type", "application/json")],
+                        body,
+                    )
+                        .into_response(),
+                    None => axum::http::StatusCode::NO_CONTENT.into_response(),
+                }
             }
         });
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -180,5 +195,26 @@ async fn an_http1_endpoint_gets_its_calls_on_kept_alive_connections() {
     assert!(
         connections <= 2,
         "20 calls, at most 2 at once, took {connections} connections"
+    );
+}
+
+/// Many endpoints answer a call with a body (a JSON acknowledgement, an
+/// HTML page); its connection still carries the next call: fairlane reads
+/// the answer to its end. (Dropped unread, a body larger than what arrived
+/// with the answer's head closes the connection: 20 connections for 20
+/// calls.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_answering_with_a_body_keeps_its_connections_alive() {
+    let answer = format!(
+        r#"{{"received": true, "note": "{}"}}"#,
+        "x".repeat(32 * 1024)
+    );
+    let endpoint = TlsEndpoint::answering(&[b"http/1.1"], Some(answer.leak())).await;
+    let versions = calls_to(&endpoint, 20).await;
+    assert_eq!(versions.len(), 20, "calls that arrived: {versions:?}");
+    let connections = endpoint.connections.load(Ordering::SeqCst);
+    assert!(
+        connections <= 2,
+        "20 calls answered with a 32 KiB body, at most 2 at once, took {connections} connections"
     );
 }
