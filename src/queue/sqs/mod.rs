@@ -669,6 +669,27 @@ impl LaneQueue for SqsQueue {
         self.receiver(lane).receive(max, wait).await
     }
 
+    /// Stashed messages of tenants not in `skip`; with none, polls further
+    /// past the skipped tenants' messages for the next look (see
+    /// [`receiver`]).
+    async fn receive_skipping(
+        &self,
+        lane: Lane,
+        max: usize,
+        skip: HashSet<String>,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        Ok(self.receiver(lane).receive_skipping(max, &skip).await)
+    }
+
+    /// A poll of the lane brought messages.
+    async fn arrival(&self, lane: Lane) {
+        self.receiver(lane).arrival().await;
+    }
+
+    fn arrivals_so_far(&self, lane: Lane) -> u64 {
+        self.receiver(lane).arrivals()
+    }
+
     /// DeleteMessageBatch per class queue (by the class the receipt
     /// carries), the classes at once.
     async fn delete_batch(

@@ -41,8 +41,22 @@
 //!
 //! Receipts handed out carry their class (`high:…`), so that deletes and
 //! visibility changes reach the queue the message came from.
+//!
+//! At the consumer's parking bound (tenants at their in-flight cap, their
+//! further messages parked up to the bound), [`Receiver::receive_skipping`]
+//! hands out only stashed messages of other tenants. When the stashes hold
+//! none, it polls past the capped tenants' messages: the stashes may then
+//! grow to [`SKIP_STASH`] each, so a quiet tenant's message queued behind a
+//! noisy tenant's backlog is found without waiting for the backlog to drain
+//! through the parked places. On SQS fair queues (`MessageGroupId` = the
+//! tenant) such a message comes first in the next poll; on a queue that
+//! hands messages out in the order they came, it is found if it lies within
+//! that many of the front. Every poll that brings messages counts as an
+//! arrival ([`Receiver::arrivals`]), which wakes a consumer waiting at the
+//! bound to look again.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,6 +77,13 @@ use crate::queue::priority::{CLASSES, PriorityShare};
 /// so that it does not run dry while lower classes are handed out in its
 /// place, yet every poll still brings at least half a batch.
 const REFILL_AT: usize = MAX_BATCH_ENTRIES / 2;
+
+/// How many messages a class stash may hold while a receive looks past
+/// capped tenants' messages for another tenant's (see the module
+/// documentation): that many deep into a backlog that SQS hands out in
+/// order. Stashed messages stay invisible in SQS, their visibility extended
+/// like any stashed message's.
+pub(super) const SKIP_STASH: usize = 100;
 
 /// A message received from SQS and not yet handed out.
 #[derive(Debug)]
@@ -116,6 +137,10 @@ pub(super) struct Receiver {
     state: Mutex<State>,
     /// Woken whenever a poll answers.
     answers: Notify,
+    /// Polls so far that brought messages; see [`Receiver::arrivals`].
+    arrived: AtomicU64,
+    /// Woken when a poll brings messages.
+    arrivals: Notify,
 }
 
 /// Counts a receive as running while it exists (also when it is dropped
@@ -183,6 +208,8 @@ impl Receiver {
             visibility,
             state: Mutex::new(State::default()),
             answers: Notify::new(),
+            arrived: AtomicU64::new(0),
+            arrivals: Notify::new(),
         })
     }
 
@@ -287,6 +314,64 @@ impl Receiver {
         }
     }
 
+    /// Hands out at once up to `max` stashed messages (at most ten) of
+    /// tenants not in `skip`, highest class first, leaving the others
+    /// stashed. With none to hand out, it starts a poll on each class queue
+    /// that has none in flight and a stash below [`SKIP_STASH`], so that
+    /// the next look sees further into the queue: a class with a backlog
+    /// answers at once, an idle one when something arrives (a long poll).
+    /// Each poll that brings messages is an arrival ([`Receiver::arrival`]).
+    pub(super) async fn receive_skipping(
+        self: &Arc<Self>,
+        max: usize,
+        skip: &HashSet<String>,
+    ) -> Vec<ReceivedMessage> {
+        let max = max.clamp(1, MAX_BATCH_ENTRIES);
+        {
+            let mut state = self.lock();
+            state.receiving += 1;
+            state.released = false;
+        }
+        let _receiving = Receiving(self);
+        self.upkeep().await;
+        let mut state = self.lock();
+        let mut out = Vec::new();
+        for rank in 0..CLASSES {
+            let stash = &mut state.stash[rank];
+            let mut index = 0;
+            while index < stash.len() && out.len() < max {
+                if skip.contains(&stash[index].message.tenant_id) {
+                    index += 1;
+                } else if let Some(stashed) = stash.remove(index) {
+                    out.push(stashed.message);
+                }
+            }
+        }
+        if out.is_empty() {
+            for rank in 0..CLASSES {
+                if state.in_flight[rank].is_none() && state.stash[rank].len() < SKIP_STASH {
+                    let wait = if state.backlog[rank] {
+                        0
+                    } else {
+                        MAX_WAIT_SECS as i32
+                    };
+                    self.start_poll_up_to(&mut state, rank, wait, SKIP_STASH);
+                }
+            }
+        }
+        out
+    }
+
+    /// How many polls have brought messages so far.
+    pub(super) fn arrivals(&self) -> u64 {
+        self.arrived.load(Ordering::Relaxed)
+    }
+
+    /// Returns when a poll brings messages.
+    pub(super) async fn arrival(&self) {
+        self.arrivals.notified().await;
+    }
+
     /// Starts a poll on every class queue that has none in flight and whose
     /// stash is empty, or (for a class with a backlog) down to
     /// [`REFILL_AT`]; returns their `(rank, number)`. A poll asks for what
@@ -337,11 +422,25 @@ impl Receiver {
         rank: usize,
         wait_secs: i32,
     ) -> (usize, u64) {
+        self.start_poll_up_to(state, rank, wait_secs, MAX_BATCH_ENTRIES)
+    }
+
+    /// [`Receiver::start_poll`], asking for what fills the stash to
+    /// `stash_max` (at most ten, at least one).
+    fn start_poll_up_to(
+        self: &Arc<Self>,
+        state: &mut State,
+        rank: usize,
+        wait_secs: i32,
+        stash_max: usize,
+    ) -> (usize, u64) {
         state.polls += 1;
         let id = state.polls;
         state.in_flight[rank] = Some(id);
         state.refilling[rank] = wait_secs == 0;
-        let asked = MAX_BATCH_ENTRIES - state.stash[rank].len();
+        let asked = stash_max
+            .saturating_sub(state.stash[rank].len())
+            .clamp(1, MAX_BATCH_ENTRIES);
         let this = self.clone();
         tokio::spawn(async move { this.poll(rank, id, asked, wait_secs).await });
         (rank, id)
@@ -410,6 +509,10 @@ impl Receiver {
             }
         }
         self.answers.notify_waiters();
+        if stashed > 0 {
+            self.arrived.fetch_add(1, Ordering::Relaxed);
+            self.arrivals.notify_waiters();
+        }
         if !to_release.is_empty() {
             debug!(lane = %self.lane, class = %priority, count = to_release.len(), "Poll answered after the stashes were released; returning its messages.");
             let receipts: Vec<&str> = to_release.iter().map(String::as_str).collect();

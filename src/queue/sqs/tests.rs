@@ -1136,3 +1136,57 @@ fn batch_results_map_failed_entries_back_to_their_inputs() {
     let ranges: Vec<_> = chunks(25).collect();
     assert_eq!(ranges, vec![0..10, 10..20, 20..25]);
 }
+
+/// Issue 30, item 5 on SQS: at the consumer's parking bound, a receive that
+/// skips the capped tenant hands out another tenant's message found 45 deep
+/// behind the capped one's backlog, polling past the backlog to find it,
+/// and leaves the capped tenant's messages stashed for later receives.
+#[tokio::test]
+async fn a_skipping_receive_polls_past_a_capped_tenants_backlog_to_another_tenants_message() {
+    let f = required_fixture(30).await;
+    let normal = |tenant: &str, n: usize| message_of(tenant, n, Priority::Normal);
+    for start in (0..45).step_by(10) {
+        send(
+            &f.queue,
+            (start..(start + 10).min(45))
+                .map(|n| normal("noisy", n))
+                .collect(),
+        )
+        .await;
+    }
+    send(&f.queue, vec![normal("quiet", 0)]).await;
+    let skip: HashSet<String> = HashSet::from(["noisy".to_owned()]);
+    let arrivals_before = f.queue.arrivals_so_far(Lane::Fast);
+    let mut found = Vec::new();
+    let mut looks = 0;
+    while found.is_empty() {
+        looks += 1;
+        assert!(looks <= 40, "the quiet message was not found in 40 looks");
+        let seen = f.queue.arrivals_so_far(Lane::Fast);
+        found = f
+            .queue
+            .receive_skipping(Lane::Fast, 1, skip.clone())
+            .await
+            .unwrap();
+        if found.is_empty() {
+            // Woken by the poll the look started, once it brings messages.
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while f.queue.arrivals_so_far(Lane::Fast) == seen {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("a look with nothing to hand out polls further");
+        }
+    }
+    assert_eq!(ids(&found), ["quiet-0"]);
+    assert!(f.queue.arrivals_so_far(Lane::Fast) > arrivals_before);
+    let stashed = f.queue.receiver(Lane::Fast).stashed();
+    assert_eq!(stashed[Priority::Normal.rank()], 45, "{stashed:?}");
+    // Ordinary receives hand out the noisy backlog that was looked past.
+    let rest = receive_n(&f.queue, 45).await;
+    assert_eq!(rest.len(), 45);
+    assert!(rest.iter().all(|m| m.tenant_id == "noisy"));
+    delete_all(&f.queue, &found).await;
+    delete_all(&f.queue, &rest).await;
+}
