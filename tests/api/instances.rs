@@ -1031,7 +1031,11 @@ async fn a_tenant_limit_holds_across_three_instances() {
 async fn an_sms_gate_is_shared_by_three_instances() {
     const MESSAGES: usize = 150;
     const SENDERS: usize = 15;
-    let cluster = Cluster::start().await;
+    // A moto of its own: on the shared one, other tests' queues slow every
+    // receive, and the gate would wait for moto, not for the instances.
+    let moto = crate::servers::own_sqs_url();
+    let cluster =
+        Cluster::start_full(&default_redis_url(), [moto.clone(), moto.clone(), moto]).await;
     let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
 
     // Accept 150 messages through the three instances at once. (With 300,
@@ -1187,12 +1191,13 @@ async fn an_sms_gate_is_shared_by_three_instances() {
     );
     // …and close to all of it: the instances do not leave the gate idle.
     // Alone this test measures 0.975 – 0.998 (with 300 messages 0.70 –
-    // 0.94, moto-bound, see above); inside the full suite, where other
-    // tests share the two cores and the one moto server, 0.72 was seen. A
-    // gate each instance keeps to itself fails the excess above; one the
-    // instances take turns at (one at a time) would be near 1/3.
+    // 0.94, moto-bound, see above). On the one moto server the full suite
+    // shares, 0.72 was seen; with a moto of its own, 0.871 inside the full
+    // suite (the other tests still share the two cores). A gate each
+    // instance keeps to itself fails the excess above; one the instances
+    // take turns at (one at a time) would be near 1/3.
     assert!(
-        utilisation >= 0.6,
+        utilisation >= 0.75,
         "{MESSAGES} calls took {span_all:.2} s: {:.0}% of what {SMS_RATE}/s allows",
         utilisation * 100.0
     );
