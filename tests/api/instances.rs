@@ -545,7 +545,11 @@ impl Cluster {
     }
 
     async fn start_with_redis(redis_url: &str) -> Cluster {
-        let moto = crate::backends::moto_url();
+        Self::start_on_sqs(redis_url, crate::backends::moto_url()).await
+    }
+
+    /// A cluster whose three instances share the SQS endpoint `moto`.
+    async fn start_on_sqs(redis_url: &str, moto: String) -> Cluster {
         Self::start_full(redis_url, [moto.clone(), moto.clone(), moto]).await
     }
 
@@ -1033,9 +1037,7 @@ async fn an_sms_gate_is_shared_by_three_instances() {
     const SENDERS: usize = 15;
     // A moto of its own: on the shared one, other tests' queues slow every
     // receive, and the gate would wait for moto, not for the instances.
-    let moto = crate::servers::own_sqs_url();
-    let cluster =
-        Cluster::start_full(&default_redis_url(), [moto.clone(), moto.clone(), moto]).await;
+    let cluster = Cluster::start_on_sqs(&default_redis_url(), crate::servers::own_sqs_url()).await;
     let key = cluster.tenant_with_key("acme", "bulk", 1000.0, 1000).await;
 
     // Accept 150 messages through the three instances at once. (With 300,

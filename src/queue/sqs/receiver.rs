@@ -230,6 +230,20 @@ impl Receiver {
         std::array::from_fn(|rank| state.stash[rank].len())
     }
 
+    /// Counts a receive as running (until the guard drops), ends an earlier
+    /// [`Receiver::release_all`], and extends or releases stale stashed
+    /// messages first.
+    async fn begin_receive(&self) -> Receiving<'_> {
+        {
+            let mut state = self.lock();
+            state.receiving += 1;
+            state.released = false;
+        }
+        let receiving = Receiving(self);
+        self.upkeep().await;
+        receiving
+    }
+
     /// Hands out up to `max` messages (at most ten), waiting up to `wait`
     /// for the first. `Err` when nothing could be handed out and a poll this
     /// receive was waiting on failed.
@@ -242,13 +256,7 @@ impl Receiver {
         let wait = wait.min(Duration::from_secs(MAX_WAIT_SECS));
         let poll_wait = ceil_secs(wait, MAX_WAIT_SECS);
         let deadline = tokio::time::Instant::now() + wait;
-        {
-            let mut state = self.lock();
-            state.receiving += 1;
-            state.released = false;
-        }
-        let _receiving = Receiving(self);
-        self.upkeep().await;
+        let _receiving = self.begin_receive().await;
         // Polls this receive started and may report the failure of.
         let mut mine: Vec<(usize, u64)> = Vec::new();
         let mut first = true;
@@ -327,13 +335,7 @@ impl Receiver {
         skip: &HashSet<String>,
     ) -> Vec<ReceivedMessage> {
         let max = max.clamp(1, MAX_BATCH_ENTRIES);
-        {
-            let mut state = self.lock();
-            state.receiving += 1;
-            state.released = false;
-        }
-        let _receiving = Receiving(self);
-        self.upkeep().await;
+        let _receiving = self.begin_receive().await;
         let mut state = self.lock();
         let mut out = Vec::new();
         for rank in 0..CLASSES {
