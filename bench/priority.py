@@ -4,6 +4,9 @@
     cargo build --release --bin fairlane --examples
     python3 bench/priority.py [scenario ...]     # blast, slow_gate, quiet, utilisation
 
+SQS_ENDPOINT=http://... puts the lanes on that SQS-compatible server (fresh
+queues per run; receive_wait_secs 1) instead of the embedded queue.
+
 Each scenario starts examples/mock_sms (logging every request's arrival time
 and text) and a fresh `fairlane serve` on the embedded default with the SMS
 gate set as the scenario says, creates tenants on a plan whose own limits stay
@@ -64,6 +67,16 @@ class Rig:
             FAIRLANE__PROVIDERS__SMS__BURST=str(burst),
             RUST_LOG="warn",
         )
+        if os.environ.get("SQS_ENDPOINT"):
+            # Lanes on an SQS-compatible server, fresh queues per rig.
+            env.update(
+                FAIRLANE__QUEUE__BACKEND="sqs",
+                FAIRLANE__QUEUE__SQS__ENDPOINT_URL=os.environ["SQS_ENDPOINT"],
+                FAIRLANE__QUEUE__SQS__QUEUE_PREFIX=f"prio-{os.getpid()}-{mock_port}",
+                FAIRLANE__QUEUE__SQS__ACCESS_KEY_ID="test",
+                FAIRLANE__QUEUE__SQS__SECRET_ACCESS_KEY="test",
+                FAIRLANE__CONSUMERS__RECEIVE_WAIT_SECS="1",
+            )
         self.log_file = open(os.path.join(self.work, "fairlane.log"), "w")
         self.proc = subprocess.Popen([BIN, "serve"], env=env, stdout=self.log_file, stderr=subprocess.STDOUT)
         for _ in range(200):
@@ -203,6 +216,8 @@ def quiet_latencies(with_noise):
             time.sleep(0.05)
         seen = rig.wait_for(lambda seen: sum(1 for _, t in seen if t.startswith("quiet")) == 20)
         at = {text: t for t, text in seen}
+        if os.environ.get("QUIET_SHOW"):
+            print("  in sending order (ms):", " ".join(f"{(at[q] - accepted[q]) * 1000:.0f}" for q in accepted))
         return sorted(at[q] - accepted[q] for q in accepted)
     finally:
         rig.close()
@@ -211,7 +226,8 @@ def quiet_latencies(with_noise):
 def quiet():
     """Quiet tenant (20 SMS, 50 ms apart) beside a noisy 2,000 backlog, gate 100/s: p99 <= solo p99 + 20 ms.
 
-    QUIET_RUNS=5 repeats the pair of runs; MOCK_LATENCY_MS sets the provider's latency (5 ms)."""
+    QUIET_RUNS=5 repeats the pair of runs; MOCK_LATENCY_MS sets the provider's latency (5 ms);
+    QUIET_SHOW=1 prints each quiet message's latency in sending order."""
 
     def p99(xs):
         return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]

@@ -194,6 +194,16 @@ pub struct SqsSettings {
     pub outbox_sweep_secs: u64,
     /// Queue depths (GetQueueAttributes) are refreshed this often.
     pub stats_interval_secs: u64,
+    /// How many received messages a lane's consumer may hold (invisible in
+    /// SQS) while it looks past the messages of tenants at their
+    /// `max_in_flight` for another tenant's; also bounded by 16 MiB of
+    /// message bodies.
+    #[serde(default = "default_look_ahead_messages")]
+    pub look_ahead_messages: usize,
+}
+
+fn default_look_ahead_messages() -> usize {
+    5_000
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1050,6 +1060,9 @@ impl Settings {
         if sqs.outbox_sweep_secs == 0 {
             bail!("queue.sqs.outbox_sweep_secs must be at least 1");
         }
+        if !(10..=100_000).contains(&sqs.look_ahead_messages) {
+            bail!("queue.sqs.look_ahead_messages must be between 10 and 100000");
+        }
         self.validate_limits()?;
         for (name, plan) in &self.plans {
             validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
@@ -1450,6 +1463,21 @@ mod tests {
         );
         let settings = Settings::from_toml_overlay("").unwrap();
         assert_eq!(settings.lanes.fast.low_priority_share, 0.1);
+    }
+
+    #[test]
+    fn an_sqs_look_ahead_outside_10_to_100000_is_rejected_with_its_name() {
+        for bad in [0, 9, 100_001] {
+            let err =
+                Settings::from_toml_overlay(&format!("[queue.sqs]\nlook_ahead_messages = {bad}\n"))
+                    .unwrap_err();
+            assert!(
+                format!("{err:#}").contains("queue.sqs.look_ahead_messages"),
+                "{err:#}"
+            );
+        }
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert_eq!(settings.queue.sqs.look_ahead_messages, 5_000);
     }
 
     #[test]

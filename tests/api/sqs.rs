@@ -804,10 +804,11 @@ async fn on_sqs_a_quiet_tenant_is_delivered_promptly_beside_a_noisy_tenants_back
     // came, so the quiet tenant's first message lies behind the noisy ones:
     // about 44 of them, past the 4 in flight (the cap), the 22 parked (the
     // bound) and a stash of 10. At the bound the consumer looks past the
-    // capped tenant's messages, stashing up to 100 per class, and so finds
-    // the quiet message after a few receives (each of which costs moto
-    // about 1.7 ms per message in the queue). Before it looked past them,
-    // quiet 0 waited for those 44 noisy calls.
+    // capped tenant's messages, reading the lane into its stash (up to the
+    // look-ahead, 5,000), and so finds the quiet message after a few
+    // receives (each of which costs moto about 1.7 ms per message in the
+    // queue). Before it looked past them, quiet 0 waited for those 44 noisy
+    // calls.
     assert!(
         waits[0] <= 20,
         "quiet 0 waited {} provider calls behind the noisy backlog",

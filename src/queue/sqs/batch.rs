@@ -11,6 +11,7 @@ use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
 };
+use futures_util::StreamExt;
 use tracing::{Instrument, warn};
 
 use super::envelope::Envelope;
@@ -245,23 +246,38 @@ pub(super) async fn delete_receipts(
     .await
 }
 
+/// ChangeMessageVisibilityBatch calls [`change_visibility_at_once`] makes at
+/// a time.
+const VISIBILITY_CALLS_AT_ONCE: usize = 8;
+
+/// ChangeMessageVisibilityBatch of `(receipt, seconds)` pairs for many
+/// messages (a deep stash): up to [`VISIBILITY_CALLS_AT_ONCE`] calls at a
+/// time, each call's failure as a whole marking its own entries `Err`.
+/// Results in entry order.
+pub(super) async fn change_visibility_at_once(
+    client: &Client,
+    url: &str,
+    changes: &[(&str, i32)],
+) -> Vec<EntryResult> {
+    let calls = chunks(changes.len()).map(|range| async move {
+        let len = range.len();
+        change_visibility(client, url, &changes[range])
+            .await
+            .unwrap_or_else(|err| vec![Err(format!("{err:#}")); len])
+    });
+    futures_util::stream::iter(calls)
+        .buffered(VISIBILITY_CALLS_AT_ONCE)
+        .concat()
+        .await
+}
+
 /// Makes received messages visible again at once, logging what could not be.
 pub(super) async fn release(client: &Client, url: &str, receipts: &[&str]) {
     let changes: Vec<(&str, i32)> = receipts.iter().map(|receipt| (*receipt, 0)).collect();
-    match change_visibility(client, url, &changes).await {
-        Ok(results) => {
-            let failed = results.iter().filter(|r| r.is_err()).count();
-            if failed > 0 {
-                warn!(
-                    queue = url,
-                    failed,
-                    "Could not return some messages; they return after their visibility timeout."
-                );
-            }
-        }
-        Err(err) => {
-            warn!(queue = url, error = %format!("{err:#}"), "Could not return messages; they return after their visibility timeout.");
-        }
+    let results = change_visibility_at_once(client, url, &changes).await;
+    if let Some(Err(error)) = results.iter().find(|r| r.is_err()) {
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        warn!(queue = url, failed, %error, "Could not return some messages; they return after their visibility timeout.");
     }
 }
 

@@ -183,13 +183,14 @@ impl SqsQueue {
             "SQS lane queues ready (a high, a normal and a low queue per lane, and its DLQ)."
         );
         let receiver = |lane: Lane, queues: &LaneQueues| {
-            let settings = lanes.get(lane);
+            let lane_settings = lanes.get(lane);
             Receiver::new(
                 lane,
                 client.clone(),
                 std::array::from_fn(|rank| queues.classes[rank].url.clone()),
-                settings.low_priority_share,
-                Duration::from_secs(settings.visibility_timeout_secs),
+                lane_settings.low_priority_share,
+                Duration::from_secs(lane_settings.visibility_timeout_secs),
+                settings.look_ahead_messages,
             )
         };
         let receivers = [receiver(Lane::Fast, &fast), receiver(Lane::Slow, &slow)];
@@ -223,6 +224,7 @@ impl SqsQueue {
             std::array::from_fn(|rank| queues.classes[rank].url.clone()),
             settings.low_priority_share,
             Duration::from_secs(settings.visibility_timeout_secs),
+            self.settings.look_ahead_messages,
         );
         SqsQueue {
             client: self.client.clone(),

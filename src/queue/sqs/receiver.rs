@@ -45,29 +45,42 @@
 //! At the consumer's parking bound (tenants at their in-flight cap, their
 //! further messages parked up to the bound), [`Receiver::receive_skipping`]
 //! hands out only stashed messages of other tenants. When the stashes hold
-//! none, it polls past the capped tenants' messages: the stashes may then
-//! grow to [`SKIP_STASH`] each, so a quiet tenant's message queued behind a
-//! noisy tenant's backlog is found without waiting for the backlog to drain
-//! through the parked places. On SQS fair queues (`MessageGroupId` = the
-//! tenant) such a message comes first in the next poll; on a queue that
+//! none, it polls past the capped tenants' messages: the lane's stashes may
+//! then grow to its look-ahead (`queue.sqs.look_ahead_messages`, and at
+//! most [`LOOK_AHEAD_BYTES`] of message bodies), so a quiet tenant's
+//! message queued behind a noisy tenant's backlog is found without waiting
+//! for the backlog to drain through the parked places. These looking polls
+//! are apart from the polls above: a look starts them, up to
+//! [`LOOKING_POLLS`] at once on a class with a backlog, and each that
+//! brings messages starts the next itself, so the lane is read at the pace
+//! of SQS's answers; the one that finds nothing ends the reading and counts
+//! as an arrival, so the consumer looks again and its look waits with a
+//! long poll. A backlog that fits in the look-ahead is held whole, so the
+//! next message to arrive is received as it comes. On SQS fair queues (`MessageGroupId` = the tenant)
+//! such a message comes first in the next poll anyway; on a queue that
 //! hands messages out in the order they came, it is found if it lies within
-//! that many of the front. Every poll that brings messages counts as an
-//! arrival ([`Receiver::arrivals`]), which wakes a consumer waiting at the
-//! bound to look again.
+//! the look-ahead of the front. Every poll that brings messages counts as
+//! an arrival ([`Receiver::arrivals`]) too, which wakes a consumer waiting
+//! at the bound to look again.
+//!
+//! Upkeep (extending, releasing and dropping stale stashed messages) sorts
+//! the stashes at once under the lock, and makes its SQS calls (several at
+//! a time) on a task of its own when a receive asks for it, so that a deep
+//! stash coming of age does not hold up the receive.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use super::MAX_WAIT_SECS;
-use super::batch::{MAX_BATCH_ENTRIES, ceil_secs, change_visibility, release, sdk_error};
+use super::batch::{MAX_BATCH_ENTRIES, ceil_secs, change_visibility_at_once, release, sdk_error};
 use super::envelope::Parsed;
 use crate::model::{Lane, Priority};
 use crate::queue::ReceivedMessage;
@@ -78,12 +91,15 @@ use crate::queue::priority::{CLASSES, PriorityShare};
 /// place, yet every poll still brings at least half a batch.
 const REFILL_AT: usize = MAX_BATCH_ENTRIES / 2;
 
-/// How many messages a class stash may hold while a receive looks past
-/// capped tenants' messages for another tenant's (see the module
-/// documentation): that many deep into a backlog that SQS hands out in
-/// order. Stashed messages stay invisible in SQS, their visibility extended
-/// like any stashed message's.
-pub(super) const SKIP_STASH: usize = 100;
+/// The most message bytes a lane's stashes may hold while a receive looks
+/// past capped tenants' messages for another tenant's (besides the
+/// lane's `queue.sqs.look_ahead_messages`), so that large messages bound
+/// the look-ahead by memory.
+pub(super) const LOOK_AHEAD_BYTES: usize = 16 * 1024 * 1024;
+
+/// Polls at once that read a class queue's backlog into its stash while
+/// receives look past capped tenants' messages.
+const LOOKING_POLLS: usize = 4;
 
 /// A message received from SQS and not yet handed out.
 #[derive(Debug)]
@@ -103,6 +119,12 @@ struct State {
     stash: [VecDeque<Stashed>; CLASSES],
     /// The number of the poll in flight on each class queue, if any.
     in_flight: [Option<u64>; CLASSES],
+    /// Polls looking past capped tenants' messages in flight on each class
+    /// queue (besides `in_flight`), and how many messages the short ones
+    /// among them asked for in all (a long one waits for messages still to
+    /// come, and may bring up to ten beyond the look-ahead).
+    looking: [usize; CLASSES],
+    looking_asked: usize,
     /// The last failed poll of each class queue and its error, for the
     /// receive waiting on it.
     failed: [Option<(u64, String)>; CLASSES],
@@ -125,6 +147,21 @@ struct State {
     last_receive: Option<Instant>,
 }
 
+/// The SQS calls of one upkeep, per class (index: priority rank).
+#[derive(Debug, Default)]
+struct Upkeep {
+    /// Receipts whose visibility is to be extended.
+    extend: [Vec<String>; CLASSES],
+    /// Receipts to release (make visible at once).
+    give_back: [Vec<String>; CLASSES],
+}
+
+impl Upkeep {
+    fn is_empty(&self) -> bool {
+        self.extend.iter().chain(&self.give_back).all(Vec::is_empty)
+    }
+}
+
 /// The receiving side of one lane: its stashes and polls.
 pub(super) struct Receiver {
     lane: Lane,
@@ -134,6 +171,9 @@ pub(super) struct Receiver {
     share: PriorityShare,
     /// The visibility timeout every poll asks for.
     visibility: Duration,
+    /// How many messages the stashes may hold while receives look past
+    /// capped tenants' messages.
+    look_ahead: usize,
     state: Mutex<State>,
     /// Woken whenever a poll answers.
     answers: Notify,
@@ -199,6 +239,7 @@ impl Receiver {
         urls: [String; CLASSES],
         low_priority_share: f64,
         visibility: Duration,
+        look_ahead: usize,
     ) -> Arc<Self> {
         Arc::new(Receiver {
             lane,
@@ -206,6 +247,7 @@ impl Receiver {
             urls,
             share: PriorityShare::new(low_priority_share),
             visibility,
+            look_ahead,
             state: Mutex::new(State::default()),
             answers: Notify::new(),
             arrived: AtomicU64::new(0),
@@ -231,17 +273,21 @@ impl Receiver {
     }
 
     /// Counts a receive as running (until the guard drops), ends an earlier
-    /// [`Receiver::release_all`], and extends or releases stale stashed
-    /// messages first.
-    async fn begin_receive(&self) -> Receiving<'_> {
-        {
+    /// [`Receiver::release_all`], and sorts out stale stashed messages
+    /// first: those past their visibility are dropped at once, and the
+    /// calls extending or releasing the others run on a task of their own.
+    fn begin_receive(self: &Arc<Self>) -> Receiving<'_> {
+        let upkeep = {
             let mut state = self.lock();
             state.receiving += 1;
             state.released = false;
+            self.sort_stale(&mut state)
+        };
+        if !upkeep.is_empty() {
+            let this = self.clone();
+            tokio::spawn(async move { this.upkeep_calls(upkeep).await });
         }
-        let receiving = Receiving(self);
-        self.upkeep().await;
-        receiving
+        Receiving(self)
     }
 
     /// Hands out up to `max` messages (at most ten), waiting up to `wait`
@@ -256,7 +302,7 @@ impl Receiver {
         let wait = wait.min(Duration::from_secs(MAX_WAIT_SECS));
         let poll_wait = ceil_secs(wait, MAX_WAIT_SECS);
         let deadline = tokio::time::Instant::now() + wait;
-        let _receiving = self.begin_receive().await;
+        let _receiving = self.begin_receive();
         // Polls this receive started and may report the failure of.
         let mut mine: Vec<(usize, u64)> = Vec::new();
         let mut first = true;
@@ -324,18 +370,20 @@ impl Receiver {
 
     /// Hands out at once up to `max` stashed messages (at most ten) of
     /// tenants not in `skip`, highest class first, leaving the others
-    /// stashed. With none to hand out, it starts a poll on each class queue
-    /// that has none in flight and a stash below [`SKIP_STASH`], so that
-    /// the next look sees further into the queue: a class with a backlog
-    /// answers at once, an idle one when something arrives (a long poll).
-    /// Each poll that brings messages is an arrival ([`Receiver::arrival`]).
+    /// stashed. With none to hand out, and while the stashes hold less than
+    /// the look-ahead (in messages and in [`LOOK_AHEAD_BYTES`]), it starts a
+    /// poll on each class queue that has none in flight, so that the next
+    /// look sees further into the queue: a class with a backlog answers at
+    /// once, an idle one when something arrives (a long poll). Each poll
+    /// that brings messages is an arrival ([`Receiver::arrival`]), and so
+    /// is the end of the looking on a class queue.
     pub(super) async fn receive_skipping(
         self: &Arc<Self>,
         max: usize,
         skip: &HashSet<String>,
     ) -> Vec<ReceivedMessage> {
         let max = max.clamp(1, MAX_BATCH_ENTRIES);
-        let _receiving = self.begin_receive().await;
+        let _receiving = self.begin_receive();
         let mut state = self.lock();
         let mut out = Vec::new();
         for rank in 0..CLASSES {
@@ -351,17 +399,59 @@ impl Receiver {
         }
         if out.is_empty() {
             for rank in 0..CLASSES {
-                if state.in_flight[rank].is_none() && state.stash[rank].len() < SKIP_STASH {
-                    let wait = if state.backlog[rank] {
-                        0
-                    } else {
-                        MAX_WAIT_SECS as i32
-                    };
-                    self.start_poll_up_to(&mut state, rank, wait, SKIP_STASH);
+                if state.looking[rank] > 0 {
+                    continue;
+                }
+                if state.backlog[rank] {
+                    while state.looking[rank] < LOOKING_POLLS
+                        && self.start_looking(&mut state, rank, 0)
+                    {}
+                } else if state.in_flight[rank].is_none() {
+                    self.start_looking(&mut state, rank, MAX_WAIT_SECS as i32);
                 }
             }
         }
         out
+    }
+
+    /// Starts a poll looking past capped tenants' messages on class queue
+    /// `rank`, if the look-ahead has room for what it asks; whether it did.
+    /// One that brings messages starts the next itself ([`Receiver::poll`]).
+    fn start_looking(self: &Arc<Self>, state: &mut State, rank: usize, wait_secs: i32) -> bool {
+        let room = self
+            .look_ahead_room(state)
+            .saturating_sub(state.looking_asked);
+        if room == 0 {
+            return false;
+        }
+        let asked = room.min(MAX_BATCH_ENTRIES);
+        state.looking[rank] += 1;
+        if wait_secs == 0 {
+            state.looking_asked += asked;
+        }
+        state.polls += 1;
+        let id = state.polls;
+        let this = self.clone();
+        tokio::spawn(async move { this.poll(rank, id, asked, wait_secs, true).await });
+        true
+    }
+
+    /// How many more messages the stashes may take while receives look past
+    /// capped tenants' messages: none once they hold the look-ahead or
+    /// [`LOOK_AHEAD_BYTES`].
+    fn look_ahead_room(&self, state: &State) -> usize {
+        let held = state.stash.iter().map(VecDeque::len).sum::<usize>();
+        let bytes = state
+            .stash
+            .iter()
+            .flatten()
+            .map(|stashed| stashed.message.body.len())
+            .sum::<usize>();
+        if bytes >= LOOK_AHEAD_BYTES {
+            0
+        } else {
+            self.look_ahead.saturating_sub(held)
+        }
     }
 
     /// How many polls have brought messages so far.
@@ -424,33 +514,27 @@ impl Receiver {
         rank: usize,
         wait_secs: i32,
     ) -> (usize, u64) {
-        self.start_poll_up_to(state, rank, wait_secs, MAX_BATCH_ENTRIES)
-    }
-
-    /// [`Receiver::start_poll`], asking for what fills the stash to
-    /// `stash_max` (at most ten, at least one).
-    fn start_poll_up_to(
-        self: &Arc<Self>,
-        state: &mut State,
-        rank: usize,
-        wait_secs: i32,
-        stash_max: usize,
-    ) -> (usize, u64) {
+        let room = MAX_BATCH_ENTRIES.saturating_sub(state.stash[rank].len());
         state.polls += 1;
         let id = state.polls;
         state.in_flight[rank] = Some(id);
         state.refilling[rank] = wait_secs == 0;
-        let asked = stash_max
-            .saturating_sub(state.stash[rank].len())
-            .clamp(1, MAX_BATCH_ENTRIES);
+        let asked = room.clamp(1, MAX_BATCH_ENTRIES);
         let this = self.clone();
-        tokio::spawn(async move { this.poll(rank, id, asked, wait_secs).await });
+        tokio::spawn(async move { this.poll(rank, id, asked, wait_secs, false).await });
         (rank, id)
     }
 
     /// One ReceiveMessage on class queue `rank`; what it brings goes to the
     /// stash (or back to SQS after [`Receiver::release_all`]).
-    async fn poll(self: Arc<Self>, rank: usize, id: u64, asked: usize, wait_secs: i32) {
+    async fn poll(
+        self: Arc<Self>,
+        rank: usize,
+        id: u64,
+        asked: usize,
+        wait_secs: i32,
+        looking: bool,
+    ) {
         let url = &self.urls[rank];
         let result = self
             .client
@@ -468,9 +552,18 @@ impl Receiver {
         let priority = Priority::ALL[rank];
         let mut to_release = Vec::new();
         let mut stashed = 0;
+        // Whether the consumer should look again: this poll brought
+        // messages, or it ended the looking on its class queue without
+        // failing (the next look then waits with a long poll).
+        let look_again;
         {
             let mut state = self.lock();
-            if state.in_flight[rank] == Some(id) {
+            if looking {
+                state.looking[rank] -= 1;
+                if wait_secs == 0 {
+                    state.looking_asked -= asked;
+                }
+            } else if state.in_flight[rank] == Some(id) {
                 state.in_flight[rank] = None;
                 state.refilling[rank] = false;
             }
@@ -509,9 +602,18 @@ impl Receiver {
                     state.failed[rank] = Some((id, error));
                 }
             }
+            let failed = state.failed[rank].as_ref().is_some_and(|(at, _)| *at == id);
+            if looking && stashed > 0 {
+                // Messages are coming: read on at once, with several polls
+                // while they come in full batches, until a poll finds none
+                // (the consumer's next look then waits with a long poll).
+                let polls = if brought >= asked { LOOKING_POLLS } else { 1 };
+                while state.looking[rank] < polls && self.start_looking(&mut state, rank, 0) {}
+            }
+            look_again = stashed > 0 || looking && !failed && state.looking[rank] == 0;
         }
         self.answers.notify_waiters();
-        if stashed > 0 {
+        if look_again {
             self.arrived.fetch_add(1, Ordering::Relaxed);
             self.arrivals.notify_waiters();
         }
@@ -528,83 +630,81 @@ impl Receiver {
     }
 
     /// Keeps stashed messages from outliving their visibility: those stashed
-    /// for [`Receiver::stale_after`] get their visibility extended while the
-    /// lane is being received from, and are released otherwise; those past
-    /// their visibility timeout (SQS has made them visible again) are
-    /// dropped.
-    async fn upkeep(&self) {
+    /// for [`Receiver::stale_after`] are to get their visibility extended
+    /// while the lane is being received from (counted as extended from now
+    /// on), and are taken out to be released otherwise; those past their
+    /// visibility timeout (SQS has made them visible again) are dropped.
+    /// Returns the SQS calls this needs, for [`Receiver::upkeep_calls`].
+    fn sort_stale(&self, state: &mut State) -> Upkeep {
         let now = Instant::now();
         let stale_after = self.stale_after();
         let expired_after = self.visibility.saturating_sub(Duration::from_secs(1));
-        let mut extend: [Vec<String>; CLASSES] = Default::default();
-        let mut give_back: [Vec<String>; CLASSES] = Default::default();
-        {
-            let mut state = self.lock();
-            let active = state.receiving > 0
-                || state
-                    .last_receive
-                    .is_some_and(|at| now.duration_since(at) < stale_after);
-            for rank in 0..CLASSES {
-                let mut expired = 0;
-                state.stash[rank].retain(|stashed| {
-                    let age = now.duration_since(stashed.since);
-                    if age >= expired_after {
-                        expired += 1;
-                        false
-                    } else if age < stale_after {
-                        true
-                    } else if active {
-                        extend[rank].push(stashed.raw_receipt.clone());
-                        true
-                    } else {
-                        give_back[rank].push(stashed.raw_receipt.clone());
-                        false
-                    }
-                });
-                if expired > 0 {
-                    warn!(lane = %self.lane, class = %Priority::ALL[rank], expired, "Stashed messages outlived their visibility timeout; SQS delivers them again.");
+        let mut upkeep = Upkeep::default();
+        let active = state.receiving > 0
+            || state
+                .last_receive
+                .is_some_and(|at| now.duration_since(at) < stale_after);
+        for rank in 0..CLASSES {
+            let mut expired = 0;
+            state.stash[rank].retain_mut(|stashed| {
+                let age = now.duration_since(stashed.since);
+                if age >= expired_after {
+                    expired += 1;
+                    false
+                } else if age < stale_after {
+                    true
+                } else if active {
+                    upkeep.extend[rank].push(stashed.raw_receipt.clone());
+                    stashed.since = now;
+                    true
+                } else {
+                    upkeep.give_back[rank].push(stashed.raw_receipt.clone());
+                    false
                 }
+            });
+            if expired > 0 {
+                warn!(lane = %self.lane, class = %Priority::ALL[rank], expired, "Stashed messages outlived their visibility timeout; SQS delivers them again.");
             }
         }
+        upkeep
+    }
+
+    /// [`Receiver::sort_stale`] and its calls, here and now.
+    async fn upkeep(&self) {
+        let upkeep = self.sort_stale(&mut self.lock());
+        self.upkeep_calls(upkeep).await;
+    }
+
+    /// Releases and extends what [`Receiver::sort_stale`] picked, several
+    /// calls at a time; a message whose extension failed is dropped from
+    /// its stash (SQS delivers it again).
+    async fn upkeep_calls(&self, upkeep: Upkeep) {
         let secs = self.visibility.as_secs() as i32;
         for rank in 0..CLASSES {
             let url = &self.urls[rank];
-            if !give_back[rank].is_empty() {
-                debug!(lane = %self.lane, count = give_back[rank].len(), "Nothing receives; releasing stashed messages.");
-                let receipts: Vec<&str> = give_back[rank].iter().map(String::as_str).collect();
+            if !upkeep.give_back[rank].is_empty() {
+                debug!(lane = %self.lane, count = upkeep.give_back[rank].len(), "Nothing receives; releasing stashed messages.");
+                let receipts: Vec<&str> =
+                    upkeep.give_back[rank].iter().map(String::as_str).collect();
                 release(&self.client, url, &receipts).await;
             }
-            if extend[rank].is_empty() {
+            let extend = &upkeep.extend[rank];
+            if extend.is_empty() {
                 continue;
             }
-            let changes: Vec<(&str, i32)> =
-                extend[rank].iter().map(|r| (r.as_str(), secs)).collect();
-            let results = change_visibility(&self.client, url, &changes)
-                .await
-                .context("extending the visibility of stashed messages");
-            let extended: HashSet<&str> = match &results {
-                Ok(results) => extend[rank]
-                    .iter()
-                    .zip(results)
-                    .filter(|(_, result)| result.is_ok())
-                    .map(|(receipt, _)| receipt.as_str())
-                    .collect(),
-                Err(err) => {
-                    warn!(lane = %self.lane, error = %format!("{err:#}"), "Could not extend the visibility of stashed messages; they are dropped and SQS delivers them again.");
-                    HashSet::new()
-                }
-            };
-            let attempted: HashSet<&str> = extend[rank].iter().map(String::as_str).collect();
-            let renewed = Instant::now();
-            let mut state = self.lock();
-            state.stash[rank].retain_mut(|stashed| {
-                if extended.contains(stashed.raw_receipt.as_str()) {
-                    stashed.since = renewed;
-                    true
-                } else {
-                    !attempted.contains(stashed.raw_receipt.as_str())
-                }
-            });
+            let changes: Vec<(&str, i32)> = extend.iter().map(|r| (r.as_str(), secs)).collect();
+            let results = change_visibility_at_once(&self.client, url, &changes).await;
+            let failed: HashSet<&str> = extend
+                .iter()
+                .zip(&results)
+                .filter(|(_, result)| result.is_err())
+                .map(|(receipt, _)| receipt.as_str())
+                .collect();
+            if let Some(Err(error)) = results.iter().find(|r| r.is_err()) {
+                warn!(lane = %self.lane, failed = failed.len(), %error, "Could not extend the visibility of stashed messages; they are dropped and SQS delivers them again.");
+                self.lock().stash[rank]
+                    .retain(|stashed| !failed.contains(stashed.raw_receipt.as_str()));
+            }
         }
     }
 
