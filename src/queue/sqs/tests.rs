@@ -1194,13 +1194,38 @@ async fn a_skipping_receive_polls_past_a_capped_tenants_backlog_to_another_tenan
     assert_eq!(ids(&found), ["quiet-0"]);
     assert!(f.queue.arrivals_so_far(Lane::Fast) > arrivals_before);
     // Polls still reading when the quiet message turned up bring the rest.
-    f.stashed([0, 150, 0]).await;
+    // Several read at once, and moto (like SQS, at least once) may hand a
+    // message to two of them: the stash may hold a copy more.
+    let receiver = f.queue.receiver(Lane::Fast);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while receiver.stashed()[Priority::Normal.rank()] < 150 {
+        assert!(
+            Instant::now() < deadline,
+            "stashes hold {:?}",
+            receiver.stashed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // Ordinary receives hand out the noisy backlog that was looked past.
-    let rest = receive_n(&f.queue, 150).await;
-    assert_eq!(rest.len(), 150);
-    assert!(rest.iter().all(|m| m.tenant_id == "noisy"));
-    delete_all(&f.queue, &found).await;
-    delete_all(&f.queue, &rest).await;
+    let rest = receive_n(&f.queue, 200).await;
+    let noisy: HashSet<&str> = rest
+        .iter()
+        .filter(|m| m.tenant_id == "noisy")
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(noisy.len(), 150);
+    assert!(
+        rest.iter()
+            .all(|m| m.tenant_id == "noisy" || m.message_id == "quiet-0")
+    );
+    // Clean-up only: a copy's receipt may be stale by now.
+    let receipts: Vec<String> = found
+        .iter()
+        .chain(&rest)
+        .map(|m| m.receipt.clone())
+        .collect();
+    let _ = f.queue.delete_batch(Lane::Fast, &receipts).await;
 }
 
 /// The look-ahead bounds what a lane holds while it looks past capped
