@@ -52,14 +52,15 @@
 //! for the backlog to drain through the parked places. These looking polls
 //! are apart from the polls above: a look starts them, up to
 //! [`LOOKING_POLLS`] at once on a class with a backlog, and each that
-//! brings messages starts the next itself, so the lane is read at the pace
-//! of SQS's answers; the one that finds nothing ends the reading and counts
-//! as an arrival, so the consumer looks again and its look waits with a
-//! long poll. A backlog that fits in the look-ahead is held whole, so the
-//! next message to arrive is received as it comes. On SQS fair queues (`MessageGroupId` = the tenant)
-//! such a message comes first in the next poll anyway; on a queue that
-//! hands messages out in the order they came, it is found if it lies within
-//! the look-ahead of the front. Every poll that brings messages counts as
+//! brings messages starts the next itself while the consumer keeps looking
+//! (within [`LOOKING_FOR`] of its last look), so the lane is read at the
+//! pace of SQS's answers; the one that finds nothing ends the reading and
+//! counts as an arrival, so the consumer looks again and its look waits
+//! with a long poll. A backlog that fits in the look-ahead is held whole,
+//! so the next message to arrive is received as it comes. On SQS fair
+//! queues (`MessageGroupId` = the tenant) such a message comes first in
+//! the next poll anyway; on a queue that hands messages out in the order
+//! they came, it is found if it lies within the look-ahead of the front. Every poll that brings messages counts as
 //! an arrival ([`Receiver::arrivals`]) too, which wakes a consumer waiting
 //! at the bound to look again.
 //!
@@ -101,6 +102,11 @@ pub(super) const LOOK_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 /// receives look past capped tenants' messages.
 const LOOKING_POLLS: usize = 4;
 
+/// How long after the consumer's last look past capped tenants' messages
+/// a looking poll that brought messages still starts the next: once the
+/// consumer is no longer at its parking bound, reading ahead stops.
+const LOOKING_FOR: Duration = Duration::from_secs(1);
+
 /// A message received from SQS and not yet handed out.
 #[derive(Debug)]
 struct Stashed {
@@ -125,6 +131,9 @@ struct State {
     /// come, and may bring up to ten beyond the look-ahead).
     looking: [usize; CLASSES],
     looking_asked: usize,
+    /// When a receive last looked past capped tenants' messages: reading
+    /// ahead goes on only while the consumer keeps looking.
+    last_look: Option<Instant>,
     /// The last failed poll of each class queue and its error, for the
     /// receive waiting on it.
     failed: [Option<(u64, String)>; CLASSES],
@@ -385,6 +394,7 @@ impl Receiver {
         let max = max.clamp(1, MAX_BATCH_ENTRIES);
         let _receiving = self.begin_receive();
         let mut state = self.lock();
+        state.last_look = Some(Instant::now());
         let mut out = Vec::new();
         for rank in 0..CLASSES {
             let stash = &mut state.stash[rank];
@@ -603,7 +613,10 @@ impl Receiver {
                 }
             }
             let failed = state.failed[rank].as_ref().is_some_and(|(at, _)| *at == id);
-            if looking && stashed > 0 {
+            let still_looking = state
+                .last_look
+                .is_some_and(|at| now.duration_since(at) < LOOKING_FOR);
+            if looking && stashed > 0 && still_looking {
                 // Messages are coming: read on at once, with several polls
                 // while they come in full batches, until a poll finds none
                 // (the consumer's next look then waits with a long poll).

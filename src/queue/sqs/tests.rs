@@ -1258,3 +1258,31 @@ async fn looking_past_a_capped_tenant_stops_at_the_look_ahead() {
     assert_eq!(f.visible("fast").await, 26);
     f.queue.release_prefetched(Lane::Fast).await;
 }
+
+/// Reading ahead goes on only while the consumer keeps looking: a looking
+/// long poll that answers after the consumer stopped looking (it left its
+/// parking bound) brings its one batch and starts no further reading.
+#[tokio::test]
+async fn reading_ahead_stops_once_the_consumer_stops_looking() {
+    let f = required_fixture(30).await;
+    let skip: HashSet<String> = HashSet::from(["noisy".to_owned()]);
+    // A look at an empty lane leaves long polls waiting.
+    let found = f.queue.receive_skipping(Lane::Fast, 1, skip).await.unwrap();
+    assert!(found.is_empty());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    noisy_backlog_then_quiet(&f, 45).await;
+    let receiver = f.queue.receiver(Lane::Fast);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while receiver.stashed()[Priority::Normal.rank()] == 0 {
+        assert!(Instant::now() < deadline, "the long poll brought nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stashed = receiver.stashed()[Priority::Normal.rank()];
+    assert!(
+        stashed <= 10,
+        "{stashed} read ahead after the looks stopped"
+    );
+    assert!(f.visible("fast").await >= 36);
+    f.queue.release_prefetched(Lane::Fast).await;
+}
