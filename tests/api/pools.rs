@@ -359,12 +359,15 @@ async fn two_healthy_providers_share_a_backlog_each_within_its_own_rate() {
     let (a, b) = (times(&alpha_calls), times(&beta_calls));
     assert_eq!(a.len() + b.len(), 120, "one call per message");
     // Each within its own bucket: at most burst + rate × t in any window
-    // (one call of slack for the time between the gate and the arrival).
+    // (one call of slack for the time between the gate and the arrival,
+    // and 5 ms on each window for when the mock stamps a call: a CI run
+    // once saw exactly the allowed 51 calls in a window measured a hair
+    // under 2.400 s, which the bare bound refused).
     for (name, arrivals) in [("alpha", &a), ("beta", &b)] {
         for i in 0..arrivals.len() {
             for j in i..arrivals.len() {
                 let window = arrivals[j].duration_since(arrivals[i]).as_secs_f64();
-                let allowed = 2.0 + 20.0 * window + 1.0;
+                let allowed = 2.0 + 20.0 * (window + 0.005) + 1.0;
                 assert!(
                     (j - i + 1) as f64 <= allowed,
                     "{name}: {} calls in {window:.3} s",
