@@ -122,8 +122,13 @@ async fn fixture_at(url: &str, max_receive_count: u32, visibility_timeout_secs: 
         max_receive_count,
         visibility_timeout_secs,
     );
+    fixture_from(&url, prefix, &settings).await
+}
+
+/// A queue on `url` with `settings` (queues named by `prefix`).
+async fn fixture_from(url: &str, prefix: String, settings: &Settings) -> Fixture {
     let mut queue = SqsQueue::connect_with_client(
-        test_client(&url),
+        test_client(url),
         &settings.queue.sqs,
         settings.lanes.clone(),
     )
@@ -133,7 +138,7 @@ async fn fixture_at(url: &str, max_receive_count: u32, visibility_timeout_secs: 
     queue.stats_interval = Duration::ZERO;
     Fixture {
         queue,
-        client: test_client(&url),
+        client: test_client(url),
         prefix,
     }
 }
@@ -1237,18 +1242,7 @@ async fn looking_past_a_capped_tenant_stops_at_the_look_ahead() {
     let prefix = unique_prefix();
     let mut settings = settings_with(&url, &prefix, true, 5, 30);
     settings.queue.sqs.look_ahead_messages = 20;
-    let queue = SqsQueue::connect_with_client(
-        test_client(&url),
-        &settings.queue.sqs,
-        settings.lanes.clone(),
-    )
-    .await
-    .unwrap();
-    let f = Fixture {
-        queue,
-        client: test_client(&url),
-        prefix,
-    };
+    let f = fixture_from(&url, prefix, &settings).await;
     noisy_backlog_then_quiet(&f, 45).await;
     assert!(look_past_noisy(&f).await.is_empty());
     assert_eq!(f.queue.receiver(Lane::Fast).stashed(), [0, 20, 0]);
