@@ -15,10 +15,10 @@
 //! to `webhooks.max_concurrency_per_tenant`; a failed or slow call halves
 //! it (never below where it started), so a healthy endpoint keeps up with
 //! its tenant's volume and a struggling one is not pressed harder. The
-//! connections to each endpoint are kept alive between calls (reqwest's
-//! pool; each answer is read to its end, so its connection can carry the
-//! next call), and an endpoint that offers HTTP/2 in its TLS handshake
-//! (ALPN) gets its calls as streams of one connection. Delivered calls are
+//! connections to each endpoint are kept alive between calls (hyper's
+//! pool, see [`WebhookClient`]; each answer is read to its end, so its
+//! connection can carry the next call), and an endpoint that offers HTTP/2
+//! in its TLS handshake (ALPN) gets its calls as streams of one connection. Delivered calls are
 //! removed in batches by one recorder task, so a busy endpoint costs one
 //! write per batch rather than one per call. On SQLite a whole pass (the
 //! tenants with pending calls, and for each its due calls, their leases,
@@ -37,11 +37,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hyper::StatusCode;
+use hyper::header::HeaderValue;
 use rand::Rng;
-use reqwest::StatusCode;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, warn};
 
+use super::client::{CallError, WebhookClient};
 use super::endpoint::{EndpointPolicy, Refusal, refusal_in};
 use super::sign::sign;
 use crate::config::WebhookSettings;
@@ -77,7 +79,7 @@ pub struct Dispatcher {
     policy: EndpointPolicy,
     /// Resolves names through [`EndpointPolicy`], follows no redirects and
     /// uses no proxy, so a call only reaches an address checked for it.
-    client: reqwest::Client,
+    client: WebhookClient,
     /// Event ids being called, by tenant.
     in_flight: Mutex<HashMap<String, HashSet<i64>>>,
     /// `webhooks.concurrency`: calls at once for all tenants.
@@ -99,20 +101,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(db: Db, writer: Writer, settings: WebhookSettings) -> anyhow::Result<Arc<Self>> {
         let policy = EndpointPolicy::new(&settings);
-        let mut client = reqwest::Client::builder();
-        if let Some(path) = &settings.ca_file {
-            client = client.tls_certs_merge(extra_roots(path)?);
-        }
-        let client = client
-            .timeout(Duration::from_millis(settings.timeout_ms))
-            // A redirect would go to an address nobody checked.
-            .redirect(reqwest::redirect::Policy::none())
-            // Through a proxy the resolver would check the proxy's address,
-            // not the endpoint's.
-            .no_proxy()
-            .dns_resolver(policy.resolver())
-            .user_agent(concat!("fairlane-webhooks/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = WebhookClient::new(&settings, &policy)?;
         let (delivered, recorder) = mpsc::unbounded_channel();
         Ok(Arc::new(Dispatcher {
             limits: Mutex::default(),
@@ -421,21 +410,16 @@ impl Dispatcher {
                     fairlane.webhook.attempt = due.attempts + 1,
                 );
                 let started = std::time::Instant::now();
+                let headers = [
+                    ("webhook-id", HeaderValue::try_from(id)?),
+                    ("webhook-timestamp", HeaderValue::from(timestamp)),
+                    ("webhook-signature", HeaderValue::try_from(signatures)?),
+                ];
                 let answer = self
                     .client
-                    .post(url)
-                    .header("content-type", "application/json")
-                    .header("webhook-id", &id)
-                    .header("webhook-timestamp", timestamp.to_string())
-                    .header("webhook-signature", signatures)
-                    .body(body)
-                    .send()
+                    .post(&url, headers, body)
                     .instrument(span.clone())
                     .await;
-                let answer = match answer {
-                    Ok(response) => Ok(read_out(response).await),
-                    Err(err) => Err(err),
-                };
                 let failure = Failure::of(answer, self.settings.timeout_ms);
                 if let Some(failure) = &failure {
                     crate::telemetry::failed(&span, failure.result);
@@ -507,26 +491,6 @@ impl Dispatcher {
     }
 }
 
-/// The most of an answer's body that is read (and dropped) so that its
-/// connection goes back to the pool; a longer body is left unread and its
-/// connection closed.
-const READ_OUT_LIMIT: usize = 64 * 1024;
-
-/// An answer's status, once its body has been read to the end (up to
-/// [`READ_OUT_LIMIT`]): a connection whose answer was not read to the end
-/// cannot carry the next call, so every call would open a new one.
-async fn read_out(mut response: reqwest::Response) -> StatusCode {
-    let status = response.status();
-    let mut read = 0;
-    while read <= READ_OUT_LIMIT {
-        match response.chunk().await {
-            Ok(Some(chunk)) => read += chunk.len(),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    status
-}
-
 /// Removes delivered calls in batches: whatever has arrived while the
 /// last batch was written goes in the next, up to [`RECORD_BATCH`]. Ends at
 /// shutdown after writing what it holds. A batch that cannot be written is
@@ -566,19 +530,6 @@ async fn record(
             return;
         }
     }
-}
-
-/// The certificates of `webhooks.ca_file`, at least one.
-fn extra_roots(path: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
-    use anyhow::Context;
-    let shown = path.display();
-    let pem = std::fs::read(path).with_context(|| format!("reading webhooks.ca_file {shown}"))?;
-    let roots = reqwest::Certificate::from_pem_bundle(&pem)
-        .with_context(|| format!("webhooks.ca_file {shown} is not a PEM bundle"))?;
-    if roots.is_empty() {
-        anyhow::bail!("webhooks.ca_file {shown} holds no PEM certificate");
-    }
-    Ok(roots)
 }
 
 /// Sets the gauges of due calls every [`SAMPLE_EVERY`] until shutdown.
@@ -664,7 +615,7 @@ struct Failure {
 
 impl Failure {
     /// None for a 2xx answer.
-    fn of(answer: Result<StatusCode, reqwest::Error>, timeout_ms: u64) -> Option<Failure> {
+    fn of(answer: Result<StatusCode, CallError>, timeout_ms: u64) -> Option<Failure> {
         let err = match answer {
             Ok(status) if status.is_success() => return None,
             Ok(status) => {
@@ -684,7 +635,7 @@ impl Failure {
                 reason: "address not allowed".into(),
                 detail,
             },
-            _ if err.is_timeout() => Failure {
+            _ if timed_out(&err) => Failure {
                 result: "unreachable",
                 reason: "timeout".into(),
                 detail: format!("no answer within {timeout_ms} ms: {detail}"),
@@ -698,22 +649,21 @@ impl Failure {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_ca_file_that_cannot_be_read_or_holds_no_certificate_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing.pem");
-        let err = format!("{:#}", extra_roots(&missing).unwrap_err());
-        assert!(
-            err.contains("webhooks.ca_file") && err.contains("missing.pem"),
-            "{err}"
-        );
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "not a certificate\n").unwrap();
-        let err = format!("{:#}", extra_roots(&empty).unwrap_err());
-        assert!(err.contains("holds no PEM certificate"), "{err}");
+/// Whether a call failed for want of an answer in time: the whole call,
+/// or its connection.
+fn timed_out(err: &CallError) -> bool {
+    if matches!(err, CallError::Timeout(_)) {
+        return true;
     }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(err) = cause {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|err| err.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }

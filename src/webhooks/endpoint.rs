@@ -9,7 +9,7 @@
 //! ([`EndpointPolicy::parse`], then [`EndpointPolicy::check_reachable`],
 //! which resolves a host name), and on every call, because a name may
 //! resolve elsewhere by then (DNS rebinding): the webhook client resolves
-//! through [`CheckingResolver`], which refuses a name with any forbidden
+//! through [`super::client::CheckingResolver`], which refuses a name with any forbidden
 //! address, and an address written in the URL, which the client does not
 //! resolve, is checked before the call ([`EndpointPolicy::check_call`]).
 //! The client follows no redirects, so an answer cannot send it elsewhere.
@@ -19,9 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use reqwest::Url;
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use url::Host;
+use url::{Host, Url};
 
 use crate::config::WebhookSettings;
 
@@ -279,7 +277,7 @@ impl EndpointPolicy {
 
     /// Checks a stored URL before a call: its form, and an address written
     /// in it (the client resolves only names, through
-    /// [`CheckingResolver`]). Err is the tenant's reason and the log's
+    /// [`super::client::CheckingResolver`]). Err is the tenant's reason and the log's
     /// detail.
     pub fn check_call(&self, stored: &str) -> Result<Url, (&'static str, String)> {
         let url = Url::parse(stored).map_err(|err| {
@@ -300,27 +298,6 @@ impl EndpointPolicy {
                 .map_err(|refusal| ("address not allowed", refusal.to_string()))?;
         }
         Ok(url)
-    }
-
-    /// The resolver for the webhook client.
-    pub fn resolver(&self) -> CheckingResolver {
-        CheckingResolver(self.clone())
-    }
-}
-
-/// The webhook client's DNS resolver: the system's, through
-/// [`EndpointPolicy::resolve`], so a connection is only ever made to an
-/// address checked at that moment.
-pub struct CheckingResolver(EndpointPolicy);
-
-impl Resolve for CheckingResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let policy = self.0.clone();
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            let addrs = policy.resolve(&host).await?;
-            Ok::<Addrs, Box<dyn std::error::Error + Send + Sync>>(Box::new(addrs.into_iter()))
-        })
     }
 }
 

@@ -12,6 +12,7 @@
 //! fails for `webhooks.disable_after_secs` is disabled; its events are kept
 //! as failed, listed by [`failing`], and sent again by [`redrive`].
 
+pub mod client;
 pub mod dispatch;
 pub mod endpoint;
 pub mod sign;
