@@ -47,6 +47,24 @@ ceiling=$(KEY=x wrk -t2 -c"$connections" -d10s -s bench/send.lua "http://127.0.0
 kill "$bare"; wait "$bare" 2>/dev/null || true; bare=
 echo "ceiling (bare axum): $ceiling requests/s"
 
+# WEBHOOK=1: the tenant has a webhook for `message.sent`, answered 202 by a
+# second bare_axum over plain http; the run then also waits until every
+# call is delivered. WEBHOOK=h2 or WEBHOOK=h1: the same handler over https
+# (examples/tls_endpoint, its CA given to fairlane as webhooks.ca_file),
+# offering HTTP/2 and HTTP/1.1 in its handshake, or HTTP/1.1 only.
+webhook=${WEBHOOK:-0}
+if [ "$webhook" != 0 ]; then
+  hook_port=$(free_port)
+  case "$webhook" in
+    1) "$target/examples/bare_axum" "127.0.0.1:$hook_port" & hook=$!; scheme=http ;;
+    h2|h1) "$target/examples/tls_endpoint" "127.0.0.1:$hook_port" "$work/ca.pem" "$webhook" & hook=$!; scheme=https ;;
+    *) echo "WEBHOOK is 0, 1, h2 or h1" >&2; exit 1 ;;
+  esac
+  for _ in $(seq 50); do [ "$scheme" = http ] || [ -s "$work/ca.pem" ] && break; sleep 0.1; done
+  sleep 0.3
+  [ "$scheme" = http ] || export FAIRLANE__WEBHOOKS__CA_FILE=$work/ca.pem
+fi
+
 # 2. fairlane with consumers on.
 FAIRLANE__SERVER__LISTEN=127.0.0.1:$port \
 FAIRLANE__SERVER__ADMIN_TOKEN=$admin \
@@ -60,6 +78,8 @@ FAIRLANE__WEBHOOKS__ALLOW_HTTP=true \
 FAIRLANE__WEBHOOKS__ALLOW_PRIVATE='["127.0.0.1/32"]' \
 RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
 pid=$!
+# PID_FILE=F: fairlane's PID is written to F (to attach a profiler).
+[ -n "${PID_FILE:-}" ] && echo "$pid" >"$PID_FILE"
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
 api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
@@ -68,14 +88,9 @@ api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
 api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
 KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 export KEY
-# WEBHOOK=1: the tenant has a webhook for `message.sent`, answered 202 by a
-# second bare_axum; the run then also waits until every call is delivered.
-if [ "${WEBHOOK:-0}" = 1 ]; then
-  hook_port=$(free_port)
-  "$target/examples/bare_axum" "127.0.0.1:$hook_port" & hook=$!
-  sleep 0.3
+if [ "$webhook" != 0 ]; then
   api -X PUT "http://127.0.0.1:$port/v1/admin/tenants/bench/webhook" \
-    -d "{\"url\":\"http://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"]}" >/dev/null
+    -d "{\"url\":\"$scheme://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"]}" >/dev/null
 fi
 counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
 rss_max=0
@@ -104,6 +119,8 @@ fi
 # latency figures on SIGINT).
 before_load=$(counter fairlane_messages_accepted_total)
 cpu0=$(cpu_secs)
+hook_cpu0=0
+[ -n "$hook" ] && hook_cpu0=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
 t0=$(date +%s.%N)
 wrk -t2 -c"$connections" -d600s --latency -s bench/send_email.lua \
   "http://127.0.0.1:$port/v1/messages" >"$work/wrk.txt" &
@@ -131,8 +148,9 @@ if [ -n "$hook" ]; then
   done
   t_hooks=$(date +%s.%N)
   cpu_hooks=$(cpu_secs)
-  python3 -c "import sys; a, t0, t1, th, c0, c1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook')" \
-    "$accepted" "$t0" "$t1" "$t_hooks" "$cpu0" "$cpu_hooks"
+  hook_cpu1=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
+  python3 -c "import sys; a, t0, t1, th, c0, c1, h0, h1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook; the endpoint {1e6*(h1-h0)/a:.0f} µs per call')" \
+    "$accepted" "$t0" "$t1" "$t_hooks" "$cpu0" "$cpu_hooks" "$hook_cpu0" "$hook_cpu1"
   kill "$hook"; wait "$hook" 2>/dev/null || true; hook=
 fi
 awk '/Latency Distribution|  50%|  99%/' "$work/wrk.txt"
