@@ -2,10 +2,10 @@
 //! reqwest's layers around it.
 //!
 //! A call's whole client side is on the delivery path of every event, and
-//! reqwest's request building, timeout and response wrapping cost about
-//! 14 µs of CPU per call on top of hyper's 20 (`bench/call_floor.sh`,
-//! issue 27). What the dispatcher needs of a client is small, and kept
-//! here:
+//! with reqwest's request building, timeout and response wrapping around
+//! hyper it cost about 25 µs of CPU per call against hyper's own 18
+//! (`bench/call_floor.sh`, issue 27). What the dispatcher needs of a
+//! client is small, and kept here:
 //! - names resolved through [`EndpointPolicy`] ([`CheckingResolver`]), so a
 //!   connection is only made to an address checked at that moment;
 //! - no redirects followed and no proxy (hyper does neither);
