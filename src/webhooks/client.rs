@@ -30,7 +30,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use url::Url;
 
 use super::endpoint::{EndpointPolicy, Refusal};
@@ -86,8 +86,11 @@ impl WebhookClient {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        // Idle connections are closed after 90 s, as reqwest's pool did; the
+        // timer lets the pool drop them while nobody checks one out.
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
             .build(connector);
         Ok(WebhookClient {
             client,
