@@ -18,9 +18,10 @@
 //! connections to each endpoint are kept alive between calls (hyper's
 //! pool, see [`WebhookClient`]; each answer is read to its end, so its
 //! connection can carry the next call), and an endpoint that offers HTTP/2
-//! in its TLS handshake (ALPN) gets its calls as streams of one connection. Delivered calls are
-//! removed in batches by one recorder task, so a busy endpoint costs one
-//! write per batch rather than one per call. On SQLite a whole pass (the
+//! in its TLS handshake (ALPN) gets its calls as streams of one
+//! connection. Delivered calls are removed in batches by one recorder
+//! task, so a busy endpoint costs one write per batch rather than one per
+//! call. On SQLite a whole pass (the
 //! tenants with pending calls, and for each its due calls, their leases,
 //! their data and its endpoint) is one piece of the store writer's group,
 //! and the removals another, rather than taking the write lock from the

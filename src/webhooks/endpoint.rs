@@ -9,9 +9,10 @@
 //! ([`EndpointPolicy::parse`], then [`EndpointPolicy::check_reachable`],
 //! which resolves a host name), and on every call, because a name may
 //! resolve elsewhere by then (DNS rebinding): the webhook client resolves
-//! through [`super::client::CheckingResolver`], which refuses a name with any forbidden
-//! address, and an address written in the URL, which the client does not
-//! resolve, is checked before the call ([`EndpointPolicy::check_call`]).
+//! through [`super::client::CheckingResolver`], which refuses a name with
+//! any forbidden address, and an address written in the URL, which the
+//! client does not resolve, is checked before the call
+//! ([`EndpointPolicy::check_call`]).
 //! The client follows no redirects, so an answer cannot send it elsewhere.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -277,8 +278,8 @@ impl EndpointPolicy {
 
     /// Checks a stored URL before a call: its form, and an address written
     /// in it (the client resolves only names, through
-    /// [`super::client::CheckingResolver`]). Err is the tenant's reason and the log's
-    /// detail.
+    /// [`super::client::CheckingResolver`]). Err is the tenant's reason and
+    /// the log's detail.
     pub fn check_call(&self, stored: &str) -> Result<Url, (&'static str, String)> {
         let url = Url::parse(stored).map_err(|err| {
             (
