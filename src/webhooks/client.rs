@@ -79,6 +79,8 @@ impl WebhookClient {
         // https is wrapped around it; plain http passes through.
         http.enforce_http(false);
         http.set_nodelay(true);
+        // The call's timeout ends the wait, not a connect the pool carries
+        // on with in the background: this bounds that connect too.
         http.set_connect_timeout(Some(Duration::from_millis(settings.timeout_ms)));
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)

@@ -653,18 +653,10 @@ impl Failure {
 /// Whether a call failed for want of an answer in time: the whole call,
 /// or its connection.
 fn timed_out(err: &CallError) -> bool {
-    if matches!(err, CallError::Timeout(_)) {
-        return true;
-    }
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(err) = cause {
-        if err
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|err| err.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        cause = err.source();
-    }
-    false
+    matches!(err, CallError::Timeout(_))
+        || std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |err| {
+            err.source()
+        })
+        .filter_map(|err| err.downcast_ref::<std::io::Error>())
+        .any(|err| err.kind() == std::io::ErrorKind::TimedOut)
 }

@@ -304,14 +304,8 @@ impl EndpointPolicy {
 
 /// The [`Refusal`] among an error's causes, if any.
 pub fn refusal_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refusal> {
-    let mut cause = Some(err);
-    while let Some(err) = cause {
-        if let Some(refusal) = err.downcast_ref::<Refusal>() {
-            return Some(refusal);
-        }
-        cause = err.source();
-    }
-    None
+    std::iter::successors(Some(err), |err| err.source())
+        .find_map(|err| err.downcast_ref::<Refusal>())
 }
 
 #[cfg(test)]
