@@ -69,6 +69,7 @@ fn entry(n: u64) -> AcceptEntry {
         idempotency: if n.is_multiple_of(2) {
             vec![StoredResponse {
                 tenant_id: tenant,
+                test: false,
                 key: format!("key-{id}"),
                 request_hash: "0".repeat(64),
                 status_code: 202,

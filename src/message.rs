@@ -187,6 +187,12 @@ pub struct DeliveryPayload {
     /// Sent with a test key: the simulated provider answers it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub test: bool,
+    /// Set by the consumer from the store, never queued: an earlier
+    /// attempt failed (the status read before this one was `retrying`). The
+    /// simulated provider decides a `temporary@` recipient's outcome from
+    /// it, so every instance answers the same attempt alike.
+    #[serde(skip)]
+    pub retrying: bool,
     /// With traces on: the W3C `traceparent` of the span that queued it,
     /// which the consumer's span continues. Kept last: see
     /// `telemetry::traceparent_in`.

@@ -190,6 +190,60 @@ pub fn ms_to_rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// Which of a tenant's two worlds a message belongs to: the one its live
+/// keys send in (real providers, the quota), or the one its test keys send
+/// in (a simulated provider). Neither world can see or change the other's
+/// messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum World {
+    Live,
+    Test,
+}
+
+impl World {
+    /// The world of a message stored with this `test` mark.
+    pub fn of_test(test: bool) -> Self {
+        if test { World::Test } else { World::Live }
+    }
+
+    /// The `test` mark messages of this world are stored with.
+    pub fn is_test(self) -> bool {
+        self == World::Test
+    }
+}
+
+/// A tenant in one of its worlds: what every tenant-facing read and write
+/// of the store takes, so that a handler cannot forget which world its
+/// caller is in. An authenticated caller's scope comes from its key; the
+/// store's tenant-facing calls accept nothing less.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    tenant: String,
+    world: World,
+}
+
+impl Scope {
+    pub fn new(tenant: impl Into<String>, world: World) -> Self {
+        Scope {
+            tenant: tenant.into(),
+            world,
+        }
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    pub fn world(&self) -> World {
+        self.world
+    }
+
+    /// The `test` mark of the messages this scope reaches.
+    pub fn is_test(&self) -> bool {
+        self.world.is_test()
+    }
+}
+
 /// A plan: which lane a tenant's messages take and how much it may send.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Plan {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::Refused;
-use crate::model::now_ms;
+use crate::model::{Scope, now_ms};
 use crate::store::Db;
 use crate::store::idempotency::{self, StoredResponse};
 
@@ -71,19 +71,21 @@ pub(crate) fn feed_hash(hasher: &mut Sha256, value: &Value) {
     }
 }
 
-/// `(tenant, key)` pairs whose first request is still being answered.
-pub(crate) type InFlightKeys = Arc<Mutex<HashSet<(String, String)>>>;
+/// `(scope, key)` pairs whose first request is still being answered: a
+/// key is its tenant's in one world, so a test key's and a live key's
+/// requests under the same key are apart.
+pub(crate) type InFlightKeys = Arc<Mutex<HashSet<(Scope, String)>>>;
 
 /// Marks an idempotency key as being answered; unmarks it when dropped.
 pub(crate) struct InFlightKey {
     keys: InFlightKeys,
-    slot: (String, String),
+    slot: (Scope, String),
 }
 
 impl InFlightKey {
-    /// Holds `key` of `tenant_id`, or 409 while another request holds it.
-    pub(crate) fn claim(keys: &InFlightKeys, tenant_id: &str, key: &str) -> Result<Self, Refused> {
-        let slot = (tenant_id.to_owned(), key.to_owned());
+    /// Holds `key` of `scope`, or 409 while another request holds it.
+    pub(crate) fn claim(keys: &InFlightKeys, scope: &Scope, key: &str) -> Result<Self, Refused> {
+        let slot = (scope.clone(), key.to_owned());
         let fresh = keys.lock().expect("idempotency lock").insert(slot.clone());
         if !fresh {
             return Err(Refused::KeyInFlight(
@@ -110,11 +112,11 @@ impl Drop for InFlightKey {
 /// 422 if it had another.
 pub(crate) async fn remembered(
     db: &Db,
-    tenant_id: &str,
+    scope: &Scope,
     key: &str,
     hash: &str,
 ) -> Result<Option<StoredResponse>, Refused> {
-    match idempotency::lookup(db, tenant_id, key, now_ms()).await? {
+    match idempotency::lookup(db, scope, key, now_ms()).await? {
         Some(stored) if stored.request_hash != hash => Err(Refused::KeyReused(
             "This Idempotency-Key was used within the last 24 hours with a different request body."
                 .into(),

@@ -257,14 +257,13 @@ impl Acceptor {
         key_header: Option<&str>,
     ) -> Result<Sent, Refused> {
         let message = validate(value).map_err(Refused::Invalid)?;
-        let tenant_id = caller.tenant.id.as_str();
         let mut remembered_as = None;
         let _in_flight = match header_key(key_header)? {
             None => None,
             Some(key) => {
                 let hash = request_hash(value);
-                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
-                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
+                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
                     return Ok(Sent::Replayed {
                         id: stored.message_id,
                         status: stored.status_code,
@@ -319,8 +318,8 @@ impl Acceptor {
             None => None,
             Some(key) => {
                 let hash = batch::request_hash(&items);
-                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
-                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
+                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
                     return Ok(BatchSent::Replayed(stored.response_body));
                 }
                 batch_key = Some((key, hash));
@@ -364,6 +363,7 @@ impl Acceptor {
         if let (Some((key, request_hash)), Some(first)) = (batch_key.clone(), entries.first_mut()) {
             first.idempotency.push(remembered_answers::StoredResponse {
                 tenant_id: tenant_id.to_owned(),
+                test: caller.test,
                 key,
                 request_hash,
                 status_code: 200,
@@ -399,7 +399,6 @@ impl Acceptor {
     /// parsed here and dropped when done.
     async fn admit_item(&self, caller: &Caller, item: &RawValue) -> Result<Admitted, Refused> {
         batch::refuse_oversized(item)?;
-        let tenant_id = caller.tenant.id.as_str();
         let mut item: Value = serde_json::from_str(item.get()).map_err(anyhow::Error::from)?;
         let key = match &mut item {
             Value::Object(object) => match object.remove("idempotency_key") {
@@ -419,8 +418,8 @@ impl Acceptor {
             None => (None, None),
             Some(key) => {
                 let hash = request_hash(&item);
-                let guard = InFlightKey::claim(&self.in_flight, tenant_id, &key)?;
-                if let Some(stored) = remembered(&self.db, tenant_id, &key, &hash).await? {
+                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
+                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
                     let answer: SendAccepted =
                         serde_json::from_str(&stored.response_body).map_err(anyhow::Error::from)?;
                     return Ok(Admitted::Replayed(answer));

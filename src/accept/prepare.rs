@@ -153,6 +153,7 @@ pub(crate) fn prepare(
         sender: sender.map(crate::tenants::SenderIdentity::on_message),
         headers,
         test: caller.test,
+        retrying: false,
         traceparent: crate::telemetry::traceparent_of(&created),
     };
     drop(created);
@@ -211,6 +212,7 @@ pub(crate) fn prepare(
         },
         idempotency: Vec::from_iter(remembered.map(|(key, request_hash)| StoredResponse {
             tenant_id: tenant_id.to_owned(),
+            test: caller.test,
             key,
             request_hash,
             status_code: 202,

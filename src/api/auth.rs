@@ -153,6 +153,30 @@ impl FromRequestParts<AppState> for TenantWrite {
     }
 }
 
+/// A change to a setting both of a tenant's worlds share (its webhook, its
+/// suppression list): a [`TenantWrite`] made with a live key. A test key
+/// may read these settings but not change them, so a leaked CI key can
+/// neither re-point the live webhook nor lift a bounce's suppression.
+pub struct LiveWrite(pub Caller);
+
+impl FromRequestParts<AppState> for LiveWrite {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let TenantAuth(caller) = TenantAuth::from_request_parts(parts, state).await?;
+        if caller.test {
+            return Err(ApiError::Forbidden(
+                "A test key cannot change the tenant's webhook or suppression list, which its live messages share; use a live key.".into(),
+            ));
+        }
+        let TenantWrite(caller) = TenantWrite::from_request_parts(parts, state).await?;
+        Ok(LiveWrite(caller))
+    }
+}
+
 /// A request authenticated with the admin token.
 pub struct AdminOnly;
 

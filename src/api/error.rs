@@ -72,6 +72,13 @@ pub struct TooManyChanges(pub Problem);
 #[response(content_type = "application/problem+json")]
 pub struct TenantDisabledChange(pub Problem);
 
+/// The tenant is disabled, or the key is a test key: the tenant's webhook
+/// and suppression list, which both its worlds share, change only with a
+/// live key.
+#[derive(ToResponse)]
+#[response(content_type = "application/problem+json")]
+pub struct LiveKeyChange(pub Problem);
+
 /// A request with the same `Idempotency-Key` is still being answered.
 #[derive(ToResponse)]
 #[response(content_type = "application/problem+json")]

@@ -15,7 +15,7 @@ use super::error::{AdminForbidden, AdminUnauthorized, ApiError, Problem, TenantU
 use super::{ApiPath, AppState, known_tenant};
 use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::message::{MAX_REFERENCE_CHARS, MessageView};
-use crate::model::{Channel, MessageStatus};
+use crate::model::{Channel, MessageStatus, Scope, World};
 use crate::store::messages::{self, ListFilter};
 
 pub fn router() -> Router<AppState> {
@@ -83,7 +83,7 @@ fn time(field: &str, text: &str) -> Result<i64, ApiError> {
 }
 
 /// The filter and page size `query` asks for, or a 422 naming the field.
-fn filter_of(query: ListQuery, test: bool) -> Result<(ListFilter, i64), ApiError> {
+fn filter_of(query: ListQuery) -> Result<(ListFilter, i64), ApiError> {
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 1000"));
@@ -118,7 +118,6 @@ fn filter_of(query: ListQuery, test: bool) -> Result<(ListFilter, i64), ApiError
     };
     Ok((
         ListFilter {
-            test,
             reference: query.reference,
             status,
             channel,
@@ -140,14 +139,13 @@ fn filter_of(query: ListQuery, test: bool) -> Result<(ListFilter, i64), ApiError
 
 async fn page(
     state: &AppState,
-    tenant_id: &str,
+    scope: &Scope,
     query: Result<axum::extract::Query<ListQuery>, QueryRejection>,
-    test: bool,
 ) -> Result<Json<MessageList>, ApiError> {
     let axum::extract::Query(query) = query
         .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
-    let (filter, limit) = filter_of(query, test)?;
-    let rows = messages::list(&state.db, tenant_id, &filter, limit).await?;
+    let (filter, limit) = filter_of(query)?;
+    let rows = messages::list(&state.db, scope, &filter, limit).await?;
     let next = (rows.len() as i64 == limit)
         .then(|| {
             rows.last()
@@ -190,7 +188,7 @@ pub async fn list_messages(
             "a live key lists live messages and a test key test messages",
         ));
     }
-    page(&state, &caller.tenant.id, query, caller.test).await
+    page(&state, &caller.scope(), query).await
 }
 
 /// A tenant's messages, newest first (see `GET /v1/messages`).
@@ -218,5 +216,5 @@ pub async fn list_tenant_messages(
         Ok(axum::extract::Query(query)) => query.test.unwrap_or(false),
         Err(_) => false,
     };
-    page(&state, &id, query, test).await
+    page(&state, &Scope::new(id, World::of_test(test)), query).await
 }

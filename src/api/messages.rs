@@ -290,7 +290,7 @@ pub async fn get_message(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
-    let record = messages::get_for_tenant(&state.db, &caller.tenant.id, &id)
+    let record = messages::get_in(&state.db, &caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     Ok(axum::Json(record.into()))
@@ -322,13 +322,13 @@ pub async fn cancel_message(
     TenantWrite(caller): TenantWrite,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
-    let tenant_id = caller.tenant.id.as_str();
+    let scope = caller.scope();
     let not_found = || ApiError::NotFound(format!("No message {id:?} for this tenant."));
-    messages::get_for_tenant(&state.db, tenant_id, &id)
+    messages::get_in(&state.db, &scope, &id)
         .await?
         .ok_or_else(not_found)?;
-    let cancelled = state.writer.cancel(tenant_id, vec![id.clone()]).await?;
-    let record = messages::get_for_tenant(&state.db, tenant_id, &id)
+    let cancelled = state.writer.cancel(&scope, vec![id.clone()]).await?;
+    let record = messages::get_in(&state.db, &scope, &id)
         .await?
         .ok_or_else(not_found)?;
     // Only this call's cancel counts: a message cancelled before is ended.
@@ -338,7 +338,7 @@ pub async fn cancel_message(
             record.status.as_str()
         )));
     }
-    tracing::info!(tenant = %tenant_id, message_id = %id, "Message cancelled.");
+    tracing::info!(tenant = %scope.tenant(), message_id = %id, "Message cancelled.");
     Ok(axum::Json(record.into()))
 }
 
@@ -395,12 +395,11 @@ pub async fn cancel_by_reference(
     if reference.is_empty() || reference.chars().count() > crate::message::MAX_REFERENCE_CHARS {
         return Err(ApiError::field("reference", "must be 1-255 characters"));
     }
-    let tenant_id = caller.tenant.id.as_str();
+    let scope = caller.scope();
     let (pending, total) =
-        messages::ids_by_reference(&state.db, tenant_id, &reference, MAX_CANCEL_BY_REFERENCE)
-            .await?;
-    let cancelled = state.writer.cancel(tenant_id, pending).await?.len();
-    tracing::info!(tenant = %tenant_id, cancelled, "Messages cancelled by reference.");
+        messages::ids_by_reference(&state.db, &scope, &reference, MAX_CANCEL_BY_REFERENCE).await?;
+    let cancelled = state.writer.cancel(&scope, pending).await?.len();
+    tracing::info!(tenant = %scope.tenant(), cancelled, "Messages cancelled by reference.");
     Ok(axum::Json(CancelResult {
         cancelled,
         not_cancelled: total.saturating_sub(cancelled),

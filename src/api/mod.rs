@@ -676,6 +676,7 @@ impl Modify for SecurityAddon {
             error::TenantUnauthorized,
             error::TenantDisabled,
             error::TenantDisabledChange,
+            error::LiveKeyChange,
             error::TooManyChanges,
             error::IdempotencyInFlight,
             error::Malformed,

@@ -103,7 +103,7 @@ pub async fn list_events(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MessageEvents>, ApiError> {
-    let record = messages::get_for_tenant(&state.db, &caller.tenant.id, &id)
+    let record = messages::get_in(&state.db, &caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     let accepted = if record.send_at.is_some() {

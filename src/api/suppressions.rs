@@ -18,7 +18,7 @@ use super::error::{
     UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed, known_tenant};
-use crate::api::auth::{AdminOnly, TenantAuth, TenantWrite};
+use crate::api::auth::{AdminOnly, LiveWrite, TenantAuth};
 use crate::store::suppressions::{self, Suppression};
 
 pub fn router() -> Router<AppState> {
@@ -237,14 +237,14 @@ pub async fn list_suppressions(
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
         (status = 422, description = "Invalid fields (named in `errors`).", body = Problem, content_type = "application/problem+json"),
-        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 403, response = super::error::LiveKeyChange),
         (status = 429, response = super::error::TooManyChanges),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn add_suppression(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    LiveWrite(caller): LiveWrite,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -283,14 +283,14 @@ pub async fn get_suppression(
         (status = 401, response = TenantUnauthorized),
         (status = 404, description = "Not on the list.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not an email address or E.164 number.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 403, response = super::error::LiveKeyChange),
         (status = 429, response = super::error::TooManyChanges),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn remove_suppression(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    LiveWrite(caller): LiveWrite,
     ApiPath(address): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     remove_for(&state, &caller.tenant.id, &address).await

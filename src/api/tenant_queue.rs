@@ -131,7 +131,7 @@ pub async fn purge_tenant_queue(
     // The embedded queue marks them in its own transaction; otherwise this
     // does. Messages that were sent meanwhile keep their status.
     if !ids.is_empty() && !state.tenant_queues.purge_marks_cancelled() {
-        ids = state.writer.cancel(&id, ids).await?;
+        ids = state.writer.cancel_either_world(&id, ids).await?;
     }
     info!(tenant = %id, purged = ids.len(), "Dedicated tenant queue purged.");
     Ok(Json(PurgeResult {

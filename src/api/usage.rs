@@ -17,7 +17,7 @@ use super::error::{AdminForbidden, AdminUnauthorized, ApiError, Problem, TenantU
 use super::{ApiPath, AppState, known_tenant};
 use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::model::{Channel, now_ms};
-use crate::store::usage::{self, UsageRow};
+use crate::store::usage::{self, UsageRow, Whose};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -171,13 +171,13 @@ fn span(query: &UsageQuery) -> Result<(i64, i64), ApiError> {
 
 async fn answer(
     state: &AppState,
-    tenant_id: Option<&str>,
+    whose: Whose<'_>,
     query: Result<axum::extract::Query<UsageQuery>, QueryRejection>,
 ) -> Result<Json<Usage>, ApiError> {
     let axum::extract::Query(query) = query
         .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
     let (from, to) = span(&query)?;
-    let rows = usage::read(&state.db, tenant_id, from, to).await?;
+    let rows = usage::read(&state.db, whose, from, to).await?;
     let mut totals: Vec<UsageTotal> = Vec::new();
     let mut days = Vec::with_capacity(rows.len());
     for row in rows {
@@ -216,10 +216,11 @@ async fn answer(
     }))
 }
 
-/// This tenant's usage per UTC day, channel and key kind.
+/// This tenant's usage per UTC day and channel, in the key's world.
 ///
-/// Live and test messages are counted apart (`test`). Retention does not
-/// change these counts.
+/// A live key sees its live messages' counts, a test key its test
+/// messages' (`test`); an admin sees both. Retention does not change these
+/// counts.
 #[utoipa::path(
     get, path = "/v1/usage", tag = "messages",
     params(UsageQuery),
@@ -236,7 +237,7 @@ pub async fn tenant_usage(
     TenantAuth(caller): TenantAuth,
     query: Result<axum::extract::Query<UsageQuery>, QueryRejection>,
 ) -> Result<Json<Usage>, ApiError> {
-    answer(&state, Some(&caller.tenant.id), query).await
+    answer(&state, Whose::Scope(&caller.scope()), query).await
 }
 
 /// A tenant's usage (see `GET /v1/usage`).
@@ -260,7 +261,7 @@ pub async fn admin_tenant_usage(
     query: Result<axum::extract::Query<UsageQuery>, QueryRejection>,
 ) -> Result<Json<Usage>, ApiError> {
     known_tenant(&state, &id)?;
-    answer(&state, Some(&id), query).await
+    answer(&state, Whose::Tenant(&id), query).await
 }
 
 /// Every tenant's usage (see `GET /v1/usage`); `totals` sum all tenants.
@@ -281,7 +282,7 @@ pub async fn admin_usage(
     _admin: AdminOnly,
     query: Result<axum::extract::Query<UsageQuery>, QueryRejection>,
 ) -> Result<Json<Usage>, ApiError> {
-    answer(&state, None, query).await
+    answer(&state, Whose::Everyone, query).await
 }
 
 #[cfg(test)]

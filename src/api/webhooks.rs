@@ -18,7 +18,7 @@ use super::error::{
     UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed, known_tenant};
-use crate::api::auth::{AdminOnly, TenantAuth, TenantWrite};
+use crate::api::auth::{AdminOnly, LiveWrite, TenantAuth};
 use crate::webhooks::endpoint::{self, EndpointPolicy};
 use crate::webhooks::{self, WebhookInput, WebhookView, WebhookWithSecret};
 
@@ -50,9 +50,9 @@ fn no_webhook(tenant: &str) -> ApiError {
     ApiError::NotFound(format!("Tenant {tenant:?} has no webhook."))
 }
 
-/// Who sets a webhook: the tenant itself (a [`TenantWrite`]: refused while
-/// it is disabled, charged to its bucket of changes), or an admin for a
-/// tenant named in the path.
+/// Who sets a webhook: the tenant itself with a live key (a [`LiveWrite`]:
+/// refused while it is disabled, charged to its bucket of changes), or an
+/// admin for a tenant named in the path.
 enum Setter {
     Tenant,
     Admin,
@@ -142,7 +142,7 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
         (status = 201, description = "Created; `secret` is not shown again.", body = WebhookWithSecret),
         (status = 400, description = "The body is not valid JSON.", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 403, response = super::error::LiveKeyChange),
         (status = 429, response = super::error::TooManyChanges),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
@@ -152,7 +152,7 @@ async fn rotate_for(state: &AppState, tenant: &str) -> Result<Json<WebhookWithSe
 )]
 pub async fn put_webhook(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    LiveWrite(caller): LiveWrite,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -182,7 +182,7 @@ pub async fn get_webhook(
     responses(
         (status = 204, description = "Removed."),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 403, response = super::error::LiveKeyChange),
         (status = 429, response = super::error::TooManyChanges),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
@@ -190,7 +190,7 @@ pub async fn get_webhook(
 )]
 pub async fn delete_webhook(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    LiveWrite(caller): LiveWrite,
 ) -> Result<StatusCode, ApiError> {
     delete_for(&state, &caller.tenant.id).await
 }
@@ -205,7 +205,7 @@ pub async fn delete_webhook(
     responses(
         (status = 200, description = "The new secret; it is not shown again.", body = WebhookWithSecret),
         (status = 401, response = TenantUnauthorized),
-        (status = 403, response = super::error::TenantDisabledChange),
+        (status = 403, response = super::error::LiveKeyChange),
         (status = 429, response = super::error::TooManyChanges),
         (status = 404, description = "No webhook is set.", body = Problem, content_type = "application/problem+json"),
     ),
@@ -213,7 +213,7 @@ pub async fn delete_webhook(
 )]
 pub async fn rotate_webhook(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    LiveWrite(caller): LiveWrite,
 ) -> Result<Json<WebhookWithSecret>, ApiError> {
     rotate_for(&state, &caller.tenant.id).await
 }

@@ -38,7 +38,7 @@ use tracing::{info, warn};
 use crate::config::{ConsumerSettings, LaneSettings, RetrySettings};
 use crate::limits::gate::ProviderGate;
 use crate::metrics::{self as names, GaugeHold};
-use crate::model::{Channel, Lane};
+use crate::model::{Channel, Lane, World};
 use crate::providers::Provider;
 use crate::queue::{LaneQueue, ReceivedMessage, TenantQueues};
 use crate::store::Db;
@@ -217,12 +217,17 @@ struct TenantSlots {
     lane: Lane,
 }
 
+/// Whose places a message takes: its tenant's, in its world. A tenant's
+/// test messages have places of their own, so test sends stuck at the
+/// simulated provider never hold its live sends back.
+type SlotKey = (String, World);
+
 #[derive(Default)]
 struct SlotState {
-    in_flight: HashMap<String, u32>,
-    /// Each tenant's cap as of its last admission.
-    caps: HashMap<String, u32>,
-    parked: HashMap<String, TieredQueue>,
+    in_flight: HashMap<SlotKey, u32>,
+    /// Each tenant world's cap as of its last admission.
+    caps: HashMap<SlotKey, u32>,
+    parked: HashMap<SlotKey, TieredQueue>,
     parked_total: usize,
 }
 
@@ -252,7 +257,7 @@ impl TieredQueue {
 /// A tenant's place among the in-flight messages; released on drop.
 struct TenantSlot {
     slots: Arc<TenantSlots>,
-    tenant_id: String,
+    key: SlotKey,
 }
 
 /// What the dispatcher does with a message it took from the buffer.
@@ -288,21 +293,18 @@ impl TenantSlots {
     /// in flight; then parks the message.
     fn admit(self: &Arc<Self>, message: ReceivedMessage, cap: u32) -> Admission {
         let mut state = self.lock();
-        if state.caps.get(&message.tenant_id) != Some(&cap) {
-            state.caps.insert(message.tenant_id.clone(), cap);
+        let key: SlotKey = (message.tenant_id.clone(), World::of_test(message.test));
+        if state.caps.get(&key) != Some(&cap) {
+            state.caps.insert(key.clone(), cap);
         }
-        let count = state
-            .in_flight
-            .entry(message.tenant_id.clone())
-            .or_insert(0);
+        let count = state.in_flight.entry(key.clone()).or_insert(0);
         if *count < cap {
             *count += 1;
-            let tenant_id = message.tenant_id.clone();
             return Admission::Run(
                 message,
                 TenantSlot {
                     slots: self.clone(),
-                    tenant_id,
+                    key,
                 },
             );
         }
@@ -311,7 +313,7 @@ impl TenantSlots {
         let gauge = GaugeHold::new(
             metrics::gauge!(names::MESSAGES_WAITING, "lane" => self.lane.as_str(), "priority" => message.priority.as_str(), "stage" => "parked"),
         );
-        state.parked.entry(message.tenant_id.clone()).or_default().0[rank].push_back(Parked {
+        state.parked.entry(key).or_default().0[rank].push_back(Parked {
             message,
             _gauge: gauge,
             since: Instant::now(),
@@ -341,15 +343,18 @@ impl TenantSlots {
         self.max_parked.saturating_sub(self.lock().parked_total)
     }
 
-    /// The tenants at their cap: a message of theirs received now would
-    /// be parked.
+    /// The tenants with a world at its cap: a message of theirs received
+    /// now might be parked. A queue tells tenants apart, not worlds, so a
+    /// tenant is left in the queue while either of its worlds is full: the
+    /// parking stays bounded, at the cost of its other world's messages
+    /// waiting for a place rather than being looked past to.
     fn capped(&self) -> HashSet<String> {
         let state = self.lock();
         state
             .in_flight
             .iter()
-            .filter(|(tenant, count)| state.caps.get(*tenant).is_some_and(|cap| *count >= cap))
-            .map(|(tenant, _)| tenant.clone())
+            .filter(|(key, count)| state.caps.get(*key).is_some_and(|cap| *count >= cap))
+            .map(|((tenant, _), _)| tenant.clone())
             .collect()
     }
 
@@ -372,11 +377,11 @@ impl Drop for TenantSlot {
     fn drop(&mut self) {
         let mut state = self.slots.lock();
         // The place passes to the tenant's best parked message, if any.
-        let next = match state.parked.get_mut(&self.tenant_id) {
+        let next = match state.parked.get_mut(&self.key) {
             Some(queue) => {
                 let next = queue.pop();
                 if queue.is_empty() {
-                    state.parked.remove(&self.tenant_id);
+                    state.parked.remove(&self.key);
                 }
                 next
             }
@@ -388,7 +393,7 @@ impl Drop for TenantSlot {
             self.slots.room.notify_waiters();
             let slot = TenantSlot {
                 slots: self.slots.clone(),
-                tenant_id: self.tenant_id.clone(),
+                key: self.key.clone(),
             };
             // If the dispatcher is gone (shutdown), the message is dropped
             // with its slot and comes back after its visibility timeout.
@@ -398,11 +403,11 @@ impl Drop for TenantSlot {
                 .send((parked.message, slot, parked.since.elapsed()));
             return;
         }
-        if let Some(count) = state.in_flight.get_mut(&self.tenant_id) {
+        if let Some(count) = state.in_flight.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {
-                state.in_flight.remove(&self.tenant_id);
-                state.caps.remove(&self.tenant_id);
+                state.in_flight.remove(&self.key);
+                state.caps.remove(&self.key);
             }
         }
     }
@@ -695,6 +700,7 @@ mod tests {
             enqueued_at_ms: 0,
             status_at_receive: None,
             suppressed_at_receive: None,
+            test: false,
         }
     }
 

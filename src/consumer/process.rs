@@ -283,11 +283,14 @@ async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str
     }
 }
 
-/// The recipient of a queue entry, read without the rest of its payload.
+/// The recipient of a queue entry and its world, read without the rest
+/// of its payload.
 #[derive(serde::Deserialize)]
 struct Recipient<'a> {
     #[serde(borrow)]
     to: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    test: bool,
 }
 
 /// Reads, in one store call for a whole receive, what [`deliver`] checks
@@ -299,14 +302,17 @@ struct Recipient<'a> {
 /// before the provider call is still what decides.
 pub(super) async fn look_up(delivery: &Delivery, messages: &mut [ReceivedMessage]) {
     let checks: Vec<SendCheck> = messages
-        .iter()
-        .map(|message| SendCheck {
-            id: message.message_id.clone(),
-            tenant_id: message.tenant_id.clone(),
-            address: serde_json::from_str::<Recipient>(&message.body)
-                .ok()
-                .and_then(|recipient| suppressions::normalize(&recipient.to))
-                .map(|(_, address)| address),
+        .iter_mut()
+        .map(|message| {
+            let recipient = serde_json::from_str::<Recipient>(&message.body).ok();
+            message.test = recipient.as_ref().is_some_and(|recipient| recipient.test);
+            SendCheck {
+                id: message.message_id.clone(),
+                tenant_id: message.tenant_id.clone(),
+                address: recipient
+                    .and_then(|recipient| suppressions::normalize(&recipient.to))
+                    .map(|(_, address)| address),
+            }
         })
         .collect();
     match delivery.status.before_send(checks).await {
@@ -410,7 +416,11 @@ fn process_span(lane: Lane, message: &ReceivedMessage, payload: &DeliveryPayload
     span
 }
 
-async fn deliver_payload(context: &Context, message: ReceivedMessage, payload: DeliveryPayload) {
+async fn deliver_payload(
+    context: &Context,
+    message: ReceivedMessage,
+    mut payload: DeliveryPayload,
+) {
     let lane = context.lane;
     let channel = payload.channel.as_str();
     let unsent = Known {
@@ -460,6 +470,7 @@ async fn deliver_payload(context: &Context, message: ReceivedMessage, payload: D
             .map(|record| record.map(|record| record.status)),
     };
     let retrying = matches!(status, Ok(Some(MessageStatus::Retrying)));
+    payload.retrying = retrying;
     match status {
         Ok(Some(status)) if status == MessageStatus::Sent || status.is_receipt() => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");

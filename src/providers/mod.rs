@@ -466,6 +466,7 @@ mod tests {
             sender: None,
             headers: Vec::new(),
             test: false,
+            retrying: false,
             traceparent: None,
         }
     }

@@ -13,8 +13,6 @@
 //! | a temporary failure, then delivered | `temporary@simulator.fairlane.test` | `+15005550004` |
 //! | never answers: every attempt times out | `timeout@simulator.fairlane.test` | `+15005550005` |
 
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -64,21 +62,19 @@ impl Outcome {
     }
 }
 
-/// Answers test keys' messages; see the module documentation.
+/// Answers test keys' messages; see the module documentation. It keeps no
+/// memory of its own: a `temporary@` recipient's first attempt fails and
+/// the one after succeeds because the store says an attempt failed
+/// (`DeliveryPayload::retrying`), so any instance answers alike.
 pub struct SimulatedProvider {
     /// How long a call that never answers takes to time out: the real
     /// provider's timeout for the channel.
     timeout: Duration,
-    /// Messages that failed once already (`Outcome::Temporary`).
-    failed_once: Mutex<HashSet<String>>,
 }
 
 impl SimulatedProvider {
     pub fn new(timeout: Duration) -> Self {
-        SimulatedProvider {
-            timeout,
-            failed_once: Mutex::new(HashSet::new()),
-        }
+        SimulatedProvider { timeout }
     }
 }
 
@@ -93,26 +89,12 @@ impl Provider for SimulatedProvider {
                 tokio::time::sleep(self.timeout).await;
                 Err(ProviderError::Transient(Failure::plain("timeout")))
             }
-            Outcome::Temporary
-                if self
-                    .failed_once
-                    .lock()
-                    .expect("failed_once lock")
-                    .insert(message.id.clone()) =>
-            {
-                Err(ProviderError::Transient(Failure::plain(
-                    "HTTP 503 (simulated)",
-                )))
-            }
-            Outcome::Temporary | Outcome::Delivered | Outcome::Bounced => {
-                self.failed_once
-                    .lock()
-                    .expect("failed_once lock")
-                    .remove(&message.id);
-                Ok(Delivered {
-                    provider_message_id: format!("test-{}", uuid::Uuid::new_v4()),
-                })
-            }
+            Outcome::Temporary if !message.retrying => Err(ProviderError::Transient(
+                Failure::plain("HTTP 503 (simulated)"),
+            )),
+            Outcome::Temporary | Outcome::Delivered | Outcome::Bounced => Ok(Delivered {
+                provider_message_id: format!("test-{}", uuid::Uuid::new_v4()),
+            }),
         }
     }
 
@@ -144,5 +126,27 @@ mod tests {
             Outcome::of(Channel::Sms, "+15551234567"),
             Outcome::Delivered
         );
+    }
+
+    /// What the store says decides a temporary failure, not which
+    /// instance's provider answers: the first attempt fails on one, the
+    /// retry succeeds on another that never saw the message.
+    #[tokio::test]
+    async fn a_temporary_recipient_fails_its_first_attempt_and_succeeds_on_any_instance_after() {
+        let mut message =
+            crate::providers::tests::payload(Channel::Email, "temporary@simulator.fairlane.test");
+        let first = SimulatedProvider::new(Duration::from_millis(1));
+        let second = SimulatedProvider::new(Duration::from_millis(1));
+        assert!(matches!(
+            first.send(&message).await,
+            Err(ProviderError::Transient(_))
+        ));
+        assert!(matches!(
+            second.send(&message).await,
+            Err(ProviderError::Transient(_))
+        ));
+        message.retrying = true;
+        assert!(second.send(&message).await.is_ok());
+        assert!(first.send(&message).await.is_ok());
     }
 }

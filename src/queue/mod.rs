@@ -52,6 +52,10 @@ pub struct ReceivedMessage {
     /// consumer's poller looked the receive up; `None`: not looked up (the
     /// consumer then reads it itself).
     pub suppressed_at_receive: Option<bool>,
+    /// Sent with a test key, as the consumer's poller read it from the body
+    /// when it looked the receive up (false until then): the world whose
+    /// in-flight places the message takes.
+    pub test: bool,
 }
 
 /// Point-in-time figures for one lane.

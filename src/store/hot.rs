@@ -28,7 +28,7 @@ use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
 use super::webhooks::{self, DueCall, Webhook};
-use crate::model::MessageStatus;
+use crate::model::{MessageStatus, Scope};
 use crate::store::messages::MessageRecord;
 
 /// A received message to look up before sending (see
@@ -207,18 +207,40 @@ impl Writer {
         }
     }
 
-    /// Cancels those of `ids` (of `tenant_id`) that are still waiting to be
-    /// sent; returns the ids cancelled. Ordered with the consumers' claims
-    /// by the store, so a message cancelled here is never sent, and one
-    /// being sent is not cancelled. A scheduled message's outbox row goes
-    /// too, so it never reaches its lane.
-    pub async fn cancel(&self, tenant_id: &str, ids: Vec<String>) -> anyhow::Result<Vec<String>> {
+    /// Cancels those of `ids` (of `scope`: its tenant, in its world) that
+    /// are still waiting to be sent; returns the ids cancelled. Ordered
+    /// with the consumers' claims by the store, so a message cancelled here
+    /// is never sent, and one being sent is not cancelled. A scheduled
+    /// message's outbox row goes too, so it never reaches its lane.
+    pub async fn cancel(&self, scope: &Scope, ids: Vec<String>) -> anyhow::Result<Vec<String>> {
+        self.cancel_where(scope.tenant(), Some(scope.is_test()), ids)
+            .await
+    }
+
+    /// [`Writer::cancel`] for an operator: `tenant_id`'s messages of both
+    /// worlds (a purge of the tenant's own queue).
+    pub async fn cancel_either_world(
+        &self,
+        tenant_id: &str,
+        ids: Vec<String>,
+    ) -> anyhow::Result<Vec<String>> {
+        self.cancel_where(tenant_id, None, ids).await
+    }
+
+    async fn cancel_where(
+        &self,
+        tenant_id: &str,
+        test: Option<bool>,
+        ids: Vec<String>,
+    ) -> anyhow::Result<Vec<String>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::cancel(writer, tenant_id.to_owned(), ids).await,
-            Backend::Postgres(writer) => writer.cancel(tenant_id, &ids).await,
+            Backend::Sqlite { writer, .. } => {
+                hot::cancel(writer, tenant_id.to_owned(), test, ids).await
+            }
+            Backend::Postgres(writer) => writer.cancel(tenant_id, test, &ids).await,
         }
     }
 
@@ -666,9 +688,14 @@ pub(crate) mod tests {
         writer.sent("m1", "SM").await.unwrap();
         writer.stop().await;
         finished.await.unwrap();
-        let rows = crate::store::usage::read(&db, Some("t"), 0, i64::MAX / 86_400_000)
-            .await
-            .unwrap();
+        let rows = crate::store::usage::read(
+            &db,
+            crate::store::usage::Whose::Tenant("t"),
+            0,
+            i64::MAX / 86_400_000,
+        )
+        .await
+        .unwrap();
         let accepted: i64 = rows.iter().map(|r| r.accepted).sum();
         let sent: i64 = rows.iter().map(|r| r.sent).sum();
         let fragments: i64 = rows.iter().map(|r| r.fragments).sum();

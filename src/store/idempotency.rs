@@ -1,8 +1,10 @@
-//! Stored answers for `Idempotency-Key`: per tenant, kept 24 hours, written
+//! Stored answers for `Idempotency-Key`: per tenant and world (a test
+//! key's answers are not a live key's), kept 24 hours, written
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
 use super::{Db, on_pool};
+use crate::model::Scope;
 
 /// How long a key is remembered.
 pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
@@ -11,6 +13,8 @@ pub const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResponse {
     pub tenant_id: String,
+    /// Answered to a test key: the key is remembered in the test world.
+    pub test: bool,
     pub key: String,
     /// SHA-256 (hex) of the canonical request body.
     pub request_hash: String,
@@ -27,7 +31,7 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&StoredResponse]) -> rusq
         return Ok(());
     }
     let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT OR REPLACE INTO idempotency_keys (tenant_id, key, request_hash, status_code, response_body, message_id, created_at, test) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
     for stored in rows {
         insert.execute(rusqlite::params![
@@ -38,32 +42,36 @@ pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&StoredResponse]) -> rusq
             stored.response_body,
             stored.message_id,
             stored.created_at,
+            stored.test,
         ])?;
     }
     Ok(())
 }
 
-/// The answer remembered for `key`, if it is younger than 24 hours at `now_ms`.
+/// The answer remembered for `key` in `scope`, if it is younger than 24
+/// hours at `now_ms`.
 pub async fn lookup(
     db: &Db,
-    tenant_id: &str,
+    scope: &Scope,
     key: &str,
     now_ms: i64,
 ) -> anyhow::Result<Option<StoredResponse>> {
     let row: Option<(String, i64, String, String, i64)> = on_pool!(db, read, |pool| {
         sqlx::query_as(
             "SELECT request_hash, status_code, response_body, message_id, created_at \
-             FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 AND created_at > $3",
+             FROM idempotency_keys WHERE tenant_id = $1 AND test = $4 AND key = $2 AND created_at > $3",
         )
-        .bind(tenant_id)
+        .bind(scope.tenant())
         .bind(key)
         .bind(now_ms - RETENTION_MS)
+        .bind(scope.is_test())
         .fetch_optional(pool)
         .await?
     });
     Ok(row.map(
         |(request_hash, status_code, response_body, message_id, created_at)| StoredResponse {
-            tenant_id: tenant_id.to_owned(),
+            tenant_id: scope.tenant().to_owned(),
+            test: scope.is_test(),
             key: key.to_owned(),
             request_hash,
             status_code: status_code as u16,

@@ -5,7 +5,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::{Db, on_pool};
 
-use crate::model::Lane;
+use crate::model::{Lane, Scope};
 
 pub use crate::message::MessageRecord;
 
@@ -124,18 +124,19 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
     })
 }
 
-/// The message `id` if it belongs to `tenant_id`.
-pub async fn get_for_tenant(
-    db: &Db,
-    tenant_id: &str,
-    id: &str,
-) -> anyhow::Result<Option<MessageRecord>> {
+/// The message `id` if it belongs to `scope`: its tenant, in its world.
+/// A test key's caller never gets a live message, nor a live key's caller a
+/// test one.
+pub async fn get_in(db: &Db, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>> {
     let row: Option<MessageRow> = on_pool!(db, read, |pool| {
-        sqlx::query_as(select_message!("WHERE id = $1 AND tenant_id = $2"))
-            .bind(id)
-            .bind(tenant_id)
-            .fetch_optional(pool)
-            .await?
+        sqlx::query_as(select_message!(
+            "WHERE id = $1 AND tenant_id = $2 AND test = $3"
+        ))
+        .bind(id)
+        .bind(scope.tenant())
+        .bind(scope.is_test())
+        .fetch_optional(pool)
+        .await?
     });
     row.map(from_row).transpose()
 }
@@ -282,31 +283,35 @@ pub async fn get_many(
     Ok(found)
 }
 
-/// Of `tenant_id`'s messages with `reference`: the ids of up to `limit`
-/// still waiting to be sent, and how many there are in all.
+/// Of `scope`'s messages with `reference`: the ids of up to `limit` still
+/// waiting to be sent, and how many there are in all.
 pub async fn ids_by_reference(
     db: &Db,
-    tenant_id: &str,
+    scope: &Scope,
     reference: &str,
     limit: i64,
 ) -> anyhow::Result<(Vec<String>, usize)> {
     let pending: Vec<String> = on_pool!(db, read, |pool| {
         sqlx::query_scalar(
-            "SELECT id FROM messages WHERE tenant_id = $1 AND reference = $2 \
-             AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $3",
+            "SELECT id FROM messages WHERE tenant_id = $1 AND test = $2 AND reference = $3 \
+             AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $4",
         )
-        .bind(tenant_id)
+        .bind(scope.tenant())
+        .bind(scope.is_test())
         .bind(reference)
         .bind(limit)
         .fetch_all(pool)
         .await?
     });
     let total: i64 = on_pool!(db, read, |pool| {
-        sqlx::query_scalar("SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND reference = $2")
-            .bind(tenant_id)
-            .bind(reference)
-            .fetch_one(pool)
-            .await?
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND test = $2 AND reference = $3",
+        )
+        .bind(scope.tenant())
+        .bind(scope.is_test())
+        .bind(reference)
+        .fetch_one(pool)
+        .await?
     });
     Ok((pending, total.max(0) as usize))
 }
@@ -369,11 +374,9 @@ pub async fn release_interrupted_sends(db: &Db) -> anyhow::Result<u64> {
     Ok(reset.rows_affected())
 }
 
-/// Which of a tenant's messages a list shows (all given conditions hold).
+/// Which of a scope's messages a list shows (all given conditions hold).
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    /// A test key's messages, or live ones: never both in one list.
-    pub test: bool,
     pub reference: Option<String>,
     pub status: Option<crate::model::MessageStatus>,
     pub channel: Option<crate::model::Channel>,
@@ -386,13 +389,14 @@ pub struct ListFilter {
     pub before: Option<(i64, String)>,
 }
 
-/// A page of `tenant_id`'s messages, newest first, at most `limit`. The
+/// A page of `scope`'s messages, newest first, at most `limit`: a test
+/// key's messages or live ones, never both in one list. The
 /// index `(tenant_id, test, created_at, id)` gives the order, so a page
 /// reads about as many rows as it shows unless a filter is rare (a
 /// reference has an index of its own).
 pub async fn list(
     db: &Db,
-    tenant_id: &str,
+    scope: &Scope,
     filter: &ListFilter,
     limit: i64,
 ) -> anyhow::Result<Vec<MessageRecord>> {
@@ -441,8 +445,8 @@ pub async fn list(
     ));
     let rows: Vec<MessageRow> = on_pool!(db, read, |pool| {
         let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(tenant_id)
-            .bind(filter.test);
+            .bind(scope.tenant())
+            .bind(scope.is_test());
         for value in &binds {
             query = match value {
                 Value::Text(text) => query.bind(*text),

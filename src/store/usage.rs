@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use super::{Db, on_pool};
+use crate::model::Scope;
 
 /// The counters, in column order.
 const COUNTERS: [&str; 11] = [
@@ -54,14 +55,30 @@ pub struct UsageRow {
     pub fragments: i64,
 }
 
-/// The usage rows of days `from_day..=to_day`, of `tenant_id` or of every
-/// tenant, ordered by tenant, day, channel and kind.
+/// Whose usage a read covers.
+#[derive(Debug, Clone, Copy)]
+pub enum Whose<'a> {
+    /// Every tenant, both worlds (an operator's view).
+    Everyone,
+    /// One tenant, both worlds (an operator's view).
+    Tenant(&'a str),
+    /// One tenant in one world: what its own key may see.
+    Scope(&'a Scope),
+}
+
+/// The usage rows of days `from_day..=to_day` of `whose`, ordered by
+/// tenant, day, channel and kind.
 pub async fn read(
     db: &Db,
-    tenant_id: Option<&str>,
+    whose: Whose<'_>,
     from_day: i64,
     to_day: i64,
 ) -> anyhow::Result<Vec<UsageRow>> {
+    let (tenant_id, test) = match whose {
+        Whose::Everyone => (None, None),
+        Whose::Tenant(tenant) => (Some(tenant), None),
+        Whose::Scope(scope) => (Some(scope.tenant()), Some(scope.is_test())),
+    };
     let columns = COUNTERS.join(", ");
     let source = match db {
         Db::Sqlite(_) => "usage".to_owned(),
@@ -77,6 +94,7 @@ pub async fn read(
     let sql = format!(
         "SELECT tenant_id, day, channel, test, {sums} FROM {source} AS u \
          WHERE day BETWEEN $1 AND $2 AND (CAST($3 AS TEXT) IS NULL OR tenant_id = $3) \
+         AND (CAST($4 AS BOOLEAN) IS NULL OR test = $4) \
          GROUP BY tenant_id, day, channel, test ORDER BY tenant_id, day, channel, test",
         sums = sums.join(", ")
     );
@@ -85,6 +103,7 @@ pub async fn read(
             .bind(from_day)
             .bind(to_day)
             .bind(tenant_id)
+            .bind(test)
             .fetch_all(pool)
             .await?
     }))

@@ -22,7 +22,7 @@ use utoipa::ToSchema;
 
 use crate::config::PlanSettings;
 pub use crate::config::validate_plan_figures;
-use crate::model::{Isolation, TenantStatus, now_ms};
+use crate::model::{Isolation, Scope, TenantStatus, World, now_ms};
 use crate::store::Db;
 use crate::store::registry::{
     self, PlanSource, RegistryRows, SenderRow, StoredTenant, TenantDeletion,
@@ -398,6 +398,14 @@ pub struct Caller {
     pub senders: Arc<Vec<SenderIdentity>>,
     /// Authenticated with a test key.
     pub test: bool,
+}
+
+impl Caller {
+    /// The tenant and world this caller's key reaches: what every
+    /// tenant-facing store call takes.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.tenant.id.as_str(), World::of_test(self.test))
+    }
 }
 
 impl Registry {

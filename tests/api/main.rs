@@ -43,3 +43,4 @@ mod traces;
 mod unsubscribe;
 mod webhook_transport;
 mod webhooks;
+mod worlds;

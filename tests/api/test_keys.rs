@@ -56,9 +56,10 @@ on_both_stores! {
         let live_key = live["key"].as_str().unwrap().to_owned();
         assert!(!live_key.starts_with("fl_test_"), "{live_key}");
         let endpoint = endpoint_ok().await;
+        // The webhook both worlds share is set with the live key.
         set_webhook(
             &app,
-            &test_key,
+            &live_key,
             &endpoint.uri(),
             &["message.delivered", "message.bounced", "message.failed", "message.dead_lettered"],
         )

@@ -262,6 +262,7 @@ impl Work for ReceiveWork {
                         enqueued_at_ms: enqueued_at,
                         status_at_receive: status.and_then(|word| word.parse().ok()),
                         suppressed_at_receive: None,
+                        test: false,
                     });
                 }
             }

@@ -176,6 +176,7 @@ impl Parsed {
             enqueued_at_ms: self.enqueued_at_ms,
             status_at_receive: None,
             suppressed_at_receive: None,
+            test: false,
         }
     }
 }

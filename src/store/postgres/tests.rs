@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, Executor, PgConnection};
 
 use super::*;
-use crate::model::{Channel, Lane, MessageStatus, Priority, now_ms};
+use crate::model::{Channel, Lane, MessageStatus, Priority, Scope, World, now_ms};
 use crate::queue::OutboundMessage;
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages::{self, MessageRecord};
@@ -108,6 +108,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
         },
         idempotency: Vec::from_iter(key.map(|key| StoredResponse {
             tenant_id: tenant.into(),
+            test: false,
             key: key.into(),
             request_hash: "h".into(),
             status_code: 202,
@@ -153,11 +154,18 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
         count(&db, "SELECT COUNT(*) FROM idempotency_keys").await,
         100
     );
-    let remembered = idempotency::lookup(&db, "acme", "key-4", now_ms())
+    let remembered = idempotency::lookup(&db, &Scope::new("acme", World::Live), "key-4", now_ms())
         .await
         .unwrap()
         .expect("remembered");
     assert_eq!(remembered.message_id, "m4");
+    assert!(
+        idempotency::lookup(&db, &Scope::new("acme", World::Test), "key-4", now_ms())
+            .await
+            .unwrap()
+            .is_none(),
+        "a live key's answer is not remembered in the test world"
+    );
 
     let status = writer.clone();
     status.sending("m1").await;
@@ -181,17 +189,25 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
     assert_eq!(sent.status, MessageStatus::Sent);
     assert_eq!(sent.attempts, 1);
     assert_eq!(sent.provider_message_id.as_deref(), Some("SM1"));
-    let retrying = messages::get_for_tenant(&db, "acme", "m2")
+    let live = |tenant: &str| Scope::new(tenant, World::Live);
+    let retrying = messages::get_in(&db, &live("acme"), "m2")
         .await
         .unwrap()
         .unwrap();
     assert_eq!(retrying.status, MessageStatus::Retrying);
     assert_eq!(retrying.last_error.as_deref(), Some("503 from provider"));
     assert!(
-        messages::get_for_tenant(&db, "other", "m2")
+        messages::get_in(&db, &live("other"), "m2")
             .await
             .unwrap()
             .is_none()
+    );
+    assert!(
+        messages::get_in(&db, &Scope::new("acme", World::Test), "m2")
+            .await
+            .unwrap()
+            .is_none(),
+        "a live message is not found in the tenant's test world"
     );
     let many = messages::get_many(&db, &["m3".into(), "m5".into(), "zz".into()])
         .await

@@ -145,16 +145,23 @@ impl PgWriter {
     /// with their outbox rows; returns the ids cancelled. A row being
     /// claimed by a consumer at the same moment is locked, so one of the
     /// two waits and then finds the other's outcome.
-    pub async fn cancel(&self, tenant_id: &str, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    pub async fn cancel(
+        &self,
+        tenant_id: &str,
+        test: Option<bool>,
+        ids: &[String],
+    ) -> anyhow::Result<Vec<String>> {
         let mut tx = self.pool.begin().await?;
         let cancelled: Vec<String> = sqlx::query_scalar(
             "UPDATE messages SET status = 'cancelled', updated_at = $1 \
-             WHERE tenant_id = $2 AND id = ANY($3) AND status IN ('scheduled', 'queued', 'retrying') \
+             WHERE tenant_id = $2 AND id = ANY($3) AND ($4::boolean IS NULL OR test = $4) \
+             AND status IN ('scheduled', 'queued', 'retrying') \
              RETURNING id",
         )
         .bind(now_ms())
         .bind(tenant_id)
         .bind(ids)
+        .bind(test)
         .fetch_all(&mut *tx)
         .await?;
         sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
@@ -480,6 +487,7 @@ struct AcceptColumns {
     idem_body: Vec<String>,
     idem_message: Vec<String>,
     idem_created: Vec<i64>,
+    idem_test: Vec<bool>,
 }
 
 impl AcceptColumns {
@@ -510,6 +518,7 @@ impl AcceptColumns {
                 columns.idem_body.push(stored.response_body.clone());
                 columns.idem_message.push(stored.message_id.clone());
                 columns.idem_created.push(stored.created_at);
+                columns.idem_test.push(stored.test);
             }
         }
         columns
@@ -712,10 +721,10 @@ async fn insert_accepts(
         // An expired answer under the same key is replaced, as on SQLite.
         sqlx::query(
             "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, \
-             response_body, message_id, created_at) \
+             response_body, message_id, created_at, test) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
-             $6::text[], $7::bigint[]) \
-             ON CONFLICT (tenant_id, key) DO UPDATE SET request_hash = excluded.request_hash, \
+             $6::text[], $7::bigint[], $8::boolean[]) \
+             ON CONFLICT (tenant_id, test, key) DO UPDATE SET request_hash = excluded.request_hash, \
              status_code = excluded.status_code, response_body = excluded.response_body, \
              message_id = excluded.message_id, created_at = excluded.created_at",
         )
@@ -726,6 +735,7 @@ async fn insert_accepts(
         .bind(&rows.idem_body)
         .bind(&rows.idem_message)
         .bind(&rows.idem_created)
+        .bind(&rows.idem_test)
         .execute(&mut **tx)
         .await
         .context("inserting idempotency records")?;

@@ -108,19 +108,21 @@ impl Work for AcceptWork {
 pub(crate) async fn cancel(
     writer: &StoreWriter,
     tenant_id: String,
+    test: Option<bool>,
     ids: Vec<String>,
 ) -> anyhow::Result<Vec<String>> {
     writer
         .run(move |tx| {
             let mut cancel = tx.prepare_cached(
                 "UPDATE messages SET status = 'cancelled', updated_at = ?1, erased_at = NULL \
-                 WHERE id = ?2 AND tenant_id = ?3 AND status IN ('scheduled', 'queued', 'retrying')",
+                 WHERE id = ?2 AND tenant_id = ?3 AND (?4 IS NULL OR test = ?4) \
+                 AND status IN ('scheduled', 'queued', 'retrying')",
             )?;
             let mut forget = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
             let mut cancelled = Vec::new();
             let now = now_ms();
             for id in &ids {
-                if cancel.execute(rusqlite::params![now, id, tenant_id])? == 1 {
+                if cancel.execute(rusqlite::params![now, id, tenant_id, test])? == 1 {
                     forget.execute([id])?;
                     cancelled.push(id.clone());
                 }
