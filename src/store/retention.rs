@@ -25,34 +25,40 @@ pub struct Due {
 /// Up to `limit` settled messages of `tenant_id` created before `cutoff`
 /// (ms) whose personal data is still kept, oldest first.
 pub async fn due(db: &Db, tenant_id: &str, cutoff: i64, limit: usize) -> anyhow::Result<Vec<Due>> {
-    // The settled statuses: nothing more is sent (receipts may still
-    // follow `sent`).
+    let sql = format!(
+        "SELECT id, status FROM messages \
+         WHERE tenant_id = $1 AND erased_at IS NULL AND created_at < $2 \
+         AND status IN {SETTLED} ORDER BY created_at LIMIT $3"
+    );
     Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT id, status FROM messages \
-             WHERE tenant_id = $1 AND erased_at IS NULL AND created_at < $2 \
-             AND status IN ('sent', 'delivered', 'bounced', 'complained', 'failed', 'suppressed', \
-             'dead_lettered', 'rejected', 'cancelled') \
-             ORDER BY created_at LIMIT $3",
-        )
-        .bind(tenant_id)
-        .bind(cutoff)
-        .bind(limit as i64)
-        .fetch_all(pool)
-        .await?
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(tenant_id)
+            .bind(cutoff)
+            .bind(limit as i64)
+            .fetch_all(pool)
+            .await?
     }))
 }
+
+/// The statuses after which nothing more is sent (receipts may still
+/// follow `sent`): what retention may erase.
+const SETTLED: &str = "('sent', 'delivered', 'bounced', 'complained', 'failed', 'suppressed', \
+     'dead_lettered', 'rejected', 'cancelled')";
 
 /// Erases the personal data of the messages `ids` (at most
 /// [`super::sqlite::IDS_PER_STATEMENT`] of them) in one transaction: the
 /// status row's reference, metadata and error, its events' details, and an
-/// outbox row if one is left. Returns how many status rows it erased.
+/// outbox row if one is left. A message no longer settled (a redrive put it
+/// back after [`due`] read it) is left whole. Returns how many status rows
+/// it erased.
 pub async fn erase(db: &Db, ids: &[String], now: i64) -> anyhow::Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }
-    const MESSAGES: &str = "UPDATE messages SET reference = NULL, metadata = NULL, \
-         last_error = NULL, erased_at = $1 WHERE erased_at IS NULL AND id ";
+    let messages = format!(
+        "UPDATE messages SET reference = NULL, metadata = NULL, last_error = NULL, \
+         erased_at = $1 WHERE erased_at IS NULL AND status IN {SETTLED} AND id "
+    );
     const EVENTS: &str =
         "UPDATE message_events SET detail = NULL WHERE detail IS NOT NULL AND message_id ";
     const OUTBOX: &str = "DELETE FROM outbox WHERE message_id ";
@@ -60,39 +66,44 @@ pub async fn erase(db: &Db, ids: &[String], now: i64) -> anyhow::Result<u64> {
         Db::Sqlite(sqlite) => {
             let _turn = sqlite.write_turn().await;
             let mut tx = sqlite.write.begin_with("BEGIN IMMEDIATE").await?;
-            let mut erased = 0;
-            for head in [MESSAGES, EVENTS, OUTBOX] {
-                let mut query = QueryBuilder::new("");
-                match head.split_once("$1") {
-                    Some((before, after)) => query.push(before).push_bind(now).push(after),
-                    None => query.push(head),
-                };
-                query.push("IN (");
-                push_id_list(&mut query, ids);
-                let done = query.build().persistent(false).execute(&mut *tx).await?;
-                if head == MESSAGES {
-                    erased = done.rows_affected();
+            let mut query = QueryBuilder::new("");
+            let (before, after) = messages.split_once("$1").unwrap_or((&messages, ""));
+            query.push(before).push_bind(now).push(after).push("IN (");
+            push_id_list(&mut query, ids);
+            query.push(" RETURNING id");
+            let erased: Vec<String> = query
+                .build_query_scalar()
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await?;
+            if !erased.is_empty() {
+                for head in [EVENTS, OUTBOX] {
+                    let mut query = QueryBuilder::new(head);
+                    query.push("IN (");
+                    push_id_list(&mut query, &erased);
+                    query.build().persistent(false).execute(&mut *tx).await?;
                 }
             }
             tx.commit().await?;
-            Ok(erased)
+            Ok(erased.len() as u64)
         }
         Db::Postgres(pg) => {
             let mut tx = pg.pool.begin().await?;
-            let erased = sqlx::query(sqlx::AssertSqlSafe(format!("{MESSAGES}= ANY($2)")))
-                .bind(now)
-                .bind(ids)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+            let erased: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "{messages}= ANY($2) RETURNING id"
+            )))
+            .bind(now)
+            .bind(ids)
+            .fetch_all(&mut *tx)
+            .await?;
             for head in [EVENTS, OUTBOX] {
                 sqlx::query(sqlx::AssertSqlSafe(format!("{head}= ANY($1)")))
-                    .bind(ids)
+                    .bind(&erased)
                     .execute(&mut *tx)
                     .await?;
             }
             tx.commit().await?;
-            Ok(erased)
+            Ok(erased.len() as u64)
         }
     }
 }

@@ -92,12 +92,22 @@ impl Work for EraseWork {
                 .collect()
         };
         let mut delete = tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1")?;
+        // Retention chose these messages by a status read before this
+        // transaction; one redriven since is waiting to be sent again and
+        // keeps its copy. Read here, in the writer's turn, nothing can
+        // move it between the check and the delete.
+        let mut still_ended = tx.prepare_cached(
+            "SELECT 1 FROM messages WHERE id = ?1 AND status IN ('dead_lettered', 'cancelled')",
+        )?;
         for (seq, message_id, queue, visible_at) in rows {
             let wanted = self
                 .wanted
                 .as_ref()
                 .is_none_or(|ids| ids.contains(&message_id));
             if !wanted || leased.contains(&seq) {
+                continue;
+            }
+            if self.wanted.is_some() && !still_ended.exists([&message_id])? {
                 continue;
             }
             delete.execute([seq])?;

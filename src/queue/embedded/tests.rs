@@ -636,3 +636,75 @@ async fn an_arrival_wakes_a_waiter_on_its_lane() {
         .expect("the arrival wakes the waiter")
         .unwrap();
 }
+
+/// Retention reads which messages are due, then erases their waiting
+/// copies and their personal data; a redrive that lands between the two
+/// puts the message back to be sent, and it must keep its queue row and its
+/// data, or it would stay `queued` forever with nothing to send.
+#[tokio::test]
+async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing() {
+    use crate::store::{Db, retention};
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open_queue(&dir, 1).await;
+    let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+    let Db::Sqlite(sqlite) = &db else {
+        unreachable!()
+    };
+    sqlx::query(
+        "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, \
+         reference, created_at, updated_at) \
+         VALUES ('a-1', 'a', 'sms', 'queued', 'normal', 'fast', 0, 'order-1', 1, 1)",
+    )
+    .execute(&sqlite.write)
+    .await
+    .unwrap();
+    queue
+        .send_batch(Lane::Fast, vec![message("a", 1)])
+        .await
+        .unwrap();
+    let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+    queue
+        .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
+        .await
+        .unwrap();
+    // Past its one receive: dead-lettered, and due for retention.
+    assert!(
+        queue
+            .receive(Lane::Fast, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = retention::due(&db, "a", i64::MAX, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].status, "dead_lettered");
+
+    // The redrive lands, then retention goes on with what it read.
+    let redriven = queue
+        .redrive(Lane::Fast, &RedriveFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(redriven, vec!["a-1".to_owned()]);
+    let ids = vec!["a-1".to_owned()];
+    assert!(
+        queue
+            .erase_waiting("a", Some(&ids))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(retention::erase(&db, &ids, 2).await.unwrap(), 0);
+
+    let (status, reference): (String, Option<String>) =
+        sqlx::query_as("SELECT status, reference FROM messages WHERE id = 'a-1'")
+            .fetch_one(&sqlite.write)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), reference.as_deref()),
+        ("queued", Some("order-1"))
+    );
+    let back = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(back.len(), 1, "the redriven copy is still there to send");
+    assert_eq!(back[0].message_id, "a-1");
+}
