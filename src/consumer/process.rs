@@ -421,10 +421,53 @@ async fn deliver_payload(
     message: ReceivedMessage,
     mut payload: DeliveryPayload,
 ) {
-    let lane = context.lane;
-    let channel = payload.channel.as_str();
+    let Some(cleared) = preflight(context, &message, &payload).await else {
+        return;
+    };
+    payload.retrying = cleared.retrying;
+    let Some(turn) = take_turn(context, &message, &payload, cleared.retrying).await else {
+        return;
+    };
+    let gated = turn.gated;
+    let (outcome, done) = call_provider(&payload, turn).await;
+    settle(context, message, &payload, gated, outcome, done).await;
+}
+
+/// What [`preflight`] found: the message may take its turn at the provider.
+struct Cleared {
+    /// An earlier attempt failed (the status was `retrying`).
+    retrying: bool,
+    /// Keeps another copy received meanwhile from being sent at once.
+    _delivering: super::DeliveringGuard,
+}
+
+/// What [`take_turn`] holds for the call: the provider's pool member whose
+/// token it got, a worker slot, and the visibility heartbeat.
+struct Turn<'a> {
+    gated: &'a GatedProvider,
+    member: usize,
+    worker: tokio::sync::OwnedSemaphorePermit,
+    beat: tokio::task::JoinHandle<()>,
+}
+
+/// Which pool member answered a call, and how long it took.
+struct CallDone {
+    provider: &'static str,
+    member: usize,
+    took: Duration,
+}
+
+/// The look-up before a provider call: the tenant may send, no other
+/// copy of the message is being sent here, its status still waits for a
+/// send and its address is not suppressed. Anything else is acted on here
+/// (held, deferred, deleted, dead-lettered or suppressed) and gives `None`.
+async fn preflight(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+) -> Option<Cleared> {
     let unsent = Known {
-        payload: Some(&payload),
+        payload: Some(payload),
         provider: None,
         detail: None,
     };
@@ -434,7 +477,8 @@ async fn deliver_payload(
         .tenant_fresh(&message.tenant_id)
         .await
     else {
-        return dead_letter(context, &message, unsent, "tenant was deleted", false).await;
+        dead_letter(context, message, unsent, "tenant was deleted", false).await;
+        return None;
     };
     match tenant.status {
         TenantStatus::Active => {}
@@ -445,14 +489,16 @@ async fn deliver_payload(
             } else {
                 "disabled"
             };
-            return defer(context, &message, delay, reason).await;
+            defer(context, message, delay, reason).await;
+            return None;
         }
     }
     // A second copy of a message another task is sending right now comes
     // back later, when the status check below settles it.
-    let Some(_delivering) = context.delivery.delivering.claim(&payload.id) else {
+    let Some(delivering) = context.delivery.delivering.claim(&payload.id) else {
         let delay = Duration::from_secs(context.delivery.consumers.tenant_cap_delay_secs);
-        return defer(context, &message, delay, "duplicate").await;
+        defer(context, message, delay, "duplicate").await;
+        return None;
     };
     // Idempotent consumer: a redelivered copy of a sent message is deleted.
     // The status read at receive (in the receive's own transaction on the
@@ -470,28 +516,28 @@ async fn deliver_payload(
             .map(|record| record.map(|record| record.status)),
     };
     let retrying = matches!(status, Ok(Some(MessageStatus::Retrying)));
-    payload.retrying = retrying;
     match status {
         Ok(Some(status)) if status == MessageStatus::Sent || status.is_receipt() => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return;
+            return None;
         }
         Ok(Some(MessageStatus::Rejected)) => {
             info!(message_id = %payload.id, "Message was answered 503 when sent (its queue send timed out but arrived); deleting without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return;
+            return None;
         }
         Ok(Some(status @ (MessageStatus::Cancelled | MessageStatus::Suppressed))) => {
             info!(message_id = %payload.id, status = status.as_str(), "Message ended without sending; deleting it.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return;
+            return None;
         }
         Ok(_) => {}
         Err(err) => {
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read message status; trying again soon.");
             let pause = context.delivery.store_trouble.retry_after();
-            return defer(context, &message, pause, "store").await;
+            defer(context, message, pause, "store").await;
+            return None;
         }
     }
 
@@ -512,20 +558,43 @@ async fn deliver_payload(
     };
     match suppressed {
         Ok(false) => {}
-        Ok(true) => return suppress(context, &message, &payload).await,
+        Ok(true) => {
+            suppress(context, message, payload).await;
+            return None;
+        }
         Err(err) => {
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read the suppression list; trying again soon.");
             let pause = context.delivery.store_trouble.retry_after();
-            return defer(context, &message, pause, "store").await;
+            defer(context, message, pause, "store").await;
+            return None;
         }
     }
 
-    let gated = context.delivery.provider_for(&payload);
+    Some(Cleared {
+        retrying,
+        _delivering: delivering,
+    })
+}
+
+/// The message's turn at the provider: a token from the gate's line (by
+/// priority and tenant turn, no worker held meanwhile), then a worker, then
+/// the claim that makes this instance the one to call. `None` when the
+/// turn ended without a call (shutdown, another copy's claim, a store that
+/// cannot write): the message was put back or settled here.
+async fn take_turn<'a>(
+    context: &'a Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+    retrying: bool,
+) -> Option<Turn<'a>> {
+    let lane = context.lane;
+    let channel = payload.channel.as_str();
+    let gated = context.delivery.provider_for(payload);
     let choice = match retrying {
         true if gated.members.len() > 1 => choose_after_failure(context, gated, &payload.id).await,
         _ => Choice::Any,
     };
-    let beat = heartbeat(context, &message);
+    let beat = heartbeat(context, message);
     let mut shutdown = context.shutdown.clone();
     // The token first, in the gate's line by priority and tenant turn, with
     // no worker held meanwhile; then a worker for the call itself.
@@ -551,8 +620,8 @@ async fn deliver_payload(
         got = token_and_worker => got,
         () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
             beat.abort();
-            return_now(context.delivery.queue.as_ref(), lane, std::slice::from_ref(&message)).await;
-            return;
+            return_now(context.delivery.queue.as_ref(), lane, std::slice::from_ref(message)).await;
+            return None;
         }
     };
     metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
@@ -568,7 +637,8 @@ async fn deliver_payload(
         Ok(false) => {
             drop(worker);
             beat.abort();
-            return settle_unclaimed(context, &message, &payload.id).await;
+            settle_unclaimed(context, message, &payload.id).await;
+            return None;
         }
         Err(err) => {
             drop(worker);
@@ -579,13 +649,29 @@ async fn deliver_payload(
             // on the embedded queue this write fails too and the timeout
             // brings it back.
             let pause = context.delivery.store_trouble.retry_after();
-            return defer(context, &message, pause, "store").await;
+            defer(context, message, pause, "store").await;
+            return None;
         }
     }
+    Some(Turn {
+        gated,
+        member,
+        worker,
+        beat,
+    })
+}
+
+/// The provider call itself: spaced at the gate's pace, traced and timed,
+/// its outcome counted in the provider's health and breaker. The worker is
+/// given back as soon as the provider answers.
+async fn call_provider(
+    payload: &DeliveryPayload,
+    turn: Turn<'_>,
+) -> (Result<Delivered, ProviderError>, CallDone) {
     // Spaced again at the call itself: the claim's write may have held a
     // group of granted messages up (see ProviderGate::pace_call).
-    gated.gate.pace_call_of(member).await;
-    let pool = &gated.members[member];
+    turn.gated.gate.pace_call_of(turn.member).await;
+    let pool = &turn.gated.members[turn.member];
     let call_span = crate::telemetry::span!(
         "provider call",
         otel.name = %format!("send {}", pool.name),
@@ -596,10 +682,10 @@ async fn deliver_payload(
     let started = Instant::now();
     let outcome = pool
         .provider
-        .send(&payload)
+        .send(payload)
         .instrument(call_span.clone())
         .await;
-    drop(worker);
+    drop(turn.worker);
     let outcome_label = match &outcome {
         Ok(_) => "sent",
         Err(ProviderError::Permanent(_)) => "permanent",
@@ -615,147 +701,46 @@ async fn deliver_payload(
     let call_time = started.elapsed();
     metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => pool.name, "outcome" => outcome_label)
         .record(call_time.as_secs_f64());
-    note_provider_health(gated, member, &outcome, call_time);
-    beat.abort();
+    note_provider_health(turn.gated, turn.member, &outcome, call_time);
+    turn.beat.abort();
+
+    (
+        outcome,
+        CallDone {
+            provider: pool.name,
+            member: turn.member,
+            took: call_time,
+        },
+    )
+}
+
+/// Hands the call's outcome on: `sent` recorded and the copy deleted; a
+/// throttle or a transient failure recorded and the message deferred; a
+/// permanent failure, or the last attempt, dead-lettered.
+async fn settle(
+    context: &Context,
+    message: ReceivedMessage,
+    payload: &DeliveryPayload,
+    gated: &GatedProvider,
+    outcome: Result<Delivered, ProviderError>,
+    done: CallDone,
+) {
     let called = Known {
-        payload: Some(&payload),
-        provider: Some(pool.name),
+        payload: Some(payload),
+        provider: Some(done.provider),
         detail: None,
     };
-
-    let retry = &context.delivery.retry;
     match outcome {
-        Ok(delivered) => {
-            let recorded = context
-                .delivery
-                .status
-                .sent_by(&payload.id, &delivered.provider_message_id, Some(pool.name))
-                .await;
-            note_store_write(context, recorded.as_ref().map(|_| ()));
-            if let Err(err) = recorded {
-                // Leave the queue entry: its redelivery finds no `sent` and
-                // sends again (at-least-once) rather than losing the message.
-                warn!(message_id = %payload.id, error = %err, "Sent, but could not record it.");
-                return;
-            }
-            let _ = context.deletes.send(message.receipt.clone()).await;
-            if payload.test {
-                simulate_receipt(context, &payload, &delivered.provider_message_id);
-            }
-            metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel).increment(1);
-            let to = context
-                .delivery
-                .log_addresses
-                .then_some(payload.to.as_str());
-            info!(
-                message_id = %payload.id,
-                tenant = %payload.tenant_id,
-                channel,
-                lane = lane.as_str(),
-                priority = payload.priority.as_str(),
-                provider = pool.name,
-                provider_message_id = %delivered.provider_message_id,
-                receive_count = message.receive_count,
-                queued_ms = (crate::model::now_ms() - message.enqueued_at_ms).max(0),
-                call_ms = call_time.as_millis() as u64,
-                to,
-                "Message sent."
-            );
-        }
+        Ok(delivered) => settle_sent(context, &message, payload, &delivered, &done).await,
         Err(ProviderError::Throttled {
             retry_after,
             failure,
         }) => {
-            // A 429 refused the message: another provider may take it.
-            let _ = context
-                .delivery
-                .status
-                .failure_of(
-                    &payload.id,
-                    MessageStatus::Retrying,
-                    &format!("throttled by provider: {}", failure.reason),
-                    false,
-                    Some(Called {
-                        provider: pool.name,
-                        pinned: false,
-                    }),
-                )
-                .await;
-            if let Some(pause) = retry_after.filter(|pause| !pause.is_zero()) {
-                // Every message of this provider waits, not only this one.
-                // The provider bounded the pause (MAX_PROVIDER_PAUSE).
-                gated.gate.pause_member(member, pause);
-                metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => pool.name)
-                    .increment(1);
-                warn!(
-                    provider = pool.name,
-                    pause_secs = pause.as_secs_f64(),
-                    detail = %failure.detail,
-                    "Provider answered 429 with Retry-After; its gate pauses every send for that long."
-                );
-            }
-            let delay = retry_after.unwrap_or_else(|| {
-                backoff(
-                    Duration::from_millis(retry.base_delay_ms),
-                    Duration::from_secs(retry.max_delay_secs),
-                    1,
-                )
-            });
-            defer(context, &message, delay, "throttled").await;
+            let at = (gated, done.member);
+            settle_throttled(context, &message, payload, at, retry_after, &failure).await;
         }
         Err(error @ ProviderError::Transient(_)) => {
-            // The next attempt goes to another provider of the pool, unless
-            // this call may have reached the provider (a timeout): then
-            // only the same one may try again.
-            let pinned = error.may_have_arrived();
-            let failure = error.failure().clone();
-            let tried = Some(Called {
-                provider: pool.name,
-                pinned,
-            });
-            let attempts = context
-                .delivery
-                .status
-                .failure_of(
-                    &payload.id,
-                    MessageStatus::Retrying,
-                    &failure.reason,
-                    true,
-                    tried,
-                )
-                .await
-                .unwrap_or(retry.max_attempts);
-            if attempts >= retry.max_attempts {
-                let reason = format!("gave up after {attempts} attempts: {}", failure.reason);
-                let known = Known {
-                    detail: Some(&failure.detail),
-                    ..called
-                };
-                return dead_letter(context, &message, known, &reason, false).await;
-            }
-            let delay = backoff(
-                Duration::from_millis(retry.base_delay_ms),
-                Duration::from_secs(retry.max_delay_secs),
-                attempts,
-            );
-            metrics::counter!(names::RETRIED_TOTAL, "lane" => lane.as_str(), "channel" => channel)
-                .increment(1);
-            info!(
-                message_id = %payload.id,
-                tenant = %payload.tenant_id,
-                channel,
-                lane = lane.as_str(),
-                provider = pool.name,
-                pinned,
-                attempts,
-                delay_ms = delay.as_millis() as u64,
-                error = %failure.reason,
-                detail = %failure.detail,
-                "Transient failure; retrying later."
-            );
-            if let Err(err) = context.delivery.queue.defer(lane, &message, delay).await {
-                warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
-            }
+            settle_transient(context, &message, (payload, done.provider), &error).await;
         }
         Err(ProviderError::Permanent(failure)) => {
             let known = Known {
@@ -764,6 +749,171 @@ async fn deliver_payload(
             };
             dead_letter(context, &message, known, &failure.reason, true).await;
         }
+    }
+}
+
+/// The provider took the message: `sent` is recorded, then the copy
+/// deleted (a test message's simulated receipt follows).
+async fn settle_sent(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+    delivered: &Delivered,
+    done: &CallDone,
+) {
+    let (lane, channel) = (context.lane, payload.channel.as_str());
+    let pool_name = done.provider;
+    let call_time = done.took;
+    let recorded = context
+        .delivery
+        .status
+        .sent_by(&payload.id, &delivered.provider_message_id, Some(pool_name))
+        .await;
+    note_store_write(context, recorded.as_ref().map(|_| ()));
+    if let Err(err) = recorded {
+        // Leave the queue entry: its redelivery finds no `sent` and
+        // sends again (at-least-once) rather than losing the message.
+        warn!(message_id = %payload.id, error = %err, "Sent, but could not record it.");
+        return;
+    }
+    let _ = context.deletes.send(message.receipt.clone()).await;
+    if payload.test {
+        simulate_receipt(context, payload, &delivered.provider_message_id);
+    }
+    metrics::counter!(names::DELIVERED_TOTAL, "lane" => lane.as_str(), "channel" => channel)
+        .increment(1);
+    let to = context
+        .delivery
+        .log_addresses
+        .then_some(payload.to.as_str());
+    info!(
+        message_id = %payload.id,
+        tenant = %payload.tenant_id,
+        channel,
+        lane = lane.as_str(),
+        priority = payload.priority.as_str(),
+        provider = pool_name,
+        provider_message_id = %delivered.provider_message_id,
+        receive_count = message.receive_count,
+        queued_ms = (crate::model::now_ms() - message.enqueued_at_ms).max(0),
+        call_ms = call_time.as_millis() as u64,
+        to,
+        "Message sent."
+    );
+}
+
+/// A 429: the attempt is not counted, the provider's gate pauses for its
+/// Retry-After, and the message waits that long (or a first backoff).
+async fn settle_throttled(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+    (gated, member): (&GatedProvider, usize),
+    retry_after: Option<Duration>,
+    failure: &crate::providers::Failure,
+) {
+    let pool = &gated.members[member];
+    let retry = &context.delivery.retry;
+    // A 429 refused the message: another provider may take it.
+    let _ = context
+        .delivery
+        .status
+        .failure_of(
+            &payload.id,
+            MessageStatus::Retrying,
+            &format!("throttled by provider: {}", failure.reason),
+            false,
+            Some(Called {
+                provider: pool.name,
+                pinned: false,
+            }),
+        )
+        .await;
+    if let Some(pause) = retry_after.filter(|pause| !pause.is_zero()) {
+        // Every message of this provider waits, not only this one.
+        // The provider bounded the pause (MAX_PROVIDER_PAUSE).
+        gated.gate.pause_member(member, pause);
+        metrics::counter!(names::PROVIDER_PAUSES_TOTAL, "provider" => pool.name).increment(1);
+        warn!(
+            provider = pool.name,
+            pause_secs = pause.as_secs_f64(),
+            detail = %failure.detail,
+            "Provider answered 429 with Retry-After; its gate pauses every send for that long."
+        );
+    }
+    let delay = retry_after.unwrap_or_else(|| {
+        backoff(
+            Duration::from_millis(retry.base_delay_ms),
+            Duration::from_secs(retry.max_delay_secs),
+            1,
+        )
+    });
+    defer(context, message, delay, "throttled").await;
+}
+
+/// A transient failure: counted as an attempt, then a full-jitter backoff,
+/// or the dead-letter queue after the last attempt.
+async fn settle_transient(
+    context: &Context,
+    message: &ReceivedMessage,
+    (payload, provider): (&DeliveryPayload, &'static str),
+    error: &ProviderError,
+) {
+    let (lane, channel) = (context.lane, payload.channel.as_str());
+    let called = Known {
+        payload: Some(payload),
+        provider: Some(provider),
+        detail: None,
+    };
+    let retry = &context.delivery.retry;
+    // The next attempt goes to another provider of the pool, unless
+    // this call may have reached the provider (a timeout): then
+    // only the same one may try again.
+    let pinned = error.may_have_arrived();
+    let failure = error.failure().clone();
+    let tried = Some(Called { provider, pinned });
+    let attempts = context
+        .delivery
+        .status
+        .failure_of(
+            &payload.id,
+            MessageStatus::Retrying,
+            &failure.reason,
+            true,
+            tried,
+        )
+        .await
+        .unwrap_or(retry.max_attempts);
+    if attempts >= retry.max_attempts {
+        let reason = format!("gave up after {attempts} attempts: {}", failure.reason);
+        let known = Known {
+            detail: Some(&failure.detail),
+            ..called
+        };
+        return dead_letter(context, message, known, &reason, false).await;
+    }
+    let delay = backoff(
+        Duration::from_millis(retry.base_delay_ms),
+        Duration::from_secs(retry.max_delay_secs),
+        attempts,
+    );
+    metrics::counter!(names::RETRIED_TOTAL, "lane" => lane.as_str(), "channel" => channel)
+        .increment(1);
+    info!(
+        message_id = %payload.id,
+        tenant = %payload.tenant_id,
+        channel,
+        lane = lane.as_str(),
+        provider,
+        pinned,
+        attempts,
+        delay_ms = delay.as_millis() as u64,
+        error = %failure.reason,
+        detail = %failure.detail,
+        "Transient failure; retrying later."
+    );
+    if let Err(err) = context.delivery.queue.defer(lane, message, delay).await {
+        warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
     }
 }
 
