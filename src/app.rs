@@ -78,92 +78,21 @@ impl Application {
             settings.storage.max_group,
             settings.storage.max_size_mb,
         )?;
-        let (queue, tenant_queues, staging, outbox, outbox_task): (
-            Arc<dyn LaneQueue>,
-            Arc<dyn TenantQueues>,
-            _,
-            _,
-            _,
-        ) = match settings.queue.backend {
-            QueueBackend::Embedded => {
-                let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite())
-                else {
-                    anyhow::bail!(
-                        "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
-                    );
-                };
-                let embedded = Arc::new(
-                    EmbeddedQueue::open(
-                        sqlite.clone(),
-                        settings.lanes.clone(),
-                        sqlite_writer.clone(),
-                    )
-                    .await?,
-                );
-                for tenant in registry.tenants() {
-                    if tenant.status != TenantStatus::Active {
-                        embedded.set_tenant_held(&tenant.id, true).await?;
-                    }
-                }
-                registry.route_isolation_to(embedded.clone());
-                embedded
-                    .release_unheld()
-                    .await
-                    .context("releasing messages of resumed tenants")?;
-                // Every dedicated queue with backlog has an attention
-                // entry waiting (one lost with a crash is made again).
-                embedded
-                    .reconcile_attention()
-                    .await
-                    .context("signalling dedicated tenant queues")?;
-                (
-                    embedded.clone(),
-                    embedded.clone(),
-                    Staging::Queue(embedded),
-                    None,
-                    None,
-                )
-            }
-            QueueBackend::Sqs => {
-                let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
-                    .await
-                    .context("setting up the SQS lane queues")?
-                    .with_status_store(db.clone())
-                    .await?;
-                let sqs = Arc::new(sqs);
-                // Each tenant's isolation, now and after every reload (so a
-                // change made on another instance routes here too).
-                registry.route_isolation_to(sqs.clone());
-                // Dedicated queues with backlog get a signal (one a
-                // crash cut off between the work and its signal).
-                match sqs.reconcile_attention().await {
-                    Ok(0) => {}
-                    Ok(signalled) => {
-                        info!(signalled, "Dedicated tenant queues with backlog signalled.")
-                    }
-                    Err(err) => {
-                        warn!(error = %format!("{err:#}"), "Could not look for dedicated tenant queues with backlog; their next send or the attention sweep signals them.")
-                    }
-                }
-                let tenant_queues: Arc<dyn TenantQueues> = sqs.clone();
-                let queue: Arc<dyn LaneQueue> = sqs;
-                let (outbox, tasks) = Outbox::start(db.clone(), queue.clone(), &settings.queue.sqs)
-                    .await
-                    .context("starting the SQS outbox")?;
-                background.push(tokio::spawn(crate::scheduler::run_outbox_sweeps(
-                    outbox.clone(),
-                    Duration::from_secs(settings.queue.sqs.outbox_sweep_secs),
-                    shutdown_rx.clone(),
-                )));
-                (
-                    queue,
-                    tenant_queues,
-                    Staging::Outbox,
-                    Some(outbox),
-                    Some(tasks.forgetter),
-                )
-            }
-        };
+        let Lanes {
+            queue,
+            tenant_queues,
+            staging,
+            outbox,
+            outbox_task,
+        } = open_lanes(
+            &settings,
+            &db,
+            &registry,
+            &store_writer,
+            &mut background,
+            &shutdown_rx,
+        )
+        .await?;
         store_writer.stage_into(staging)?;
         let mut backpressure = LaneBackpressure::new(settings.lanes.clone());
         if outbox.is_some() {
@@ -171,17 +100,7 @@ impl Application {
         }
         let relay = outbox.as_ref().map(|outbox| outbox.health());
         let backpressure = Arc::new(backpressure);
-        let redis = match settings.limits.backend {
-            LimitsBackend::Local => {
-                metrics::gauge!(crate::metrics::LIMITS_BACKEND_UP).set(1.0);
-                None
-            }
-            LimitsBackend::Redis => {
-                let redis = RedisLimits::connect(&settings.limits).await?;
-                background.push(redis.spawn_heartbeat(shutdown_rx.clone()));
-                Some(redis)
-            }
-        };
+        let redis = limits_in_redis(&settings, &mut background, &shutdown_rx).await?;
 
         // One synchronous sample so the first requests see real depths.
         let mut previous = [
@@ -198,91 +117,28 @@ impl Application {
         background.push(tokio::spawn(
             backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
         ));
-        background.push(tokio::spawn(crate::receipts::retry_unmatched(
-            db.clone(),
-            store_writer.clone(),
-            std::time::Duration::from_secs(settings.receipts.match_for_secs),
-            shutdown_rx.clone(),
-        )));
-        // Each SES provider of the email pool may have its own events queue.
-        for entry in settings.providers.pool(Channel::Email) {
-            if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
-                entry.settings,
-                db.clone(),
-                store_writer.clone(),
-            )
-            .await?
-            {
-                background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
-            }
-        }
-        let webhooks = crate::webhooks::dispatch::Dispatcher::new(
-            db.clone(),
-            store_writer.clone(),
-            settings.webhooks.clone(),
+        spawn_jobs(
+            &settings,
+            &db,
+            &registry,
+            &store_writer,
+            &tenant_queues,
+            &mut background,
+            &shutdown_rx,
         )
-        .context("setting up the webhook dispatcher")?;
-        background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
-        background.push(tokio::spawn(crate::scheduler::run_retention(
-            crate::scheduler::Retention {
-                db: db.clone(),
-                registry: registry.clone(),
-                queues: tenant_queues.clone(),
-                batch: settings.retention.batch,
-                vacuum: settings.retention.vacuum,
-            },
-            std::time::Duration::from_secs(settings.retention.interval_secs),
-            shutdown_rx.clone(),
-        )));
-        if db.is_shared() {
-            background.push(tokio::spawn(crate::scheduler::roll_up_usage(
-                db.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
-        background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
-            db.clone(),
-            shutdown_rx.clone(),
-        )));
-
-        let mut providers = Vec::new();
-        let consumers = if settings.consumers.enabled {
-            let share = settings
-                .lanes
-                .fast
-                .low_priority_share
-                .max(settings.lanes.slow.low_priority_share);
-            let delivery = Delivery {
-                db: db.clone(),
-                registry: registry.clone(),
-                queue: queue.clone(),
-                tenant_queues: tenant_queues.clone(),
-                email: gated(
-                    &settings.providers,
-                    Channel::Email,
-                    share,
-                    redis.clone(),
-                    None,
-                )
-                .await?,
-                sms: gated(
-                    &settings.providers,
-                    Channel::Sms,
-                    share,
-                    redis.clone(),
-                    settings.server.public_url.as_deref(),
-                )
-                .await?,
-                test_email: simulated(&settings.providers.email, share),
-                test_sms: simulated(&settings.providers.sms, share),
-                retry: settings.retry.clone(),
-                consumers: settings.consumers.clone(),
-                status: store_writer.clone(),
-                delivering: Arc::default(),
-                log_addresses: settings.logging.log_addresses,
-                store_trouble: Default::default(),
-            };
-            providers = vec![
+        .await?;
+        let (consumers, providers) = if settings.consumers.enabled {
+            let delivery = delivery(
+                &settings,
+                &db,
+                &registry,
+                &queue,
+                &tenant_queues,
+                &store_writer,
+                &redis,
+            )
+            .await?;
+            let providers = vec![
                 (Channel::Email, delivery.email.clone()),
                 (Channel::Sms, delivery.sms.clone()),
             ];
@@ -290,37 +146,27 @@ impl Application {
                 providers.clone(),
                 shutdown_rx.clone(),
             )));
-            Lane::ALL
+            let consumers = Lane::ALL
                 .iter()
                 .map(|lane| {
                     LaneConsumer::new(*lane, settings.lanes.get(*lane).clone(), delivery.clone())
                 })
-                .collect()
+                .collect();
+            (consumers, providers)
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
 
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
-        let limits = match redis.clone() {
-            Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
-            None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
-        };
         let unsubscribe =
             crate::unsubscribe::Links::load(&db, settings.server.public_url.as_deref())
                 .await
                 .context("reading the unsubscribe links' signing secret")?
                 .map(Arc::new);
-        let accept = Acceptor::new(
-            db.clone(),
-            store_writer.clone(),
-            outbox,
-            limits,
-            backpressure.clone(),
-            settings.server.max_batches_per_tenant,
-        )
-        .with_unsubscribe(unsubscribe.clone());
+        let accept = acceptor(&settings, &db, &store_writer, outbox, &redis, &backpressure)
+            .with_unsubscribe(unsubscribe.clone());
         let writes = crate::limits::writes::TenantWrites::new(
             settings.limits.tenant_writes_per_second,
             settings.limits.tenant_writes_burst,
@@ -456,6 +302,264 @@ impl PendingCounts for OutboxRows {
     async fn pending(&self) -> anyhow::Result<[u64; 2]> {
         crate::store::outbox::pending_by_lane(&self.0).await
     }
+}
+
+/// Starts the jobs that run beside the API and the consumers: unmatched
+/// receipts tried again, the SES events queues read, webhooks dispatched,
+/// retention, the usage roll-up (PostgreSQL) and expired idempotency keys
+/// forgotten.
+async fn spawn_jobs(
+    settings: &Settings,
+    db: &Db,
+    registry: &Arc<Registry>,
+    store_writer: &Writer,
+    tenant_queues: &Arc<dyn TenantQueues>,
+    background: &mut Vec<JoinHandle<()>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    background.push(tokio::spawn(crate::receipts::retry_unmatched(
+        db.clone(),
+        store_writer.clone(),
+        std::time::Duration::from_secs(settings.receipts.match_for_secs),
+        shutdown_rx.clone(),
+    )));
+    // Each SES provider of the email pool may have its own events queue.
+    for entry in settings.providers.pool(Channel::Email) {
+        if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
+            entry.settings,
+            db.clone(),
+            store_writer.clone(),
+        )
+        .await?
+        {
+            background.push(tokio::spawn(poller.run(shutdown_rx.clone())));
+        }
+    }
+    let webhooks = crate::webhooks::dispatch::Dispatcher::new(
+        db.clone(),
+        store_writer.clone(),
+        settings.webhooks.clone(),
+    )
+    .context("setting up the webhook dispatcher")?;
+    background.push(tokio::spawn(webhooks.run(shutdown_rx.clone())));
+    background.push(tokio::spawn(crate::scheduler::run_retention(
+        crate::scheduler::Retention {
+            db: db.clone(),
+            registry: registry.clone(),
+            queues: tenant_queues.clone(),
+            batch: settings.retention.batch,
+            vacuum: settings.retention.vacuum,
+        },
+        std::time::Duration::from_secs(settings.retention.interval_secs),
+        shutdown_rx.clone(),
+    )));
+    if db.is_shared() {
+        background.push(tokio::spawn(crate::scheduler::roll_up_usage(
+            db.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
+        db.clone(),
+        shutdown_rx.clone(),
+    )));
+    Ok(())
+}
+
+/// What the lanes' consumers share: the store, the queues, each channel's
+/// gated provider pool (and the simulated ones of test keys), the retry
+/// policy and the status writer.
+async fn delivery(
+    settings: &Settings,
+    db: &Db,
+    registry: &Arc<Registry>,
+    queue: &Arc<dyn LaneQueue>,
+    tenant_queues: &Arc<dyn TenantQueues>,
+    store_writer: &Writer,
+    redis: &Option<Arc<RedisLimits>>,
+) -> anyhow::Result<Delivery> {
+    let share = settings
+        .lanes
+        .fast
+        .low_priority_share
+        .max(settings.lanes.slow.low_priority_share);
+    Ok(Delivery {
+        db: db.clone(),
+        registry: registry.clone(),
+        queue: queue.clone(),
+        tenant_queues: tenant_queues.clone(),
+        email: gated(
+            &settings.providers,
+            Channel::Email,
+            share,
+            redis.clone(),
+            None,
+        )
+        .await?,
+        sms: gated(
+            &settings.providers,
+            Channel::Sms,
+            share,
+            redis.clone(),
+            settings.server.public_url.as_deref(),
+        )
+        .await?,
+        test_email: simulated(&settings.providers.email, share),
+        test_sms: simulated(&settings.providers.sms, share),
+        retry: settings.retry.clone(),
+        consumers: settings.consumers.clone(),
+        status: store_writer.clone(),
+        delivering: Arc::default(),
+        log_addresses: settings.logging.log_addresses,
+        store_trouble: Default::default(),
+    })
+}
+
+/// The accept path: tenant limits (in memory, or in Redis), the accept
+/// writer, the SQS outbox when there is one, and the lanes' backpressure.
+fn acceptor(
+    settings: &Settings,
+    db: &Db,
+    store_writer: &Writer,
+    outbox: Option<Arc<Outbox>>,
+    redis: &Option<Arc<RedisLimits>>,
+    backpressure: &Arc<LaneBackpressure>,
+) -> Acceptor {
+    let limits = match redis.clone() {
+        Some(redis) => TenantLimits::with_redis(Arc::new(StoredCounts(db.clone())), redis),
+        None => TenantLimits::new(Arc::new(StoredCounts(db.clone()))),
+    };
+    Acceptor::new(
+        db.clone(),
+        store_writer.clone(),
+        outbox,
+        limits,
+        backpressure.clone(),
+        settings.server.max_batches_per_tenant,
+    )
+}
+
+/// The Redis limits' client (with its heartbeat) when limits are kept in
+/// Redis; `None` when they are kept in this process.
+async fn limits_in_redis(
+    settings: &Settings,
+    background: &mut Vec<JoinHandle<()>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> anyhow::Result<Option<Arc<RedisLimits>>> {
+    Ok(match settings.limits.backend {
+        LimitsBackend::Local => {
+            metrics::gauge!(crate::metrics::LIMITS_BACKEND_UP).set(1.0);
+            None
+        }
+        LimitsBackend::Redis => {
+            let redis = RedisLimits::connect(&settings.limits).await?;
+            background.push(redis.spawn_heartbeat(shutdown_rx.clone()));
+            Some(redis)
+        }
+    })
+}
+
+/// The lanes on the configured backend, and how the accept writer stages
+/// a message for them.
+struct Lanes {
+    queue: Arc<dyn LaneQueue>,
+    tenant_queues: Arc<dyn TenantQueues>,
+    staging: Staging,
+    /// SQS: the outbox the accept path writes, and its relay's task.
+    outbox: Option<Arc<Outbox>>,
+    outbox_task: Option<JoinHandle<()>>,
+}
+
+/// Opens the lanes: the embedded queue in the store's SQLite file (each
+/// tenant's hold and isolation set, dedicated backlogs signalled), or the
+/// SQS queues with their outbox and its sweeps.
+async fn open_lanes(
+    settings: &Settings,
+    db: &Db,
+    registry: &Arc<Registry>,
+    store_writer: &Writer,
+    background: &mut Vec<JoinHandle<()>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> anyhow::Result<Lanes> {
+    Ok(match settings.queue.backend {
+        QueueBackend::Embedded => {
+            let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite()) else {
+                anyhow::bail!(
+                    "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
+                );
+            };
+            let embedded = Arc::new(
+                EmbeddedQueue::open(
+                    sqlite.clone(),
+                    settings.lanes.clone(),
+                    sqlite_writer.clone(),
+                )
+                .await?,
+            );
+            for tenant in registry.tenants() {
+                if tenant.status != TenantStatus::Active {
+                    embedded.set_tenant_held(&tenant.id, true).await?;
+                }
+            }
+            registry.route_isolation_to(embedded.clone());
+            embedded
+                .release_unheld()
+                .await
+                .context("releasing messages of resumed tenants")?;
+            // Every dedicated queue with backlog has an attention
+            // entry waiting (one lost with a crash is made again).
+            embedded
+                .reconcile_attention()
+                .await
+                .context("signalling dedicated tenant queues")?;
+            Lanes {
+                queue: embedded.clone(),
+                tenant_queues: embedded.clone(),
+                staging: Staging::Queue(embedded),
+                outbox: None,
+                outbox_task: None,
+            }
+        }
+        QueueBackend::Sqs => {
+            let sqs = SqsQueue::connect(&settings.queue.sqs, settings.lanes.clone())
+                .await
+                .context("setting up the SQS lane queues")?
+                .with_status_store(db.clone())
+                .await?;
+            let sqs = Arc::new(sqs);
+            // Each tenant's isolation, now and after every reload (so a
+            // change made on another instance routes here too).
+            registry.route_isolation_to(sqs.clone());
+            // Dedicated queues with backlog get a signal (one a
+            // crash cut off between the work and its signal).
+            match sqs.reconcile_attention().await {
+                Ok(0) => {}
+                Ok(signalled) => {
+                    info!(signalled, "Dedicated tenant queues with backlog signalled.")
+                }
+                Err(err) => {
+                    warn!(error = %format!("{err:#}"), "Could not look for dedicated tenant queues with backlog; their next send or the attention sweep signals them.")
+                }
+            }
+            let tenant_queues: Arc<dyn TenantQueues> = sqs.clone();
+            let queue: Arc<dyn LaneQueue> = sqs;
+            let (outbox, tasks) = Outbox::start(db.clone(), queue.clone(), &settings.queue.sqs)
+                .await
+                .context("starting the SQS outbox")?;
+            background.push(tokio::spawn(crate::scheduler::run_outbox_sweeps(
+                outbox.clone(),
+                Duration::from_secs(settings.queue.sqs.outbox_sweep_secs),
+                shutdown_rx.clone(),
+            )));
+            Lanes {
+                queue,
+                tenant_queues,
+                staging: Staging::Outbox,
+                outbox: Some(outbox),
+                outbox_task: Some(tasks.forgetter),
+            }
+        }
+    })
 }
 
 /// `channel`'s providers with their gate: one line of waiting messages

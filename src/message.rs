@@ -430,112 +430,18 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         None => None,
     };
 
-    let allowed: &[&str] = match channel {
-        Some(Channel::Email) => EMAIL_FIELDS,
-        Some(Channel::Sms) => SMS_FIELDS,
-        None => EMAIL_FIELDS,
-    };
-    let mut unknown = 0usize;
-    for key in object.keys() {
-        if !allowed.contains(&key.as_str()) {
-            unknown += 1;
-            if unknown > MAX_UNKNOWN_FIELDS_NAMED {
-                continue;
-            }
-            let message = if channel == Some(Channel::Sms) && EMAIL_FIELDS.contains(&key.as_str()) {
-                "is not allowed for sms messages".to_owned()
-            } else {
-                format!("unknown field; allowed fields are {}", allowed.join(", "))
-            };
-            errors.insert(field_name(key), message);
-        }
-    }
-    if unknown > MAX_UNKNOWN_FIELDS_NAMED {
-        errors.insert(
-            "body".into(),
-            format!(
-                "has {} more unknown fields, not named here",
-                unknown - MAX_UNKNOWN_FIELDS_NAMED
-            ),
-        );
-    }
+    refuse_unknown_fields(object, channel, &mut errors);
 
     let to = required_string(object, "to", &mut errors);
     let text = required_string(object, "text", &mut errors);
-    let mut subject = None;
-    let mut html = None;
-    match channel {
-        Some(Channel::Email) => {
-            if let Some(to) = to
-                && !is_email_address(to)
-            {
-                errors.insert(
-                    "to".into(),
-                    "must be an email address like name@example.com (at most 254 characters, no display name)".into(),
-                );
-            }
-            subject = required_string(object, "subject", &mut errors);
-            if let Some(s) = subject {
-                if s.trim().is_empty() {
-                    errors.insert("subject".into(), "must not be empty".into());
-                } else if s.chars().count() > MAX_SUBJECT_CHARS {
-                    errors.insert(
-                        "subject".into(),
-                        format!("must be at most {MAX_SUBJECT_CHARS} characters"),
-                    );
-                } else if s.contains(['\r', '\n']) {
-                    errors.insert("subject".into(), "must not contain line breaks".into());
-                }
-            }
-            html = optional_string(object, "html", &mut errors);
-            if let Some(h) = html
-                && h.len() > MAX_EMAIL_PART_BYTES
-            {
-                errors.insert(
-                    "html".into(),
-                    format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
-                );
-            }
-            if let Some(t) = text {
-                if t.trim().is_empty() {
-                    errors.insert("text".into(), "must not be empty".into());
-                } else if t.len() > MAX_EMAIL_PART_BYTES {
-                    errors.insert(
-                        "text".into(),
-                        format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
-                    );
-                } else if t.len() + html.map_or(0, str::len) > MAX_EMAIL_BODY_BYTES {
-                    errors.insert(
-                        "html".into(),
-                        format!(
-                            "text and html together must be at most {MAX_EMAIL_BODY_BYTES} bytes"
-                        ),
-                    );
-                }
-            }
-        }
+    let (subject, html) = match channel {
+        Some(Channel::Email) => email_content(object, to, text, &mut errors),
         Some(Channel::Sms) => {
-            if let Some(to) = to
-                && !is_e164(to)
-            {
-                errors.insert(
-                    "to".into(),
-                    "must be a phone number in E.164 form, like +15551234567".into(),
-                );
-            }
-            if let Some(t) = text {
-                if t.trim().is_empty() {
-                    errors.insert("text".into(), "must not be empty".into());
-                } else if t.chars().count() > MAX_SMS_CHARS {
-                    errors.insert(
-                        "text".into(),
-                        format!("must be at most {MAX_SMS_CHARS} characters"),
-                    );
-                }
-            }
+            check_sms_content(to, text, &mut errors);
+            (None, None)
         }
-        None => {}
-    }
+        None => (None, None),
+    };
 
     let priority = match optional_string(object, "priority", &mut errors) {
         None => Priority::Normal,
@@ -555,51 +461,8 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         );
     }
 
-    let metadata = match object.get("metadata") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(map)) => {
-            let size = serde_json::to_string(map).map_or(usize::MAX, |s| s.len());
-            if map.len() > MAX_METADATA_KEYS {
-                errors.insert(
-                    "metadata".into(),
-                    format!("must have at most {MAX_METADATA_KEYS} keys"),
-                );
-            } else if size > MAX_METADATA_BYTES {
-                errors.insert(
-                    "metadata".into(),
-                    format!("must be at most {MAX_METADATA_BYTES} bytes as JSON"),
-                );
-            }
-            Some(map.clone())
-        }
-        Some(_) => {
-            errors.insert("metadata".into(), "must be a JSON object".into());
-            None
-        }
-    };
-
-    let send_at = match optional_string(object, "send_at", &mut errors) {
-        None => None,
-        Some(text) => match chrono::DateTime::parse_from_rfc3339(text) {
-            Err(_) => {
-                errors.insert(
-                    "send_at".into(),
-                    "must be an RFC 3339 date-time with a time zone, like 2026-12-01T09:00:00Z"
-                        .into(),
-                );
-                None
-            }
-            Ok(at) => {
-                let at = at.timestamp_millis();
-                let now = crate::model::now_ms();
-                if at > now + MAX_SCHEDULE_AHEAD_MS {
-                    errors.insert("send_at".into(), "must be at most 30 days ahead".into());
-                }
-                // A time already past means "now".
-                (at > now).then_some(at)
-            }
-        },
-    };
+    let metadata = metadata_of(object, &mut errors);
+    let send_at = send_at_of(object, &mut errors);
 
     let sender_id = optional_string(object, "sender_id", &mut errors);
     if let Some(id) = sender_id
@@ -637,6 +500,175 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             headers,
         }),
         _ => Err(errors),
+    }
+}
+
+/// Names each field the channel does not take (at most
+/// `MAX_UNKNOWN_FIELDS_NAMED`, then a count).
+fn refuse_unknown_fields(
+    object: &Map<String, Value>,
+    channel: Option<Channel>,
+    errors: &mut Errors,
+) {
+    let allowed: &[&str] = match channel {
+        Some(Channel::Email) => EMAIL_FIELDS,
+        Some(Channel::Sms) => SMS_FIELDS,
+        None => EMAIL_FIELDS,
+    };
+    let mut unknown = 0usize;
+    for key in object.keys() {
+        if !allowed.contains(&key.as_str()) {
+            unknown += 1;
+            if unknown > MAX_UNKNOWN_FIELDS_NAMED {
+                continue;
+            }
+            let message = if channel == Some(Channel::Sms) && EMAIL_FIELDS.contains(&key.as_str()) {
+                "is not allowed for sms messages".to_owned()
+            } else {
+                format!("unknown field; allowed fields are {}", allowed.join(", "))
+            };
+            errors.insert(field_name(key), message);
+        }
+    }
+    if unknown > MAX_UNKNOWN_FIELDS_NAMED {
+        errors.insert(
+            "body".into(),
+            format!(
+                "has {} more unknown fields, not named here",
+                unknown - MAX_UNKNOWN_FIELDS_NAMED
+            ),
+        );
+    }
+}
+
+/// An email's recipient, subject, text and HTML checked; its subject and
+/// HTML as given.
+fn email_content<'a>(
+    object: &'a Map<String, Value>,
+    to: Option<&str>,
+    text: Option<&str>,
+    errors: &mut Errors,
+) -> (Option<&'a str>, Option<&'a str>) {
+    if let Some(to) = to
+        && !is_email_address(to)
+    {
+        errors.insert(
+            "to".into(),
+            "must be an email address like name@example.com (at most 254 characters, no display name)".into(),
+        );
+    }
+    let subject = required_string(object, "subject", errors);
+    if let Some(s) = subject {
+        if s.trim().is_empty() {
+            errors.insert("subject".into(), "must not be empty".into());
+        } else if s.chars().count() > MAX_SUBJECT_CHARS {
+            errors.insert(
+                "subject".into(),
+                format!("must be at most {MAX_SUBJECT_CHARS} characters"),
+            );
+        } else if s.contains(['\r', '\n']) {
+            errors.insert("subject".into(), "must not contain line breaks".into());
+        }
+    }
+    let html = optional_string(object, "html", errors);
+    if let Some(h) = html
+        && h.len() > MAX_EMAIL_PART_BYTES
+    {
+        errors.insert(
+            "html".into(),
+            format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
+        );
+    }
+    if let Some(t) = text {
+        if t.trim().is_empty() {
+            errors.insert("text".into(), "must not be empty".into());
+        } else if t.len() > MAX_EMAIL_PART_BYTES {
+            errors.insert(
+                "text".into(),
+                format!("must be at most {MAX_EMAIL_PART_BYTES} bytes"),
+            );
+        } else if t.len() + html.map_or(0, str::len) > MAX_EMAIL_BODY_BYTES {
+            errors.insert(
+                "html".into(),
+                format!("text and html together must be at most {MAX_EMAIL_BODY_BYTES} bytes"),
+            );
+        }
+    }
+    (subject, html)
+}
+
+/// An SMS's recipient and text checked.
+fn check_sms_content(to: Option<&str>, text: Option<&str>, errors: &mut Errors) {
+    if let Some(to) = to
+        && !is_e164(to)
+    {
+        errors.insert(
+            "to".into(),
+            "must be a phone number in E.164 form, like +15551234567".into(),
+        );
+    }
+    if let Some(t) = text {
+        if t.trim().is_empty() {
+            errors.insert("text".into(), "must not be empty".into());
+        } else if t.chars().count() > MAX_SMS_CHARS {
+            errors.insert(
+                "text".into(),
+                format!("must be at most {MAX_SMS_CHARS} characters"),
+            );
+        }
+    }
+}
+
+/// The `metadata` object, bounded in keys and size.
+fn metadata_of(object: &Map<String, Value>, errors: &mut Errors) -> Option<Map<String, Value>> {
+    match object.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(map)) => {
+            let size = serde_json::to_string(map).map_or(usize::MAX, |s| s.len());
+            if map.len() > MAX_METADATA_KEYS {
+                errors.insert(
+                    "metadata".into(),
+                    format!("must have at most {MAX_METADATA_KEYS} keys"),
+                );
+            } else if size > MAX_METADATA_BYTES {
+                errors.insert(
+                    "metadata".into(),
+                    format!("must be at most {MAX_METADATA_BYTES} bytes as JSON"),
+                );
+            }
+            Some(map.clone())
+        }
+        Some(_) => {
+            errors.insert("metadata".into(), "must be a JSON object".into());
+            None
+        }
+    }
+}
+
+/// `send_at` in ms, at most 30 days ahead; a time already past is "now"
+/// (`None`).
+fn send_at_of(object: &Map<String, Value>, errors: &mut Errors) -> Option<i64> {
+    match optional_string(object, "send_at", errors) {
+        None => None,
+        Some(text) => match chrono::DateTime::parse_from_rfc3339(text) {
+            Err(_) => {
+                errors.insert(
+                    "send_at".into(),
+                    "must be an RFC 3339 date-time with a time zone, like 2026-12-01T09:00:00Z"
+                        .into(),
+                );
+                None
+            }
+            Ok(at) => {
+                let at = at.timestamp_millis();
+                let now = crate::model::now_ms();
+                if at > now + MAX_SCHEDULE_AHEAD_MS {
+                    errors.insert("send_at".into(), "must be at most 30 days ahead".into());
+                }
+                // A time already past means "now".
+                (at > now).then_some(at)
+            }
+        },
     }
 }
 

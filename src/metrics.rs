@@ -213,7 +213,15 @@ pub fn install(instance: &str) -> PrometheusHandle {
 /// channels, priorities, reasons, operations), so `/metrics` lists every
 /// documented name from the first scrape, not only after a first event.
 fn describe_and_register() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_pipeline();
+    describe_around_the_pipeline();
+    register_known_labels();
+}
+
+/// `# HELP` and units of the messages' own path: accepts, deliveries,
+/// deferrals, the queues and the providers.
+fn describe_pipeline() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(
         ACCEPTED_TOTAL,
         Unit::Count,
@@ -294,6 +302,12 @@ fn describe_and_register() {
         Unit::Count,
         "Dedicated tenant queues this process knows to hold backlog, by lane."
     );
+}
+
+/// `# HELP` and units of what runs beside the path: receipts, webhooks,
+/// retention, the lanes' figures, the gates and the limits' backend.
+fn describe_around_the_pipeline() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         RECEIPTS_TOTAL,
         Unit::Count,
@@ -408,7 +422,11 @@ fn describe_and_register() {
         Unit::Count,
         "Instances with a fresh heartbeat in Redis, as this instance last saw it (limits.backend = redis only)."
     );
+}
 
+/// Every counter and gauge at zero for the labels known up front (lanes,
+/// channels, priorities, reasons, operations).
+fn register_known_labels() {
     const LANES: [&str; 2] = ["fast", "slow"];
     const CHANNELS: [&str; 2] = ["email", "sms"];
     const PRIORITIES: [&str; 3] = ["high", "normal", "low"];

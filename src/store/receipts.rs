@@ -141,6 +141,85 @@ struct Found {
     sent_at: Option<i64>,
 }
 
+/// The messages `receipts` name by provider id, and where each provider
+/// id's message is in that list. Two messages with one provider id: the
+/// first found, as a single receipt's `LIMIT 1` would.
+async fn find_by_provider_id(
+    tx: &mut sqlx::PgConnection,
+    receipts: &[&Receipt],
+) -> anyhow::Result<(Vec<Found>, HashMap<String, usize>)> {
+    let provider_ids: Vec<&str> = receipts
+        .iter()
+        .map(|receipt| receipt.provider_message_id.as_str())
+        .collect();
+    let rows: Vec<(String, String, String, i64, String, Option<i64>)> = sqlx::query_as(
+        "SELECT id, tenant_id, status, attempts, provider_message_id, sent_at FROM messages \
+         WHERE provider_message_id = ANY($1::text[])",
+    )
+    .bind(&provider_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut found = Vec::with_capacity(rows.len());
+    let mut by_provider_id = HashMap::with_capacity(rows.len());
+    for (id, tenant_id, status, attempts, provider_id, sent_at) in rows {
+        if let Entry::Vacant(slot) = by_provider_id.entry(provider_id) {
+            slot.insert(found.len());
+            found.push(Found {
+                id,
+                tenant_id,
+                status: status.parse().map_err(anyhow::Error::msg)?,
+                attempts,
+                sent_at,
+            });
+        }
+    }
+    Ok((found, by_provider_id))
+}
+
+/// Of the receipts `plans` would record with a replay check, those whose
+/// event the message already has from before this group (by index), in
+/// one statement.
+async fn seen_before(
+    tx: &mut sqlx::PgConnection,
+    receipts: &[&Receipt],
+    plans: &[Plan],
+    found: &[Found],
+) -> anyhow::Result<HashSet<i64>> {
+    let (mut ask_index, mut ask_id, mut ask_event, mut ask_detail) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (index, plan) in plans.iter().enumerate() {
+        if let Plan::Record {
+            message,
+            decision,
+            check: true,
+        } = plan
+        {
+            ask_index.push(index as i64);
+            ask_id.push(found[*message].id.as_str());
+            ask_event.push(decision.event.as_str());
+            ask_detail.push(receipts[index].detail.as_deref());
+        }
+    }
+    Ok(if ask_index.is_empty() {
+        HashSet::new()
+    } else {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT u.i FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[]) \
+             AS u(i, id, event, detail) WHERE EXISTS (SELECT 1 FROM message_events AS e \
+             WHERE e.message_id = u.id AND e.event = u.event \
+             AND e.detail IS NOT DISTINCT FROM u.detail)",
+        )
+        .bind(&ask_index)
+        .bind(&ask_id)
+        .bind(&ask_event)
+        .bind(&ask_detail)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect()
+    })
+}
+
 /// Records a group's `receipts` against their messages in PostgreSQL's
 /// transaction `tx` (the group writer's, so receipts do not commit alone),
 /// in at most five statements whatever the group's size: find the
@@ -157,33 +236,7 @@ pub(crate) async fn apply_group_pg(
     if receipts.is_empty() {
         return Ok(Vec::new());
     }
-    let provider_ids: Vec<&str> = receipts
-        .iter()
-        .map(|receipt| receipt.provider_message_id.as_str())
-        .collect();
-    let rows: Vec<(String, String, String, i64, String, Option<i64>)> = sqlx::query_as(
-        "SELECT id, tenant_id, status, attempts, provider_message_id, sent_at FROM messages \
-         WHERE provider_message_id = ANY($1::text[])",
-    )
-    .bind(&provider_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut found = Vec::with_capacity(rows.len());
-    let mut by_provider_id = HashMap::with_capacity(rows.len());
-    for (id, tenant_id, status, attempts, provider_id, sent_at) in rows {
-        // Two messages with one provider id: the first found, as a single
-        // receipt's `LIMIT 1` would.
-        if let Entry::Vacant(slot) = by_provider_id.entry(provider_id) {
-            slot.insert(found.len());
-            found.push(Found {
-                id,
-                tenant_id,
-                status: status.parse().map_err(anyhow::Error::msg)?,
-                attempts,
-                sent_at,
-            });
-        }
-    }
+    let (mut found, by_provider_id) = find_by_provider_id(&mut *tx, receipts).await?;
 
     let mut plans = Vec::with_capacity(receipts.len());
     for receipt in receipts {
@@ -207,40 +260,7 @@ pub(crate) async fn apply_group_pg(
         });
     }
 
-    // Replays of events recorded before this group, in one statement.
-    let (mut ask_index, mut ask_id, mut ask_event, mut ask_detail) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (index, plan) in plans.iter().enumerate() {
-        if let Plan::Record {
-            message,
-            decision,
-            check: true,
-        } = plan
-        {
-            ask_index.push(index as i64);
-            ask_id.push(found[*message].id.as_str());
-            ask_event.push(decision.event.as_str());
-            ask_detail.push(receipts[index].detail.as_deref());
-        }
-    }
-    let seen_before: HashSet<i64> = if ask_index.is_empty() {
-        HashSet::new()
-    } else {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT u.i FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[]) \
-             AS u(i, id, event, detail) WHERE EXISTS (SELECT 1 FROM message_events AS e \
-             WHERE e.message_id = u.id AND e.event = u.event \
-             AND e.detail IS NOT DISTINCT FROM u.detail)",
-        )
-        .bind(&ask_index)
-        .bind(&ask_id)
-        .bind(&ask_event)
-        .bind(&ask_detail)
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .collect()
-    };
+    let seen_before = seen_before(&mut *tx, receipts, &plans, &found).await?;
 
     let mut recorded: HashSet<(usize, &str, Option<&str>)> = HashSet::new();
     let mut moves: HashMap<usize, (MessageStatus, Option<String>)> = HashMap::new();
