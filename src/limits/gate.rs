@@ -238,14 +238,15 @@ impl ProviderGate {
     ///
     /// If `rate_per_second` is not a positive finite number or `burst` is 0.
     /// Configuration checking refuses both before a gate is built.
+    #[cfg(test)]
     pub fn new(rate_per_second: f64, burst: u32) -> Self {
         Self::with_timeline(rate_per_second, burst, 0.0, Timeline::tokio())
     }
 
-    /// Like [`ProviderGate::new`], with strict priority softened: while
-    /// lower priorities have callers waiting, they get at least
-    /// `low_priority_share` of the tokens (the lanes' share rule, see
-    /// [`crate::queue::priority`]).
+    /// A gate of one provider at `rate_per_second` with `burst`, with
+    /// strict priority softened: while lower priorities have callers
+    /// waiting, they get at least `low_priority_share` of the tokens (the
+    /// lanes' share rule, see [`crate::queue::priority`]).
     pub fn with_share(rate_per_second: f64, burst: u32, low_priority_share: f64) -> Self {
         Self::with_timeline(
             rate_per_second,
@@ -260,7 +261,8 @@ impl ProviderGate {
     ///
     /// # Panics
     ///
-    /// As [`ProviderGate::new`], for any member, or with no member.
+    /// If a member's rate is not a positive finite number or its burst is
+    /// 0, or with no member.
     pub fn pool(
         members: &[MemberSpec],
         low_priority_share: f64,
@@ -332,6 +334,7 @@ impl ProviderGate {
 
     /// Hands out no token of any provider for `pause` from now (see
     /// [`ProviderGate::pause_member`]).
+    #[cfg(test)]
     pub fn pause_for(&self, pause: Duration) {
         for member in 0..self.members.len() {
             self.pause_member(member, pause);
@@ -461,6 +464,7 @@ impl ProviderGate {
     }
 
     /// [`ProviderGate::pace_call_of`] the first provider.
+    #[cfg(test)]
     pub async fn pace_call(&self) -> Duration {
         self.pace_call_of(0).await
     }
@@ -554,6 +558,7 @@ impl ProviderGate {
     /// tenant). Cancel-safe: dropping the future while
     /// it waits gives up its place in line without losing a token or holding
     /// up anyone behind it.
+    #[cfg(test)]
     pub async fn acquire(&self, priority: Priority) -> Duration {
         self.acquire_for(priority, "").await
     }

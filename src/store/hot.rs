@@ -244,17 +244,6 @@ impl Writer {
         }
     }
 
-    /// Marks a message `sending` (best effort: the status is informational
-    /// and is overwritten by the outcome, so this does not wait). Applied
-    /// only to a `queued` or `retrying` message not changed since: an
-    /// outcome written first wins.
-    pub async fn sending(&self, id: &str) {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::sending(writer, id).await,
-            Backend::Postgres(writer) => writer.sending(id).await,
-        }
-    }
-
     /// Takes the message for this instance's provider call: `scheduled`,
     /// `queued` or `retrying` (or `sending` since before `stale_before`, in
     /// ms: its sender died mid-call) → `sending`, atomically and committed
@@ -410,14 +399,9 @@ impl Writer {
         }
     }
 
-    /// Records a successful send; returns once it is committed (the caller
-    /// deletes the queue entry only then, so a redelivery finds `sent`).
-    pub async fn sent(&self, id: &str, provider_message_id: &str) -> anyhow::Result<()> {
-        self.sent_by(id, provider_message_id, None).await
-    }
-
-    /// [`Writer::sent`], naming the provider that sent it (its name in the
-    /// channel's pool).
+    /// Records a successful send by `provider` (its name in the channel's
+    /// pool); returns once it is committed (the caller deletes the queue
+    /// entry only then, so a redelivery finds `sent`).
     pub async fn sent_by(
         &self,
         id: &str,
@@ -624,7 +608,7 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn sending_then_sent_are_committed_in_order() {
+    async fn claim_then_sent_are_committed_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("s.db"), false).await.unwrap();
         let record = queued_record("m1");
@@ -635,10 +619,10 @@ pub(crate) mod tests {
             .run(move |tx| Ok(messages::insert_rows(tx, &[&inserted])?))
             .await
             .unwrap();
-        writer.sending("m1").await;
-        writer.sent("m1", "SM1").await.unwrap();
-        // A late `sending` never overwrites `sent`.
-        writer.sending("m1").await;
+        assert!(writer.claim("m1", 0).await.unwrap());
+        writer.sent_by("m1", "SM1", None).await.unwrap();
+        // A late claim never takes a sent message back.
+        assert!(!writer.claim("m1", 0).await.unwrap());
         let attempts = writer
             .failure("nope", MessageStatus::Retrying, "x", true)
             .await
@@ -682,10 +666,10 @@ pub(crate) mod tests {
         );
         assert!(a.is_ok() && c.is_ok() != b.is_ok() && d.is_ok());
         for id in ["m1", "m2"] {
-            writer.sending(id).await;
-            writer.sent(id, "SM").await.unwrap();
+            assert!(writer.claim(id, 0).await.unwrap());
+            writer.sent_by(id, "SM", None).await.unwrap();
         }
-        writer.sent("m1", "SM").await.unwrap();
+        writer.sent_by("m1", "SM", None).await.unwrap();
         writer.stop().await;
         finished.await.unwrap();
         let rows = crate::store::usage::read(

@@ -168,9 +168,12 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
     );
 
     let status = writer.clone();
-    status.sending("m1").await;
-    status.sent("m1", "SM1").await.unwrap();
-    status.sending("m1").await; // late: never overwrites `sent`
+    assert!(status.claim("m1", 0).await.unwrap());
+    status.sent_by("m1", "SM1", None).await.unwrap();
+    assert!(
+        !status.claim("m1", 0).await.unwrap(),
+        "a late claim never takes a sent message back"
+    );
     let attempts = status
         .failure("m2", MessageStatus::Retrying, "503 from provider", true)
         .await
@@ -266,8 +269,8 @@ async fn status_changes_write_the_events_the_history_and_webhooks_need() {
     for id in ["plain", "hooked-1", "retried"] {
         assert!(writer.claim(id, 0).await.unwrap(), "{id} claimed");
     }
-    writer.sent("plain", "SM1").await.unwrap();
-    writer.sent("hooked-1", "SM2").await.unwrap();
+    writer.sent_by("plain", "SM1", None).await.unwrap();
+    writer.sent_by("hooked-1", "SM2", None).await.unwrap();
     writer
         .failure(
             "retried",
@@ -559,7 +562,7 @@ async fn a_group_of_receipts_reads_as_the_same_receipts_one_by_one() {
     for (id, sid) in [("m1", "SM1"), ("m2", "SM2")] {
         writer.accept(entry(id, "acme", None)).await.unwrap();
         assert!(writer.claim(id, 0).await.unwrap());
-        writer.sent(id, sid).await.unwrap();
+        writer.sent_by(id, sid, None).await.unwrap();
     }
     writer.stop().await;
     done.await.unwrap();

@@ -24,11 +24,6 @@ enum Piece {
         entries: Vec<AcceptEntry>,
         reply: oneshot::Sender<bool>,
     },
-    Sending {
-        id: String,
-        /// When the change was asked for (ms): an outcome written since wins.
-        at: i64,
-    },
     /// Takes a message for sending: `scheduled`, `queued` or `retrying` (or `sending`
     /// since before `stale_before`, whose sender died) → `sending`; answers
     /// whether this instance got it.
@@ -112,16 +107,6 @@ impl PgWriter {
         let (reply, answer) = oneshot::channel();
         self.submit(Piece::Accept { entries, reply }).await;
         answer.await.unwrap_or(false)
-    }
-
-    /// Marks a message `sending` without waiting (see
-    /// [`crate::store::status::StatusWriter::sending`]).
-    pub async fn sending(&self, id: &str) {
-        self.submit(Piece::Sending {
-            id: id.to_owned(),
-            at: now_ms(),
-        })
-        .await;
     }
 
     /// Claims a message for sending, so that of several instances holding
@@ -318,7 +303,6 @@ impl Piece {
             Piece::Accept { reply, .. } | Piece::Sent { reply, .. } => {
                 let _ = reply.send(false);
             }
-            Piece::Sending { .. } => {}
             Piece::Failure { reply, .. } => {
                 let _ = reply.send(Err(anyhow::anyhow!("{why}")));
             }
@@ -426,7 +410,6 @@ fn answer(
                     );
                 }
             }
-            Piece::Sending { .. } => {}
             Piece::Sent { reply, .. } => {
                 let _ = reply.send(true);
             }
@@ -529,16 +512,11 @@ impl AcceptColumns {
 async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written> {
     let mut accepted: Vec<&AcceptEntry> = Vec::new();
     let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
-    let (mut sending_ids, mut sending_at) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
     let mut sent_by: Vec<Option<String>> = Vec::new();
     for piece in group {
         match piece {
             Piece::Accept { entries, .. } => accepted.extend(entries),
-            Piece::Sending { id, at } => {
-                sending_ids.push(id.clone());
-                sending_at.push(*at);
-            }
             Piece::Sent {
                 id,
                 provider_message_id,
@@ -588,21 +566,6 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         .fetch_all(&mut *tx)
         .await?;
         claimed.extend(taken);
-    }
-    for (ids, at) in sending_ids
-        .chunks(STATUS_ROWS)
-        .zip(sending_at.chunks(STATUS_ROWS))
-    {
-        sqlx::query(
-            "UPDATE messages AS m SET status = 'sending', updated_at = $1 \
-             FROM UNNEST($2::text[], $3::bigint[]) AS u(id, at) \
-             WHERE m.id = u.id AND m.status IN ('queued', 'retrying') AND m.updated_at <= u.at",
-        )
-        .bind(now)
-        .bind(ids)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
     }
     for ((ids, provider_ids), by) in sent_ids
         .chunks(STATUS_ROWS)

@@ -132,16 +132,6 @@ pub(crate) async fn cancel(
         .await
 }
 
-/// See [`crate::store::Writer::sending`].
-pub(crate) async fn sending(writer: &StoreWriter, id: &str) {
-    writer
-        .submit(Box::new(Sending {
-            id: id.to_owned(),
-            at: now_ms(),
-        }))
-        .await;
-}
-
 /// See [`crate::store::Writer::claim`].
 pub(crate) async fn claim(
     writer: &StoreWriter,
@@ -216,7 +206,7 @@ pub(crate) async fn before_send(
         .await
 }
 
-/// See [`crate::store::Writer::sent`].
+/// See [`crate::store::Writer::sent_by`].
 pub(crate) async fn sent(
     writer: &StoreWriter,
     id: &str,
@@ -278,25 +268,6 @@ pub(crate) async fn failure(
             Ok(attempts.unwrap_or(0).max(0) as u32)
         })
         .await
-}
-
-struct Sending {
-    id: String,
-    /// When the change was asked for (ms).
-    at: i64,
-}
-
-impl Work for Sending {
-    fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        tx.prepare_cached(
-            "UPDATE messages SET status = 'sending', updated_at = ?1 \
-             WHERE id = ?2 AND status IN ('queued', 'retrying') AND updated_at <= ?3",
-        )?
-        .execute(rusqlite::params![now_ms(), self.id, self.at])?;
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>, _outcome: Result<(), WriteFailed>) {}
 }
 
 struct Sent {
