@@ -130,27 +130,34 @@ impl FromRequestParts<AppState> for TenantWrite {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let TenantAuth(caller) = TenantAuth::from_request_parts(parts, state).await?;
-        if caller.tenant.status == TenantStatus::Disabled {
-            return Err(ApiError::Forbidden(format!(
-                "Tenant {:?} is disabled; its changes are refused until an admin re-enables it.",
-                caller.tenant.id
-            )));
-        }
-        if let Err(retry_after) = state.writes.take(&caller.tenant.id) {
-            metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "writes").increment(1);
-            return Err(ApiError::TooManyRequests {
-                reason: LimitReason::Writes,
-                detail: format!(
-                    "Changes other than sends are limited to {} per second with bursts of {} per tenant.",
-                    state.settings.limits.tenant_writes_per_second,
-                    state.settings.limits.tenant_writes_burst
-                ),
-                retry_after,
-                rate: None,
-            });
-        }
+        admit_change(&caller, state)?;
         Ok(TenantWrite(caller))
     }
+}
+
+/// A change other than a send: refused 403 for a disabled tenant, and
+/// charged to the tenant's bucket of changes (429 when empty).
+fn admit_change(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
+    if caller.tenant.status == TenantStatus::Disabled {
+        return Err(ApiError::Forbidden(format!(
+            "Tenant {:?} is disabled; its changes are refused until an admin re-enables it.",
+            caller.tenant.id
+        )));
+    }
+    if let Err(retry_after) = state.writes.take(&caller.tenant.id) {
+        metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "writes").increment(1);
+        return Err(ApiError::TooManyRequests {
+            reason: LimitReason::Writes,
+            detail: format!(
+                "Changes other than sends are limited to {} per second with bursts of {} per tenant.",
+                state.settings.limits.tenant_writes_per_second,
+                state.settings.limits.tenant_writes_burst
+            ),
+            retry_after,
+            rate: None,
+        });
+    }
+    Ok(())
 }
 
 /// A change to a setting both of a tenant's worlds share (its webhook, its
@@ -172,7 +179,7 @@ impl FromRequestParts<AppState> for LiveWrite {
                 "A test key cannot change the tenant's webhook or suppression list, which its live messages share; use a live key.".into(),
             ));
         }
-        let TenantWrite(caller) = TenantWrite::from_request_parts(parts, state).await?;
+        admit_change(&caller, state)?;
         Ok(LiveWrite(caller))
     }
 }

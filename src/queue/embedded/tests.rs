@@ -27,6 +27,27 @@ fn message(tenant: &str, n: usize) -> OutboundMessage {
     }
 }
 
+/// Receives the fast lane's one message `receives` times, giving it back
+/// at once each time; the receive after that finds it exhausted and moves
+/// it to the dead-letter queue instead.
+async fn receive_until_dead_lettered(queue: &EmbeddedQueue, receives: u32) {
+    for expected in 1..=receives {
+        let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(got[0].receive_count, expected);
+        queue
+            .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
+            .await
+            .unwrap();
+    }
+    assert!(
+        queue
+            .receive(Lane::Fast, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 #[tokio::test]
 async fn a_received_message_is_invisible_until_its_visibility_timeout_ends() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,22 +124,8 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dlq() {
         .send_batch(Lane::Fast, vec![message("a", 1)])
         .await
         .unwrap();
-    for expected in 1..=2 {
-        let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
-        assert_eq!(got[0].receive_count, expected);
-        queue
-            .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
-            .await
-            .unwrap();
-    }
     // The third receive finds it exhausted and moves it instead.
-    assert!(
-        queue
-            .receive(Lane::Fast, 1, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    receive_until_dead_lettered(&queue, 2).await;
     let stats = queue.stats(Lane::Fast).await.unwrap();
     assert_eq!((stats.depth, stats.in_flight, stats.dlq_depth), (0, 0, 1));
     let dead = queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
@@ -662,19 +669,8 @@ async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing
         .send_batch(Lane::Fast, vec![message("a", 1)])
         .await
         .unwrap();
-    let got = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
-    queue
-        .change_visibility_batch(Lane::Fast, &[(got[0].receipt.clone(), Duration::ZERO)])
-        .await
-        .unwrap();
     // Past its one receive: dead-lettered, and due for retention.
-    assert!(
-        queue
-            .receive(Lane::Fast, 1, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    receive_until_dead_lettered(&queue, 1).await;
     let due = retention::due(&db, "a", i64::MAX, 10).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].status, "dead_lettered");
