@@ -21,90 +21,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::Db;
+use super::delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls};
 use super::postgres::PgWriter;
 use super::receipts::{self, Applied, Receipt};
 use super::sqlite::hot;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
-use super::webhooks::{self, DueCall, Webhook};
+use super::webhooks;
 use crate::model::{MessageStatus, Scope};
-use crate::store::messages::MessageRecord;
-
-/// A received message to look up before sending (see
-/// [`Writer::before_send`]).
-#[derive(Debug, Clone)]
-pub struct SendCheck {
-    pub id: String,
-    pub tenant_id: String,
-    /// The recipient, normalised (`suppressions::normalize`); `None` when
-    /// there is none to check.
-    pub address: Option<String>,
-}
-
-/// What [`Writer::before_send`] found for one message.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BeforeSend {
-    /// `None`: the message has no status row.
-    pub status: Option<MessageStatus>,
-    pub suppressed: bool,
-}
-
-/// What a dispatcher pass may take ([`Writer::take_pass`]): for each
-/// tenant the dispatcher holds state for (calls in flight, a grown or cut
-/// limit, a pause), its calls in flight and its room; every other tenant
-/// has `default_room` and nothing in flight.
-#[derive(Debug, Default)]
-pub struct PassRooms {
-    pub tenants: std::collections::HashMap<String, TenantRoom>,
-    pub default_room: usize,
-}
-
-/// One tenant's part of [`PassRooms`].
-#[derive(Debug, Default)]
-pub struct TenantRoom {
-    /// Event ids of its calls in flight: not taken again.
-    pub busy: std::collections::HashSet<i64>,
-    /// Calls it may start now.
-    pub room: usize,
-}
-
-impl PassRooms {
-    /// The busy calls and room of `tenant`.
-    pub(crate) fn of(&self, tenant: &str) -> (Option<&std::collections::HashSet<i64>>, usize) {
-        match self.tenants.get(tenant) {
-            Some(room) => (Some(&room.busy), room.room),
-            None => (None, self.default_room),
-        }
-    }
-}
-
-/// What [`Writer::take_pass`] took for one tenant.
-pub struct TakenCalls {
-    pub tenant: String,
-    /// The tenant's room in this pass.
-    pub room: usize,
-    /// Due calls found for the room (at most the room).
-    pub wanted: usize,
-    /// Those leased to this instance (another may have taken some).
-    pub calls: Vec<DueCall>,
-    /// The message's status at each leased call's event, by event id.
-    pub data: std::collections::HashMap<i64, MessageRecord>,
-    /// The tenant's endpoint as it was when the calls were taken; `None`
-    /// when it has none any more.
-    pub webhook: Option<Webhook>,
-}
-
-/// The provider a failed call went to, as the message's row keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Called<'a> {
-    /// Its name in the channel's pool.
-    pub provider: &'a str,
-    /// True when the call may have reached it (a timeout): the next
-    /// attempt must go to the same provider, never to another, so that a
-    /// message is not sent by two providers.
-    pub pinned: bool,
-}
 
 /// The hot path's writer; cheap to clone.
 #[derive(Clone)]

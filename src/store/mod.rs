@@ -17,6 +17,7 @@
 //! The embedded queue keeps its own tables in the SQLite file and runs its
 //! work on the SQLite writer ([`sqlite::writer`]).
 
+mod delivery;
 pub mod events;
 mod hot;
 pub mod idempotency;
@@ -33,7 +34,8 @@ pub mod suppressions;
 pub mod usage;
 pub mod webhooks;
 
-pub use hot::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls, TenantRoom, Writer};
+pub use delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls, TenantRoom};
+pub use hot::Writer;
 pub use sqlite::SqliteDb;
 pub(crate) use staging::group_span;
 pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};

@@ -14,7 +14,7 @@ use tracing::{Instrument, error, warn};
 use super::PgDb;
 use crate::model::{MessageStatus, now_ms};
 use crate::store::AcceptEntry;
-use crate::store::hot::{BeforeSend, SendCheck};
+use crate::store::delivery::{BeforeSend, SendCheck};
 use crate::store::receipts::{self, Applied, Receipt};
 use crate::store::streak::{FailureStreak, WriteFailed};
 

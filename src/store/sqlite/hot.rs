@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::{MessageStatus, now_ms};
-use crate::store::hot::{BeforeSend, PassRooms, SendCheck};
+use crate::store::delivery::{BeforeSend, PassRooms, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
 use crate::store::messages;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
