@@ -14,6 +14,7 @@ use utoipa::{ToResponse, ToSchema};
 
 use crate::limits::retry_after_secs;
 use crate::limits::tenant::RateInfo;
+use crate::store::StoreError;
 use crate::tenants::RegistryError;
 
 /// An RFC 9457 problem document.
@@ -142,7 +143,34 @@ pub enum ApiError {
         retry_after: Duration,
     },
     #[error(transparent)]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
+}
+
+/// The one place a failure from below the API becomes an answer: a store
+/// that is away or full is a 503 with Retry-After, not a 500.
+impl From<anyhow::Error> for ApiError {
+    fn from(err: anyhow::Error) -> Self {
+        ApiError::from(StoreError::classify(err))
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        let retry_after = err.retry_after().unwrap_or(Duration::from_secs(1));
+        match err {
+            StoreError::NotFound(detail) => ApiError::NotFound(detail),
+            StoreError::Conflict(detail) => ApiError::Conflict(detail),
+            StoreError::Unavailable(_) => ApiError::Unavailable {
+                detail: "The store did not answer; nothing was changed. Try again after Retry-After.".into(),
+                retry_after,
+            },
+            StoreError::Full(_) => ApiError::Unavailable {
+                detail: "The store has no room for this change; nothing was changed. Try again after Retry-After.".into(),
+                retry_after,
+            },
+            StoreError::Other(err) => ApiError::Internal(err),
+        }
+    }
 }
 
 impl ApiError {
@@ -295,7 +323,7 @@ impl From<RegistryError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
-        ApiError::Internal(err.into())
+        ApiError::from(anyhow::Error::from(err))
     }
 }
 

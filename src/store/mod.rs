@@ -18,6 +18,7 @@
 //! work on the SQLite writer ([`sqlite::writer`]).
 
 mod delivery;
+mod error;
 pub mod events;
 mod hot;
 pub mod idempotency;
@@ -35,6 +36,7 @@ pub mod usage;
 pub mod webhooks;
 
 pub use delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls, TenantRoom};
+pub use error::StoreError;
 pub use hot::Writer;
 pub use sqlite::SqliteDb;
 pub(crate) use staging::group_span;

@@ -238,6 +238,14 @@ async fn an_unreachable_postgres_answers_503_with_retry_after_and_recovers_by_it
                 "Retry-After {retry_after}: {problem}"
             );
             eprintln!("the send during the outage answered 503 after {waited:?}");
+            // A read finds the store away too: 503 with Retry-After, not 500.
+            let read = app.get_message(&key, &before).await;
+            let (headers, problem) = expect_problem(read, StatusCode::SERVICE_UNAVAILABLE).await;
+            let retry_after = header_u64(&headers, "retry-after");
+            assert!(
+                (1..=30).contains(&retry_after),
+                "Retry-After {retry_after}: {problem}"
+            );
             let (status, health) = readyz(&app).await;
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
             assert_eq!(health["checks"]["store"], "unavailable", "{health}");
