@@ -309,7 +309,7 @@ impl Writer {
 
     /// Records a provider's receipt against its message as a piece of the
     /// writer's group (SQLite: `receipts::apply_in`; PostgreSQL:
-    /// `receipts::apply_group_pg`), so receipts at volume commit together
+    /// `postgres::receipts::apply_group`), so receipts at volume commit together
     /// with the delivery path's changes instead of one transaction each.
     pub async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
         match &self.backend {

@@ -2,9 +2,6 @@
 //! event, suppressions) in one transaction, and keeping those that beat
 //! their message's `sent` record for a later match.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
-
 use serde::{Deserialize, Serialize};
 
 use super::{Db, in_transaction, on_pool, suppressions};
@@ -40,7 +37,7 @@ impl Receipt {
     }
 }
 
-/// What a receipt did to its message (`apply_group_pg`, `apply_in`).
+/// What a receipt did to its message (`postgres::receipts::apply_group`, `apply_in`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// The message was found; `changed` when its status moved.
@@ -61,7 +58,7 @@ pub enum Applied {
 /// Order of the states a receipt may move a message through: a report
 /// only moves it forward (a complaint after a delivery, not a delivery
 /// after a bounce).
-fn rank(status: MessageStatus) -> Option<u8> {
+pub(super) fn rank(status: MessageStatus) -> Option<u8> {
     match status {
         MessageStatus::Sent => Some(0),
         MessageStatus::Delivered => Some(1),
@@ -72,21 +69,21 @@ fn rank(status: MessageStatus) -> Option<u8> {
 }
 
 /// What a receipt does to a message whose status is `current`.
-struct Decision {
+pub(super) struct Decision {
     /// The status the message moves to, if it moves.
-    moves: Option<MessageStatus>,
+    pub(super) moves: Option<MessageStatus>,
     /// The event's name in the history.
-    event: String,
+    pub(super) event: String,
     /// The status recorded with the event.
-    after: MessageStatus,
+    pub(super) after: MessageStatus,
     /// The same outcome again: nothing to record.
-    duplicate: bool,
+    pub(super) duplicate: bool,
     /// A report that moves nothing: a duplicate if the same event was
     /// recorded before (a replayed callback, a provider's retry).
-    check_seen: bool,
+    pub(super) check_seen: bool,
 }
 
-fn decide(receipt: &Receipt, current: MessageStatus) -> Decision {
+pub(super) fn decide(receipt: &Receipt, current: MessageStatus) -> Decision {
     let moves = receipt
         .outcome
         .filter(|outcome| match (rank(*outcome), rank(current)) {
@@ -111,335 +108,10 @@ fn decide(receipt: &Receipt, current: MessageStatus) -> Decision {
 
 /// `last_error` after a move to `outcome`: a failure's reason; a delivery
 /// clears it.
-fn error_after(receipt: &Receipt, outcome: MessageStatus) -> Option<String> {
+pub(super) fn error_after(receipt: &Receipt, outcome: MessageStatus) -> Option<String> {
     (outcome != MessageStatus::Delivered)
         .then(|| receipt.detail.clone())
         .flatten()
-}
-
-/// What the group's pass decided for one receipt before its rows are
-/// written.
-enum Plan {
-    Unmatched,
-    Duplicate,
-    /// Record the event for message `found[message]`; `check` when it moves
-    /// nothing, so an earlier record of the same event makes it a replay.
-    Record {
-        message: usize,
-        decision: Decision,
-        check: bool,
-    },
-}
-
-/// A message a group's receipts name, with its status as the group's
-/// earlier receipts left it.
-struct Found {
-    id: String,
-    tenant_id: String,
-    status: MessageStatus,
-    attempts: i64,
-    sent_at: Option<i64>,
-}
-
-/// The messages `receipts` name by provider id, and where each provider
-/// id's message is in that list. Two messages with one provider id: the
-/// first found, as a single receipt's `LIMIT 1` would.
-async fn find_by_provider_id(
-    tx: &mut sqlx::PgConnection,
-    receipts: &[&Receipt],
-) -> anyhow::Result<(Vec<Found>, HashMap<String, usize>)> {
-    let provider_ids: Vec<&str> = receipts
-        .iter()
-        .map(|receipt| receipt.provider_message_id.as_str())
-        .collect();
-    let rows: Vec<(String, String, String, i64, String, Option<i64>)> = sqlx::query_as(
-        "SELECT id, tenant_id, status, attempts, provider_message_id, sent_at FROM messages \
-         WHERE provider_message_id = ANY($1::text[])",
-    )
-    .bind(&provider_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut found = Vec::with_capacity(rows.len());
-    let mut by_provider_id = HashMap::with_capacity(rows.len());
-    for (id, tenant_id, status, attempts, provider_id, sent_at) in rows {
-        if let Entry::Vacant(slot) = by_provider_id.entry(provider_id) {
-            slot.insert(found.len());
-            found.push(Found {
-                id,
-                tenant_id,
-                status: status.parse().map_err(anyhow::Error::msg)?,
-                attempts,
-                sent_at,
-            });
-        }
-    }
-    Ok((found, by_provider_id))
-}
-
-/// Of the receipts `plans` would record with a replay check, those whose
-/// event the message already has from before this group (by index), in
-/// one statement.
-async fn seen_before(
-    tx: &mut sqlx::PgConnection,
-    receipts: &[&Receipt],
-    plans: &[Plan],
-    found: &[Found],
-) -> anyhow::Result<HashSet<i64>> {
-    let (mut ask_index, mut ask_id, mut ask_event, mut ask_detail) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (index, plan) in plans.iter().enumerate() {
-        if let Plan::Record {
-            message,
-            decision,
-            check: true,
-        } = plan
-        {
-            ask_index.push(index as i64);
-            ask_id.push(found[*message].id.as_str());
-            ask_event.push(decision.event.as_str());
-            ask_detail.push(receipts[index].detail.as_deref());
-        }
-    }
-    Ok(if ask_index.is_empty() {
-        HashSet::new()
-    } else {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT u.i FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[]) \
-             AS u(i, id, event, detail) WHERE EXISTS (SELECT 1 FROM message_events AS e \
-             WHERE e.message_id = u.id AND e.event = u.event \
-             AND e.detail IS NOT DISTINCT FROM u.detail)",
-        )
-        .bind(&ask_index)
-        .bind(&ask_id)
-        .bind(&ask_event)
-        .bind(&ask_detail)
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .collect()
-    })
-}
-
-/// Records a group's `receipts` against their messages in PostgreSQL's
-/// transaction `tx` (the group writer's, so receipts do not commit alone),
-/// in at most five statements whatever the group's size: find the
-/// messages, look for replays, move the statuses, insert the events (the
-/// trigger turns them into webhook calls) and add the suppressions. Each
-/// receipt is decided in order, as if applied one after another: a second
-/// report on the same message sees what the first did. [`apply_in`] is
-/// SQLite's, one receipt at a time.
-pub(crate) async fn apply_group_pg(
-    tx: &mut sqlx::PgConnection,
-    receipts: &[&Receipt],
-    now: i64,
-) -> anyhow::Result<Vec<Applied>> {
-    if receipts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (mut found, by_provider_id) = find_by_provider_id(&mut *tx, receipts).await?;
-
-    let mut plans = Vec::with_capacity(receipts.len());
-    for receipt in receipts {
-        let Some(&message) = by_provider_id.get(&receipt.provider_message_id) else {
-            plans.push(Plan::Unmatched);
-            continue;
-        };
-        let decision = decide(receipt, found[message].status);
-        if decision.duplicate {
-            plans.push(Plan::Duplicate);
-            continue;
-        }
-        if let Some(outcome) = decision.moves {
-            found[message].status = outcome;
-        }
-        let check = decision.check_seen;
-        plans.push(Plan::Record {
-            message,
-            decision,
-            check,
-        });
-    }
-
-    let seen_before = seen_before(&mut *tx, receipts, &plans, &found).await?;
-
-    let mut recorded: HashSet<(usize, &str, Option<&str>)> = HashSet::new();
-    let mut moves: HashMap<usize, (MessageStatus, Option<String>)> = HashMap::new();
-    let mut events = EventColumns::default();
-    let mut suppress = SuppressColumns::default();
-    let mut applied = Vec::with_capacity(plans.len());
-    for (index, plan) in plans.iter().enumerate() {
-        let receipt = receipts[index];
-        let (message, decision, check) = match plan {
-            Plan::Unmatched => {
-                applied.push(Applied::Unmatched);
-                continue;
-            }
-            Plan::Duplicate => {
-                applied.push(Applied::Duplicate);
-                continue;
-            }
-            Plan::Record {
-                message,
-                decision,
-                check,
-            } => (*message, decision, *check),
-        };
-        let key = (message, decision.event.as_str(), receipt.detail.as_deref());
-        let replay = check && (seen_before.contains(&(index as i64)) || recorded.contains(&key));
-        if replay {
-            applied.push(Applied::Duplicate);
-            continue;
-        }
-        recorded.insert(key);
-        let target = &found[message];
-        if let Some(outcome) = decision.moves {
-            // The last move of a message in the group is the one that stays.
-            moves.insert(message, (outcome, error_after(receipt, outcome)));
-        }
-        events.push(target, now, decision, receipt);
-        for (channel, address) in to_suppress(receipt) {
-            suppress.push(target, address, channel, receipt, now);
-        }
-        applied.push(Applied::Matched {
-            message_id: target.id.clone(),
-            tenant_id: target.tenant_id.clone(),
-            changed: decision.moves.is_some(),
-            sent_at: target.sent_at,
-        });
-    }
-
-    if !moves.is_empty() {
-        let (mut ids, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new());
-        for (message, (status, error)) in moves {
-            ids.push(found[message].id.as_str());
-            statuses.push(status.as_str());
-            errors.push(error);
-        }
-        sqlx::query(
-            "UPDATE messages AS m SET status = u.status, last_error = u.error, updated_at = $1 \
-             FROM UNNEST($2::text[], $3::text[], $4::text[]) AS u(id, status, error) \
-             WHERE m.id = u.id",
-        )
-        .bind(now)
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&errors)
-        .execute(&mut *tx)
-        .await?;
-    }
-    events.insert(&mut *tx).await?;
-    suppress.insert(&mut *tx).await?;
-    Ok(applied)
-}
-
-/// The event rows of a group's receipts, column by column for `UNNEST`.
-#[derive(Default)]
-struct EventColumns {
-    message_id: Vec<String>,
-    tenant_id: Vec<String>,
-    at: Vec<i64>,
-    event: Vec<String>,
-    status: Vec<&'static str>,
-    attempts: Vec<i64>,
-    detail: Vec<Option<String>>,
-    provider_message_id: Vec<String>,
-}
-
-impl EventColumns {
-    fn push(&mut self, message: &Found, now: i64, decision: &Decision, receipt: &Receipt) {
-        self.message_id.push(message.id.clone());
-        self.tenant_id.push(message.tenant_id.clone());
-        self.at.push(now);
-        self.event.push(decision.event.clone());
-        self.status.push(decision.after.as_str());
-        self.attempts.push(message.attempts);
-        self.detail.push(receipt.detail.clone());
-        self.provider_message_id
-            .push(receipt.provider_message_id.clone());
-    }
-
-    /// One insert, in the receipts' order, so each message's events keep
-    /// the order they were reported in.
-    async fn insert(&self, tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        if self.message_id.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, \
-             detail, provider_message_id) \
-             SELECT u.message_id, u.tenant_id, u.at, u.event, u.status, u.attempts, u.detail, \
-             u.provider_message_id FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], \
-             $5::text[], $6::bigint[], $7::text[], $8::text[]) WITH ORDINALITY \
-             AS u(message_id, tenant_id, at, event, status, attempts, detail, provider_message_id, i) \
-             ORDER BY u.i",
-        )
-        .bind(&self.message_id)
-        .bind(&self.tenant_id)
-        .bind(&self.at)
-        .bind(&self.event)
-        .bind(&self.status)
-        .bind(&self.attempts)
-        .bind(&self.detail)
-        .bind(&self.provider_message_id)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
-    }
-}
-
-/// The suppression rows of a group's receipts, column by column.
-#[derive(Default)]
-struct SuppressColumns {
-    tenant_id: Vec<String>,
-    address: Vec<String>,
-    channel: Vec<&'static str>,
-    reason: Vec<String>,
-    detail: Vec<Option<String>>,
-    message_id: Vec<String>,
-    created_at: Vec<i64>,
-}
-
-impl SuppressColumns {
-    fn push(
-        &mut self,
-        message: &Found,
-        address: String,
-        channel: crate::model::Channel,
-        receipt: &Receipt,
-        now: i64,
-    ) {
-        self.tenant_id.push(message.tenant_id.clone());
-        self.address.push(address);
-        self.channel.push(channel.as_str());
-        self.reason.push(suppress_reason(receipt).to_owned());
-        self.detail.push(receipt.detail.clone());
-        self.message_id.push(message.id.clone());
-        self.created_at.push(now);
-    }
-
-    /// One insert; an address listed before (or twice in the group) keeps
-    /// its first entry.
-    async fn insert(&self, tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        if self.address.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "INSERT INTO suppressions (tenant_id, address, channel, reason, detail, message_id, \
-             created_at) \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-             $6::text[], $7::bigint[]) ON CONFLICT (tenant_id, address) DO NOTHING",
-        )
-        .bind(&self.tenant_id)
-        .bind(&self.address)
-        .bind(&self.channel)
-        .bind(&self.reason)
-        .bind(&self.detail)
-        .bind(&self.message_id)
-        .bind(&self.created_at)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
-    }
 }
 
 const INSERT_EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, detail, provider_message_id) \
@@ -447,19 +119,21 @@ const INSERT_EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, a
 
 /// The receipt's addresses to suppress, normalised (unreadable ones are
 /// skipped).
-fn to_suppress(receipt: &Receipt) -> impl Iterator<Item = (crate::model::Channel, String)> + '_ {
+pub(super) fn to_suppress(
+    receipt: &Receipt,
+) -> impl Iterator<Item = (crate::model::Channel, String)> + '_ {
     receipt
         .suppress
         .iter()
         .filter_map(|address| suppressions::normalize(address))
 }
 
-fn suppress_reason(receipt: &Receipt) -> &str {
+pub(super) fn suppress_reason(receipt: &Receipt) -> &str {
     receipt.suppress_reason.as_deref().unwrap_or("bounce")
 }
 
 /// Records `receipt` in the SQLite writer's transaction `tx` (a piece of
-/// its group), so a receipt does not commit alone; [`apply_group_pg`] does
+/// its group), so a receipt does not commit alone; [`super::postgres::receipts::apply_group`] does
 /// the same for a whole group on PostgreSQL.
 pub(crate) fn apply_in(
     tx: &rusqlite::Transaction,

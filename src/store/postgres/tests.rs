@@ -554,7 +554,8 @@ fn receipt(
 /// a duplicate, and only the last move of a message stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_of_receipts_reads_as_the_same_receipts_one_by_one() {
-    use crate::store::receipts::{Applied, apply_group_pg};
+    use crate::store::postgres::receipts::apply_group as apply_group_pg;
+    use crate::store::receipts::Applied;
     use MessageStatus::{Complained, Delivered};
     let database = TestDatabase::create().await;
     let db = database.open().await;

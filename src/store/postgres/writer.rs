@@ -15,7 +15,7 @@ use super::PgDb;
 use crate::model::{MessageStatus, now_ms};
 use crate::store::AcceptEntry;
 use crate::store::delivery::{BeforeSend, SendCheck};
-use crate::store::receipts::{self, Applied, Receipt};
+use crate::store::receipts::{Applied, Receipt};
 use crate::store::streak::{FailureStreak, WriteFailed};
 
 /// One piece of work for [`PgWriter`].
@@ -282,7 +282,7 @@ impl PgWriter {
         Ok(())
     }
 
-    /// Records a provider's receipt (see `receipts::apply_group_pg`) in the
+    /// Records a provider's receipt (see `super::receipts::apply_group`) in the
     /// next group, so receipts at volume share commits instead of one
     /// transaction each; answers once it has committed.
     pub async fn apply_receipt(&self, receipt: Receipt) -> anyhow::Result<Applied> {
@@ -623,7 +623,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             _ => None,
         })
         .collect();
-    let applied = receipts::apply_group_pg(&mut tx, &group_receipts, now).await?;
+    let applied = super::receipts::apply_group(&mut tx, &group_receipts, now).await?;
     tx.commit().await?;
     Ok(Written {
         attempts,
