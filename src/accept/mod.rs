@@ -262,8 +262,9 @@ impl Acceptor {
             None => None,
             Some(key) => {
                 let hash = request_hash(value);
-                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
-                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
+                let scope = caller.scope();
+                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
+                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
                     return Ok(Sent::Replayed {
                         id: stored.message_id,
                         status: stored.status_code,
@@ -318,8 +319,9 @@ impl Acceptor {
             None => None,
             Some(key) => {
                 let hash = batch::request_hash(&items);
-                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
-                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
+                let scope = caller.scope();
+                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
+                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
                     return Ok(BatchSent::Replayed(stored.response_body));
                 }
                 batch_key = Some((key, hash));
@@ -418,8 +420,9 @@ impl Acceptor {
             None => (None, None),
             Some(key) => {
                 let hash = request_hash(&item);
-                let guard = InFlightKey::claim(&self.in_flight, &caller.scope(), &key)?;
-                if let Some(stored) = remembered(&self.db, &caller.scope(), &key, &hash).await? {
+                let scope = caller.scope();
+                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
+                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
                     let answer: SendAccepted =
                         serde_json::from_str(&stored.response_body).map_err(anyhow::Error::from)?;
                     return Ok(Admitted::Replayed(answer));
