@@ -3,8 +3,9 @@
 them") against the code: every `crate::X` path in non-test code of `src/`
 is an edge from the file's top-level module to X. Fails on an import cycle
 between top-level modules, on an edge a rule forbids, on SQL outside
-src/store/ and src/queue/embedded/, and on a match of the store's backend
-outside src/store/. Standard library only: `python3 .ci/layers.py`."""
+src/store/ and src/queue/embedded/, on a write of a message's status, its
+events or its webhook calls outside the lifecycle's two files, and on a
+match of the store's backend outside src/store/. Standard library only: `python3 .ci/layers.py`."""
 
 import pathlib
 import re
@@ -26,6 +27,10 @@ FORBIDDEN = {
     "webhooks": {"api"},
 }
 SQL = re.compile(r'"[^"\n]*\b(SELECT\s|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE (TABLE|INDEX))')
+# A message's status, its events and its webhook calls are written only by
+# the store's lifecycle, one file per backend (issue 45).
+LIFECYCLE = re.compile(r'"[^"\n]*\b(UPDATE messages( AS m)? SET status|INSERT INTO (message_events|webhook_deliveries|messages)\b)')
+LIFECYCLE_FILES = ("store/sqlite/lifecycle.rs", "store/postgres/lifecycle.rs")
 BACKEND = re.compile(r"\bDb::(Sqlite|Postgres)\b")
 PATH = re.compile(r"\bcrate::([a-z_]+)")
 
@@ -62,6 +67,8 @@ def main():
                 edges.setdefault(here, set()).add(target)
         if SQL.search(code) and not (rel.startswith("store/") or rel.startswith("queue/embedded/")):
             problems.append(f"SQL outside store/ and queue/embedded/: src/{rel}")
+        if LIFECYCLE.search(code) and rel not in LIFECYCLE_FILES:
+            problems.append(f"a message's status or events written outside the lifecycle: src/{rel}")
         if BACKEND.search(code) and not rel.startswith("store/"):
             problems.append(f"the store's backend matched outside store/: src/{rel}")
     for source, targets in FORBIDDEN.items():

@@ -7,7 +7,7 @@
 //! `complained`, `failed`), its event with the provider's detail, and for a
 //! hard bounce or a complaint the address on the tenant's suppression list.
 //! The event's insert also queues the tenant's webhook, in the same
-//! transaction (see the migrations' triggers).
+//! transaction (see `crate::store::lifecycle`).
 //!
 //! A receipt can arrive before fairlane has recorded the provider's id (the
 //! provider answers the send and calls back at once; the `sent` commit is

@@ -1,6 +1,6 @@
 //! A message's status history (`message_events`): one row per status change
-//! and per provider update, written by the store's trigger for the delivery
-//! path's changes and by [`crate::receipts`] for receipts.
+//! and per provider update, written with each status change by the store's
+//! lifecycle ([`crate::store::lifecycle`]).
 
 use crate::store::{Db, on_pool};
 

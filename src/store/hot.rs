@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use super::Db;
 use super::delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls};
+use super::lifecycle::Move;
 use super::postgres::PgWriter;
 use super::receipts::{self, Applied, Receipt};
 use super::sqlite::hot;
@@ -353,8 +354,10 @@ impl Writer {
     }
 
     /// Records a failed provider call (`counted`: whether it was an
-    /// attempt) and the state the message moves to; returns the attempts
-    /// made so far.
+    /// attempt) and the state the message moves to (`retrying`,
+    /// `dead_lettered`, `suppressed` or `rejected`; any other is an error);
+    /// returns the attempts made so far, 0 when the message was not where
+    /// such a move starts (see [`super::lifecycle`]).
     pub async fn failure(
         &self,
         id: &str,
@@ -376,11 +379,13 @@ impl Writer {
         counted: bool,
         called: Option<Called<'_>>,
     ) -> anyhow::Result<u32> {
+        let step = Move::failure(status)
+            .ok_or_else(|| anyhow::anyhow!("{} is not a failure's status", status.as_str()))?;
         let recorded = match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                hot::failure(writer, id, status, error, counted, called).await
+                hot::failure(writer, id, step, error, counted, called).await
             }
-            Backend::Postgres(writer) => writer.failure(id, status, error, counted, called).await,
+            Backend::Postgres(writer) => writer.failure(id, step, error, counted, called).await,
         };
         if recorded.is_ok() {
             self.changed.notify_one();
@@ -508,6 +513,27 @@ pub(crate) mod tests {
         before_send_reads_status_and_suppression_in_order(&db).await;
     }
 
+    /// An accept of a queued SMS `id` of `tenant`, staged in the outbox.
+    pub(crate) fn queued_entry(id: &str, tenant: &str) -> AcceptEntry {
+        let mut record = queued_record(id);
+        record.tenant_id = tenant.into();
+        let outbound = crate::message::OutboundMessage {
+            message_id: id.into(),
+            tenant_id: tenant.into(),
+            channel: Channel::Sms,
+            priority: Priority::Normal,
+            body: "{}".into(),
+            delay: Duration::ZERO,
+        };
+        AcceptEntry {
+            lane: Lane::Fast,
+            record,
+            outbound,
+            idempotency: Vec::new(),
+            trace: None,
+        }
+    }
+
     fn queued_record(id: &str) -> MessageRecord {
         MessageRecord {
             id: id.into(),
@@ -541,7 +567,7 @@ pub(crate) mod tests {
         let store = writer.sqlite().unwrap().clone();
         let inserted = record.clone();
         store
-            .run(move |tx| Ok(messages::insert_rows(tx, &[&inserted])?))
+            .run(move |tx| Ok(crate::store::sqlite::lifecycle::accept(tx, &[&inserted])?))
             .await
             .unwrap();
         assert!(writer.claim("m1", 0).await.unwrap());
@@ -577,7 +603,7 @@ pub(crate) mod tests {
             record.fragments = fragments;
             async move {
                 store
-                    .run(move |tx| Ok(messages::insert_rows(tx, &[&record])?))
+                    .run(move |tx| Ok(crate::store::sqlite::lifecycle::accept(tx, &[&record])?))
                     .await
             }
         };

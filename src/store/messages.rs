@@ -9,45 +9,6 @@ use crate::model::{Lane, Scope};
 
 pub use crate::message::MessageRecord;
 
-/// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
-
-/// Inserts `rows` in the accept writer's transaction, through one cached
-/// single-row statement, and counts them `accepted` in the group's usage
-/// ([`super::usage::Pending`]: call it on the store writer's thread).
-pub fn insert_rows(tx: &rusqlite::Transaction, rows: &[&MessageRecord]) -> rusqlite::Result<()> {
-    let mut insert = tx.prepare_cached(INSERT_ROW)?;
-    for record in rows {
-        super::usage::Pending::accepted(
-            &record.tenant_id,
-            record.created_at,
-            record.channel.as_str(),
-            record.test,
-        );
-        insert.execute(rusqlite::params![
-            record.id,
-            record.tenant_id,
-            record.channel.as_str(),
-            record.status.as_str(),
-            record.priority.as_str(),
-            record.lane.as_str(),
-            i64::from(record.attempts),
-            record.reference,
-            record.metadata,
-            record.created_at,
-            record.updated_at,
-            record.sent_at,
-            record.last_error,
-            record.provider_message_id,
-            record.send_at,
-            record.test,
-            record.fragments,
-        ])?;
-    }
-    Ok(())
-}
-
 /// A status row as read.
 #[derive(sqlx::FromRow)]
 struct MessageRow {
@@ -195,27 +156,20 @@ pub async fn mark_requeued(db: &Db, ids: &[String], redrive_started: i64) -> any
     let now = crate::model::now_ms();
     match db {
         Db::Sqlite(sqlite) => {
+            let ids = ids.to_vec();
             sqlite
-                .execute_for_ids(ids, |query| {
-                    query
-                        .push("UPDATE messages SET status = 'queued', attempts = 0, updated_at = ")
-                        .push_bind(now)
-                        .push(" WHERE status NOT IN ('sent', 'rejected') AND updated_at <= ")
-                        .push_bind(redrive_started)
-                        .push(" AND id IN (");
+                .transact(move |tx| {
+                    for id in &ids {
+                        super::sqlite::lifecycle::redrive(tx, id, redrive_started, now)?;
+                    }
+                    Ok(())
                 })
                 .await?;
         }
         Db::Postgres(pg) => {
-            sqlx::query(
-                "UPDATE messages SET status = 'queued', attempts = 0, updated_at = $1 \
-                 WHERE status NOT IN ('sent', 'rejected') AND updated_at <= $2 AND id = ANY($3)",
-            )
-            .bind(now)
-            .bind(redrive_started)
-            .bind(ids)
-            .execute(&pg.pool)
-            .await?;
+            let mut tx = pg.pool.begin().await?;
+            super::postgres::lifecycle::redrive(&mut tx, ids, redrive_started, now).await?;
+            tx.commit().await?;
         }
     }
     Ok(())
@@ -225,21 +179,19 @@ pub async fn mark_requeued(db: &Db, ids: &[String], redrive_started: i64) -> any
 pub async fn restore_dead_lettered(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     match db {
         Db::Sqlite(sqlite) => {
+            let (ids, now) = (ids.to_vec(), crate::model::now_ms());
             sqlite
-                .execute_for_ids(ids, |query| {
-                    query.push(
-                        "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id IN (",
-                    );
+                .transact(move |tx| {
+                    for id in &ids {
+                        super::sqlite::lifecycle::restore(tx, id, now)?;
+                    }
+                    Ok(())
                 })
                 .await?;
         }
         Db::Postgres(pg) => {
-            sqlx::query(
-                "UPDATE messages SET status = 'dead_lettered' WHERE status = 'queued' AND id = ANY($1)",
-            )
-                .bind(ids)
-                .execute(&pg.pool)
-                .await?;
+            let mut conn = pg.pool.acquire().await?;
+            super::postgres::lifecycle::restore(&mut conn, ids, crate::model::now_ms()).await?;
         }
     }
     Ok(())
@@ -368,10 +320,10 @@ pub async fn release_interrupted_sends(db: &Db) -> anyhow::Result<u64> {
     let Db::Sqlite(sqlite) = db else {
         return Ok(0);
     };
-    let reset = sqlx::query("UPDATE messages SET status = 'queued' WHERE status = 'sending'")
-        .execute(&sqlite.write)
-        .await?;
-    Ok(reset.rows_affected())
+    let now = crate::model::now_ms();
+    sqlite
+        .transact(move |tx| Ok(super::sqlite::lifecycle::release_all(tx, now)?))
+        .await
 }
 
 /// Which of a scope's messages a list shows (all given conditions hold).

@@ -22,6 +22,7 @@ mod error;
 pub mod events;
 mod hot;
 pub mod idempotency;
+pub(crate) mod lifecycle;
 pub mod messages;
 pub mod outbox;
 pub mod postgres;

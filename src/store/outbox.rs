@@ -2,6 +2,7 @@
 //! accept's transaction (see `crate::accept::outbox` for the relay). A
 //! scheduled message's row waits here until it is due.
 
+use super::lifecycle::Move;
 use std::future::Future;
 
 use super::Db;
@@ -108,11 +109,7 @@ where
                 .bind(&sent)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(MARK_DUE_QUEUED)
-                .bind(now_ms())
-                .bind(&sent)
-                .execute(&mut *tx)
-                .await?;
+            super::postgres::lifecycle::due(&mut tx, &sent, now_ms()).await?;
             tx.commit().await?;
             resent += sent.len();
             if (page_len as i64) < page || sent.is_empty() {
@@ -122,33 +119,26 @@ where
     }
 }
 
-/// A scheduled message that reached its lane is `queued` (unless it was
-/// cancelled meanwhile: the consumer then drops it).
-const MARK_DUE_QUEUED: &str = "UPDATE messages SET status = 'queued', updated_at = $1 \
-     WHERE status = 'scheduled' AND id = ANY($2)";
-
+/// Scheduled messages that reached their lane are `queued` ([`Move::Due`]).
 async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
     match db {
         Db::Sqlite(sqlite) => {
-            let now = now_ms();
+            let (ids, now) = (ids.to_vec(), now_ms());
             sqlite
-                .execute_for_ids(ids, |query| {
-                    query
-                        .push("UPDATE messages SET status = 'queued', updated_at = ")
-                        .push_bind(now)
-                        .push(" WHERE status = 'scheduled' AND id IN (");
+                .transact(move |tx| {
+                    for id in &ids {
+                        super::sqlite::lifecycle::requeue(tx, id, Move::Due, now)?;
+                    }
+                    Ok(())
                 })
                 .await?;
         }
         Db::Postgres(pg) => {
-            sqlx::query(MARK_DUE_QUEUED)
-                .bind(now_ms())
-                .bind(ids)
-                .execute(&pg.pool)
-                .await?;
+            let mut conn = pg.pool.acquire().await?;
+            super::postgres::lifecycle::due(&mut conn, ids, now_ms()).await?;
         }
     }
     Ok(())

@@ -114,9 +114,6 @@ pub(super) fn error_after(receipt: &Receipt, outcome: MessageStatus) -> Option<S
         .flatten()
 }
 
-const INSERT_EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, detail, provider_message_id) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
-
 /// The receipt's addresses to suppress, normalised (unreadable ones are
 /// skipped).
 pub(super) fn to_suppress(
@@ -174,27 +171,22 @@ pub(crate) fn apply_in(
         return Ok(Applied::Duplicate);
     }
     if let Some(outcome) = decision.moves {
-        tx.prepare_cached(
-            "UPDATE messages SET status = ?1, last_error = ?2, updated_at = ?3, erased_at = NULL \
-             WHERE id = ?4",
-        )?
-        .execute(rusqlite::params![
-            outcome.as_str(),
-            error_after(receipt, outcome),
-            now,
-            id
-        ])?;
+        let error = error_after(receipt, outcome);
+        super::sqlite::lifecycle::receipt(tx, &id, outcome, error.as_deref(), now)?;
     }
-    tx.prepare_cached(INSERT_EVENT)?.execute(rusqlite::params![
-        id,
-        tenant_id,
-        now,
-        decision.event,
-        decision.after.as_str(),
-        attempts,
-        receipt.detail,
-        receipt.provider_message_id
-    ])?;
+    super::sqlite::lifecycle::event(
+        tx,
+        &super::sqlite::lifecycle::Event {
+            message_id: &id,
+            tenant_id: &tenant_id,
+            at: now,
+            name: &decision.event,
+            status: decision.after,
+            attempts,
+            detail: receipt.detail.as_deref(),
+            provider_message_id: Some(&receipt.provider_message_id),
+        },
+    )?;
     for (channel, address) in to_suppress(receipt) {
         tx.prepare_cached(suppressions::INSERT)?
             .execute(rusqlite::params![

@@ -8,7 +8,7 @@
 //! channel, status, priority, lane, attempts, times, fragments and the
 //! provider's message id. A row marked erased that receives something
 //! personal again (a late bounce's error, an event's detail) is unmarked by
-//! a trigger, and the next run erases it again.
+//! the lifecycle's move, and the next run erases it again.
 
 use sqlx::QueryBuilder;
 

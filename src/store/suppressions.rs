@@ -60,9 +60,10 @@ pub const INSERT: &str = "INSERT INTO suppressions (tenant_id, address, channel,
 
 /// Adds `address` to `tenant_id`'s list with reason `unsubscribe` (a
 /// one-click unsubscribe from message `message_id`) and, when it was not
-/// listed before, records the `unsubscribed` event on that message, which
-/// the store's trigger turns into a `message.unsubscribed` webhook call;
-/// one transaction. True when it was added.
+/// listed before, records the `unsubscribed` event on that message (with
+/// its `message.unsubscribed` webhook call); one transaction. The message
+/// may be gone (its tenant's data erased): the address is listed all the
+/// same. True when it was added.
 pub async fn unsubscribe(
     db: &Db,
     tenant_id: &str,
@@ -71,36 +72,65 @@ pub async fn unsubscribe(
     message_id: &str,
     now: i64,
 ) -> anyhow::Result<bool> {
-    Ok(in_transaction!(db, |tx| {
-        let added = sqlx::query(INSERT)
-            .bind(tenant_id)
-            .bind(address)
-            .bind(channel.as_str())
-            .bind("unsubscribe")
-            .bind(None::<String>)
-            .bind(message_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            > 0;
-        if added {
-            // The message may be gone (its tenant's data erased); the
-            // address is listed all the same.
-            sqlx::query(
-                "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, \
-                 detail, provider_message_id) \
-                 SELECT id, tenant_id, $3, 'unsubscribed', status, attempts, NULL, provider_message_id \
-                 FROM messages WHERE id = $1 AND tenant_id = $2",
-            )
-            .bind(message_id)
-            .bind(tenant_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+    match db {
+        Db::Sqlite(sqlite) => {
+            let (tenant_id, address, message_id) = (
+                tenant_id.to_owned(),
+                address.to_owned(),
+                message_id.to_owned(),
+            );
+            sqlite
+                .transact(move |tx| {
+                    let added = tx.prepare_cached(INSERT)?.execute(rusqlite::params![
+                        tenant_id,
+                        address,
+                        channel.as_str(),
+                        "unsubscribe",
+                        None::<String>,
+                        message_id,
+                        now
+                    ])? > 0;
+                    if added {
+                        super::sqlite::lifecycle::note(
+                            tx,
+                            &message_id,
+                            &tenant_id,
+                            "unsubscribed",
+                            now,
+                        )?;
+                    }
+                    Ok(added)
+                })
+                .await
         }
-        added
-    }))
+        Db::Postgres(pg) => {
+            let mut tx = pg.pool.begin().await?;
+            let added = sqlx::query(INSERT)
+                .bind(tenant_id)
+                .bind(address)
+                .bind(channel.as_str())
+                .bind("unsubscribe")
+                .bind(None::<String>)
+                .bind(message_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                > 0;
+            if added {
+                super::postgres::lifecycle::note(
+                    &mut tx,
+                    message_id,
+                    tenant_id,
+                    "unsubscribed",
+                    now,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(added)
+        }
+    }
 }
 
 /// Adds an entry by hand; true when it was not listed before.

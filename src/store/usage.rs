@@ -1,13 +1,11 @@
 //! Usage rows: per tenant, UTC day, channel and key kind, how many messages
 //! were accepted and reached each outcome, and the SMS fragments sent.
 //! They are counted in the same transaction as the change they count.
-//! On PostgreSQL, statement triggers on `messages` (migration 0013) append
-//! each statement's counts to `usage_deltas`, and [`roll_up`] folds them
-//! into `usage` on one instance at a time; reads add both. On SQLite
-//! (migration 0014) a trigger counts the rarer outcomes in place, and the
-//! two counts every message makes (`accepted`, `sent`) are summed by the
-//! store writer over a group in [`Pending`] and written once per key before
-//! the group commits. The rows are apart from the messages, so retention
+//! The lifecycle's moves count them ([`crate::store::lifecycle`]). On
+//! PostgreSQL each move's statement appends its counts to `usage_deltas`,
+//! and [`roll_up`] folds them into `usage` on one instance at a time; reads
+//! add both. On SQLite the counts are summed over a writer's group in
+//! [`Pending`] and written once per key before the group commits. The rows are apart from the messages, so retention
 //! never changes them.
 
 use std::cell::RefCell;
@@ -152,35 +150,47 @@ pub async fn roll_up(db: &Db) -> anyhow::Result<Option<u64>> {
     }
 }
 
-/// What a group of the SQLite store writer has counted and not yet written:
-/// `accepted`, `sent` and fragments per tenant, day, channel and kind.
-/// It lives on the writer's thread, where every piece that inserts a
-/// message or marks one `sent` applies; the writer writes it into the
-/// group's transaction just before the commit ([`Pending::write`]) and
-/// forgets it when the transaction is rolled back ([`Pending::forget`]).
+/// What a group of the SQLite store writer has counted and not yet written,
+/// per tenant, day, channel and kind: every counter of [`COUNTERS`]. It
+/// lives on the thread that runs the transaction (the store writer's, or a
+/// rare writer's: [`crate::store::SqliteDb::transact`]), where every accept
+/// and every status change ([`crate::store::lifecycle`]) counts; the writer
+/// writes it into the transaction just before the commit
+/// ([`Pending::write`]) and forgets it when the transaction is rolled back
+/// ([`Pending::forget`]). One upsert per key and group instead of one per
+/// message.
 pub struct Pending;
 
-#[derive(Default)]
-struct Counted {
-    accepted: i64,
-    sent: i64,
-    fragments: i64,
-}
+/// Tenant, UTC day, channel and kind (test or live).
+type UsageKey = (String, i64, String, bool);
 
 thread_local! {
-    static PENDING: RefCell<HashMap<(String, i64, String, bool), Counted>> = RefCell::new(HashMap::new());
+    static PENDING: RefCell<HashMap<UsageKey, [i64; COUNTERS.len()]>> = RefCell::new(HashMap::new());
 }
 
 const MS_PER_DAY: i64 = 86_400_000;
 
+/// The upsert of one key's counts: every counter added to.
+static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns = COUNTERS.join(", ");
+    let places: Vec<String> = (5..5 + COUNTERS.len()).map(|n| format!("?{n}")).collect();
+    let sums: Vec<String> = COUNTERS
+        .iter()
+        .map(|c| format!("{c} = {c} + excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO usage (tenant_id, day, channel, test, {columns}) VALUES (?1, ?2, ?3, ?4, {}) \
+         ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET {}",
+        places.join(", "),
+        sums.join(", ")
+    )
+});
+
 impl Pending {
-    fn add(
-        tenant_id: &str,
-        at_ms: i64,
-        channel: &str,
-        test: bool,
-        count: impl FnOnce(&mut Counted),
-    ) {
+    fn add(tenant_id: &str, at_ms: i64, channel: &str, test: bool, column: &str, by: i64) {
+        let Some(index) = COUNTERS.iter().position(|c| *c == column) else {
+            return;
+        };
         PENDING.with(|pending| {
             let mut pending = pending.borrow_mut();
             let key = (
@@ -189,21 +199,36 @@ impl Pending {
                 channel.to_owned(),
                 test,
             );
-            count(pending.entry(key).or_default());
+            pending.entry(key).or_default()[index] += by;
         });
     }
 
     /// A message stored at `created_at` (ms).
     pub fn accepted(tenant_id: &str, created_at: i64, channel: &str, test: bool) {
-        Self::add(tenant_id, created_at, channel, test, |c| c.accepted += 1);
+        Self::add(tenant_id, created_at, channel, test, "accepted", 1);
     }
 
-    /// A message that became `sent` at `at` (ms), with its fragments.
-    pub fn sent(tenant_id: &str, at: i64, channel: &str, test: bool, fragments: Option<i64>) {
-        Self::add(tenant_id, at, channel, test, |c| {
-            c.sent += 1;
-            c.fragments += fragments.unwrap_or(0);
-        });
+    /// A message that reached the state of `column` (a counter of
+    /// [`COUNTERS`]) at `at` (ms); `sent` adds its fragments too.
+    pub fn reached(
+        tenant_id: &str,
+        at: i64,
+        channel: &str,
+        test: bool,
+        column: &str,
+        fragments: Option<i64>,
+    ) {
+        Self::add(tenant_id, at, channel, test, column, 1);
+        if column == "sent" {
+            Self::add(
+                tenant_id,
+                at,
+                channel,
+                test,
+                "fragments",
+                fragments.unwrap_or(0),
+            );
+        }
     }
 
     /// Writes what was counted into `tx` (one upsert per key) and forgets it.
@@ -212,23 +237,11 @@ impl Pending {
         if counted.is_empty() {
             return Ok(());
         }
-        let mut upsert = tx.prepare_cached(
-            "INSERT INTO usage (tenant_id, day, channel, test, accepted, sent, fragments) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-             ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET \
-             accepted = accepted + excluded.accepted, sent = sent + excluded.sent, \
-             fragments = fragments + excluded.fragments",
-        )?;
-        for ((tenant_id, day, channel, test), c) in counted {
-            upsert.execute(rusqlite::params![
-                tenant_id,
-                day,
-                channel,
-                test,
-                c.accepted,
-                c.sent,
-                c.fragments
-            ])?;
+        let mut upsert = tx.prepare_cached(&UPSERT)?;
+        for ((tenant_id, day, channel, test), counts) in counted {
+            let mut values: Vec<&dyn rusqlite::ToSql> = vec![&tenant_id, &day, &channel, &test];
+            values.extend(counts.iter().map(|count| count as &dyn rusqlite::ToSql));
+            upsert.execute(values.as_slice())?;
         }
         Ok(())
     }

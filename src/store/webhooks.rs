@@ -1,6 +1,6 @@
 //! The rows of tenant webhooks: each tenant's endpoint (`webhooks`) and
-//! the calls waiting for it (`webhook_deliveries`, written by a trigger
-//! with each status event), read and leased by the dispatcher
+//! the calls waiting for it (`webhook_deliveries`, written by the store's
+//! lifecycle with each event), read and leased by the dispatcher
 //! (`crate::webhooks::dispatch`).
 
 use super::messages::MessageRecord;

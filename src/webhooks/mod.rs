@@ -4,7 +4,7 @@
 //!
 //! Delivery is durable: the call to make is a `webhook_deliveries` row,
 //! written by the store in the same transaction as the event itself (see
-//! the migration's triggers), and deleted only once the endpoint answered
+//! `crate::store::lifecycle`), and deleted only once the endpoint answered
 //! 2xx. [`dispatch`] makes the calls: at least once, with the same
 //! `webhook-id` on every attempt, in event order for each message, with
 //! backoff, and with a bound on the calls to each tenant's endpoint so a

@@ -242,11 +242,17 @@ on_both_stores! {
 
         // A late report about an erased message brings an address back: the
         // message is looked at again, and the next run erases it again.
-        app.state
-            .writer
-            .failure(&text, MessageStatus::Failed, &format!("30006 landline {SENTINEL}"), false)
-            .await
-            .unwrap();
+        let sent = fairlane::store::messages::get(&app.state.db, &text).await.unwrap().unwrap();
+        let late_report = fairlane::store::receipts::Receipt {
+            provider: "http".into(),
+            provider_message_id: sent.provider_message_id.expect("a sent message has the provider's id"),
+            outcome: Some(MessageStatus::Failed),
+            event: "failed".into(),
+            detail: Some(format!("30006 landline {SENTINEL}")),
+            suppress: Vec::new(),
+            suppress_reason: None,
+        };
+        app.state.writer.apply_receipt(&late_report).await.unwrap();
         let late = expect_json(app.get_message(&key, &text).await, StatusCode::OK).await;
         assert!(late.get("erased_at").is_none() && mentions_sentinel(&late), "{late}");
         let again = run_retention(&app).await;

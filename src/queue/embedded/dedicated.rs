@@ -15,6 +15,7 @@ use super::state::LaneState;
 use super::{EmbeddedQueue, Reply, answer, failed};
 use crate::model::{Lane, now_ms};
 use crate::queue::LaneQueue;
+use crate::store::sqlite::lifecycle;
 use crate::store::sqlite::writer::{Work, WriteFailed};
 
 impl EmbeddedQueue {
@@ -219,16 +220,12 @@ impl Work for PurgeWork {
             .collect::<rusqlite::Result<_>>()?;
         let book = self.state.book();
         let mut delete = tx.prepare_cached("DELETE FROM queue_messages WHERE seq = ?1")?;
-        let mut cancel = tx.prepare_cached(
-            "UPDATE messages SET status = 'cancelled', updated_at = ?1, erased_at = NULL \
-             WHERE id = ?2 AND status IN ('queued', 'retrying', 'scheduled')",
-        )?;
         for (seq, message_id) in rows {
             if book.leases.get(&seq).is_some_and(|lease| lease.until > now) {
                 continue;
             }
             delete.execute([seq])?;
-            cancel.execute(rusqlite::params![now, message_id])?;
+            lifecycle::cancel(tx, &message_id, None, None, now)?;
             self.purged.push((seq, message_id));
         }
         Ok(())

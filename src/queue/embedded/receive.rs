@@ -20,6 +20,8 @@ use super::{EmbeddedQueue, Reply, answer, failed};
 use crate::model::{Lane, Priority, now_ms};
 use crate::queue::ReceivedMessage;
 use crate::queue::priority::CLASSES;
+use crate::store::lifecycle::Move;
+use crate::store::sqlite::lifecycle;
 use crate::store::sqlite::writer::{Work, WriteFailed};
 
 /// Longest single sleep of a long poll between checks, so a clock jump or a
@@ -165,11 +167,8 @@ impl Work for ReceiveWork {
             "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = MAX(receive_count, ?3), \
              last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?4",
         )?;
-        let mut mark_dead = tx.prepare_cached(
-            "UPDATE messages SET status = 'dead_lettered', updated_at = ?1, erased_at = NULL, \
-             last_error = COALESCE((SELECT last_error FROM queue_messages WHERE seq = ?2), last_error) \
-             WHERE id = (SELECT message_id FROM queue_messages WHERE seq = ?2) AND status <> 'sent'",
-        )?;
+        let mut dead_of =
+            tx.prepare_cached("SELECT message_id, last_error FROM queue_messages WHERE seq = ?1")?;
         let mut book = self.state.book();
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
         while self.out.len() < self.max {
@@ -201,7 +200,18 @@ impl Work for ReceiveWork {
                     let prior = lease.map_or(0, |l| l.count).max(stored.max(0) as u32);
                     if prior >= max_receives {
                         to_dlq.execute(rusqlite::params![names.dlq.as_str(), now, prior, seq])?;
-                        mark_dead.execute(rusqlite::params![now, seq])?;
+                        let (message_id, error): (String, Option<String>) =
+                            dead_of.query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
+                        lifecycle::fail(
+                            tx,
+                            &message_id,
+                            Move::DeadLetter,
+                            error.as_deref(),
+                            false,
+                            None,
+                            None,
+                            now,
+                        )?;
                         self.moved.push(Moved::Dlq(seq));
                         moved += 1;
                     } else if held.contains(&tenant_id) {

@@ -17,6 +17,7 @@ use super::state::LaneState;
 use super::{EmbeddedQueue, Reply, answer, failed};
 use crate::model::{Lane, Priority, now_ms};
 use crate::queue::{DeadLetter, EntryResult, ReceivedMessage, RedriveFilter};
+use crate::store::sqlite::lifecycle;
 use crate::store::sqlite::writer::{Work, WriteFailed};
 
 impl EmbeddedQueue {
@@ -385,10 +386,6 @@ impl Work for RedriveWork {
             "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = 0, fair_key = ?3, \
              last_error = NULL WHERE seq = ?4",
         )?;
-        let mut requeue = tx.prepare_cached(
-            "UPDATE messages SET status = 'queued', attempts = 0, updated_at = ?1 \
-             WHERE id = ?2 AND status NOT IN ('sent', 'rejected')",
-        )?;
         for (seq, message_id, tenant_id, priority) in rows {
             if wanted
                 .as_ref()
@@ -399,7 +396,7 @@ impl Work for RedriveWork {
             let rank = priority.parse::<Priority>().map_or(1, Priority::rank);
             let key = self.state.fair()[rank].next_key(&tenant_id);
             move_back.execute(rusqlite::params![names.main.as_str(), now, key, seq])?;
-            requeue.execute(rusqlite::params![now, message_id])?;
+            lifecycle::redrive(tx, &message_id, i64::MAX, now)?;
             self.ids.push(message_id);
         }
         Ok(())

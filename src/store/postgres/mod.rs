@@ -135,6 +135,7 @@ pub mod locks {
     pub const USAGE_ROLL_UP: i64 = 0x6661_6972_0004;
 }
 
+pub(crate) mod lifecycle;
 pub(crate) mod receipts;
 mod writer;
 pub use writer::PgWriter;

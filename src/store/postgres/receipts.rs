@@ -117,8 +117,8 @@ async fn seen_before(
 /// Records a group's `receipts` against their messages in PostgreSQL's
 /// transaction `tx` (the group writer's, so receipts do not commit alone),
 /// in at most five statements whatever the group's size: find the
-/// messages, look for replays, move the statuses, insert the events (the
-/// trigger turns them into webhook calls) and add the suppressions. Each
+/// messages, look for replays, move the statuses, insert the events (with
+/// their webhook calls, [`super::lifecycle`]) and add the suppressions. Each
 /// receipt is decided in order, as if applied one after another: a second
 /// report on the same message sees what the first did. [`apply_in`] is
 /// SQLite's, one receipt at a time.
@@ -203,81 +203,35 @@ pub(crate) async fn apply_group(
     }
 
     if !moves.is_empty() {
-        let (mut ids, mut statuses, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ids, mut outcomes, mut errors) = (Vec::new(), Vec::new(), Vec::new());
         for (message, (status, error)) in moves {
             ids.push(found[message].id.as_str());
-            statuses.push(status.as_str());
+            outcomes.push(status);
             errors.push(error);
         }
-        sqlx::query(
-            "UPDATE messages AS m SET status = u.status, last_error = u.error, updated_at = $1 \
-             FROM UNNEST($2::text[], $3::text[], $4::text[]) AS u(id, status, error) \
-             WHERE m.id = u.id",
-        )
-        .bind(now)
-        .bind(&ids)
-        .bind(&statuses)
-        .bind(&errors)
-        .execute(&mut *tx)
-        .await?;
+        super::lifecycle::receipts(&mut *tx, &ids, &outcomes, &errors, now).await?;
     }
-    events.insert(&mut *tx).await?;
+    super::lifecycle::events(&mut *tx, &events.0).await?;
     suppress.insert(&mut *tx).await?;
     Ok(applied)
 }
 
-/// The event rows of a group's receipts, column by column for `UNNEST`.
+/// The event rows of a group's receipts.
 #[derive(Default)]
-struct EventColumns {
-    message_id: Vec<String>,
-    tenant_id: Vec<String>,
-    at: Vec<i64>,
-    event: Vec<String>,
-    status: Vec<&'static str>,
-    attempts: Vec<i64>,
-    detail: Vec<Option<String>>,
-    provider_message_id: Vec<String>,
-}
+struct EventColumns(super::lifecycle::EventColumns);
 
 impl EventColumns {
     fn push(&mut self, message: &Found, now: i64, decision: &Decision, receipt: &Receipt) {
-        self.message_id.push(message.id.clone());
-        self.tenant_id.push(message.tenant_id.clone());
-        self.at.push(now);
-        self.event.push(decision.event.clone());
-        self.status.push(decision.after.as_str());
-        self.attempts.push(message.attempts);
-        self.detail.push(receipt.detail.clone());
-        self.provider_message_id
+        let rows = &mut self.0;
+        rows.message_id.push(message.id.clone());
+        rows.tenant_id.push(message.tenant_id.clone());
+        rows.at.push(now);
+        rows.event.push(decision.event.clone());
+        rows.status.push(decision.after.as_str());
+        rows.attempts.push(message.attempts);
+        rows.detail.push(receipt.detail.clone());
+        rows.provider_message_id
             .push(receipt.provider_message_id.clone());
-    }
-
-    /// One insert, in the receipts' order, so each message's events keep
-    /// the order they were reported in.
-    async fn insert(&self, tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-        if self.message_id.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, \
-             detail, provider_message_id) \
-             SELECT u.message_id, u.tenant_id, u.at, u.event, u.status, u.attempts, u.detail, \
-             u.provider_message_id FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], \
-             $5::text[], $6::bigint[], $7::text[], $8::text[]) WITH ORDINALITY \
-             AS u(message_id, tenant_id, at, event, status, attempts, detail, provider_message_id, i) \
-             ORDER BY u.i",
-        )
-        .bind(&self.message_id)
-        .bind(&self.tenant_id)
-        .bind(&self.at)
-        .bind(&self.event)
-        .bind(&self.status)
-        .bind(&self.attempts)
-        .bind(&self.detail)
-        .bind(&self.provider_message_id)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
     }
 }
 

@@ -236,79 +236,13 @@ async fn before_send_reads_what_it_is_asked_on_postgres() {
     db.close().await;
 }
 
-/// The status-event trigger (migrations 0003 and 0006): a claim and a
-/// receipt status write no event, `sent` writes one only for a tenant with
-/// a webhook (and then a webhook call row for the event it subscribes to),
-/// a retry writes one with its error.
+/// The lifecycle's moves on PostgreSQL: each writes its event, webhook
+/// call and usage delta in its own statement, with no trigger left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_changes_write_the_events_the_history_and_webhooks_need() {
+async fn moves_write_what_the_lifecycle_says_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;
-    let Db::Postgres(pg) = &db else {
-        unreachable!()
-    };
-    for sql in [
-        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
-        "INSERT INTO tenants VALUES ('hooked', 'h', 'p', 'active', 0, 0)",
-        "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
-         VALUES ('hooked', 'https://example.com/h', ' message.sent ', 's', 0, 0)",
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&pg.pool)
-            .await
-            .unwrap();
-    }
-    let (writer, done) = Writer::start(&db, 64, 0).unwrap();
-    for (id, tenant) in [
-        ("plain", "acme"),
-        ("hooked-1", "hooked"),
-        ("retried", "acme"),
-    ] {
-        writer.accept(entry(id, tenant, None)).await.unwrap();
-    }
-    for id in ["plain", "hooked-1", "retried"] {
-        assert!(writer.claim(id, 0).await.unwrap(), "{id} claimed");
-    }
-    writer.sent_by("plain", "SM1", None).await.unwrap();
-    writer.sent_by("hooked-1", "SM2", None).await.unwrap();
-    writer
-        .failure(
-            "retried",
-            MessageStatus::Retrying,
-            "503 from provider",
-            true,
-        )
-        .await
-        .unwrap();
-    sqlx::query("UPDATE messages SET status = 'delivered' WHERE id = 'plain'")
-        .execute(&pg.pool)
-        .await
-        .unwrap();
-    writer.stop().await;
-    done.await.unwrap();
-    let events: Vec<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT message_id, event, detail FROM message_events ORDER BY message_id, id",
-    )
-    .fetch_all(&pg.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        events,
-        [
-            ("hooked-1".to_owned(), "sent".to_owned(), None),
-            (
-                "retried".to_owned(),
-                "retrying".to_owned(),
-                Some("503 from provider".to_owned())
-            ),
-        ]
-    );
-    let calls: Vec<(String, String)> =
-        sqlx::query_as("SELECT message_id, type FROM webhook_deliveries")
-            .fetch_all(&pg.pool)
-            .await
-            .unwrap();
-    assert_eq!(calls, [("hooked-1".to_owned(), "message.sent".to_owned())]);
+    crate::store::lifecycle::tests::moves_write_what_the_lifecycle_says(&db).await;
     db.close().await;
 }
 

@@ -12,9 +12,10 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, error, warn};
 
 use super::PgDb;
-use crate::model::{MessageStatus, now_ms};
+use crate::model::now_ms;
 use crate::store::AcceptEntry;
 use crate::store::delivery::{BeforeSend, SendCheck};
+use crate::store::lifecycle::Move;
 use crate::store::receipts::{Applied, Receipt};
 use crate::store::streak::{FailureStreak, WriteFailed};
 
@@ -40,7 +41,8 @@ enum Piece {
     },
     Failure {
         id: String,
-        status: MessageStatus,
+        /// Retry, dead letter, suppression or refusal.
+        step: Move,
         error: String,
         counted: bool,
         provider: Option<String>,
@@ -137,18 +139,7 @@ impl PgWriter {
         ids: &[String],
     ) -> anyhow::Result<Vec<String>> {
         let mut tx = self.pool.begin().await?;
-        let cancelled: Vec<String> = sqlx::query_scalar(
-            "UPDATE messages SET status = 'cancelled', updated_at = $1 \
-             WHERE tenant_id = $2 AND id = ANY($3) AND ($4::boolean IS NULL OR test = $4) \
-             AND status IN ('scheduled', 'queued', 'retrying') \
-             RETURNING id",
-        )
-        .bind(now_ms())
-        .bind(tenant_id)
-        .bind(ids)
-        .bind(test)
-        .fetch_all(&mut *tx)
-        .await?;
+        let cancelled = super::lifecycle::cancel(&mut tx, tenant_id, test, ids, now_ms()).await?;
         sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
             .bind(&cancelled)
             .execute(&mut *tx)
@@ -182,7 +173,7 @@ impl PgWriter {
     pub async fn failure(
         &self,
         id: &str,
-        status: MessageStatus,
+        step: Move,
         error: &str,
         counted: bool,
         called: Option<crate::store::Called<'_>>,
@@ -190,7 +181,7 @@ impl PgWriter {
         let (reply, answer) = oneshot::channel();
         self.submit(Piece::Failure {
             id: id.to_owned(),
-            status,
+            step,
             error: error.to_owned(),
             counted,
             provider: called.map(|called| called.provider.to_owned()),
@@ -552,19 +543,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         .chunks(STATUS_ROWS)
         .zip(claim_stale.chunks(STATUS_ROWS))
     {
-        // A row locked by another instance's claim waits for it, then is
-        // re-checked: two instances never both see their claim succeed.
-        let taken: Vec<String> = sqlx::query_scalar(
-            "UPDATE messages AS m SET status = 'sending', updated_at = $1 \
-             FROM UNNEST($2::text[], $3::bigint[]) AS u(id, stale_before) \
-             WHERE m.id = u.id AND (m.status IN ('scheduled', 'queued', 'retrying') \
-             OR (m.status = 'sending' AND m.updated_at < u.stale_before)) RETURNING m.id",
-        )
-        .bind(now)
-        .bind(ids)
-        .bind(stale)
-        .fetch_all(&mut *tx)
-        .await?;
+        let taken = super::lifecycle::claim(&mut tx, ids, stale, now).await?;
         claimed.extend(taken);
     }
     for ((ids, provider_ids), by) in sent_ids
@@ -572,25 +551,13 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         .zip(sent_provider_ids.chunks(STATUS_ROWS))
         .zip(sent_by.chunks(STATUS_ROWS))
     {
-        sqlx::query(
-            "UPDATE messages AS m SET status = 'sent', attempts = m.attempts + 1, last_error = NULL, \
-             sent_at = $1, updated_at = $1, provider_message_id = u.provider_id, \
-             provider = COALESCE(u.provider, m.provider), provider_pinned = FALSE \
-             FROM UNNEST($2::text[], $3::text[], $4::text[]) AS u(id, provider_id, provider) \
-             WHERE m.id = u.id",
-        )
-        .bind(now)
-        .bind(ids)
-        .bind(provider_ids)
-        .bind(by)
-        .execute(&mut *tx)
-        .await?;
+        super::lifecycle::sent(&mut tx, ids, provider_ids, by, now).await?;
     }
     let mut attempts = Vec::new();
     for piece in group {
         if let Piece::Failure {
             id,
-            status,
+            step,
             error,
             counted,
             provider,
@@ -598,19 +565,16 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             ..
         } = piece
         {
-            let made: Option<i64> = sqlx::query_scalar(
-                "UPDATE messages SET status = $1, attempts = attempts + $2, last_error = $3, \
-                 updated_at = $4, provider = COALESCE($6, provider), \
-                 provider_pinned = COALESCE($7, provider_pinned) WHERE id = $5 RETURNING attempts",
+            let made = super::lifecycle::fail(
+                &mut tx,
+                id,
+                *step,
+                Some(error),
+                *counted,
+                provider.as_deref(),
+                *pinned,
+                now,
             )
-            .bind(status.as_str())
-            .bind(i64::from(*counted))
-            .bind(error)
-            .bind(now)
-            .bind(id)
-            .bind(provider)
-            .bind(pinned)
-            .fetch_optional(&mut *tx)
             .await?;
             attempts.push(made.unwrap_or(0).max(0) as u32);
         }
@@ -639,30 +603,24 @@ async fn insert_accepts(
     rows: &AcceptColumns,
     now: i64,
 ) -> anyhow::Result<()> {
-    sqlx::query(
-        "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, \
-         metadata, created_at, updated_at, send_at, test, fragments) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-         $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], \
-         $13::boolean[], $14::bigint[])",
-    )
-    .bind(&rows.id)
-    .bind(&rows.tenant_id)
-    .bind(&rows.channel)
-    .bind(&rows.status)
-    .bind(&rows.priority)
-    .bind(&rows.lane)
-    .bind(&rows.attempts)
-    .bind(&rows.reference)
-    .bind(&rows.metadata)
-    .bind(&rows.created_at)
-    .bind(&rows.updated_at)
-    .bind(&rows.send_at)
-    .bind(&rows.test)
-    .bind(&rows.fragments)
-    .execute(&mut **tx)
-    .await
-    .context("inserting status rows")?;
+    sqlx::query(super::lifecycle::ACCEPT)
+        .bind(&rows.id)
+        .bind(&rows.tenant_id)
+        .bind(&rows.channel)
+        .bind(&rows.status)
+        .bind(&rows.priority)
+        .bind(&rows.lane)
+        .bind(&rows.attempts)
+        .bind(&rows.reference)
+        .bind(&rows.metadata)
+        .bind(&rows.created_at)
+        .bind(&rows.updated_at)
+        .bind(&rows.send_at)
+        .bind(&rows.test)
+        .bind(&rows.fragments)
+        .execute(&mut **tx)
+        .await
+        .context("inserting status rows")?;
     sqlx::query(
         "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) \
          SELECT u.id, u.lane, u.tenant_id, u.channel, u.priority, u.body, $7, u.due_at \

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use rusqlite::{OptionalExtension, Transaction};
 use tokio::sync::oneshot;
 
+use super::lifecycle;
 use super::writer::{StoreWriter, Work, WriteFailed};
-use crate::model::{MessageStatus, now_ms};
+use crate::model::now_ms;
 use crate::store::delivery::{BeforeSend, PassRooms, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
-use crate::store::messages;
+use crate::store::lifecycle::Move;
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
-use crate::store::usage;
 use crate::store::webhooks::{
     DUE_CALLS, DueCall, PENDING_TENANTS, SNAPSHOT, SnapshotRow, WEBHOOK_OF, Webhook,
 };
@@ -59,7 +59,7 @@ impl Work for AcceptWork {
         self.after_commit = None;
         let now = now_ms();
         for entry in &self.entries {
-            messages::insert_rows(tx, &[&entry.record])?;
+            lifecycle::accept(tx, &[&entry.record])?;
             if let Staging::Outbox = self.staging.as_ref() {
                 crate::store::outbox::insert_rows(
                     tx,
@@ -113,16 +113,11 @@ pub(crate) async fn cancel(
 ) -> anyhow::Result<Vec<String>> {
     writer
         .run(move |tx| {
-            let mut cancel = tx.prepare_cached(
-                "UPDATE messages SET status = 'cancelled', updated_at = ?1, erased_at = NULL \
-                 WHERE id = ?2 AND tenant_id = ?3 AND (?4 IS NULL OR test = ?4) \
-                 AND status IN ('scheduled', 'queued', 'retrying')",
-            )?;
             let mut forget = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
             let mut cancelled = Vec::new();
             let now = now_ms();
             for id in &ids {
-                if cancel.execute(rusqlite::params![now, id, tenant_id, test])? == 1 {
+                if lifecycle::cancel(tx, id, Some(&tenant_id), test, now)? {
                     forget.execute([id])?;
                     cancelled.push(id.clone());
                 }
@@ -140,16 +135,7 @@ pub(crate) async fn claim(
 ) -> anyhow::Result<bool> {
     let id = id.to_owned();
     writer
-        .run(move |tx| {
-            let taken = tx
-                .prepare_cached(
-                    "UPDATE messages SET status = 'sending', updated_at = ?1 WHERE id = ?2 \
-                     AND (status IN ('scheduled', 'queued', 'retrying') \
-                     OR (status = 'sending' AND updated_at < ?3))",
-                )?
-                .execute(rusqlite::params![now_ms(), id, stale_before])?;
-            Ok(taken == 1)
-        })
+        .run(move |tx| Ok(lifecycle::claim(tx, &id, now_ms(), stale_before)?))
         .await
 }
 
@@ -232,7 +218,7 @@ pub(crate) async fn sent(
 pub(crate) async fn failure(
     writer: &StoreWriter,
     id: &str,
-    status: MessageStatus,
+    step: Move,
     error: &str,
     counted: bool,
     called: Option<crate::store::Called<'_>>,
@@ -242,29 +228,16 @@ pub(crate) async fn failure(
     let pinned = called.map(|called| called.pinned);
     writer
         .run(move |tx| {
-            let attempts: Option<i64> = tx
-                .prepare_cached(
-                    "UPDATE messages SET status = ?1, attempts = attempts + ?2, last_error = ?3, \
-                     updated_at = ?4, erased_at = NULL, provider = COALESCE(?6, provider), \
-                     provider_pinned = COALESCE(?7, provider_pinned) WHERE id = ?5 RETURNING attempts",
-                )?
-                .query_row(
-                    rusqlite::params![
-                        status.as_str(),
-                        i64::from(counted),
-                        error,
-                        now_ms(),
-                        id,
-                        provider,
-                        pinned
-                    ],
-                    |row| row.get(0),
-                )
-                .map(Some)
-                .or_else(|err| match err {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                    err => Err(err),
-                })?;
+            let attempts = lifecycle::fail(
+                tx,
+                &id,
+                step,
+                Some(&error),
+                counted,
+                provider.as_deref(),
+                pinned,
+                now_ms(),
+            )?;
             Ok(attempts.unwrap_or(0).max(0) as u32)
         })
         .await
@@ -279,37 +252,13 @@ struct Sent {
 
 impl Work for Sent {
     fn apply(&mut self, tx: &Transaction) -> anyhow::Result<()> {
-        // Usage counts the change to `sent`, not a second write of it: the
-        // first statement changes only a message not `sent` yet and names
-        // what usage needs; a message already `sent` (a rare second write)
-        // is written by the second.
-        macro_rules! set_sent {
-            () => {
-                "UPDATE messages SET status = 'sent', attempts = attempts + 1, last_error = NULL, \
-                 sent_at = ?1, updated_at = ?1, provider_message_id = ?2, \
-                 provider = COALESCE(?4, provider), provider_pinned = 0 WHERE id = ?3"
-            };
-        }
-        let now = now_ms();
-        let params = rusqlite::params![now, self.provider_message_id, self.id, self.provider];
-        let changed: Option<(String, String, bool, Option<i64>)> = tx
-            .prepare_cached(concat!(
-                set_sent!(),
-                " AND status <> 'sent' RETURNING tenant_id, channel, test, fragments"
-            ))?
-            .query_row(params, |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
-            })
-            .optional()?;
-        match changed {
-            Some((tenant_id, channel, test, fragments)) => {
-                usage::Pending::sent(&tenant_id, now, &channel, test, fragments);
-            }
-            None => {
-                tx.prepare_cached(set_sent!())?.execute(params)?;
-            }
-        }
-        Ok(())
+        Ok(lifecycle::sent(
+            tx,
+            &self.id,
+            &self.provider_message_id,
+            self.provider.as_deref(),
+            now_ms(),
+        )?)
     }
 
     fn finish(mut self: Box<Self>, outcome: Result<(), WriteFailed>) {

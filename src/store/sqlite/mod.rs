@@ -15,6 +15,7 @@
 //! writer.
 
 pub(crate) mod hot;
+pub(crate) mod lifecycle;
 pub mod writer;
 
 use std::path::Path;
@@ -112,6 +113,37 @@ impl SqliteDb {
 }
 
 impl SqliteDb {
+    /// Runs `work` in one `IMMEDIATE` transaction on a connection of its
+    /// own, through the store writer's driver (rusqlite), in the write turn,
+    /// and commits it with the usage it counted: the rare writes of a
+    /// message's status (redrives, scheduled messages reaching their lane,
+    /// a restart's released sends), which go through
+    /// [`lifecycle`] like the writer's own.
+    pub(crate) async fn transact<T, F>(&self, work: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&rusqlite::Transaction) -> anyhow::Result<T> + Send + 'static,
+    {
+        let _turn = self.write_turn().await;
+        let (path, fsync) = (self.path.clone(), self.fsync);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = writer::open_connection(&path, fsync)?;
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            match work(&tx) {
+                Ok(value) => {
+                    crate::store::usage::Pending::write(&tx)?;
+                    tx.commit()?;
+                    Ok(value)
+                }
+                Err(err) => {
+                    crate::store::usage::Pending::forget();
+                    Err(err)
+                }
+            }
+        })
+        .await?
+    }
+
     /// Runs a statement over `ids` on the write connection, in its write
     /// turn, a chunk of ids at a time: `head` writes the statement up to
     /// its `IN (` (binding what it needs), and the ids close the list.
