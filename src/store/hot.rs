@@ -220,91 +220,51 @@ impl Writer {
     /// calls, one reads their data and one its endpoint.
     pub async fn take_pass(
         &self,
-        db: &Db,
         rooms: PassRooms,
         now: i64,
         lease_until: i64,
     ) -> anyhow::Result<Vec<TakenCalls>> {
-        match (&self.backend, db) {
-            (Backend::Sqlite { writer, .. }, _) => {
-                let taken = hot::take_pass(writer, rooms, now, lease_until).await?;
-                taken
+        let taken = match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                hot::take_pass(writer, rooms, now, lease_until).await?
+            }
+            Backend::Postgres(writer) => return writer.take_pass(rooms, now, lease_until).await,
+        };
+        taken
+            .into_iter()
+            .map(|take| {
+                let data = take
+                    .rows
                     .into_iter()
-                    .map(|take| {
-                        let data = take
-                            .rows
-                            .into_iter()
-                            .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
-                            .collect::<anyhow::Result<_>>()?;
-                        Ok(TakenCalls {
-                            tenant: take.tenant,
-                            room: take.room,
-                            wanted: take.wanted,
-                            calls: take.calls,
-                            data,
-                            webhook: take.webhook,
-                        })
-                    })
-                    .collect()
-            }
-            (Backend::Postgres(_), Db::Postgres(pg)) => {
-                let mut taken = Vec::new();
-                for tenant in webhooks::tenants_with_pending(db).await? {
-                    let (busy, room) = rooms.of(&tenant);
-                    if room == 0 {
-                        continue;
-                    }
-                    let busy: Vec<i64> = busy.into_iter().flatten().copied().collect();
-                    let calls =
-                        webhooks::take_due_pg(&pg.pool, &tenant, &busy, room, now, lease_until)
-                            .await?;
-                    if calls.is_empty() {
-                        continue;
-                    }
-                    let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
-                    let data = webhooks::snapshots_pg(&pg.pool, &ids)
-                        .await?
-                        .into_iter()
-                        .collect();
-                    let webhook = webhooks::get(db, &tenant).await?;
-                    taken.push(TakenCalls {
-                        room,
-                        wanted: calls.len(),
-                        tenant,
-                        calls,
-                        data,
-                        webhook,
-                    });
-                }
-                Ok(taken)
-            }
-            (Backend::Postgres(_), Db::Sqlite(_)) => {
-                anyhow::bail!("a PostgreSQL writer with a SQLite store")
-            }
-        }
+                    .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
+                    .collect::<anyhow::Result<_>>()?;
+                Ok(TakenCalls {
+                    tenant: take.tenant,
+                    room: take.room,
+                    wanted: take.wanted,
+                    calls: take.calls,
+                    data,
+                    webhook: take.webhook,
+                })
+            })
+            .collect()
     }
 
     /// Removes delivered webhook calls and marks their tenants' endpoints
     /// healthy, in one transaction (on SQLite, the writer's group).
     pub async fn calls_delivered(
         &self,
-        db: &Db,
         event_ids: Vec<i64>,
         tenant_ids: Vec<String>,
     ) -> anyhow::Result<()> {
         if event_ids.is_empty() {
             return Ok(());
         }
-        match (&self.backend, db) {
-            (Backend::Sqlite { writer, .. }, _) => {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
                 hot::calls_delivered(writer, event_ids, tenant_ids).await
             }
-            (Backend::Postgres(_), Db::Postgres(pg)) => {
-                webhooks::calls_delivered_pg(&pg.pool, &event_ids, &tenant_ids).await
-            }
-            (Backend::Postgres(_), Db::Sqlite(_)) => {
-                anyhow::bail!("a PostgreSQL writer with a SQLite store")
-            }
+            Backend::Postgres(writer) => writer.calls_delivered(&event_ids, &tenant_ids).await,
         }
     }
 

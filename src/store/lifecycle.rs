@@ -109,20 +109,41 @@ impl Move {
         }
     }
 
-    /// The delivery path's failure moves, by the status they write.
+    /// The delivery path's failure moves.
+    pub const FAILURES: [Move; 4] = [Move::Retry, Move::DeadLetter, Move::Suppress, Move::Reject];
+
+    /// The failure move that writes `to`, if one does.
     pub fn failure(to: MessageStatus) -> Option<Move> {
-        Some(match to {
-            Retrying => Move::Retry,
-            DeadLettered => Move::DeadLetter,
-            Suppressed => Move::Suppress,
-            Rejected => Move::Reject,
-            _ => return None,
-        })
+        Move::FAILURES.into_iter().find(|step| step.to() == to)
     }
 
     /// `from` as a SQL list of the store's words: `'queued', 'retrying'`.
     pub fn sources_sql(self) -> String {
         sql_list(self.from())
+    }
+}
+
+/// A failure's move and what it writes with the status: `counted` adds an
+/// attempt, `error` (if any) becomes `last_error`, and a provider that was
+/// called (with whether the next attempt must go to it again) is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// One of [`Move::FAILURES`].
+    pub step: Move,
+    pub error: Option<&'a str>,
+    pub counted: bool,
+    pub provider: Option<&'a str>,
+    pub pinned: Option<bool>,
+}
+
+impl Failure<'_> {
+    /// Where the move is in [`Move::FAILURES`] (a backend's statements are
+    /// kept in that order).
+    pub fn index(&self) -> usize {
+        Move::FAILURES
+            .iter()
+            .position(|step| *step == self.step)
+            .unwrap_or_else(|| unreachable!("{:?} is not a failure", self.step))
     }
 }
 
@@ -187,7 +208,7 @@ impl Effects {
 }
 
 /// `statuses` as a SQL list of quoted words.
-pub fn sql_list(statuses: &[MessageStatus]) -> String {
+fn sql_list(statuses: &[MessageStatus]) -> String {
     statuses
         .iter()
         .map(|status| format!("'{}'", status.as_str()))

@@ -296,64 +296,6 @@ pub(crate) const DUE_CALLS: &str = "SELECT d.event_id, d.tenant_id, d.message_id
                      WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
      ORDER BY d.next_attempt_at, d.event_id LIMIT $3";
 
-/// PostgreSQL: finds up to `room` of the tenant's calls due at `now`
-/// (each the earliest waiting event of its message, none of `busy`) and
-/// leases them until `lease_until`, in one statement; rows another
-/// instance is leasing at that moment are skipped. Soonest first.
-pub async fn take_due_pg(
-    pool: &sqlx::PgPool,
-    tenant: &str,
-    busy: &[i64],
-    room: usize,
-    now: i64,
-    lease_until: i64,
-) -> anyhow::Result<Vec<DueCall>> {
-    // A lease need not survive a crash (the call is then due again, as it
-    // would be once the lease ended), so its commit does not wait for the
-    // WAL to reach the disk.
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
-    let mut taken: Vec<(i64, DueCall)> = sqlx::query_as::<_, (i64, i64, String, String, String, i64, i64)>(
-        "UPDATE webhook_deliveries AS w SET next_attempt_at = $5 \
-         FROM (SELECT d.event_id, d.next_attempt_at FROM webhook_deliveries AS d \
-               WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-               AND NOT (d.event_id = ANY($3)) \
-               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
-                               WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
-               ORDER BY d.next_attempt_at, d.event_id LIMIT $4 \
-               FOR UPDATE SKIP LOCKED) AS due \
-         WHERE w.event_id = due.event_id \
-         RETURNING due.next_attempt_at, w.event_id, w.tenant_id, w.message_id, w.type, w.created_at, w.attempts",
-    )
-    .bind(tenant)
-    .bind(now)
-    .bind(busy)
-    .bind(room as i64)
-    .bind(lease_until)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|(due_at, event_id, tenant_id, message_id, kind, created_at, attempts)| {
-        (
-            due_at,
-            DueCall {
-                event_id,
-                tenant_id,
-                message_id,
-                kind,
-                created_at,
-                attempts,
-            },
-        )
-    })
-    .collect();
-    tx.commit().await?;
-    taken.sort_by_key(|(due_at, call)| (*due_at, call.event_id));
-    Ok(taken.into_iter().map(|(_, call)| call).collect())
-}
-
 /// Gives back a lease taken but not used: the call is due again now.
 pub async fn release_lease(db: &Db, event_id: i64) -> anyhow::Result<()> {
     in_transaction!(db, |tx| {
@@ -374,36 +316,6 @@ pub async fn forget_call(db: &Db, event_id: i64) -> anyhow::Result<()> {
             .execute(&mut *tx)
             .await?;
     });
-    Ok(())
-}
-
-/// Calls that succeeded: they are removed and their tenants' endpoints are
-/// healthy again, in one transaction for the lot (PostgreSQL; SQLite's
-/// removals are a piece of its writer, `sqlite::hot::calls_delivered`).
-pub async fn calls_delivered_pg(
-    pool: &sqlx::PgPool,
-    event_ids: &[i64],
-    tenant_ids: &[String],
-) -> anyhow::Result<()> {
-    // A removal lost in a crash only makes its calls again, with the same
-    // `webhook-id` (delivery is at least once), so its commit does not
-    // wait for the WAL to reach the disk.
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
-        .bind(event_ids)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
-         WHERE tenant_id = ANY($1) AND failing_since IS NOT NULL",
-    )
-    .bind(tenant_ids)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
     Ok(())
 }
 
@@ -498,39 +410,11 @@ pub(crate) struct SnapshotRow {
     pub fragments: Option<i64>,
 }
 
-/// A [`SnapshotRow`] with the id of its event (PostgreSQL's read).
-#[derive(sqlx::FromRow)]
-struct EventSnapshot {
-    event_id: i64,
-    #[sqlx(flatten)]
-    row: SnapshotRow,
-}
-
-/// Reads a [`SnapshotRow`] by event id (SQLite's writer connection).
+/// Reads a [`SnapshotRow`] by event id (SQLite's writer connection;
+/// PostgreSQL reads a group's at once, `store::postgres::webhooks`).
 pub(crate) const SNAPSHOT: &str = "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
      m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at, m.test, m.fragments \
      FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1";
-
-/// The message's status rows at each of `event_ids`' events, by event id
-/// (one statement on PostgreSQL); an event or message that is gone is
-/// missing.
-pub async fn snapshots_pg(
-    pool: &sqlx::PgPool,
-    event_ids: &[i64],
-) -> anyhow::Result<Vec<(i64, MessageRecord)>> {
-    let rows: Vec<EventSnapshot> = sqlx::query_as(
-        "SELECT e.id AS event_id, m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, \
-         e.provider_message_id, m.channel, m.priority, m.lane, m.reference, m.metadata, \
-         m.created_at, m.sent_at, m.send_at, m.test, m.fragments \
-         FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = ANY($1)",
-    )
-    .bind(event_ids)
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|snapshot| Ok((snapshot.event_id, record_at_event(snapshot.row)?)))
-        .collect()
-}
 
 /// The message's status as it was at an event, from its [`SnapshotRow`].
 pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord> {

@@ -126,12 +126,7 @@ impl Dispatcher {
         let interval = Duration::from_millis(self.settings.poll_interval_ms);
         let recorder = self.recorder.lock().expect("recorder lock").take();
         if let Some(recorder) = recorder {
-            tokio::spawn(record(
-                self.db.clone(),
-                self.writer.clone(),
-                recorder,
-                shutdown.clone(),
-            ));
+            tokio::spawn(record(self.writer.clone(), recorder, shutdown.clone()));
         }
         tokio::spawn(sample_due(self.db.clone(), shutdown.clone()));
         loop {
@@ -167,7 +162,7 @@ impl Dispatcher {
         let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
         let taken = self
             .writer
-            .take_pass(&self.db, self.rooms(), now, lease_until)
+            .take_pass(self.rooms(), now, lease_until)
             .await?;
         for calls in taken {
             self.start(calls).await?;
@@ -497,7 +492,6 @@ impl Dispatcher {
 /// shutdown after writing what it holds. A batch that cannot be written is
 /// logged; its calls are made again once their leases end (at least once).
 async fn record(
-    db: Db,
     writer: Writer,
     mut delivered: mpsc::UnboundedReceiver<(i64, String)>,
     mut shutdown: watch::Receiver<bool>,
@@ -523,7 +517,7 @@ async fn record(
             tenants.sort();
             tenants.dedup();
             let count = ids.len();
-            if let Err(err) = writer.calls_delivered(&db, ids, tenants).await {
+            if let Err(err) = writer.calls_delivered(ids, tenants).await {
                 warn!(calls = count, error = %format!("{err:#}"), "Could not record delivered webhook calls; they are made again after their lease.");
             }
         }

@@ -20,7 +20,7 @@ use super::{EmbeddedQueue, Reply, answer, failed};
 use crate::model::{Lane, Priority, now_ms};
 use crate::queue::ReceivedMessage;
 use crate::queue::priority::CLASSES;
-use crate::store::lifecycle::Move;
+use crate::store::lifecycle::{Failure, Move};
 use crate::store::sqlite::lifecycle;
 use crate::store::sqlite::writer::{Work, WriteFailed};
 
@@ -202,16 +202,14 @@ impl Work for ReceiveWork {
                         to_dlq.execute(rusqlite::params![names.dlq.as_str(), now, prior, seq])?;
                         let (message_id, error): (String, Option<String>) =
                             dead_of.query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
-                        lifecycle::fail(
-                            tx,
-                            &message_id,
-                            Move::DeadLetter,
-                            error.as_deref(),
-                            false,
-                            None,
-                            None,
-                            now,
-                        )?;
+                        let failure = Failure {
+                            step: Move::DeadLetter,
+                            error: error.as_deref(),
+                            counted: false,
+                            provider: None,
+                            pinned: None,
+                        };
+                        lifecycle::fail(tx, &message_id, &failure, now)?;
                         self.moved.push(Moved::Dlq(seq));
                         moved += 1;
                     } else if held.contains(&tenant_id) {

@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use sqlx::PgConnection;
 
 use crate::model::MessageStatus;
-use crate::store::lifecycle::{Effects, Move, Recorded};
+use crate::store::lifecycle::{Effects, Failure, Move, Recorded};
 
 /// The update of `step`: `set` adds columns, `from` a `FROM` clause and
 /// `which` the rows (`$1` is always the time).
@@ -169,40 +169,26 @@ pub(super) async fn sent(
     Ok(())
 }
 
-/// A failure's move (`step`: retry, dead letter, suppression or refusal);
-/// see the SQLite twin, `store::sqlite::lifecycle::fail`. Returns the
-/// attempts made, or `None` when the message was not where the move starts.
-#[allow(clippy::too_many_arguments)]
+/// A failure's move ([`Failure`]) of message `id`. Returns the attempts
+/// made, or `None` when the message was not where the move starts.
 pub(super) async fn fail(
     tx: &mut PgConnection,
     id: &str,
-    step: Move,
-    error: Option<&str>,
-    counted: bool,
-    provider: Option<&str>,
-    pinned: Option<bool>,
+    failure: &Failure<'_>,
     now: i64,
 ) -> anyhow::Result<Option<i64>> {
     const SET: &str = ", attempts = m.attempts + $3, last_error = COALESCE($4, m.last_error), \
          provider = COALESCE($5, m.provider), provider_pinned = COALESCE($6, m.provider_pinned)";
     static FAILS: LazyLock<[String; 4]> = LazyLock::new(|| {
-        [Move::Retry, Move::DeadLetter, Move::Suppress, Move::Reject]
-            .map(|step| with_effects(step, &update(step, SET, "", "m.id = $2")))
+        Move::FAILURES.map(|step| with_effects(step, &update(step, SET, "", "m.id = $2")))
     });
-    let index = match step {
-        Move::Retry => 0,
-        Move::DeadLetter => 1,
-        Move::Suppress => 2,
-        Move::Reject => 3,
-        other => anyhow::bail!("{other:?} is not a failure"),
-    };
-    let moved: Option<(String, i64)> = sqlx::query_as(FAILS[index].as_str())
+    let moved: Option<(String, i64)> = sqlx::query_as(FAILS[failure.index()].as_str())
         .bind(now)
         .bind(id)
-        .bind(i64::from(counted))
-        .bind(error)
-        .bind(provider)
-        .bind(pinned)
+        .bind(i64::from(failure.counted))
+        .bind(failure.error)
+        .bind(failure.provider)
+        .bind(failure.pinned)
         .fetch_optional(tx)
         .await?;
     Ok(moved.map(|(_, attempts)| attempts))

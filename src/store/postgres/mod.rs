@@ -137,6 +137,7 @@ pub mod locks {
 
 pub(crate) mod lifecycle;
 pub(crate) mod receipts;
+pub(crate) mod webhooks;
 mod writer;
 pub use writer::PgWriter;
 

@@ -15,7 +15,7 @@ use super::PgDb;
 use crate::model::now_ms;
 use crate::store::AcceptEntry;
 use crate::store::delivery::{BeforeSend, SendCheck};
-use crate::store::lifecycle::Move;
+use crate::store::lifecycle::{Failure, Move};
 use crate::store::receipts::{Applied, Receipt};
 use crate::store::streak::{FailureStreak, WriteFailed};
 
@@ -93,6 +93,11 @@ impl PgWriter {
             },
             done,
         )
+    }
+
+    /// The pool beside the writer, for what need not wait for a group.
+    pub(super) fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     async fn submit(&self, piece: Piece) {
@@ -565,17 +570,14 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
             ..
         } = piece
         {
-            let made = super::lifecycle::fail(
-                &mut tx,
-                id,
-                *step,
-                Some(error),
-                *counted,
-                provider.as_deref(),
-                *pinned,
-                now,
-            )
-            .await?;
+            let failure = Failure {
+                step: *step,
+                error: Some(error),
+                counted: *counted,
+                provider: provider.as_deref(),
+                pinned: *pinned,
+            };
+            let made = super::lifecycle::fail(&mut tx, id, &failure, now).await?;
             attempts.push(made.unwrap_or(0).max(0) as u32);
         }
     }

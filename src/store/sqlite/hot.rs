@@ -15,7 +15,7 @@ use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::now_ms;
 use crate::store::delivery::{BeforeSend, PassRooms, SendCheck};
 use crate::store::idempotency::{self, StoredResponse};
-use crate::store::lifecycle::Move;
+use crate::store::lifecycle::{Failure, Move};
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
 use crate::store::webhooks::{
     DUE_CALLS, DueCall, PENDING_TENANTS, SNAPSHOT, SnapshotRow, WEBHOOK_OF, Webhook,
@@ -228,16 +228,14 @@ pub(crate) async fn failure(
     let pinned = called.map(|called| called.pinned);
     writer
         .run(move |tx| {
-            let attempts = lifecycle::fail(
-                tx,
-                &id,
+            let failure = Failure {
                 step,
-                Some(&error),
+                error: Some(&error),
                 counted,
-                provider.as_deref(),
+                provider: provider.as_deref(),
                 pinned,
-                now_ms(),
-            )?;
+            };
+            let attempts = lifecycle::fail(tx, &id, &failure, now_ms())?;
             Ok(attempts.unwrap_or(0).max(0) as u32)
         })
         .await

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::message::MessageRecord;
 use crate::model::MessageStatus;
-use crate::store::lifecycle::{Effects, Move, Recorded};
+use crate::store::lifecycle::{Effects, Failure, Move, Recorded};
 use crate::store::usage::Pending;
 
 /// What a moved row says, for the move's effects.
@@ -277,44 +277,35 @@ pub(crate) fn sent(
     }
 }
 
-/// A failure's move (`step`: retry, dead letter, suppression or refusal):
-/// `counted` adds an attempt, `error` (if any) becomes `last_error`, and a
-/// provider that was called is kept. Returns the attempts made, or `None`
-/// when the message was not where the move starts.
-#[allow(clippy::too_many_arguments)]
+/// A failure's move ([`Failure`]) of message `id`. Returns the attempts
+/// made, or `None` when the message was not where the move starts.
 pub(crate) fn fail(
     tx: &Connection,
     id: &str,
-    step: Move,
-    error: Option<&str>,
-    counted: bool,
-    provider: Option<&str>,
-    pinned: Option<bool>,
+    failure: &Failure,
     now: i64,
 ) -> rusqlite::Result<Option<i64>> {
     const SET: &str = ", attempts = attempts + ?3, last_error = COALESCE(?4, last_error), \
          provider = COALESCE(?5, provider), provider_pinned = COALESCE(?6, provider_pinned)";
-    static FAILS: LazyLock<[String; 4]> = LazyLock::new(|| {
-        [Move::Retry, Move::DeadLetter, Move::Suppress, Move::Reject]
-            .map(|step| statement(step, SET, ""))
-    });
-    let index = match step {
-        Move::Retry => 0,
-        Move::DeadLetter => 1,
-        Move::Suppress => 2,
-        Move::Reject => 3,
-        other => unreachable!("{other:?} is not a failure"),
-    };
+    static FAILS: LazyLock<[String; 4]> =
+        LazyLock::new(|| Move::FAILURES.map(|step| statement(step, SET, "")));
     let changed = tx
-        .prepare_cached(&FAILS[index])?
+        .prepare_cached(&FAILS[failure.index()])?
         .query_row(
-            params![now, id, i64::from(counted), error, provider, pinned],
+            params![
+                now,
+                id,
+                i64::from(failure.counted),
+                failure.error,
+                failure.provider,
+                failure.pinned
+            ],
             moved,
         )
         .optional()?;
     match changed {
         Some(row) => {
-            effects(tx, step, &row, now)?;
+            effects(tx, failure.step, &row, now)?;
             Ok(Some(row.attempts))
         }
         None => Ok(None),
