@@ -19,7 +19,8 @@
 # with its backlog parked.
 # Prints: accepts/s and accept p50/p99 (wrk), deliveries/s during the load
 # and after it, the end-to-end rate (first request to last `sent`) and its
-# share of the ceiling, and the peak RSS.
+# share of the ceiling, the peak RSS, fairlane's CPU per message, and the
+# store's rows written and commits per message (fairlane_store_*_total).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-100000}
@@ -118,6 +119,8 @@ fi
 # 3. The load: wrk until MESSAGES are accepted, then SIGINT (wrk prints its
 # latency figures on SIGINT).
 before_load=$(counter fairlane_messages_accepted_total)
+rows0=$(counter fairlane_store_rows_written_total)
+commits0=$(counter fairlane_store_commits_total)
 cpu0=$(cpu_secs)
 hook_cpu0=0
 [ -n "$hook" ] && hook_cpu0=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
@@ -138,7 +141,15 @@ accepted=$((accepted - before_load))
 while [ "$(counter fairlane_messages_delivered_total)" -lt "$accepted" ]; do sample_rss; sleep 0.1; done
 t1=$(date +%s.%N)
 cpu1=$(cpu_secs)
+rows1=$(counter fairlane_store_rows_written_total)
+commits1=$(counter fairlane_store_commits_total)
 sample_rss
+# Rows and commits of the SQLite store per message accepted and delivered
+# (builds from issue 45 on count them; older ones print nothing).
+if [ "$commits1" -gt "$commits0" ]; then
+  python3 -c "import sys; a, r, c = (int(x) for x in sys.argv[1:]); print(f'store: {r/a:.2f} rows written and {c/a:.3f} commits per message ({a/c:.1f} messages per commit)')" \
+    "$accepted" "$((rows1 - rows0))" "$((commits1 - commits0))"
+fi
 
 if [ -n "$hook" ]; then
   hook_deadline=$(( $(date +%s) + 600 ))

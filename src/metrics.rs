@@ -15,6 +15,13 @@ pub const RETENTION_ERASED_TOTAL: &str = "fairlane_retention_erased_total";
 /// Queue copies (dead letters, set-aside and delayed rows) retention removed.
 pub const RETENTION_QUEUE_ERASED_TOTAL: &str = "fairlane_retention_queue_erased_total";
 
+/// Transactions the SQLite store's writer committed (its groups, a group's
+/// pieces applied alone, and the rare writers' own).
+pub const STORE_COMMITS_TOTAL: &str = "fairlane_store_commits_total";
+/// Rows those transactions inserted, updated or deleted (SQLite's count of
+/// changes, usage rows included).
+pub const STORE_ROWS_WRITTEN_TOTAL: &str = "fairlane_store_rows_written_total";
+
 /// Messages accepted (202), by `lane`, `channel`.
 pub const ACCEPTED_TOTAL: &str = "fairlane_messages_accepted_total";
 /// Messages the provider accepted, by `lane`, `channel`.
@@ -344,6 +351,16 @@ fn describe_around_the_pipeline() {
         "Pauses of a tenant's webhook calls after 5 failed calls in a row (or a failed probe after a pause)."
     );
     describe_counter!(
+        STORE_COMMITS_TOTAL,
+        Unit::Count,
+        "Transactions the SQLite store's writer committed."
+    );
+    describe_counter!(
+        STORE_ROWS_WRITTEN_TOTAL,
+        Unit::Count,
+        "Rows the SQLite store's committed transactions inserted, updated or deleted."
+    );
+    describe_counter!(
         RETENTION_RUNS_TOTAL,
         Unit::Count,
         "Retention runs by outcome: done, skipped (another instance was running one), failed."
@@ -509,6 +526,8 @@ fn register_known_labels() {
         metrics::counter!(RETENTION_RUNS_TOTAL, "outcome" => outcome).increment(0);
     }
     metrics::counter!(RETENTION_ERASED_TOTAL).increment(0);
+    metrics::counter!(STORE_COMMITS_TOTAL).increment(0);
+    metrics::counter!(STORE_ROWS_WRITTEN_TOTAL).increment(0);
     metrics::counter!(RETENTION_QUEUE_ERASED_TOTAL).increment(0);
     metrics::counter!(WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(0);
     let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);

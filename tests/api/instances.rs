@@ -1720,3 +1720,82 @@ async fn a_message_accepted_by_one_instance_and_sent_by_another_is_one_trace() {
         .unwrap_or_else(|| panic!("no \"Message sent.\" line for {id} in b's log:\n{log}"));
     assert_eq!(sent["trace_id"], created.trace_id.as_str(), "{sent}");
 }
+
+/// A test key's `temporary` recipient fails its first attempt and is sent
+/// on its second even when another instance makes it: the simulated outcome
+/// is read from the store (the status before the attempt), not from the
+/// memory of the instance that failed it (issue 45, item 2). The instance
+/// that made the first attempt is killed as soon as its retry counter moves;
+/// the retry's backoff (full jitter up to 6 s) leaves the others to make the
+/// second. With the outcome kept in process memory, the second attempt
+/// would fail again and the message be sent on its third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_temporary_test_recipient_is_sent_on_its_second_attempt_by_another_instance() {
+    let moto = crate::backends::moto_url();
+    let mut cluster = Cluster::start_with_env(
+        &default_redis_url(),
+        [moto.clone(), moto.clone(), moto],
+        |_| vec![("FAIRLANE__RETRY__BASE_DELAY_MS", "6000".to_owned())],
+    )
+    .await;
+    cluster.api.put_plan(A, "tests", 100.0, 100, 32).await;
+    cluster.api.create_tenant(A, "acme", "tests").await;
+    let (status, body) = cluster
+        .api
+        .admin(
+            A,
+            reqwest::Method::POST,
+            "/v1/admin/tenants/acme/keys",
+            Some(json!({"kind": "test"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "issue a test key: {body}");
+    let key = body["key"].as_str().expect("key").to_owned();
+    cluster.api.wait_key_known_everywhere(&key).await;
+
+    let response = cluster
+        .api
+        .client
+        .post(cluster.api.url(A, "/v1/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"channel": "sms", "to": "+15005550004", "text": "temporary"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let id = response.json::<Value>().await.expect("JSON")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = 'found: loop {
+        for on in 0..NAMES.len() {
+            let retried = cluster
+                .api
+                .metric_sum(on, "fairlane_messages_retried_total", &[])
+                .await;
+            if retried >= 1.0 {
+                break 'found on;
+            }
+        }
+        assert!(Instant::now() < deadline, "no instance retried {id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.kill(first);
+    let other = (first + 1) % NAMES.len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        let (status, view) = cluster.api.message(other, &key, &id).await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        // The simulator reports a delivery as soon as it has sent.
+        if view["status"] == "sent" || view["status"] == "delivered" {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "{id} not sent: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["attempts"], 2, "one failure, then sent: {view}");
+    assert!(view["sent_at"].is_string(), "{view}");
+    assert_eq!(view["test"], true, "{view}");
+}

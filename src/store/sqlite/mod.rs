@@ -132,7 +132,9 @@ impl SqliteDb {
             match work(&tx) {
                 Ok(value) => {
                     crate::store::usage::Pending::write(&tx)?;
+                    let written = tx.total_changes();
                     tx.commit()?;
+                    writer::count_commit(written);
                     Ok(value)
                 }
                 Err(err) => {

@@ -464,7 +464,9 @@ fn commit_group(
             }
         }
         usage::Pending::write(&tx)?;
+        let written = tx.total_changes() - unwritten;
         tx.commit()?;
+        count_commit(written);
         Ok(None)
     })();
     if !matches!(applied, Ok(None)) {
@@ -487,6 +489,13 @@ fn commit_group(
     }
 }
 
+/// Counts a committed transaction and the rows it wrote (see
+/// [`crate::metrics::STORE_ROWS_WRITTEN_TOTAL`]).
+pub(crate) fn count_commit(rows: u64) {
+    metrics::counter!(crate::metrics::STORE_COMMITS_TOTAL).increment(1);
+    metrics::counter!(crate::metrics::STORE_ROWS_WRITTEN_TOTAL).increment(rows);
+}
+
 /// Applies each piece in a transaction of its own; finishes and removes the
 /// ones that fail; returns the first store fault among their failures.
 fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Option<WriteFailed> {
@@ -495,9 +504,12 @@ fn one_by_one(conn: &mut Connection, group: &mut Vec<Box<dyn Work>>) -> Option<W
     for mut work in group.drain(..) {
         let outcome = (|| -> anyhow::Result<()> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let unwritten = tx.total_changes();
             work.apply(&tx)?;
             usage::Pending::write(&tx)?;
+            let written = tx.total_changes() - unwritten;
             tx.commit()?;
+            count_commit(written);
             Ok(())
         })();
         if outcome.is_err() {
