@@ -1,6 +1,7 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
+use rusqlite::OptionalExtension;
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::{Db, on_pool};
@@ -89,17 +90,55 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
 /// A test key's caller never gets a live message, nor a live key's caller a
 /// test one.
 pub async fn get_in(db: &Db, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>> {
-    let row: Option<MessageRow> = on_pool!(db, read, |pool| {
-        sqlx::query_as(select_message!(
-            "WHERE id = $1 AND tenant_id = $2 AND test = $3"
-        ))
-        .bind(id)
-        .bind(scope.tenant())
-        .bind(scope.is_test())
-        .fetch_optional(pool)
-        .await?
-    });
+    const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
+    let row: Option<MessageRow> = match db {
+        // The status poll: the API's most frequent read, on rusqlite.
+        Db::Sqlite(sqlite) => {
+            let (id, tenant, test) = (id.to_owned(), scope.tenant().to_owned(), scope.is_test());
+            sqlite
+                .readers
+                .read(move |conn| {
+                    conn.prepare_cached(IN_SCOPE)?
+                        .query_row(rusqlite::params![id, tenant, test], message_row)
+                        .optional()
+                })
+                .await?
+        }
+        Db::Postgres(pg) => {
+            sqlx::query_as(IN_SCOPE)
+                .bind(id)
+                .bind(scope.tenant())
+                .bind(scope.is_test())
+                .fetch_optional(&pg.pool)
+                .await?
+        }
+    };
     row.map(from_row).transpose()
+}
+
+/// A [`MessageRow`] from a rusqlite row of [`select_message!`]'s columns.
+fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
+    Ok(MessageRow {
+        id: row.get(0)?,
+        tenant_id: row.get(1)?,
+        channel: row.get(2)?,
+        status: row.get(3)?,
+        priority: row.get(4)?,
+        lane: row.get(5)?,
+        attempts: row.get(6)?,
+        reference: row.get(7)?,
+        metadata: row.get(8)?,
+        created_at: row.get(9)?,
+        updated_at: row.get(10)?,
+        sent_at: row.get(11)?,
+        last_error: row.get(12)?,
+        provider_message_id: row.get(13)?,
+        send_at: row.get(14)?,
+        test: row.get(15)?,
+        fragments: row.get(16)?,
+        erased_at: row.get(17)?,
+        provider: row.get(18)?,
+    })
 }
 
 /// The message `id`, whoever owns it.

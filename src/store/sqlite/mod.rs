@@ -16,6 +16,7 @@
 
 pub(crate) mod hot;
 pub(crate) mod lifecycle;
+mod readers;
 pub mod writer;
 
 use std::path::Path;
@@ -34,6 +35,8 @@ pub struct SqliteDb {
     pub write: SqlitePool,
     /// Readers; never block behind the writer in WAL mode.
     pub read: SqlitePool,
+    /// The same through rusqlite, for the reads the API answers most.
+    pub(crate) readers: readers::Readers,
     /// Whose turn it is to write; see the module documentation.
     pub turn: Arc<tokio::sync::Mutex<()>>,
     /// The file, for writers on connections of their own (rusqlite).
@@ -85,9 +88,11 @@ impl SqliteDb {
             .connect_with(base.read_only(true))
             .await
             .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
+        let readers = readers::Readers::open(path, 4)?;
         Ok(SqliteDb {
             write,
             read,
+            readers,
             turn: Arc::default(),
             path: path.to_owned(),
             fsync,
