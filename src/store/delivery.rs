@@ -4,7 +4,7 @@
 //! [`crate::store::Writer`] so that each backend's writer reads them
 //! without reaching back into the writer that calls it.
 
-use super::webhooks::{DueCall, Webhook};
+use super::webhooks::{Cursor, DueCall, Webhook};
 use crate::model::MessageStatus;
 use crate::store::messages::MessageRecord;
 
@@ -30,11 +30,17 @@ pub struct BeforeSend {
 /// What a dispatcher pass may take ([`crate::store::Writer::take_pass`]): for each
 /// tenant the dispatcher holds state for (calls in flight, a grown or cut
 /// limit, a pause), its calls in flight and its room; every other tenant
-/// has `default_room` and nothing in flight.
+/// has `default_room` and nothing in flight. `owner` names this instance's
+/// dispatcher: it holds the endpoints' streams it reads (see
+/// [`crate::store::webhooks`]).
 #[derive(Debug, Default)]
 pub struct PassRooms {
     pub tenants: std::collections::HashMap<String, TenantRoom>,
     pub default_room: usize,
+    pub owner: String,
+    /// Until when a stream read in this pass stays this instance's (a
+    /// lease renewed by every pass while it has calls in flight).
+    pub stream_until: i64,
 }
 
 /// One tenant's part of [`PassRooms`].
@@ -42,15 +48,18 @@ pub struct PassRooms {
 pub struct TenantRoom {
     /// Event ids of its calls in flight: not taken again.
     pub busy: std::collections::HashSet<i64>,
+    /// Messages with a call in flight: their later events wait for it.
+    pub busy_messages: std::collections::HashSet<String>,
     /// Calls it may start now.
     pub room: usize,
 }
 
 impl PassRooms {
-    /// The busy calls and room of `tenant`.
-    pub(crate) fn of(&self, tenant: &str) -> (Option<&std::collections::HashSet<i64>>, usize) {
+    /// `tenant`'s part: its calls and messages in flight (none when absent)
+    /// and its room.
+    pub(crate) fn of(&self, tenant: &str) -> (Option<&TenantRoom>, usize) {
         match self.tenants.get(tenant) {
-            Some(room) => (Some(&room.busy), room.room),
+            Some(room) => (Some(room), room.room),
             None => (None, self.default_room),
         }
     }
@@ -63,13 +72,40 @@ pub struct TakenCalls {
     pub room: usize,
     /// Due calls found for the room (at most the room).
     pub wanted: usize,
-    /// Those leased to this instance (another may have taken some).
+    /// Those leased to this instance (another may have taken some), the
+    /// failed calls' retries first, then the stream's events in order.
     pub calls: Vec<DueCall>,
     /// The message's status at each leased call's event, by event id.
     pub data: std::collections::HashMap<i64, MessageRecord>,
     /// The tenant's endpoint as it was when the calls were taken; `None`
     /// when it has none any more.
     pub webhook: Option<Webhook>,
+    /// The endpoint's stream, when this instance holds it.
+    pub stream: Option<StreamRead>,
+}
+
+/// How far a pass read an endpoint's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamRead {
+    /// The stream's lease was taken anew, so the read began again at its
+    /// position: calls this instance took from it before are no longer
+    /// what the position waits for.
+    pub fresh: bool,
+    /// Every event up to here was taken, held behind its message's failed
+    /// call, or is of a type the endpoint does not want.
+    pub read: Cursor,
+}
+
+/// What the dispatcher's recorder writes in one go
+/// ([`crate::store::Writer::record_calls`]).
+#[derive(Debug, Default)]
+pub struct CallsRecord {
+    /// Failed calls' retries that were delivered: their rows go.
+    pub delivered_rows: Vec<i64>,
+    /// Tenants whose endpoint answered 2xx: no longer failing.
+    pub healthy: Vec<String>,
+    /// Streams' new positions, by tenant; a position only moves forward.
+    pub positions: Vec<(String, Cursor)>,
 }
 
 /// The provider a failed call went to, as the message's row keeps it.

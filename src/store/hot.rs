@@ -21,11 +21,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::Db;
-use super::delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls};
+use super::delivery::{BeforeSend, Called, CallsRecord, PassRooms, SendCheck, TakenCalls};
 use super::lifecycle::Move;
 use super::postgres::PgWriter;
 use super::receipts::{self, Applied, Receipt};
 use super::sqlite::hot;
+use super::sqlite::webhooks as sqlite_webhooks;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
@@ -208,16 +209,17 @@ impl Writer {
         }
     }
 
-    /// One pass of the webhook dispatcher: for each tenant with pending
-    /// calls and room in `rooms`, takes up to its room of its due calls
-    /// (not its busy ones), leased until `lease_until`, with the message's
-    /// status at each call's event (absent when the message is gone) and
-    /// the tenant's endpoint. Also says how many were due (at most the
-    /// room): as many as room means a backlog. Tenants that got nothing are
-    /// left out. On SQLite one piece of the writer's group does it all, so
-    /// a pass costs the dispatcher one hand-off; on PostgreSQL a statement
-    /// finds the tenants, and for each one statement finds and leases its
-    /// calls, one reads their data and one its endpoint.
+    /// One pass of the webhook dispatcher: for each tenant with calls to
+    /// make (failed calls due again, events past its endpoint's stream
+    /// read, a stream this instance reads) and room in `rooms`, takes up to
+    /// its room of calls (not its busy ones): its due retries, leased until
+    /// `lease_until`, then the next events of its endpoint's stream, under
+    /// the stream's lease (until `lease_until`, for `rooms.owner`). Each
+    /// call comes with the message's status at its event (absent when the
+    /// message is gone) and the tenant's endpoint. Also says how many were
+    /// due (at most the room): as many as room means a backlog. Tenants
+    /// that got nothing are left out. On SQLite one piece of the writer's
+    /// group does it all, so a pass costs the dispatcher one hand-off.
     pub async fn take_pass(
         &self,
         rooms: PassRooms,
@@ -226,7 +228,7 @@ impl Writer {
     ) -> anyhow::Result<Vec<TakenCalls>> {
         let taken = match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                hot::take_pass(writer, rooms, now, lease_until).await?
+                sqlite_webhooks::take_pass(writer, rooms, now, lease_until).await?
             }
             Backend::Postgres(writer) => return writer.take_pass(rooms, now, lease_until).await,
         };
@@ -245,26 +247,25 @@ impl Writer {
                     calls: take.calls,
                     data,
                     webhook: take.webhook,
+                    stream: take.stream,
                 })
             })
             .collect()
     }
 
-    /// Removes delivered webhook calls and marks their tenants' endpoints
-    /// healthy, in one transaction (on SQLite, the writer's group).
-    pub async fn calls_delivered(
-        &self,
-        event_ids: Vec<i64>,
-        tenant_ids: Vec<String>,
-    ) -> anyhow::Result<()> {
-        if event_ids.is_empty() {
+    /// Records the calls made since the last record, in one transaction
+    /// (on SQLite, the writer's group): delivered retries' rows removed,
+    /// answering endpoints no longer failing, streams' positions moved on.
+    pub async fn record_calls(&self, record: CallsRecord) -> anyhow::Result<()> {
+        if record.delivered_rows.is_empty()
+            && record.healthy.is_empty()
+            && record.positions.is_empty()
+        {
             return Ok(());
         }
         match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                hot::calls_delivered(writer, event_ids, tenant_ids).await
-            }
-            Backend::Postgres(writer) => writer.calls_delivered(&event_ids, &tenant_ids).await,
+            Backend::Sqlite { writer, .. } => sqlite_webhooks::record_calls(writer, record).await,
+            Backend::Postgres(writer) => writer.record_calls(&record).await,
         }
     }
 

@@ -36,7 +36,9 @@ pub mod suppressions;
 pub mod usage;
 pub mod webhooks;
 
-pub use delivery::{BeforeSend, Called, PassRooms, SendCheck, TakenCalls, TenantRoom};
+pub use delivery::{
+    BeforeSend, Called, CallsRecord, PassRooms, SendCheck, StreamRead, TakenCalls, TenantRoom,
+};
 pub use error::StoreError;
 pub use hot::Writer;
 pub use sqlite::SqliteDb;

@@ -266,7 +266,13 @@ pub async fn delete_tenant(db: &Db, id: &str) -> anyhow::Result<TenantDeletion> 
                 "DELETE FROM api_keys WHERE tenant_id = $1",
                 "DELETE FROM idempotency_keys WHERE tenant_id = $1",
                 "DELETE FROM messages WHERE tenant_id = $1",
-                "DELETE FROM message_events WHERE tenant_id = $1",
+                // The newest event of all stays, as a blank line: SQLite
+                // gives a new row the highest id plus one, and an id used
+                // again would sit behind webhook positions already past it.
+                "DELETE FROM message_events WHERE tenant_id = $1 \
+                 AND id < (SELECT MAX(id) FROM message_events)",
+                "UPDATE message_events SET tenant_id = '', message_id = '', detail = NULL, \
+                 provider_message_id = NULL WHERE tenant_id = $1",
                 "DELETE FROM webhook_deliveries WHERE tenant_id = $1",
                 "DELETE FROM webhooks WHERE tenant_id = $1",
                 "DELETE FROM suppressions WHERE tenant_id = $1",

@@ -1,11 +1,32 @@
-//! The rows of tenant webhooks: each tenant's endpoint (`webhooks`) and
-//! the calls waiting for it (`webhook_deliveries`, written by the store's
-//! lifecycle with each event), read and leased by the dispatcher
+//! The rows of tenant webhooks: each tenant's endpoint (`webhooks`), its
+//! place in its tenant's event log, and the calls that failed
+//! (`webhook_deliveries`), read and leased by the dispatcher
 //! (`crate::webhooks::dispatch`).
+//!
+//! The event log is the queue of calls. Each endpoint keeps a *position*
+//! in its tenant's events (a [`Cursor`]): every event it wants up to there
+//! was delivered or has a row. One instance at a time reads an endpoint's
+//! events past the position (its *stream*), under a lease on the endpoint's
+//! row, and keeps how far it has read (`read_*`): what lies between is in
+//! flight. As calls end, the dispatcher moves the position past the
+//! unbroken run of ended calls, a batch at a time. A call that fails gets a
+//! row, with its retries and backoff; a later event of that message is
+//! held behind it as a row too, so each message's events arrive in order.
+//! So a delivered event costs no write of its own: the event row the
+//! lifecycle writes anyway, and a share of one position update. If the
+//! instance dies, its lease ends and another reads again from the
+//! position (at least once, with the same `webhook-id`).
 
 use super::messages::MessageRecord;
 use super::{Db, in_transaction, on_pool};
 use crate::model::{MessageStatus, now_ms};
+
+/// A place in a tenant's event log: (transaction id, event id). On
+/// PostgreSQL an event's id is taken at insert, not at commit, so the
+/// stream reads in (xid, id) order only the events of transactions older
+/// than every one still running; on SQLite one writer commits events in id
+/// order and every xid is 0.
+pub type Cursor = (i64, i64);
 
 /// A tenant's endpoint as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -61,7 +82,7 @@ pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
 }
 
 /// A tenant's calls in one state.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeliveryCount {
     /// `pending` or `failed`.
     pub state: String,
@@ -73,13 +94,53 @@ pub struct DeliveryCount {
     pub oldest: Option<i64>,
 }
 
-/// The tenant's calls by state, as of `now`.
+impl DeliveryCount {
+    fn add(&mut self, count: i64, due: i64, oldest: Option<i64>) {
+        self.count += count;
+        self.due += due;
+        self.oldest = match (self.oldest, oldest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Whether the endpoint `w` wants the event `e`, in `db`'s dialect.
+fn wanted(db: &Db) -> &'static str {
+    if db.is_shared() {
+        "strpos(w.events, ' message.' || e.event || ' ') > 0"
+    } else {
+        "instr(w.events, ' message.' || e.event || ' ') > 0"
+    }
+}
+
+/// The events past the endpoint's position that it wants and that have no
+/// row: how many, how many are past where its stream is read (the rest
+/// are in flight; once the reader's lease has ended, all are due again),
+/// and the oldest one's time. `$1` the tenant (or NULL for all), `$2` now.
+fn stream_backlog(db: &Db, whose: &str) -> String {
+    format!(
+        "SELECT COUNT(e.id), \
+         COALESCE(SUM(CASE WHEN COALESCE(w.stream_until, 0) <= $2 \
+                             OR (e.xid, e.id) > (w.read_xid, w.read_id) THEN 1 ELSE 0 END), 0), \
+         MIN(e.at), w.disabled_at IS NOT NULL \
+         FROM webhooks AS w JOIN message_events AS e ON e.tenant_id = w.tenant_id \
+         WHERE {whose} AND (e.xid, e.id) > (w.position_xid, w.position_id) AND {} \
+         AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.event_id = e.id) \
+         GROUP BY w.tenant_id, w.disabled_at",
+        wanted(db)
+    )
+}
+
+/// The tenant's calls by state, as of `now`: its failed calls' rows, and
+/// the events its stream has still to deliver (pending; failed while the
+/// endpoint is disabled, kept for a redrive).
 pub async fn delivery_counts(
     db: &Db,
     tenant_id: &str,
     now: i64,
 ) -> anyhow::Result<Vec<DeliveryCount>> {
-    Ok(on_pool!(db, read, |pool| {
+    let rows: Vec<(String, i64, i64, Option<i64>)> = on_pool!(db, read, |pool| {
         sqlx::query_as(
             "SELECT state, COUNT(*) AS count, \
              COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
@@ -90,13 +151,47 @@ pub async fn delivery_counts(
         .bind(now)
         .fetch_all(pool)
         .await?
-    }))
+    });
+    let sql = stream_backlog(db, "w.tenant_id = $1");
+    let stream: Option<(i64, i64, Option<i64>, bool)> = on_pool!(db, read, |pool| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(tenant_id)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?
+    });
+    let mut counts: Vec<DeliveryCount> = rows
+        .into_iter()
+        .map(|(state, count, due, oldest)| DeliveryCount {
+            state,
+            count,
+            due,
+            oldest,
+        })
+        .collect();
+    if let Some((count, due, oldest, disabled)) = stream.filter(|stream| stream.0 > 0) {
+        let (state, due) = if disabled {
+            ("failed", count)
+        } else {
+            ("pending", due)
+        };
+        match counts.iter_mut().find(|c| c.state == state) {
+            Some(known) => known.add(count, due, oldest),
+            None => counts.push(DeliveryCount {
+                state: state.into(),
+                count,
+                due,
+                oldest,
+            }),
+        }
+    }
+    Ok(counts)
 }
 
 /// Every tenant's pending calls due at `now`: how many, and the event time
 /// (ms) of the oldest, for the dispatcher's gauges.
 pub async fn due_overall(db: &Db, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
-    Ok(on_pool!(db, read, |pool| {
+    let (rows, oldest_row): (i64, Option<i64>) = on_pool!(db, read, |pool| {
         sqlx::query_as(
             "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
              WHERE state = 'pending' AND next_attempt_at <= $1",
@@ -104,7 +199,26 @@ pub async fn due_overall(db: &Db, now: i64) -> anyhow::Result<(i64, Option<i64>)
         .bind(now)
         .fetch_one(pool)
         .await?
-    }))
+    });
+    let sql = stream_backlog(db, "w.disabled_at IS NULL AND $1::text IS NULL");
+    let sql = if db.is_shared() {
+        sql
+    } else {
+        sql.replace("$1::text IS NULL", "$1 IS NULL")
+    };
+    let streams: Vec<(i64, i64, Option<i64>, bool)> = on_pool!(db, read, |pool| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(None::<String>)
+            .bind(now)
+            .fetch_all(pool)
+            .await?
+    });
+    let mut total = DeliveryCount::default();
+    total.add(rows, 0, oldest_row);
+    for (_, due, oldest, _) in streams.into_iter().filter(|stream| stream.1 > 0) {
+        total.add(due, 0, oldest);
+    }
+    Ok((total.count, total.oldest))
 }
 
 /// Sets the tenant's endpoint. A new endpoint gets `secret` (returned); a
@@ -141,9 +255,14 @@ pub async fn put(
                 .execute(&mut *tx)
                 .await?;
         } else {
+            // A new endpoint gets the events from now on: its stream
+            // starts at the tenant's newest event.
             sqlx::query(
-                "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $5)",
+                "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at, \
+                 position_xid, position_id, read_xid, read_id) \
+                 SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
+                 (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
+                  UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top",
             )
             .bind(tenant_id)
             .bind(url)
@@ -212,9 +331,11 @@ pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
 }
 
 /// Enables the tenant's endpoint again and makes its failed events pending,
-/// due now; returns how many. None when there is no endpoint.
+/// due now; returns how many, with the events its stream kept while it was
+/// disabled. None when there is no endpoint.
 pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
     let now = now_ms();
+    let backlog = stream_backlog(db, "w.tenant_id = $1");
     let redriven = in_transaction!(db, |tx| {
         let enabled = sqlx::query(
             "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, updated_at = $1 \
@@ -228,14 +349,19 @@ pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
         if enabled == 0 {
             None
         } else {
-            Some(
-                sqlx::query(RESUME)
-                    .bind(now)
+            let rows = sqlx::query(RESUME)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            let kept: Option<(i64, i64, Option<i64>, bool)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(backlog.as_str()))
                     .bind(tenant_id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected(),
-            )
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            Some(rows + kept.map_or(0, |kept| kept.0.max(0) as u64))
         }
     });
     Ok(redriven)
@@ -256,16 +382,38 @@ pub async fn failing(db: &Db) -> anyhow::Result<Vec<Webhook>> {
 }
 
 /// A call taken for this instance.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct DueCall {
     pub event_id: i64,
     pub tenant_id: String,
     pub message_id: String,
-    #[sqlx(rename = "type")]
     pub kind: String,
     pub created_at: i64,
     pub attempts: i64,
+    /// Where the event is in its endpoint's stream, for a call taken from
+    /// it; `None` for a failed call's retry (a row).
+    pub cursor: Option<Cursor>,
 }
+
+/// The tenants whose enabled endpoint has events past where its stream is
+/// read, or whose reader's lease (`$1`: now) has ended with calls still
+/// between the position and the read.
+pub(crate) const STREAM_TENANTS: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
+       EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
+               AND (e.xid, e.id) > (w.read_xid, w.read_id)) \
+       OR (COALESCE(w.stream_until, 0) <= $1 \
+           AND (w.read_xid, w.read_id) > (w.position_xid, w.position_id)))";
+
+/// Holds event `$1` (tenant `$2`, message `$3`, type `message.$4`, at `$5`)
+/// behind its message's failed call: a row, failed if one of those was
+/// given up, else due as it happened; [`DUE_CALLS`] takes it once no
+/// earlier event of its message has a row.
+pub(crate) const HOLD: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, \
+     next_attempt_at, attempts, state) \
+     SELECT $1, $2, $3, 'message.' || $4, $5, $5, 0, m.state \
+     FROM (SELECT MIN(state) AS state FROM webhook_deliveries WHERE message_id = $3) AS m \
+     WHERE m.state IS NOT NULL \
+     ON CONFLICT (event_id) DO NOTHING";
 
 /// The tenants with calls pending, by one index probe per such tenant (a
 /// "loose index scan"), not a pass over every pending row: a dead
@@ -334,14 +482,29 @@ pub async fn call_failed(
     limit: i64,
 ) -> anyhow::Result<bool> {
     let disabled = in_transaction!(db, |tx| {
+        // A call from the stream gets its row now; a retry's row counts
+        // one more attempt. Given up, or its endpoint disabled meanwhile:
+        // kept failed, for a redrive.
         sqlx::query(
-            "UPDATE webhook_deliveries SET attempts = attempts + 1, last_error = $1, \
-             next_attempt_at = $2, state = $3 WHERE event_id = $4",
+            "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, \
+             next_attempt_at, attempts, state, last_error) \
+             SELECT $1, $2, $3, $4, $5, $6, 1, \
+             CASE WHEN $7 = 1 OR EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = $2 \
+                                         AND w.disabled_at IS NOT NULL) \
+                  THEN 'failed' ELSE 'pending' END, $8 \
+             WHERE TRUE \
+             ON CONFLICT (event_id) DO UPDATE SET attempts = webhook_deliveries.attempts + 1, \
+             last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, \
+             state = excluded.state",
         )
-        .bind(error)
-        .bind(next)
-        .bind(if gave_up { "failed" } else { "pending" })
         .bind(due.event_id)
+        .bind(&due.tenant_id)
+        .bind(&due.message_id)
+        .bind(&due.kind)
+        .bind(due.created_at)
+        .bind(next)
+        .bind(i32::from(gave_up))
+        .bind(error)
         .execute(&mut *tx)
         .await?;
         // The message's later events wait for this one anyway: moving
@@ -528,6 +691,177 @@ pub(crate) mod tests {
             }
         });
         Ok(())
+    }
+
+    /// Writes an event of tenant `t`'s message `message` (as the lifecycle
+    /// would), on `tx`'s store.
+    const EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
+         VALUES ($1, 't', $2, $3, $3, 1)";
+
+    fn rooms(owner: &str, room: usize, stream_until: i64) -> crate::store::PassRooms {
+        crate::store::PassRooms {
+            tenants: Default::default(),
+            default_room: room,
+            owner: owner.into(),
+            stream_until,
+        }
+    }
+
+    /// The (message, type) of each call taken for tenant `t`.
+    fn calls_of(taken: &[crate::store::TakenCalls]) -> Vec<(String, String)> {
+        taken
+            .iter()
+            .filter(|take| take.tenant == "t")
+            .flat_map(|take| take.calls.iter())
+            .map(|call| (call.message_id.clone(), call.kind.clone()))
+            .collect()
+    }
+
+    fn call(message: &str, kind: &str) -> (String, String) {
+        (message.to_owned(), format!("message.{kind}"))
+    }
+
+    /// An endpoint's stream on `db`: its events in order, none it does not
+    /// want, read by one instance while that one's lease lasts, and by
+    /// another from the position once it has run out; a message whose call
+    /// failed has its later event held behind it as a row.
+    pub(crate) async fn a_stream_is_read_in_order_by_one_instance_at_a_time(db: &Db) {
+        use crate::store::{CallsRecord, Writer};
+        let now = now_ms();
+        let setup = async {
+            in_transaction!(db, |tx| {
+                for sql in [
+                    "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
+                    "INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
+                     VALUES ('t', 't', 'p', 'active', 0, 0)",
+                ] {
+                    sqlx::query(sql).execute(&mut *tx).await?;
+                }
+            });
+            anyhow::Ok(())
+        };
+        setup.await.unwrap();
+        // An event before the endpoint existed is not its business.
+        let write = |message: &'static str, kind: &'static str| async move {
+            in_transaction!(db, |tx| {
+                sqlx::query(EVENT)
+                    .bind(message)
+                    .bind(now)
+                    .bind(kind)
+                    .execute(&mut *tx)
+                    .await?;
+            });
+            anyhow::Ok(())
+        };
+        write("m0", "sent").await.unwrap();
+        put(
+            db,
+            "t",
+            "https://example.com/h",
+            " message.sent message.delivered ",
+            "s".into(),
+        )
+        .await
+        .unwrap();
+        for (message, kind) in [
+            ("m1", "sent"),
+            ("m1", "queued"),
+            ("m2", "sent"),
+            ("m1", "delivered"),
+        ] {
+            write(message, kind).await.unwrap();
+        }
+        let (writer, done) = Writer::start(db, 64, 0).unwrap();
+        let lease = now + 60_000;
+        let first = writer
+            .take_pass(rooms("a", 10, lease), now, lease)
+            .await
+            .unwrap();
+        // m1's `delivered` waits for its `sent`, in flight in this pass.
+        assert_eq!(calls_of(&first), [call("m1", "sent"), call("m2", "sent")]);
+        let read = first[0].stream.expect("a stream read");
+        assert!(read.fresh);
+        let cursors: Vec<Cursor> = first[0].calls.iter().filter_map(|c| c.cursor).collect();
+        assert!(
+            cursors[0] < cursors[1] && read.read == cursors[1],
+            "{cursors:?} {read:?}"
+        );
+        // Another instance, within a's lease: nothing of t's.
+        let other = writer
+            .take_pass(rooms("b", 10, now + 60_000), now, now + 60_000)
+            .await
+            .unwrap();
+        assert!(calls_of(&other).is_empty());
+        // a delivered m1's `sent` (only): the position passes it.
+        writer
+            .record_calls(CallsRecord {
+                positions: vec![("t".into(), cursors[0])],
+                ..CallsRecord::default()
+            })
+            .await
+            .unwrap();
+        // a is gone; once its lease has run out, b reads from the position:
+        // m2's `sent` again (at least once), then m1's `delivered`.
+        let later = writer
+            .take_pass(rooms("b", 10, lease + 60_000), lease + 1, lease + 60_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            calls_of(&later),
+            [call("m2", "sent"), call("m1", "delivered")]
+        );
+        assert!(later[0].stream.expect("read").fresh);
+        // m3's `sent` fails: its row holds m3's `delivered` behind it.
+        write("m3", "sent").await.unwrap();
+        let third = writer
+            .take_pass(rooms("b", 10, lease + 60_000), lease + 2, lease + 60_000)
+            .await
+            .unwrap();
+        assert_eq!(calls_of(&third), [call("m3", "sent")]);
+        let failed = third[0].calls[0].clone();
+        call_failed(
+            db,
+            &failed,
+            "HTTP 500",
+            lease + 3,
+            false,
+            lease + 2,
+            1_000_000,
+        )
+        .await
+        .unwrap();
+        write("m3", "delivered").await.unwrap();
+        let fourth = writer
+            .take_pass(rooms("b", 10, lease + 60_000), lease + 3, lease + 60_000)
+            .await
+            .unwrap();
+        assert_eq!(calls_of(&fourth), [call("m3", "sent")], "the retry, alone");
+        assert_eq!(fourth[0].calls[0].cursor, None, "a retry is a row");
+        let rows: Vec<(String, String, String)> = on_pool!(db, read, |pool| {
+            sqlx::query_as(
+                "SELECT message_id, type, state FROM webhook_deliveries ORDER BY event_id",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        });
+        let row = |m: &str, kind: &str| {
+            (
+                m.to_owned(),
+                format!("message.{kind}"),
+                "pending".to_owned(),
+            )
+        };
+        assert_eq!(rows, [row("m3", "sent"), row("m3", "delivered")]);
+        writer.stop().await;
+        done.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_read_in_order_by_one_instance_at_a_time_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("w.db"), false).await.unwrap();
+        a_stream_is_read_in_order_by_one_instance_at_a_time(&db).await;
     }
 
     #[tokio::test]

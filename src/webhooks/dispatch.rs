@@ -1,5 +1,11 @@
-//! The webhook dispatcher: finds due calls in `webhook_deliveries`, makes
-//! them, and records the outcome.
+//! The webhook dispatcher: reads each endpoint's events from the event log
+//! (its *stream*, see `crate::store::webhooks`) and the failed calls due
+//! again (`webhook_deliveries`), makes the calls, and records the outcome.
+//!
+//! A stream's calls are handed out in event order and end in any order;
+//! the endpoint's position moves past the unbroken run of those that ended
+//! (delivered, or failed and so given a row), written by the recorder in
+//! batches. A delivered event thus costs no write of its own.
 //!
 //! A pass looks for due calls when a delivery outcome has committed (at
 //! most one such pass per 20 ms), when a call ends (its tenant may have
@@ -19,18 +25,19 @@
 //! pool, see [`WebhookClient`]; each answer is read to its end, so its
 //! connection can carry the next call), and an endpoint that offers HTTP/2
 //! in its TLS handshake (ALPN) gets its calls as streams of one
-//! connection. Delivered calls are removed in batches by one recorder
-//! task, so a busy endpoint costs one write per batch rather than one per
-//! call. On SQLite a whole pass (the
-//! tenants with pending calls, and for each its due calls, their leases,
-//! their data and its endpoint) is one piece of the store writer's group,
-//! and the removals another, rather than taking the write lock from the
-//! delivery path. A call is due only when no earlier
-//! event of its message is still waiting, so each message's events arrive
-//! in order. Taking a call moves its
+//! connection. Positions and delivered retries are written in batches by
+//! one recorder task, so a busy endpoint costs one write per batch rather
+//! than one per call. On SQLite a whole pass (the tenants with calls to
+//! make, and for each its due retries, its stream's next events, their
+//! leases, their data and its endpoint) is one piece of the store writer's
+//! group, and the record another, rather than taking the write lock from
+//! the delivery path. A message's later event waits while its earlier one
+//! is in flight or has a failed call's row, so each message's events
+//! arrive in order. A stream is read by one instance at a time, under a
+//! lease on its endpoint's row, and a retry taken moves its
 //! `next_attempt_at` past the call's timeout (a lease): another instance
-//! does not take it meanwhile, and if this one dies, the call is made
-//! again once the lease ends, with the same `webhook-id`. An endpoint
+//! does not take either meanwhile, and if this one dies, the calls are
+//! made again once the lease ends, with the same `webhook-id`. An endpoint
 //! whose calls fail [`PAUSE_AFTER_FAILURES`] times in a row is paused and
 //! then tried one call at a time (see `Pause`).
 
@@ -51,8 +58,8 @@ use crate::config::WebhookSettings;
 use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
-use crate::store::webhooks::{self, DueCall, Webhook};
-use crate::store::{Db, PassRooms, TakenCalls, TenantRoom, Writer};
+use crate::store::webhooks::{self, Cursor, DueCall, Webhook};
+use crate::store::{CallsRecord, Db, PassRooms, StreamRead, TakenCalls, TenantRoom, Writer};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
 /// limit halves instead of growing.
@@ -61,11 +68,14 @@ pub const SLOW_CALL: Duration = Duration::from_secs(1);
 /// Passes that a delivery outcome wakes are at least this far apart.
 const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 
-/// Delivered calls removed per transaction, at most.
+/// Call outcomes recorded per transaction, at most.
 const RECORD_BATCH: usize = 256;
 
 /// Failed calls in a row after which a tenant's endpoint is paused.
 pub const PAUSE_AFTER_FAILURES: u32 = 5;
+
+/// The shortest lease on a stream (see `Dispatcher::stream_lease_ms`).
+const STREAM_LEASE_MIN: Duration = Duration::from_secs(5);
 
 /// How often the gauges of due calls are sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -81,8 +91,13 @@ pub struct Dispatcher {
     /// Resolves names through [`EndpointPolicy`], follows no redirects and
     /// uses no proxy, so a call only reaches an address checked for it.
     client: WebhookClient,
-    /// Event ids being called, by tenant.
-    in_flight: Mutex<HashMap<String, HashSet<i64>>>,
+    /// Names this instance's dispatcher as the reader of the streams it
+    /// holds.
+    owner: String,
+    /// Event ids being called, with their message, by tenant.
+    in_flight: Mutex<HashMap<String, HashMap<i64, String>>>,
+    /// The calls handed out from each stream this instance reads.
+    streams: Mutex<HashMap<String, StreamTrack>>,
     /// `webhooks.concurrency`: calls at once for all tenants.
     slots: Arc<Semaphore>,
     /// Woken when a call ends, so its tenant's next one need not wait for
@@ -94,9 +109,9 @@ pub struct Dispatcher {
     /// Endpoints paused after failing calls in a row, by tenant (see
     /// [`Pause`]).
     pauses: Mutex<HashMap<String, Pause>>,
-    /// Delivered calls (event id, tenant) for the recorder.
-    delivered: mpsc::UnboundedSender<(i64, String)>,
-    recorder: Mutex<Option<mpsc::UnboundedReceiver<(i64, String)>>>,
+    /// Outcomes for the recorder.
+    delivered: mpsc::UnboundedSender<Outcome>,
+    recorder: Mutex<Option<mpsc::UnboundedReceiver<Outcome>>>,
 }
 
 impl Dispatcher {
@@ -115,7 +130,9 @@ impl Dispatcher {
             settings,
             policy,
             client,
+            owner: uuid::Uuid::new_v4().to_string(),
             in_flight: Mutex::default(),
+            streams: Mutex::default(),
             wake: Notify::new(),
         }))
     }
@@ -160,14 +177,23 @@ impl Dispatcher {
     pub async fn pass(self: &Arc<Self>) -> anyhow::Result<()> {
         let now = now_ms();
         let lease_until = now + self.settings.timeout_ms as i64 + 30_000;
-        let taken = self
-            .writer
-            .take_pass(self.rooms(), now, lease_until)
-            .await?;
+        let mut rooms = self.rooms();
+        rooms.stream_until = now + self.stream_lease_ms();
+        let taken = self.writer.take_pass(rooms, now, lease_until).await?;
         for calls in taken {
             self.start(calls).await?;
         }
         Ok(())
+    }
+
+    /// How long a stream read stays this instance's without a pass: ten
+    /// poll intervals, at least [`STREAM_LEASE_MIN`]. Each pass renews it
+    /// while calls are in flight; if this instance dies, another reads the
+    /// stream again from its position once it has run out.
+    fn stream_lease_ms(&self) -> i64 {
+        let ms = self.settings.poll_interval_ms.saturating_mul(10);
+        ms.max(STREAM_LEASE_MIN.as_millis() as u64)
+            .min(i64::MAX as u64) as i64
     }
 
     /// Each tenant's room as of now (see [`PassRooms`]): its limit (one
@@ -183,12 +209,22 @@ impl Dispatcher {
                 let busy = self.busy(&tenant);
                 let limit = self.limit_now(&tenant);
                 let room = limit.saturating_sub(busy.len());
-                (tenant, TenantRoom { busy, room })
+                let (busy, busy_messages) = busy.into_iter().unzip();
+                (
+                    tenant,
+                    TenantRoom {
+                        busy,
+                        busy_messages,
+                        room,
+                    },
+                )
             })
             .collect();
         PassRooms {
             tenants,
             default_room: self.settings.concurrency_per_tenant,
+            owner: self.owner.clone(),
+            stream_until: 0,
         }
     }
 
@@ -211,7 +247,11 @@ impl Dispatcher {
             calls,
             mut data,
             webhook,
+            stream,
         } = taken;
+        if let Some(read) = stream {
+            self.track(&tenant, read, &calls);
+        }
         let limit = self.limit_now(&tenant);
         // As many due as room: the endpoint has a backlog to grow into.
         let backlog = wanted >= room;
@@ -220,8 +260,10 @@ impl Dispatcher {
             let admitted = {
                 let mut in_flight = self.in_flight.lock().expect("in-flight lock");
                 let ids = in_flight.entry(due.tenant_id.clone()).or_default();
-                // Another pass may have got here first and taken its room.
-                ids.len() < limit && ids.insert(due.event_id)
+                // Another pass may have got here first and taken its room;
+                // a stream's call is made anyway (its read has passed it).
+                let room = ids.len() < limit || due.cursor.is_some();
+                room && ids.insert(due.event_id, due.message_id.clone()).is_none()
             };
             if !admitted {
                 self.release(&due).await?;
@@ -231,7 +273,7 @@ impl Dispatcher {
             let webhook = webhook.clone();
             let data = data.remove(&due.event_id).map(MessageView::from);
             tokio::spawn(async move {
-                let (tenant, event_id) = (due.tenant_id.clone(), due.event_id);
+                let (tenant, event_id, cursor) = (due.tenant_id.clone(), due.event_id, due.cursor);
                 let call = Call {
                     due: &due,
                     webhook: webhook.as_deref(),
@@ -241,7 +283,7 @@ impl Dispatcher {
                 if let Err(err) = dispatcher.call(call).await {
                     warn!(%tenant, event_id, error = %format!("{err:#}"), "Could not record a webhook call; it is made again after its lease.");
                 }
-                dispatcher.done(&tenant, event_id);
+                dispatcher.done(&tenant, event_id, cursor);
                 // Room again: the next pass starts now, not at its interval.
                 dispatcher.wake.notify_one();
             });
@@ -251,8 +293,41 @@ impl Dispatcher {
 
     /// Gives back a lease taken but not used: the call is due again now.
     async fn release(&self, due: &DueCall) -> anyhow::Result<()> {
-        webhooks::release_lease(&self.db, due.event_id).await?;
+        if due.cursor.is_none() {
+            webhooks::release_lease(&self.db, due.event_id).await?;
+        }
         Ok(())
+    }
+
+    /// Notes what a pass read of `tenant`'s stream: the calls it handed
+    /// out, in order, and how far it read. A lease taken anew starts the
+    /// count again from the position.
+    fn track(&self, tenant: &str, read: StreamRead, calls: &[DueCall]) {
+        let advanced = {
+            let mut streams = self.streams.lock().expect("streams lock");
+            let track = streams.entry(tenant.to_owned()).or_default();
+            if read.fresh {
+                *track = StreamTrack::default();
+            }
+            track.handed.extend(
+                calls
+                    .iter()
+                    .filter_map(|due| due.cursor)
+                    .map(|at| (at, false)),
+            );
+            track.read = read.read;
+            track.settled()
+        };
+        self.advance(tenant, advanced);
+    }
+
+    /// Hands a stream's new position to the recorder.
+    fn advance(&self, tenant: &str, to: Option<Cursor>) {
+        if let Some(to) = to {
+            let _ = self
+                .delivered
+                .send(Outcome::Advanced(tenant.to_owned(), to));
+        }
     }
 
     /// `tenant`'s current limit of calls at once.
@@ -333,17 +408,29 @@ impl Dispatcher {
         info!(%tenant, pause_ms = length.as_millis() as u64, pauses = pause.pauses, "Webhook endpoint failing: its calls pause, then one call tries it.");
     }
 
-    /// The tenants with calls in flight.
+    /// The tenants with calls in flight, and those whose stream this
+    /// instance reads (its lease is renewed by each pass).
     fn busy_tenants(&self) -> HashSet<String> {
-        self.in_flight
+        let mut tenants: HashSet<String> = self
+            .in_flight
             .lock()
             .expect("in-flight lock")
             .keys()
             .cloned()
-            .collect()
+            .collect();
+        tenants.extend(
+            self.streams
+                .lock()
+                .expect("streams lock")
+                .iter()
+                .filter(|(_, track)| !track.handed.is_empty())
+                .map(|(tenant, _)| tenant.clone()),
+        );
+        tenants
     }
 
-    fn busy(&self, tenant: &str) -> HashSet<i64> {
+    /// `tenant`'s calls in flight: event id and message.
+    fn busy(&self, tenant: &str) -> HashMap<i64, String> {
         self.in_flight
             .lock()
             .expect("in-flight lock")
@@ -352,14 +439,28 @@ impl Dispatcher {
             .unwrap_or_default()
     }
 
-    fn done(&self, tenant: &str, event_id: i64) {
-        let mut in_flight = self.in_flight.lock().expect("in-flight lock");
-        if let Some(ids) = in_flight.get_mut(tenant) {
-            ids.remove(&event_id);
-            if ids.is_empty() {
-                in_flight.remove(tenant);
+    /// A call has ended and its outcome is recorded (a failure's row
+    /// committed): its stream's position may move past it.
+    fn done(&self, tenant: &str, event_id: i64, cursor: Option<Cursor>) {
+        {
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            if let Some(ids) = in_flight.get_mut(tenant) {
+                ids.remove(&event_id);
+                if ids.is_empty() {
+                    in_flight.remove(tenant);
+                }
             }
         }
+        let Some(cursor) = cursor else {
+            return;
+        };
+        let advanced = {
+            let mut streams = self.streams.lock().expect("streams lock");
+            streams
+                .get_mut(tenant)
+                .and_then(|track| track.ended(cursor))
+        };
+        self.advance(tenant, advanced);
     }
 
     /// Makes one call and records how it went.
@@ -432,15 +533,21 @@ impl Dispatcher {
         }
     }
 
-    /// The endpoint or the message is gone: the call is dropped.
+    /// The endpoint or the message is gone: the call is dropped (a
+    /// stream's is passed by its position).
     async fn forget(&self, due: &DueCall) -> anyhow::Result<()> {
+        if due.cursor.is_some() {
+            return Ok(());
+        }
         webhooks::forget_call(&self.db, due.event_id).await
     }
 
-    /// Hands the call to the recorder, which removes it with others.
+    /// Hands the call to the recorder: a retry's row is removed with
+    /// others, and the endpoint is no longer failing.
     async fn delivered(&self, due: &DueCall) -> anyhow::Result<()> {
+        let row = due.cursor.is_none().then_some(due.event_id);
         self.delivered
-            .send((due.event_id, due.tenant_id.clone()))
+            .send(Outcome::Delivered(due.tenant_id.clone(), row))
             .map_err(|_| anyhow::anyhow!("the webhook recorder has stopped"))?;
         let lag = (now_ms() - due.created_at).max(0) as f64 / 1000.0;
         metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "delivered").increment(1);
@@ -487,42 +594,116 @@ impl Dispatcher {
     }
 }
 
-/// Removes delivered calls in batches: whatever has arrived while the
-/// last batch was written goes in the next, up to [`RECORD_BATCH`]. Ends at
+/// What the recorder writes: a call delivered (tenant, and the row of a
+/// retry), or a stream's new position.
+enum Outcome {
+    Delivered(String, Option<i64>),
+    Advanced(String, Cursor),
+}
+
+/// Writes call outcomes in batches: whatever has arrived while the last
+/// batch was written goes in the next, up to [`RECORD_BATCH`]. Ends at
 /// shutdown after writing what it holds. A batch that cannot be written is
 /// logged; its calls are made again once their leases end (at least once).
 async fn record(
     writer: Writer,
-    mut delivered: mpsc::UnboundedReceiver<(i64, String)>,
+    mut outcomes: mpsc::UnboundedReceiver<Outcome>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut batch: Vec<(i64, String)> = Vec::with_capacity(RECORD_BATCH);
+    let mut batch: Vec<Outcome> = Vec::with_capacity(RECORD_BATCH);
     loop {
         let stopping = tokio::select! {
-            got = delivered.recv() => match got {
-                Some(call) => { batch.push(call); false }
+            got = outcomes.recv() => match got {
+                Some(outcome) => { batch.push(outcome); false }
                 None => true,
             },
             _ = shutdown.wait_for(|stop| *stop) => true,
         };
         while batch.len() < RECORD_BATCH {
-            match delivered.try_recv() {
-                Ok(call) => batch.push(call),
+            match outcomes.try_recv() {
+                Ok(outcome) => batch.push(outcome),
                 Err(_) => break,
             }
         }
         if !batch.is_empty() {
-            let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
-            let mut tenants: Vec<String> = batch.drain(..).map(|(_, tenant)| tenant).collect();
-            tenants.sort();
-            tenants.dedup();
-            let count = ids.len();
-            if let Err(err) = writer.calls_delivered(ids, tenants).await {
-                warn!(calls = count, error = %format!("{err:#}"), "Could not record delivered webhook calls; they are made again after their lease.");
+            let count = batch.len();
+            let record = record_of(batch.drain(..));
+            if let Err(err) = writer.record_calls(record).await {
+                warn!(outcomes = count, error = %format!("{err:#}"), "Could not record webhook calls; they are made again after their lease.");
             }
         }
         if stopping {
             return;
+        }
+    }
+}
+
+/// One write's worth of outcomes: rows, healthy tenants, and each
+/// stream's furthest position.
+fn record_of(outcomes: impl Iterator<Item = Outcome>) -> CallsRecord {
+    {
+        let mut record = CallsRecord::default();
+        let mut positions: HashMap<String, Cursor> = HashMap::new();
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Delivered(tenant, row) => {
+                    record.delivered_rows.extend(row);
+                    record.healthy.push(tenant);
+                }
+                Outcome::Advanced(tenant, to) => {
+                    let at = positions.entry(tenant).or_insert(to);
+                    *at = (*at).max(to);
+                }
+            }
+        }
+        record.healthy.sort();
+        record.healthy.dedup();
+        record.positions = positions.into_iter().collect();
+        record
+    }
+}
+
+/// The calls one stream has handed out, in event order, and how far it is
+/// read: what its position may move to.
+#[derive(Debug, Default)]
+struct StreamTrack {
+    /// Each call handed out and not yet passed by the position, with
+    /// whether it has ended.
+    handed: std::collections::VecDeque<(Cursor, bool)>,
+    /// Every event up to here was handed out or needs no call.
+    read: Cursor,
+    /// The last position handed to the recorder.
+    sent: Option<Cursor>,
+}
+
+impl StreamTrack {
+    /// The call at `cursor` has ended; the new position, if it moved.
+    fn ended(&mut self, cursor: Cursor) -> Option<Cursor> {
+        if let Some(call) = self.handed.iter_mut().find(|(at, _)| *at == cursor) {
+            call.1 = true;
+        }
+        self.settled()
+    }
+
+    /// Drops the ended calls at the front; the position past them (the
+    /// read, once none is in flight), if it moved.
+    fn settled(&mut self) -> Option<Cursor> {
+        let mut last = None;
+        while let Some(&(at, true)) = self.handed.front() {
+            last = Some(at);
+            self.handed.pop_front();
+        }
+        let to = if self.handed.is_empty() {
+            Some(self.read)
+        } else {
+            last
+        };
+        match to {
+            Some(to) if self.sent.is_none_or(|sent| to > sent) => {
+                self.sent = Some(to);
+                Some(to)
+            }
+            _ => None,
         }
     }
 }

@@ -29,15 +29,6 @@ fn update(step: Move, set: &str, from: &str, which: &str) -> String {
     )
 }
 
-/// The webhook calls of the events a CTE named `events` inserted, for
-/// tenants subscribed to their types (a disabled endpoint's kept `failed`).
-const CALLS: &str = "calls AS (INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, \
-     type, created_at, next_attempt_at, attempts, state) \
-     SELECT e.id, e.tenant_id, e.message_id, 'message.' || e.event, e.at, e.at, 0, \
-     CASE WHEN w.disabled_at IS NULL THEN 'pending' ELSE 'failed' END \
-     FROM events AS e JOIN webhooks AS w ON w.tenant_id = e.tenant_id \
-     WHERE position(' message.' || e.event || ' ' IN w.events) > 0)";
-
 /// `update` (of [`update`]) as one statement that also writes `step`'s
 /// effects; it yields each moved message's id and attempts.
 fn with_effects(step: Move, update: &str) -> String {
@@ -63,7 +54,6 @@ fn with_effects(step: Move, update: &str) -> String {
              provider_message_id FROM moved WHERE {condition} \
              RETURNING id, tenant_id, message_id, event, at)"
         ));
-        parts.push(CALLS.to_owned());
     }
     if let Some(counter) = effects.counter {
         let (columns, sums) = if counter == "sent" {
@@ -360,28 +350,24 @@ pub(crate) struct EventColumns {
 }
 
 /// Inserts `rows` in their order (so each message's events keep the order
-/// they were reported in), with their webhook calls; an event with a
+/// they were reported in); an event with a
 /// detail (a provider's diagnostic may quote an address) unmarks its
 /// erased message.
 pub(super) async fn events(tx: &mut PgConnection, rows: &EventColumns) -> anyhow::Result<()> {
-    static EVENTS: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "WITH events AS (INSERT INTO message_events (message_id, tenant_id, at, event, status, \
+    const EVENTS: &str = "WITH events AS (INSERT INTO message_events (message_id, tenant_id, at, event, status, \
              attempts, detail, provider_message_id) \
              SELECT u.message_id, u.tenant_id, u.at, u.event, u.status, u.attempts, u.detail, \
              u.provider_message_id FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], \
              $5::text[], $6::bigint[], $7::text[], $8::text[]) WITH ORDINALITY \
              AS u(message_id, tenant_id, at, event, status, attempts, detail, provider_message_id, i) \
-             ORDER BY u.i RETURNING id, tenant_id, message_id, event, at, detail), {CALLS}, \
+             ORDER BY u.i RETURNING message_id, detail), \
              unerased AS (UPDATE messages AS m SET erased_at = NULL FROM events AS e \
              WHERE e.detail IS NOT NULL AND m.id = e.message_id AND m.erased_at IS NOT NULL) \
-             SELECT count(*) FROM events"
-        )
-    });
+             SELECT count(*) FROM events";
     if rows.message_id.is_empty() {
         return Ok(());
     }
-    sqlx::query(EVENTS.as_str())
+    sqlx::query(EVENTS)
         .bind(&rows.message_id)
         .bind(&rows.tenant_id)
         .bind(&rows.at)
@@ -396,8 +382,8 @@ pub(super) async fn events(tx: &mut PgConnection, rows: &EventColumns) -> anyhow
 }
 
 /// An event that changes no status (`name`: `unsubscribed`, …) on
-/// `tenant_id`'s message `message_id`, as its row stands, with its webhook
-/// call; nothing when the message is gone.
+/// `tenant_id`'s message `message_id`, as its row stands; nothing when the
+/// message is gone.
 pub(crate) async fn note(
     tx: &mut PgConnection,
     message_id: &str,
@@ -405,17 +391,13 @@ pub(crate) async fn note(
     name: &str,
     now: i64,
 ) -> anyhow::Result<()> {
-    static NOTE: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "WITH events AS (INSERT INTO message_events (message_id, tenant_id, at, event, status, \
+    const NOTE: &str = "WITH events AS (INSERT INTO message_events (message_id, tenant_id, at, event, status, \
              attempts, detail, provider_message_id) \
              SELECT id, tenant_id, $3, $4, status, attempts, NULL, provider_message_id \
              FROM messages WHERE id = $1 AND tenant_id = $2 \
-             RETURNING id, tenant_id, message_id, event, at), {CALLS} \
-             SELECT count(*) FROM events"
-        )
-    });
-    sqlx::query(NOTE.as_str())
+             RETURNING id) \
+             SELECT count(*) FROM events";
+    sqlx::query(NOTE)
         .bind(message_id)
         .bind(tenant_id)
         .bind(now)

@@ -229,6 +229,88 @@ async fn webhook_counts_tell_the_backlog_and_the_oldest_event_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_stream_is_read_in_order_by_one_instance_at_a_time_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    crate::store::webhooks::tests::a_stream_is_read_in_order_by_one_instance_at_a_time(&db).await;
+    db.close().await;
+}
+
+/// An event's id is taken at insert, not at commit: a stream must not pass
+/// an event whose transaction is still open, though a later one (a higher
+/// id) has committed. Read by id alone, or by (xid, id) without the
+/// snapshot's horizon, the open one would be behind the read once it
+/// commits, and never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_stream_does_not_pass_an_event_still_to_commit() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    let pool = db.postgres().unwrap().pool.clone();
+    for sql in [
+        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
+        "INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
+         VALUES ('t', 't', 'p', 'active', 0, 0)",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    crate::store::webhooks::put(
+        &db,
+        "t",
+        "https://example.com/h",
+        " message.sent ",
+        "s".into(),
+    )
+    .await
+    .unwrap();
+    const EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
+         VALUES ($1, 't', 0, 'sent', 'sent', 1)";
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query(EVENT)
+        .bind("early")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    sqlx::query(EVENT)
+        .bind("late")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (writer, _done) = PgWriter::spawn(db.postgres().unwrap(), 64);
+    let now = now_ms();
+    let rooms = || crate::store::PassRooms {
+        tenants: Default::default(),
+        default_room: 10,
+        owner: "a".into(),
+        stream_until: now + 60_000,
+    };
+    let messages = |taken: Vec<crate::store::TakenCalls>| -> Vec<String> {
+        taken
+            .into_iter()
+            .flat_map(|take| take.calls)
+            .map(|call| call.message_id)
+            .collect()
+    };
+    let before = writer.take_pass(rooms(), now, now + 60_000).await.unwrap();
+    assert!(
+        messages(before).is_empty(),
+        "`late` was read while `early`, before it, had not committed"
+    );
+    open.commit().await.unwrap();
+    // Other tests' transactions on this server may hold the horizon back
+    // a moment: a few passes, until both are read.
+    let mut read = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read.len() < 2 && Instant::now() < deadline {
+        read.extend(messages(
+            writer.take_pass(rooms(), now, now + 60_000).await.unwrap(),
+        ));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(read, ["early", "late"]);
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_send_reads_what_it_is_asked_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;

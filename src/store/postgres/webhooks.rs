@@ -1,22 +1,26 @@
-//! The webhook dispatcher's PostgreSQL statements: a pass's due calls
-//! with their leases, the message data of their events, and the removal of
-//! delivered calls. SQLite does the same in its writer's pieces
-//! (`store::sqlite::hot`). What both share (the endpoint's row, the
+//! The webhook dispatcher's PostgreSQL statements: a pass's due retries
+//! with their leases, its streams' next events under their leases, the
+//! message data of their events, and the record of calls made. SQLite does
+//! the same in its writer's pieces (`store::sqlite::webhooks`). What both share (the endpoint's row, the
 //! snapshot of a message at an event) is in `store::webhooks`.
+
+use std::collections::HashSet;
 
 use sqlx::PgPool;
 
 use super::PgWriter;
-use crate::store::delivery::{PassRooms, TakenCalls};
+use crate::store::delivery::{CallsRecord, PassRooms, StreamRead, TakenCalls, TenantRoom};
 use crate::store::messages::MessageRecord;
 use crate::store::webhooks::{
-    DueCall, PENDING_TENANTS, SnapshotRow, WEBHOOK_OF, Webhook, record_at_event,
+    Cursor, DueCall, HOLD, PENDING_TENANTS, STREAM_TENANTS, SnapshotRow, WEBHOOK_OF, Webhook,
+    record_at_event,
 };
 
 impl PgWriter {
     /// See [`crate::store::Writer::take_pass`]: a statement finds the
-    /// tenants with pending calls, and for each one statement finds and
-    /// leases its calls, one reads their data and one its endpoint.
+    /// tenants with calls to make; for each, one statement finds and
+    /// leases its due retries, a transaction takes its stream's lease and
+    /// next events, one statement reads their data and one its endpoint.
     pub(crate) async fn take_pass(
         &self,
         rooms: PassRooms,
@@ -24,17 +28,44 @@ impl PgWriter {
         lease_until: i64,
     ) -> anyhow::Result<Vec<TakenCalls>> {
         let pool = self.pool();
-        let tenants: Vec<Option<String>> =
-            sqlx::query_scalar(PENDING_TENANTS).fetch_all(pool).await?;
+        let mut tenants: Vec<String> = sqlx::query_scalar::<_, Option<String>>(PENDING_TENANTS)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        let streams: Vec<String> = sqlx::query_scalar(STREAM_TENANTS)
+            .bind(now)
+            .fetch_all(pool)
+            .await?;
+        tenants.extend(streams);
+        // A stream this instance reads with calls in flight: its lease is
+        // renewed even when nothing new has come.
+        tenants.extend(rooms.tenants.keys().cloned());
+        tenants.sort();
+        tenants.dedup();
         let mut taken = Vec::new();
-        for tenant in tenants.into_iter().flatten() {
+        for tenant in tenants {
             let (busy, room) = rooms.of(&tenant);
-            if room == 0 {
-                continue;
-            }
-            let busy: Vec<i64> = busy.into_iter().flatten().copied().collect();
-            let calls = take_due(pool, &tenant, &busy, room, now, lease_until).await?;
-            if calls.is_empty() {
+            let busy_ids: Vec<i64> = busy
+                .map(|busy| busy.busy.iter().copied().collect())
+                .unwrap_or_default();
+            let mut calls = if room > 0 {
+                take_due(pool, &tenant, &busy_ids, room, now, lease_until).await?
+            } else {
+                Vec::new()
+            };
+            let retries = calls.len();
+            let stream = StreamPass {
+                tenant: &tenant,
+                owner: &rooms.owner,
+                busy,
+                room: room - retries,
+                now,
+                lease_until: rooms.stream_until,
+            };
+            let read = read_stream(pool, &stream, &mut calls).await?;
+            if calls.is_empty() && read.is_none() {
                 continue;
             }
             let ids: Vec<i64> = calls.iter().map(|due| due.event_id).collect();
@@ -50,19 +81,160 @@ impl PgWriter {
                 calls,
                 data,
                 webhook,
+                stream: read,
             });
         }
         Ok(taken)
     }
 
-    /// See [`crate::store::Writer::calls_delivered`].
-    pub(crate) async fn calls_delivered(
-        &self,
-        event_ids: &[i64],
-        tenant_ids: &[String],
-    ) -> anyhow::Result<()> {
-        calls_delivered(self.pool(), event_ids, tenant_ids).await
+    /// See [`crate::store::Writer::record_calls`].
+    pub(crate) async fn record_calls(&self, record: &CallsRecord) -> anyhow::Result<()> {
+        record_calls(self.pool(), record).await
     }
+}
+
+/// One tenant's stream in a pass.
+struct StreamPass<'a> {
+    tenant: &'a str,
+    owner: &'a str,
+    busy: Option<&'a TenantRoom>,
+    /// Calls it may still start.
+    room: usize,
+    now: i64,
+    lease_until: i64,
+}
+
+/// Takes (or keeps) the lease on the tenant's stream (`$1`) for `$2` (now
+/// `$3`, until `$4`); a lease taken anew (not `kept`) reads again from the
+/// position. No row when the endpoint is disabled, absent, or read by
+/// another instance.
+const CLAIM: &str = "UPDATE webhooks AS w SET stream_owner = $2, stream_until = $4, \
+     read_xid = CASE WHEN o.kept THEN w.read_xid ELSE w.position_xid END, \
+     read_id = CASE WHEN o.kept THEN w.read_id ELSE w.position_id END \
+     FROM (SELECT tenant_id, COALESCE(stream_owner = $2 AND stream_until > $3, FALSE) AS kept \
+           FROM webhooks WHERE tenant_id = $1 AND disabled_at IS NULL \
+           AND (stream_owner IS NULL OR stream_owner = $2 OR stream_until <= $3) FOR UPDATE) AS o \
+     WHERE w.tenant_id = o.tenant_id \
+     RETURNING o.kept, w.read_xid, w.read_id, w.events";
+
+/// Up to `$5` of tenant `$1`'s events past (`$2`, `$3`) that the endpoint
+/// (events `$4`) wants, in stream order, each with whether its message has
+/// a failed call's row; then one row (`top`) with the newest event the
+/// stream may pass. Only events of transactions older than every one still
+/// running: none can commit behind them. One statement, so one snapshot.
+const NEXT_EVENTS: &str = "WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin), \
+     picked AS (SELECT e.xid, e.id, e.message_id, e.event, e.at, \
+                EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.message_id = e.message_id) AS held \
+                FROM message_events AS e, horizon \
+                WHERE e.tenant_id = $1 AND (e.xid, e.id) > ($2, $3) AND e.xid < horizon.xmin \
+                AND strpos($4, ' message.' || e.event || ' ') > 0 \
+                ORDER BY e.xid, e.id LIMIT $5), \
+     top AS (SELECT e.xid, e.id FROM message_events AS e, horizon \
+             WHERE e.tenant_id = $1 AND e.xid < horizon.xmin ORDER BY e.xid DESC, e.id DESC LIMIT 1) \
+     SELECT xid, id, message_id, event, at, held, FALSE AS top FROM picked \
+     UNION ALL SELECT xid, id, '', '', 0, FALSE, TRUE FROM top";
+
+/// A row of [`NEXT_EVENTS`].
+#[derive(sqlx::FromRow)]
+struct NextEvent {
+    xid: i64,
+    id: i64,
+    message_id: String,
+    event: String,
+    at: i64,
+    held: bool,
+    top: bool,
+}
+
+/// Takes (or keeps) the lease on the tenant's stream and reads up to its
+/// room of the events its endpoint wants past the read, in order: each one
+/// becomes a call, or a row held behind its message's failed call; the
+/// read stops before an event whose message has a call in flight. None
+/// when the endpoint is disabled, absent, or read by another instance.
+async fn read_stream(
+    pool: &PgPool,
+    stream: &StreamPass<'_>,
+    calls: &mut Vec<DueCall>,
+) -> anyhow::Result<Option<StreamRead>> {
+    // A lease or a read lost in a crash only makes calls again.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    let claimed: Option<(bool, i64, i64, String)> = sqlx::query_as(CLAIM)
+        .bind(stream.tenant)
+        .bind(stream.owner)
+        .bind(stream.now)
+        .bind(stream.lease_until)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some((kept, read_xid, read_id, events)) = claimed else {
+        tx.commit().await?;
+        return Ok(None);
+    };
+    let mut read: Cursor = (read_xid, read_id);
+    if stream.room > 0 {
+        let next: Vec<NextEvent> = sqlx::query_as(NEXT_EVENTS)
+            .bind(stream.tenant)
+            .bind(read.0)
+            .bind(read.1)
+            .bind(&events)
+            .bind(stream.room as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        let (tops, next): (Vec<NextEvent>, Vec<NextEvent>) =
+            next.into_iter().partition(|event| event.top);
+        let mut next = next;
+        next.sort_by_key(|event| (event.xid, event.id));
+        let whole = next.len() < stream.room;
+        let mut stopped = false;
+        let mut busy: HashSet<&str> = stream
+            .busy
+            .map(|busy| busy.busy_messages.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        for event in &next {
+            if event.held {
+                sqlx::query(HOLD)
+                    .bind(event.id)
+                    .bind(stream.tenant)
+                    .bind(&event.message_id)
+                    .bind(&event.event)
+                    .bind(event.at)
+                    .execute(&mut *tx)
+                    .await?;
+            } else if busy.contains(event.message_id.as_str()) {
+                stopped = true;
+                break;
+            } else {
+                calls.push(DueCall {
+                    event_id: event.id,
+                    tenant_id: stream.tenant.to_owned(),
+                    message_id: event.message_id.clone(),
+                    kind: format!("message.{}", event.event),
+                    created_at: event.at,
+                    attempts: 0,
+                    cursor: Some((event.xid, event.id)),
+                });
+                busy.insert(&event.message_id);
+            }
+            read = (event.xid, event.id);
+        }
+        if whole
+            && !stopped
+            && let Some(top) = tops.first()
+        {
+            // Nothing more it wants: the read passes the events it does not.
+            read = read.max((top.xid, top.id));
+        }
+    }
+    sqlx::query("UPDATE webhooks SET read_xid = $2, read_id = $3 WHERE tenant_id = $1")
+        .bind(stream.tenant)
+        .bind(read.0)
+        .bind(read.1)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(StreamRead { fresh: !kept, read }))
 }
 
 /// Finds up to `room` of the tenant's calls due at `now`
@@ -114,6 +286,7 @@ pub(super) async fn take_due(
                 kind,
                 created_at,
                 attempts,
+                cursor: None,
             },
         )
     })
@@ -123,32 +296,42 @@ pub(super) async fn take_due(
     Ok(taken.into_iter().map(|(_, call)| call).collect())
 }
 
-/// Calls that succeeded: they are removed and their tenants' endpoints are
-/// healthy again, in one transaction for the lot (SQLite's removals are a
-/// piece of its writer, `sqlite::hot::calls_delivered`).
-pub(super) async fn calls_delivered(
-    pool: &PgPool,
-    event_ids: &[i64],
-    tenant_ids: &[String],
-) -> anyhow::Result<()> {
-    // A removal lost in a crash only makes its calls again, with the same
+/// See [`crate::store::Writer::record_calls`], in one transaction for the
+/// lot (SQLite's is a piece of its writer, `sqlite::webhooks::record_calls`).
+pub(super) async fn record_calls(pool: &PgPool, record: &CallsRecord) -> anyhow::Result<()> {
+    // A record lost in a crash only makes its calls again, with the same
     // `webhook-id` (delivery is at least once), so its commit does not
     // wait for the WAL to reach the disk.
     let mut tx = pool.begin().await?;
     sqlx::query("SET LOCAL synchronous_commit = off")
         .execute(&mut *tx)
         .await?;
-    sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
-        .bind(event_ids)
+    if !record.delivered_rows.is_empty() {
+        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ANY($1)")
+            .bind(&record.delivered_rows)
+            .execute(&mut *tx)
+            .await?;
+    }
+    if !record.healthy.is_empty() {
+        sqlx::query(
+            "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
+             WHERE tenant_id = ANY($1) AND failing_since IS NOT NULL",
+        )
+        .bind(&record.healthy)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(
-        "UPDATE webhooks SET failing_since = NULL, last_error = NULL \
-         WHERE tenant_id = ANY($1) AND failing_since IS NOT NULL",
-    )
-    .bind(tenant_ids)
-    .execute(&mut *tx)
-    .await?;
+    }
+    for (tenant, (xid, id)) in &record.positions {
+        sqlx::query(
+            "UPDATE webhooks SET position_xid = $2, position_id = $3 \
+             WHERE tenant_id = $1 AND (position_xid, position_id) < ($2, $3)",
+        )
+        .bind(tenant)
+        .bind(xid)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    }
     tx.commit().await?;
     Ok(())
 }

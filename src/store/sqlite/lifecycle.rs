@@ -114,9 +114,9 @@ pub(crate) struct Event<'a> {
     pub provider_message_id: Option<&'a str>,
 }
 
-/// Writes `event`, its webhook call for a tenant subscribed to its type (a
-/// disabled endpoint's is kept `failed`), and, when it carries a detail (a
-/// provider's diagnostic may quote an address), unmarks an erased message.
+/// Writes `event` (a tenant's webhook endpoint reads it from there, see
+/// `store::webhooks`) and, when it carries a detail (a provider's
+/// diagnostic may quote an address), unmarks an erased message.
 pub(crate) fn event(tx: &Connection, event: &Event) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts, detail, provider_message_id) \
@@ -132,14 +132,6 @@ pub(crate) fn event(tx: &Connection, event: &Event) -> rusqlite::Result<()> {
         event.detail,
         event.provider_message_id
     ])?;
-    let id = tx.last_insert_rowid();
-    tx.prepare_cached(
-        "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, next_attempt_at, attempts, state) \
-         SELECT ?1, ?2, ?3, 'message.' || ?4, ?5, ?5, 0, \
-                CASE WHEN disabled_at IS NULL THEN 'pending' ELSE 'failed' END \
-           FROM webhooks WHERE tenant_id = ?2 AND instr(events, ' message.' || ?4 || ' ') > 0",
-    )?
-    .execute(params![id, event.tenant_id, event.message_id, event.name, event.at])?;
     if event.detail.is_some() {
         tx.prepare_cached(
             "UPDATE messages SET erased_at = NULL WHERE id = ?1 AND erased_at IS NOT NULL",

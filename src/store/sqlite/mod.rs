@@ -17,6 +17,7 @@
 pub(crate) mod hot;
 pub(crate) mod lifecycle;
 mod readers;
+pub(crate) mod webhooks;
 pub mod writer;
 
 use std::path::Path;
