@@ -763,6 +763,11 @@ backend = "redis"
 redis_url = "{redis_url}"
 key_prefix = "{prefix}"
 
+[webhooks]
+allow_http = true
+allow_private = ["127.0.0.1/32"]
+poll_interval_ms = 200
+
 [providers.sms]
 kind = "http"
 base_url = "{sms_url}"
@@ -1798,4 +1803,113 @@ async fn a_temporary_test_recipient_is_sent_on_its_second_attempt_by_another_ins
     assert_eq!(view["attempts"], 2, "one failure, then sent: {view}");
     assert!(view["sent_at"].is_string(), "{view}");
     assert_eq!(view["test"], true, "{view}");
+}
+
+/// A webhook endpoint that notes when each call arrived (and which
+/// message it carries) and answers 200 after [`HookEndpoint::DELAY`].
+#[derive(Clone, Default)]
+struct HookEndpoint(Arc<Mutex<Vec<(Instant, String)>>>);
+
+impl HookEndpoint {
+    const DELAY: Duration = Duration::from_millis(1000);
+
+    /// The messages whose call was answered before `at` or arrived after
+    /// it: a call in flight at `at` (killed with its instance) is not one.
+    fn answered_around(&self, at: Instant) -> HashSet<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(arrived, _)| *arrived + Self::DELAY <= at || *arrived > at)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+}
+
+impl wiremock::Respond for HookEndpoint {
+    fn respond(&self, call: &wiremock::Request) -> wiremock::ResponseTemplate {
+        let body: Value = serde_json::from_slice(&call.body).unwrap_or_default();
+        let id = body["data"]["id"].as_str().unwrap_or_default().to_owned();
+        self.0.lock().unwrap().push((Instant::now(), id));
+        wiremock::ResponseTemplate::new(200).set_delay(Self::DELAY)
+    }
+}
+
+/// Three instances on PostgreSQL and a tenant with a webhook on
+/// `message.sent`: one instance at a time reads the tenant's events. Killed
+/// (kill -9) while its calls are in flight, it loses none: once its lease
+/// has run out another instance reads again from the stream's position, so
+/// every message's event reaches the endpoint (at least once), those whose
+/// call was cut short by the kill included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_instance_that_reads_a_webhook_stream_loses_no_event() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer};
+    const MESSAGES: usize = 60;
+    let mut cluster = Cluster::start().await;
+    let key = cluster.tenant_with_key("acme", "hooks", 100.0, 100).await;
+    let endpoint = MockServer::start().await;
+    let calls = HookEndpoint::default();
+    Mock::given(method("POST"))
+        .respond_with(calls.clone())
+        .mount(&endpoint)
+        .await;
+    let answer = cluster
+        .api
+        .client
+        .put(cluster.api.url(A, "/v1/webhook"))
+        .bearer_auth(&key)
+        .json(&json!({"url": endpoint.uri(), "events": ["message.sent"]}))
+        .send()
+        .await
+        .expect("PUT /v1/webhook");
+    assert_eq!(answer.status(), StatusCode::CREATED, "set the webhook");
+    let mut ids = Vec::new();
+    for n in 0..MESSAGES {
+        let answer = cluster
+            .api
+            .send(n % NAMES.len(), &key, &format!("hook {n}"))
+            .await;
+        ids.push(answer.expect("send").id());
+    }
+    // The instance whose dispatcher has delivered calls reads the stream.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reader = 'found: loop {
+        for on in 0..NAMES.len() {
+            let delivered = cluster
+                .api
+                .metric_sum(on, "fairlane_webhook_attempts_total", &["delivered"])
+                .await;
+            if delivered >= 5.0 {
+                break 'found on;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no instance delivered a webhook call"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.kill(reader);
+    let killed = Instant::now();
+    let readers: Vec<usize> = (0..NAMES.len()).filter(|on| *on != reader).collect();
+    cluster
+        .api
+        .wait_all_sent(&key, &ids, &readers, Duration::from_secs(60))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let missing = loop {
+        let got = calls.answered_around(killed);
+        let missing: Vec<&String> = ids.iter().filter(|id| !got.contains(*id)).collect();
+        if missing.is_empty() || Instant::now() > deadline {
+            break missing.len();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        missing, 0,
+        "{missing} of {MESSAGES} messages' `message.sent` never reached the endpoint after \
+         instance {} was killed",
+        NAMES[reader]
+    );
 }
