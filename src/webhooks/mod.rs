@@ -2,10 +2,11 @@
 //! types it wants; fairlane POSTs every such event to it, signed to the
 //! Standard Webhooks specification ([`sign`]).
 //!
-//! Delivery is durable: the call to make is a `webhook_deliveries` row,
-//! written by the store in the same transaction as the event itself (see
-//! `crate::store::lifecycle`), and deleted only once the endpoint answered
-//! 2xx. [`dispatch`] makes the calls: at least once, with the same
+//! Delivery is durable: the calls to make are the tenant's events
+//! themselves, which the store's lifecycle writes with each status change;
+//! each endpoint keeps a position in them, and only a call that failed gets
+//! a `webhook_deliveries` row (see `crate::store::webhooks`). [`dispatch`]
+//! makes the calls: at least once, with the same
 //! `webhook-id` on every attempt, in event order for each message, with
 //! backoff, and with a bound on the calls to each tenant's endpoint so a
 //! slow or dead endpoint delays only its own tenant. An endpoint that
