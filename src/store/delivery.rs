@@ -118,3 +118,101 @@ pub struct Called<'a> {
     /// message is not sent by two providers.
     pub pinned: bool,
 }
+
+/// The tenants a dispatcher pass visits: those with failed calls due
+/// (`pending`), those whose stream has something to read (`streams`), and
+/// those the dispatcher holds state for (a stream with calls in flight has
+/// its lease renewed even when nothing new has come); each once.
+pub(crate) fn tenants_to_visit(
+    pending: Vec<Option<String>>,
+    streams: Vec<String>,
+    rooms: &PassRooms,
+) -> Vec<String> {
+    let mut tenants: Vec<String> = pending.into_iter().flatten().collect();
+    tenants.extend(streams);
+    tenants.extend(rooms.tenants.keys().cloned());
+    tenants.sort();
+    tenants.dedup();
+    tenants
+}
+
+/// One tenant's stream in a dispatcher pass.
+pub(crate) struct StreamPass<'a> {
+    pub tenant: &'a str,
+    /// This instance's dispatcher.
+    pub owner: &'a str,
+    pub busy: Option<&'a TenantRoom>,
+    /// Calls it may still start.
+    pub room: usize,
+    pub now: i64,
+    /// The lease's end, if this pass takes or keeps it.
+    pub lease_until: i64,
+}
+
+/// An event a stream read found past its read, wanted by its endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct NextEvent {
+    pub cursor: Cursor,
+    pub message_id: String,
+    /// The event's word (`sent`, `delivered`, …).
+    pub event: String,
+    pub at: i64,
+    /// Its message has a failed call's row: the event waits behind it.
+    pub held: bool,
+}
+
+/// What a stream read makes of the events it found.
+#[derive(Debug, Default)]
+pub(crate) struct ReadPlan {
+    /// The calls to make, in order.
+    pub calls: Vec<DueCall>,
+    /// The events to hold, as rows, behind their message's failed call.
+    pub holds: Vec<NextEvent>,
+    /// How far the stream is read after this.
+    pub read: Cursor,
+}
+
+impl StreamPass<'_> {
+    /// Plans a read from `read` over `next` (in stream order, at most the
+    /// room) and `top`, the newest event the stream may pass: each event
+    /// becomes a call, or a row held behind its message's failed call;
+    /// the read stops before an event whose message has a call in flight
+    /// or taken just before (its earlier event's call must end first).
+    /// When fewer than the room were found and none stopped the read, it
+    /// passes up to `top` (the events the endpoint does not want).
+    pub(crate) fn plan(&self, read: Cursor, next: Vec<NextEvent>, top: Option<Cursor>) -> ReadPlan {
+        let whole = next.len() < self.room;
+        let mut busy: std::collections::HashSet<String> = self
+            .busy
+            .map(|busy| busy.busy_messages.clone())
+            .unwrap_or_default();
+        let mut plan = ReadPlan {
+            read,
+            ..ReadPlan::default()
+        };
+        for event in next {
+            if event.held {
+                plan.read = event.cursor;
+                plan.holds.push(event);
+                continue;
+            }
+            if !busy.insert(event.message_id.clone()) {
+                return plan;
+            }
+            plan.read = event.cursor;
+            plan.calls.push(DueCall {
+                event_id: event.cursor.1,
+                tenant_id: self.tenant.to_owned(),
+                message_id: event.message_id,
+                kind: format!("message.{}", event.event),
+                created_at: event.at,
+                attempts: 0,
+                cursor: Some(event.cursor),
+            });
+        }
+        if whole && let Some(top) = top {
+            plan.read = plan.read.max(top);
+        }
+        plan
+    }
+}

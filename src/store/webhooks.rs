@@ -751,6 +751,24 @@ pub(crate) mod tests {
                     .execute(&mut *tx)
                     .await?;
             });
+            // On PostgreSQL a stream reads an event once every transaction
+            // older than it has ended; other tests' transactions on the
+            // same server may hold that back a moment.
+            if let Some(pg) = db.postgres() {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                loop {
+                    let settled: bool = sqlx::query_scalar(
+                        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint \
+                         > (SELECT MAX(xid) FROM message_events)",
+                    )
+                    .fetch_one(&pg.pool)
+                    .await?;
+                    if settled || std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
             anyhow::Ok(())
         };
         write("m0", "sent").await.unwrap();

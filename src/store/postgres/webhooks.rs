@@ -4,12 +4,12 @@
 //! the same in its writer's pieces (`store::sqlite::webhooks`). What both share (the endpoint's row, the
 //! snapshot of a message at an event) is in `store::webhooks`.
 
-use std::collections::HashSet;
-
 use sqlx::PgPool;
 
 use super::PgWriter;
-use crate::store::delivery::{CallsRecord, PassRooms, StreamRead, TakenCalls, TenantRoom};
+use crate::store::delivery::{
+    CallsRecord, NextEvent, PassRooms, StreamPass, StreamRead, TakenCalls, tenants_to_visit,
+};
 use crate::store::messages::MessageRecord;
 use crate::store::webhooks::{
     Cursor, DueCall, HOLD, PENDING_TENANTS, STREAM_TENANTS, SnapshotRow, WEBHOOK_OF, Webhook,
@@ -28,22 +28,13 @@ impl PgWriter {
         lease_until: i64,
     ) -> anyhow::Result<Vec<TakenCalls>> {
         let pool = self.pool();
-        let mut tenants: Vec<String> = sqlx::query_scalar::<_, Option<String>>(PENDING_TENANTS)
-            .fetch_all(pool)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        let pending: Vec<Option<String>> =
+            sqlx::query_scalar(PENDING_TENANTS).fetch_all(pool).await?;
         let streams: Vec<String> = sqlx::query_scalar(STREAM_TENANTS)
             .bind(now)
             .fetch_all(pool)
             .await?;
-        tenants.extend(streams);
-        // A stream this instance reads with calls in flight: its lease is
-        // renewed even when nothing new has come.
-        tenants.extend(rooms.tenants.keys().cloned());
-        tenants.sort();
-        tenants.dedup();
+        let tenants = tenants_to_visit(pending, streams, &rooms);
         let mut taken = Vec::new();
         for tenant in tenants {
             let (busy, room) = rooms.of(&tenant);
@@ -93,17 +84,6 @@ impl PgWriter {
     }
 }
 
-/// One tenant's stream in a pass.
-struct StreamPass<'a> {
-    tenant: &'a str,
-    owner: &'a str,
-    busy: Option<&'a TenantRoom>,
-    /// Calls it may still start.
-    room: usize,
-    now: i64,
-    lease_until: i64,
-}
-
 /// Takes (or keeps) the lease on the tenant's stream (`$1`) for `$2` (now
 /// `$3`, until `$4`); a lease taken anew (not `kept`) reads again from the
 /// position. No row when the endpoint is disabled, absent, or read by
@@ -136,7 +116,7 @@ const NEXT_EVENTS: &str = "WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_s
 
 /// A row of [`NEXT_EVENTS`].
 #[derive(sqlx::FromRow)]
-struct NextEvent {
+struct NextRow {
     xid: i64,
     id: i64,
     message_id: String,
@@ -147,10 +127,10 @@ struct NextEvent {
 }
 
 /// Takes (or keeps) the lease on the tenant's stream and reads up to its
-/// room of the events its endpoint wants past the read, in order: each one
-/// becomes a call, or a row held behind its message's failed call; the
-/// read stops before an event whose message has a call in flight. None
-/// when the endpoint is disabled, absent, or read by another instance.
+/// room of the events its endpoint wants past the read, in order, as
+/// [`StreamPass::plan`] says: calls, and rows held behind a failed call.
+/// None when the endpoint is disabled, absent, or read by another
+/// instance.
 async fn read_stream(
     pool: &PgPool,
     stream: &StreamPass<'_>,
@@ -174,7 +154,7 @@ async fn read_stream(
     };
     let mut read: Cursor = (read_xid, read_id);
     if stream.room > 0 {
-        let next: Vec<NextEvent> = sqlx::query_as(NEXT_EVENTS)
+        let found: Vec<NextRow> = sqlx::query_as(NEXT_EVENTS)
             .bind(stream.tenant)
             .bind(read.0)
             .bind(read.1)
@@ -182,50 +162,35 @@ async fn read_stream(
             .bind(stream.room as i64)
             .fetch_all(&mut *tx)
             .await?;
-        let (tops, next): (Vec<NextEvent>, Vec<NextEvent>) =
-            next.into_iter().partition(|event| event.top);
-        let mut next = next;
-        next.sort_by_key(|event| (event.xid, event.id));
-        let whole = next.len() < stream.room;
-        let mut stopped = false;
-        let mut busy: HashSet<&str> = stream
-            .busy
-            .map(|busy| busy.busy_messages.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        for event in &next {
-            if event.held {
-                sqlx::query(HOLD)
-                    .bind(event.id)
-                    .bind(stream.tenant)
-                    .bind(&event.message_id)
-                    .bind(&event.event)
-                    .bind(event.at)
-                    .execute(&mut *tx)
-                    .await?;
-            } else if busy.contains(event.message_id.as_str()) {
-                stopped = true;
-                break;
-            } else {
-                calls.push(DueCall {
-                    event_id: event.id,
-                    tenant_id: stream.tenant.to_owned(),
-                    message_id: event.message_id.clone(),
-                    kind: format!("message.{}", event.event),
-                    created_at: event.at,
-                    attempts: 0,
-                    cursor: Some((event.xid, event.id)),
-                });
-                busy.insert(&event.message_id);
-            }
-            read = (event.xid, event.id);
+        let top = found
+            .iter()
+            .find(|row| row.top)
+            .map(|row| (row.xid, row.id));
+        let mut next: Vec<NextEvent> = found
+            .into_iter()
+            .filter(|row| !row.top)
+            .map(|row| NextEvent {
+                cursor: (row.xid, row.id),
+                message_id: row.message_id,
+                event: row.event,
+                at: row.at,
+                held: row.held,
+            })
+            .collect();
+        next.sort_by_key(|event| event.cursor);
+        let plan = stream.plan(read, next, top);
+        for event in &plan.holds {
+            sqlx::query(HOLD)
+                .bind(event.cursor.1)
+                .bind(stream.tenant)
+                .bind(&event.message_id)
+                .bind(&event.event)
+                .bind(event.at)
+                .execute(&mut *tx)
+                .await?;
         }
-        if whole
-            && !stopped
-            && let Some(top) = tops.first()
-        {
-            // Nothing more it wants: the read passes the events it does not.
-            read = read.max((top.xid, top.id));
-        }
+        calls.extend(plan.calls);
+        read = plan.read;
     }
     sqlx::query("UPDATE webhooks SET read_xid = $2, read_id = $3 WHERE tenant_id = $1")
         .bind(stream.tenant)

@@ -6,12 +6,12 @@
 //! (the endpoint's row, the stream's statements, the snapshot of a message
 //! at an event) is in `store::webhooks`.
 
-use std::collections::HashSet;
-
 use rusqlite::{OptionalExtension, Transaction};
 
 use super::writer::StoreWriter;
-use crate::store::delivery::{CallsRecord, PassRooms, StreamRead, TenantRoom};
+use crate::store::delivery::{
+    CallsRecord, NextEvent, PassRooms, StreamPass, StreamRead, TenantRoom, tenants_to_visit,
+};
 use crate::store::webhooks::{
     Cursor, DUE_CALLS, DueCall, HOLD, PENDING_TENANTS, SNAPSHOT, STREAM_TENANTS, SnapshotRow,
     WEBHOOK_OF, Webhook,
@@ -45,28 +45,22 @@ pub(crate) async fn take_pass(
 ) -> anyhow::Result<Vec<TenantTake>> {
     writer
         .run(move |tx| {
-            let mut tenants: Vec<String> = tx
+            let pending: Vec<Option<String>> = tx
                 .prepare_cached(PENDING_TENANTS)?
-                .query_map([], |row| row.get::<_, Option<String>>(0))?
-                .filter_map(Result::transpose)
+                .query_map([], |row| row.get(0))?
                 .collect::<Result<_, _>>()?;
             let streams: Vec<String> = tx
                 .prepare_cached(STREAM_TENANTS)?
                 .query_map([now], |row| row.get(0))?
                 .collect::<Result<_, _>>()?;
-            tenants.extend(streams);
-            // A stream this instance reads with calls in flight: its lease
-            // is renewed even when nothing new has come.
-            tenants.extend(rooms.tenants.keys().cloned());
-            tenants.sort();
-            tenants.dedup();
+            let tenants = tenants_to_visit(pending, streams, &rooms);
             let mut taken = Vec::new();
             for tenant in tenants {
                 let (busy, room) = rooms.of(&tenant);
                 let (wanted, mut calls, mut rows) =
                     take_retries(tx, &tenant, busy, room, now, lease_until)?;
                 let retries = calls.len();
-                let stream = Stream {
+                let stream = StreamPass {
                     tenant: &tenant,
                     owner: &rooms.owner,
                     busy,
@@ -148,26 +142,14 @@ fn take_retries(
     Ok((wanted.len(), taken, data))
 }
 
-/// One tenant's stream in a pass.
-struct Stream<'a> {
-    tenant: &'a str,
-    owner: &'a str,
-    busy: Option<&'a TenantRoom>,
-    /// Calls it may still start.
-    room: usize,
-    now: i64,
-    lease_until: i64,
-}
-
 /// Takes (or keeps) the lease on the tenant's stream and reads up to its
-/// room of the events its endpoint wants past the read, in order: each one
-/// becomes a call, or a row held behind its message's failed call; the
-/// read stops before an event whose message has a call in flight (its
-/// earlier event's call must end first). None when the endpoint is
-/// disabled, absent, or read by another instance.
+/// room of the events its endpoint wants past the read, in order, as
+/// [`StreamPass::plan`] says: calls (with their data rows) and rows held
+/// behind a failed call. None when the endpoint is disabled, absent, or
+/// read by another instance.
 fn read_stream(
     tx: &Transaction,
-    stream: &Stream,
+    stream: &StreamPass,
     calls: &mut Vec<DueCall>,
     rows: &mut Vec<(i64, SnapshotRow)>,
 ) -> rusqlite::Result<Option<StreamRead>> {
@@ -196,14 +178,12 @@ fn read_stream(
     }
     let fresh = !mine;
     let mut read = if fresh { position } else { read };
-    let mut busy_messages: HashSet<&str> = stream
-        .busy
-        .map(|busy| busy.busy_messages.iter().map(String::as_str).collect())
-        .unwrap_or_default();
     if stream.room > 0 {
-        let next: Vec<(Cursor, String, String, i64)> = tx
+        let next: Vec<NextEvent> = tx
             .prepare_cached(
-                "SELECT e.xid, e.id, e.message_id, e.event, e.at FROM message_events AS e \
+                "SELECT e.xid, e.id, e.message_id, e.event, e.at, \
+                 EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.message_id = e.message_id) \
+                 FROM message_events AS e \
                  WHERE e.tenant_id = ?1 AND (e.xid, e.id) > (?2, ?3) \
                  AND instr(?4, ' message.' || e.event || ' ') > 0 \
                  ORDER BY e.xid, e.id LIMIT ?5",
@@ -211,61 +191,50 @@ fn read_stream(
             .query_map(
                 rusqlite::params![stream.tenant, read.0, read.1, events, stream.room as i64],
                 |row| {
-                    Ok((
-                        (row.get(0)?, row.get(1)?),
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                    ))
+                    Ok(NextEvent {
+                        cursor: (row.get(0)?, row.get(1)?),
+                        message_id: row.get(2)?,
+                        event: row.get(3)?,
+                        at: row.get(4)?,
+                        held: row.get(5)?,
+                    })
                 },
             )?
             .collect::<Result<_, _>>()?;
-        let whole = next.len() < stream.room;
-        let mut stopped = false;
-        let mut has_row = tx.prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE message_id = ?1)",
-        )?;
+        // Fewer than the room: the read may pass what the endpoint does
+        // not want, up to the tenant's newest event.
+        let top: Option<Cursor> = if next.len() < stream.room {
+            tx.prepare_cached(
+                "SELECT xid, id FROM message_events WHERE tenant_id = ?1 \
+                 ORDER BY xid DESC, id DESC LIMIT 1",
+            )?
+            .query_row([stream.tenant], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?
+        } else {
+            None
+        };
+        let plan = stream.plan(read, next, top);
+        let mut hold = tx.prepare_cached(HOLD)?;
+        for event in &plan.holds {
+            hold.execute(rusqlite::params![
+                event.cursor.1,
+                stream.tenant,
+                event.message_id,
+                event.event,
+                event.at
+            ])?;
+        }
         let mut snapshot = tx.prepare_cached(SNAPSHOT)?;
-        for (cursor, message_id, event, at) in &next {
-            if has_row.query_row([message_id], |row| row.get::<_, bool>(0))? {
-                tx.prepare_cached(HOLD)?.execute(rusqlite::params![
-                    cursor.1,
-                    stream.tenant,
-                    message_id,
-                    event,
-                    at
-                ])?;
-            } else if busy_messages.contains(message_id.as_str()) {
-                stopped = true;
-                break;
-            } else {
-                if let Some(row) = snapshot.query_row([cursor.1], snapshot_row).optional()? {
-                    rows.push((cursor.1, row));
-                }
-                calls.push(DueCall {
-                    event_id: cursor.1,
-                    tenant_id: stream.tenant.to_owned(),
-                    message_id: message_id.clone(),
-                    kind: format!("message.{event}"),
-                    created_at: *at,
-                    attempts: 0,
-                    cursor: Some(*cursor),
-                });
-                busy_messages.insert(message_id);
+        for call in &plan.calls {
+            if let Some(row) = snapshot
+                .query_row([call.event_id], snapshot_row)
+                .optional()?
+            {
+                rows.push((call.event_id, row));
             }
-            read = *cursor;
         }
-        if whole && !stopped {
-            // Nothing more it wants: the read passes the events it does not.
-            let top: Option<Cursor> = tx
-                .prepare_cached(
-                    "SELECT xid, id FROM message_events WHERE tenant_id = ?1 \
-                     ORDER BY xid DESC, id DESC LIMIT 1",
-                )?
-                .query_row([stream.tenant], |row| Ok((row.get(0)?, row.get(1)?)))
-                .optional()?;
-            read = read.max(top.unwrap_or(read));
-        }
+        calls.extend(plan.calls);
+        read = plan.read;
     }
     tx.prepare_cached(
         "UPDATE webhooks SET stream_owner = ?2, stream_until = ?3, read_xid = ?4, read_id = ?5 \
