@@ -216,3 +216,59 @@ impl StreamPass<'_> {
         plan
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64, message: &str, held: bool) -> NextEvent {
+        NextEvent {
+            cursor: (0, id),
+            message_id: message.into(),
+            event: "sent".into(),
+            at: 0,
+            held,
+        }
+    }
+
+    /// A read makes calls in order, holds an event whose message has a
+    /// failed call's row, stops before a message already in flight, and
+    /// passes up to the newest event only when nothing stopped it.
+    #[test]
+    fn a_read_plans_calls_holds_and_where_it_stops() {
+        let busy = TenantRoom {
+            busy_messages: ["m9".to_owned()].into(),
+            ..TenantRoom::default()
+        };
+        let pass = StreamPass {
+            tenant: "t",
+            owner: "a",
+            busy: Some(&busy),
+            room: 10,
+            now: 0,
+            lease_until: 0,
+        };
+        let plan = pass.plan(
+            (0, 0),
+            vec![
+                event(1, "m1", false),
+                event(2, "m2", true),
+                event(3, "m1", false),
+            ],
+            Some((0, 20)),
+        );
+        let called: Vec<i64> = plan.calls.iter().map(|call| call.event_id).collect();
+        assert_eq!(called, [1], "m1's second event waits for its first");
+        assert_eq!(plan.holds.len(), 1);
+        assert_eq!(plan.read, (0, 2), "stopped before event 3, not at the top");
+        let plan = pass.plan((0, 0), vec![event(1, "m9", false)], Some((0, 20)));
+        assert!(plan.calls.is_empty(), "m9 has a call in flight");
+        assert_eq!(plan.read, (0, 0));
+        let plan = pass.plan((0, 0), vec![event(1, "m1", false)], Some((0, 20)));
+        assert_eq!(
+            plan.read,
+            (0, 20),
+            "fewer than the room: up to the newest event"
+        );
+    }
+}

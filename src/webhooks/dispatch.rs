@@ -835,3 +835,55 @@ fn timed_out(err: &CallError) -> bool {
         .filter_map(|err| err.downcast_ref::<std::io::Error>())
         .any(|err| err.kind() == std::io::ErrorKind::TimedOut)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream's position moves only past the unbroken run of ended
+    /// calls, whatever order they end in, and to the read once none is in
+    /// flight; never back.
+    #[test]
+    fn a_position_passes_only_calls_that_have_ended() {
+        let mut track = StreamTrack::default();
+        track
+            .handed
+            .extend([((0, 1), false), ((0, 4), false), ((0, 7), false)]);
+        track.read = (0, 9);
+        assert_eq!(
+            track.ended((0, 4)),
+            None,
+            "the first call is still in flight"
+        );
+        assert_eq!(track.ended((0, 1)), Some((0, 4)));
+        assert_eq!(track.ended((0, 1)), None, "a call ends once");
+        assert_eq!(
+            track.ended((0, 7)),
+            Some((0, 9)),
+            "none in flight: the read, past the events the endpoint does not want"
+        );
+        assert!(track.handed.is_empty());
+        track.read = (0, 9);
+        assert_eq!(track.settled(), None, "no move, no write");
+    }
+
+    /// The recorder's batch: each stream's furthest position, each
+    /// delivered retry's row, each answering tenant once.
+    #[test]
+    fn a_record_keeps_each_streams_furthest_position() {
+        let record = record_of(
+            [
+                Outcome::Advanced("a".into(), (0, 5)),
+                Outcome::Delivered("a".into(), None),
+                Outcome::Advanced("a".into(), (0, 9)),
+                Outcome::Advanced("a".into(), (0, 7)),
+                Outcome::Delivered("b".into(), Some(42)),
+                Outcome::Delivered("a".into(), None),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(record.positions, [("a".to_owned(), (0, 9))]);
+        assert_eq!(record.delivered_rows, [42]);
+        assert_eq!(record.healthy, ["a", "b"]);
+    }
+}
