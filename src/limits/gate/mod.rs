@@ -68,12 +68,15 @@
 //! caller cancelled while its Redis call is under way may waste that token:
 //! the fleet then sends less, never more.
 //!
-//! Time comes from tokio's clock, so the gate also runs exactly under
-//! `tokio::time::pause`. The tests do not use that, because this crate does
-//! not enable tokio's `test-util` feature. Instead they drive a simulated clock
-//! with a small executor of their own, which runs every ready task before
-//! moving time on, so the checks of windows and rates are exact to the
-//! nanosecond and need no real sleeping.
+//! Time comes from tokio's clock, in production and in the tests alike:
+//! the tests run the gate under tokio's paused clock (`start_paused`), where
+//! time stands still while any task can run and then jumps to the next
+//! timer, so they check windows and rates exactly and need no real
+//! sleeping. tokio's timers have a resolution of one millisecond (a sleep
+//! ends on the first whole millisecond at or after its deadline), so the
+//! tests use rates whose token interval is a whole number of milliseconds
+//! where they check exact instants, and bounds the rounding cannot break
+//! elsewhere.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -96,8 +99,6 @@ use crate::model::Priority;
 use crate::queue::priority::ShareCredit;
 
 mod line;
-#[cfg(test)]
-mod sim;
 #[cfg(test)]
 mod tests;
 mod timeline;
@@ -249,8 +250,8 @@ impl ProviderGate {
     /// If `rate_per_second` is not a positive finite number or `burst` is 0.
     /// Configuration checking refuses both before a gate is built.
     #[cfg(test)]
-    pub fn new(rate_per_second: f64, burst: u32) -> Self {
-        Self::with_timeline(rate_per_second, burst, 0.0, Timeline::tokio())
+    pub(crate) fn new(rate_per_second: f64, burst: u32) -> Self {
+        Self::with_share(rate_per_second, burst, 0.0)
     }
 
     /// A gate of one provider at `rate_per_second` with `burst`, with
@@ -258,11 +259,16 @@ impl ProviderGate {
     /// waiting, they get at least `low_priority_share` of the tokens (the
     /// lanes' share rule, see [`crate::queue::priority`]).
     pub fn with_share(rate_per_second: f64, burst: u32, low_priority_share: f64) -> Self {
-        Self::with_timeline(
+        let only = MemberSpec {
+            name: String::new(),
+            weight: 1,
             rate_per_second,
             burst,
+        };
+        Self::pool(
+            &[only],
             low_priority_share,
-            Timeline::tokio(),
+            &ProviderHealthSettings::default(),
         )
     }
 
@@ -278,35 +284,7 @@ impl ProviderGate {
         low_priority_share: f64,
         health: &ProviderHealthSettings,
     ) -> Self {
-        Self::pool_with_timeline(members, low_priority_share, health, Timeline::tokio())
-    }
-
-    fn with_timeline(
-        rate_per_second: f64,
-        burst: u32,
-        low_priority_share: f64,
-        timeline: Timeline,
-    ) -> Self {
-        let only = MemberSpec {
-            name: String::new(),
-            weight: 1,
-            rate_per_second,
-            burst,
-        };
-        Self::pool_with_timeline(
-            &[only],
-            low_priority_share,
-            &ProviderHealthSettings::default(),
-            timeline,
-        )
-    }
-
-    fn pool_with_timeline(
-        members: &[MemberSpec],
-        low_priority_share: f64,
-        health: &ProviderHealthSettings,
-        timeline: Timeline,
-    ) -> Self {
+        let timeline = Timeline::tokio();
         assert!(!members.is_empty(), "a gate needs a provider");
         let members = members
             .iter()
@@ -345,7 +323,7 @@ impl ProviderGate {
     /// Hands out no token of any provider for `pause` from now (see
     /// [`ProviderGate::pause_member`]).
     #[cfg(test)]
-    pub fn pause_for(&self, pause: Duration) {
+    pub(crate) fn pause_for(&self, pause: Duration) {
         for member in 0..self.members.len() {
             self.pause_member(member, pause);
         }
@@ -475,7 +453,7 @@ impl ProviderGate {
 
     /// [`ProviderGate::pace_call_of`] the first provider.
     #[cfg(test)]
-    pub async fn pace_call(&self) -> Duration {
+    pub(crate) async fn pace_call(&self) -> Duration {
         self.pace_call_of(0).await
     }
 
@@ -569,7 +547,7 @@ impl ProviderGate {
     /// it waits gives up its place in line without losing a token or holding
     /// up anyone behind it.
     #[cfg(test)]
-    pub async fn acquire(&self, priority: Priority) -> Duration {
+    pub(crate) async fn acquire(&self, priority: Priority) -> Duration {
         self.acquire_for(priority, "").await
     }
 

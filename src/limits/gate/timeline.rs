@@ -1,22 +1,19 @@
-//! The gate's clock: tokio's (real, or paused under `tokio::time::pause`),
-//! or the tests' simulated one.
+//! The gate's clock: tokio's, real or paused under `tokio::time::pause`
+//! (the tests).
 
 use super::*;
 
 /// The gate's source of time: instants are nanoseconds since the gate was
-/// built, which is what governor's arithmetic wants.
+/// built, which is what governor's arithmetic wants. It reads tokio's
+/// clock, real time or paused time under `tokio::time::pause`.
 #[derive(Clone)]
-pub(super) enum Timeline {
-    /// tokio's clock: real time, or paused time under `tokio::time::pause`.
-    Tokio { origin: tokio::time::Instant },
-    /// The tests' simulated clock.
-    #[cfg(test)]
-    Simulated(Arc<super::sim::SimClock>),
+pub(super) struct Timeline {
+    origin: tokio::time::Instant,
 }
 
 impl Timeline {
     pub(super) fn tokio() -> Self {
-        Timeline::Tokio {
+        Timeline {
             origin: tokio::time::Instant::now(),
         }
     }
@@ -26,13 +23,7 @@ impl Timeline {
     }
 
     pub(super) async fn sleep_until(&self, at: Nanos) {
-        match self {
-            Timeline::Tokio { origin } => {
-                tokio::time::sleep_until(*origin + Duration::from(at)).await;
-            }
-            #[cfg(test)]
-            Timeline::Simulated(clock) => clock.sleep_until(at).await,
-        }
+        tokio::time::sleep_until(self.origin + Duration::from(at)).await;
     }
 }
 
@@ -40,10 +31,6 @@ impl Clock for Timeline {
     type Instant = Nanos;
 
     fn now(&self) -> Nanos {
-        match self {
-            Timeline::Tokio { origin } => Nanos::from(origin.elapsed()),
-            #[cfg(test)]
-            Timeline::Simulated(clock) => clock.now(),
-        }
+        Nanos::from(self.origin.elapsed())
     }
 }
