@@ -165,11 +165,6 @@ impl ProviderGate {
         self.members[0].burst
     }
 
-    /// The providers, in configuration order.
-    pub fn members(&self) -> usize {
-        self.members.len()
-    }
-
     /// Each provider's weight, share, pause and health, now.
     pub fn view(&self) -> Vec<MemberView> {
         let now = Duration::from(self.timeline.now());
