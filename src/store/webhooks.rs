@@ -114,6 +114,18 @@ fn wanted(db: &Db) -> &'static str {
     }
 }
 
+/// `e`'s place is past (`xid`, `id`), in `db`'s dialect. PostgreSQL seeks
+/// the row value in the `(tenant_id, xid, id)` index; SQLite would walk
+/// every one of the tenant's events for it, and its xids are all 0, so it
+/// compares the ids alone.
+fn past(db: &Db, xid: &str, id: &str) -> String {
+    if db.is_shared() {
+        format!("(e.xid, e.id) > ({xid}, {id})")
+    } else {
+        format!("e.xid = 0 AND e.id > {id}")
+    }
+}
+
 /// The events past the endpoint's position that it wants and that have no
 /// row: how many, how many are past where its stream is read (the rest
 /// are in flight; once the reader's lease has ended, all are due again),
@@ -125,9 +137,10 @@ fn stream_backlog(db: &Db, whose: &str) -> String {
                              OR (e.xid, e.id) > (w.read_xid, w.read_id) THEN 1 ELSE 0 END), 0), \
          MIN(e.at), w.disabled_at IS NOT NULL \
          FROM webhooks AS w JOIN message_events AS e ON e.tenant_id = w.tenant_id \
-         WHERE {whose} AND (e.xid, e.id) > (w.position_xid, w.position_id) AND {} \
+         WHERE {whose} AND {} AND {} \
          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.event_id = e.id) \
          GROUP BY w.tenant_id, w.disabled_at",
+        past(db, "w.position_xid", "w.position_id"),
         wanted(db)
     )
 }
@@ -397,12 +410,20 @@ pub struct DueCall {
 
 /// The tenants whose enabled endpoint has events past where its stream is
 /// read, or whose reader's lease (`$1`: now) has ended with calls still
-/// between the position and the read.
+/// between the position and the read; PostgreSQL's (for SQLite's, see
+/// [`STREAM_TENANTS_SQLITE`]).
 pub(crate) const STREAM_TENANTS: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
        EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
                AND (e.xid, e.id) > (w.read_xid, w.read_id)) \
        OR (COALESCE(w.stream_until, 0) <= $1 \
            AND (w.read_xid, w.read_id) > (w.position_xid, w.position_id)))";
+
+/// [`STREAM_TENANTS`] on SQLite, whose xids are all 0: a row value would
+/// walk every one of the tenant's events, the id alone seeks the index.
+pub(crate) const STREAM_TENANTS_SQLITE: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
+       EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
+               AND e.xid = 0 AND e.id > w.read_id) \
+       OR (COALESCE(w.stream_until, 0) <= $1 AND w.read_id > w.position_id))";
 
 /// Holds event `$1` (tenant `$2`, message `$3`, type `message.$4`, at `$5`)
 /// behind its message's failed call: a row, failed if one of those was

@@ -13,8 +13,8 @@ use crate::store::delivery::{
     CallsRecord, NextEvent, PassRooms, StreamPass, StreamRead, TenantRoom, tenants_to_visit,
 };
 use crate::store::webhooks::{
-    Cursor, DUE_CALLS, DueCall, HOLD, PENDING_TENANTS, SNAPSHOT, STREAM_TENANTS, SnapshotRow,
-    WEBHOOK_OF, Webhook,
+    Cursor, DUE_CALLS, DueCall, HOLD, PENDING_TENANTS, SNAPSHOT, STREAM_TENANTS_SQLITE,
+    SnapshotRow, WEBHOOK_OF, Webhook,
 };
 
 /// A tenant's calls taken by [`take_pass`], their data still as rows: they
@@ -50,7 +50,7 @@ pub(crate) async fn take_pass(
                 .query_map([], |row| row.get(0))?
                 .collect::<Result<_, _>>()?;
             let streams: Vec<String> = tx
-                .prepare_cached(STREAM_TENANTS)?
+                .prepare_cached(STREAM_TENANTS_SQLITE)?
                 .query_map([now], |row| row.get(0))?
                 .collect::<Result<_, _>>()?;
             let tenants = tenants_to_visit(pending, streams, &rooms);
@@ -184,7 +184,7 @@ fn read_stream(
                 "SELECT e.xid, e.id, e.message_id, e.event, e.at, \
                  EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.message_id = e.message_id) \
                  FROM message_events AS e \
-                 WHERE e.tenant_id = ?1 AND (e.xid, e.id) > (?2, ?3) \
+                 WHERE e.tenant_id = ?1 AND e.xid = ?2 AND e.id > ?3 \
                  AND instr(?4, ' message.' || e.event || ' ') > 0 \
                  ORDER BY e.xid, e.id LIMIT ?5",
             )?
