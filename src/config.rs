@@ -117,6 +117,15 @@ pub struct ServerSettings {
     /// reports delivery; unset, SMS stay `sent`.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Days an email's one-click unsubscribe link is honoured after it was
+    /// sent. Default 90; at least 30 (CAN-SPAM asks that an opt-out work
+    /// for 30 days after the mail).
+    #[serde(default = "default_unsubscribe_link_days")]
+    pub unsubscribe_link_days: u32,
+}
+
+fn default_unsubscribe_link_days() -> u32 {
+    90
 }
 
 fn default_header_read_timeout_secs() -> u64 {
@@ -948,6 +957,9 @@ impl Settings {
         }
         if self.server.http2_max_streams == 0 {
             bail!("server.http2_max_streams must be at least 1");
+        }
+        if !(30..=3650).contains(&self.server.unsubscribe_link_days) {
+            bail!("server.unsubscribe_link_days must be 30-3650");
         }
         if self.server.max_batches_per_tenant == 0 {
             bail!("server.max_batches_per_tenant must be at least 1");

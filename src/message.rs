@@ -78,8 +78,9 @@ const SMS_FIELDS: &[&str] = &[
 
 /// Most custom headers on one email.
 pub const MAX_CUSTOM_HEADERS: usize = 10;
-/// Longest custom header value, in bytes.
-pub const MAX_HEADER_VALUE_BYTES: usize = 998;
+/// Longest custom header value, in characters: SES v2's limit
+/// (`MessageHeader.Value`, 1-870 printable ASCII characters).
+pub const MAX_HEADER_VALUE_CHARS: usize = 870;
 /// Headers an email's `headers` may set besides `X-…` ones (any case).
 /// The sender, the recipients, the subject, the structure of the message,
 /// its signatures and the unsubscribe headers are fairlane's to write.
@@ -278,7 +279,8 @@ pub struct SendEmailRequest {
     /// `X-SES-…`) and `List-Id`, `List-Help`, `List-Subscribe`,
     /// `List-Owner`, `List-Archive`, `List-Post`, `Precedence`,
     /// `Auto-Submitted`, `In-Reply-To`, `References`, `Keywords`,
-    /// `Comments`; values at most 998 bytes, on one line.
+    /// `Comments`; values 1-870 printable ASCII characters (space to `~`),
+    /// as SES takes them.
     #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
     headers: Option<Value>,
 }
@@ -713,14 +715,16 @@ fn custom_headers(value: Option<&Value>, errors: &mut Errors) -> Vec<EmailHeader
             );
             return Vec::new();
         };
+        // SES refuses anything else when the email is sent; refused here,
+        // the caller hears of it now rather than in a dead letter.
         if text.is_empty()
-            || text.len() > MAX_HEADER_VALUE_BYTES
-            || text.chars().any(|c| c.is_control() && c != '\t')
+            || text.len() > MAX_HEADER_VALUE_CHARS
+            || !text.bytes().all(|byte| (b' '..=b'~').contains(&byte))
         {
             errors.insert(
                 "headers".into(),
                 format!(
-                    "the value of {name} must be 1-{MAX_HEADER_VALUE_BYTES} bytes on one line, without control characters"
+                    "the value of {name} must be 1-{MAX_HEADER_VALUE_CHARS} printable ASCII characters (space to ~), as SES takes it"
                 ),
             );
             return Vec::new();

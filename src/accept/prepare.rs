@@ -79,8 +79,10 @@ fn unsubscribe_headers(
     };
     let url = links.url(&Claim {
         tenant_id: caller.tenant.id.clone(),
+        incarnation: Some(caller.tenant.created_at),
         address: to.to_lowercase(),
         message_id: message_id.to_owned(),
+        issued_at: Some(crate::model::now_ms()),
     });
     let mut value = format!("<{url}>");
     if let Some(mailto) = &caller.tenant.unsubscribe_mailto {

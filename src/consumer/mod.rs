@@ -167,6 +167,16 @@ impl Drop for DeliveringGuard {
 }
 
 impl Delivery {
+    /// A provider's error text as the log may show it: with its addresses
+    /// and phone numbers replaced unless `logging.log_addresses` is on.
+    pub(crate) fn loggable<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.log_addresses {
+            std::borrow::Cow::Borrowed(text)
+        } else {
+            crate::providers::without_addresses(text)
+        }
+    }
+
     /// While this process's delivery writes fail: how long a poller waits
     /// before receiving again (100 ms after the first failure, doubling to
     /// [`MAX_ERROR_BACKOFF`]); the next write that commits ends the pause.

@@ -205,8 +205,8 @@ async fn dead_letter(
                 provider = known.provider,
                 attempts,
                 receive_count = message.receive_count,
-                reason = error,
-                detail = known.detail,
+                reason = %context.delivery.loggable(error),
+                detail = known.detail.map(|detail| context.delivery.loggable(detail).into_owned()),
                 to,
                 "Message dead-lettered."
             );
@@ -837,7 +837,7 @@ async fn settle_throttled(
         warn!(
             provider = pool.name,
             pause_secs = pause.as_secs_f64(),
-            detail = %failure.detail,
+            detail = %context.delivery.loggable(&failure.detail),
             "Provider answered 429 with Retry-After; its gate pauses every send for that long."
         );
     }
@@ -908,8 +908,8 @@ async fn settle_transient(
         pinned,
         attempts,
         delay_ms = delay.as_millis() as u64,
-        error = %failure.reason,
-        detail = %failure.detail,
+        error = %context.delivery.loggable(&failure.reason),
+        detail = %context.delivery.loggable(&failure.detail),
         "Transient failure; retrying later."
     );
     if let Err(err) = context.delivery.queue.defer(lane, message, delay).await {

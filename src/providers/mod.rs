@@ -300,8 +300,43 @@ pub(crate) fn truncate(text: &str, max_chars: usize) -> String {
     }
 }
 
+/// `text` (a provider's error, which may quote the recipient: "The 'To'
+/// number +1555… is not a valid phone number") with every email address
+/// and phone number replaced by `[address]`, for the log lines of
+/// `logging.log_addresses = false`. A phone number is a `+` and at least
+/// eight digits (with spaces, dots, dashes or brackets between), or eight
+/// to fifteen digits alone; dates, codes and counts are left as they are.
+pub fn without_addresses(text: &str) -> std::borrow::Cow<'_, str> {
+    static ADDRESS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+|\+\d[\d\s().-]{6,}\d|\b\d{8,15}\b",
+        )
+        .expect("the address pattern")
+    });
+    ADDRESS.replace_all(text, "[address]")
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn addresses_leave_a_providers_error_and_the_rest_stays() {
+        assert_eq!(
+            without_addresses("The 'To' number +1 555 0100-901 is not a valid phone number."),
+            "The 'To' number [address] is not a valid phone number."
+        );
+        assert_eq!(
+            without_addresses("554 5.1.1 <Ada.Lovelace+news@mail.example.co.uk>: mailbox unknown"),
+            "554 5.1.1 <[address]>: mailbox unknown"
+        );
+        assert_eq!(
+            without_addresses("to 15550100901 refused"),
+            "to [address] refused"
+        );
+        let kept = "HTTP 400 (code 21211) at 2026-11-27 10:00:01, 3 attempts";
+        assert_eq!(without_addresses(kept), kept);
+    }
+
     use super::*;
     use crate::model::Priority;
 

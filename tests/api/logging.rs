@@ -79,8 +79,11 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
         .respond_with(
-            ResponseTemplate::new(400)
-                .set_body_json(json!({"code": 21211, "message": "Invalid number"})),
+            // As Twilio words it: the provider's text quotes the number.
+            ResponseTemplate::new(400).set_body_json(json!({
+                "code": 21211,
+                "message": format!("The 'To' number {SMS_TO} is not a valid phone number.")
+            })),
         )
         .mount(&provider)
         .await;

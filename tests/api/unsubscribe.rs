@@ -97,6 +97,40 @@ on_both_stores! {
         )
         .await;
 
+        // The token is sealed: decoded, it holds no address and no tenant.
+        let token = path.rsplit('/').next().unwrap();
+        let sealed = token.strip_prefix("2.").expect("a sealed token");
+        let raw = base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, sealed)
+            .expect("base64url");
+        let raw = String::from_utf8_lossy(&raw);
+        assert!(!raw.to_lowercase().contains("ada@example.com") && !raw.contains("acme"), "{raw}");
+
+        // A POST that is not RFC 8058's one click changes nothing: no body,
+        // another value, the field in JSON.
+        let no_body = app.client.post(app.url(&path)).send().await.unwrap();
+        expect_problem(no_body, StatusCode::BAD_REQUEST).await;
+        let no = app
+            .client
+            .post(app.url(&path))
+            .form(&[("List-Unsubscribe", "No")])
+            .send()
+            .await
+            .unwrap();
+        expect_problem(no, StatusCode::BAD_REQUEST).await;
+        let json_body = app
+            .client
+            .post(app.url(&path))
+            .json(&json!({"List-Unsubscribe": "One-Click"}))
+            .send()
+            .await
+            .unwrap();
+        expect_problem(json_body, StatusCode::BAD_REQUEST).await;
+        expect_problem(
+            suppression(&app, &key, "ada@example.com").await,
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+
         // The one click, as a mail provider sends it.
         let clicked = app
             .client
@@ -118,7 +152,22 @@ on_both_stores! {
         assert_eq!(event["data"]["id"], id.as_str(), "{event}");
 
         // Clicking again changes nothing more: one event, no second call.
-        let again = app.client.post(app.url(&path)).send().await.unwrap();
+        // This time as multipart/form-data, which mail clients also send.
+        let boundary = "fairlane-test-boundary";
+        let again = app
+            .client
+            .post(app.url(&path))
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"List-Unsubscribe\"\r\n\r\n\
+                 One-Click\r\n--{boundary}--\r\n"
+            ))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(again.status(), StatusCode::OK);
         let events = expect_json(
             app.tenant(&key, Method::GET, &format!("/v1/messages/{id}/events"))
@@ -158,6 +207,11 @@ async fn headers_outside_the_allow_list_and_unsubscribe_on_sms_are_refused_by_na
         json!({"X-SES-CONFIGURATION-SET": "other"}),
         json!({"List-Unsubscribe": "<https://elsewhere.example>"}),
         json!({"X-Line": "one\r\nBcc: eve@example.com"}),
+        json!({"X-Tab": "a\tb"}),
+        // SES takes 1-870 printable ASCII characters and nothing else.
+        json!({"X-Note": "café"}),
+        json!({"X-Long": "v".repeat(871)}),
+        json!({"X-Empty": ""}),
         json!({"X-Number": 7}),
         json!(["X-Campaign"]),
     ] {
@@ -167,6 +221,13 @@ async fn headers_outside_the_allow_list_and_unsubscribe_on_sms_are_refused_by_na
         )
         .await;
     }
+    // The longest value SES takes, of every printable character.
+    let printable: String = (b' '..=b'~').map(char::from).cycle().take(870).collect();
+    app.send_accepted(
+        &key,
+        &with(email(), "headers", json!({"X-Note": printable})),
+    )
+    .await;
     expect_field_error(
         app.send(&key, &with(email(), "unsubscribe", json!("yes")))
             .await,
@@ -258,4 +319,49 @@ on_both_stores! {
         let tenant = app.patch_tenant("acme", json!({"unsubscribe_mailto": ""})).await;
         assert!(tenant.get("unsubscribe_mailto").is_none(), "{tenant}");
     }
+}
+
+/// A tenant deleted and created again under the same id does not honour
+/// the old tenant's links: the old recipient is not added to the new
+/// tenant's list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_created_again_does_not_honour_the_old_tenants_links() {
+    let ses = ses_ok().await;
+    let settings = delivery_settings("http://127.0.0.1:9", &ses.uri(), "");
+    let app = TestApp::start_custom(&settings, |settings| {
+        settings.server.public_url = Some(PUBLIC_URL.into());
+    })
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let body = with(
+        with(email(), "to", json!("ada@example.com")),
+        "unsubscribe",
+        json!(true),
+    );
+    let id = app.send_accepted(&key, &body).await;
+    wait_for(&app, &key, &id, status_is("sent")).await;
+    let calls = ses_calls(&ses).await;
+    let path = link_path(header(&calls[0], "List-Unsubscribe").expect("List-Unsubscribe"));
+    let gone = app
+        .admin(Method::DELETE, "/v1/admin/tenants/acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), StatusCode::NO_CONTENT, "delete the tenant");
+    let key = app.tenant_with_key("acme", "pro").await;
+    let clicked = app
+        .client
+        .post(app.url(&path))
+        .form(&[("List-Unsubscribe", "One-Click")])
+        .send()
+        .await
+        .unwrap();
+    expect_problem(clicked, StatusCode::NOT_FOUND).await;
+    let shown = app.client.get(app.url(&path)).send().await.unwrap();
+    expect_problem(shown, StatusCode::NOT_FOUND).await;
+    expect_problem(
+        suppression(&app, &key, "ada@example.com").await,
+        StatusCode::NOT_FOUND,
+    )
+    .await;
 }
