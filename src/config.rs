@@ -1086,8 +1086,12 @@ impl Settings {
     /// Checks every provider of both pools: figures in range, what its
     /// kind needs, names that can be Redis keys and metric labels.
     fn validate_providers(&self) -> anyhow::Result<()> {
+        // One name, one provider, across both channels: the gate's Redis
+        // bucket (`{prefix}:gate:{name}`), its metrics and its callback URL
+        // are keyed by the name alone, so an email and an SMS provider of
+        // one name would share a bucket.
+        let mut seen: std::collections::HashMap<&str, Channel> = std::collections::HashMap::new();
         for channel in Channel::ALL.iter().copied() {
-            let mut seen = std::collections::HashSet::new();
             for entry in self.providers.pool(channel) {
                 let path = if entry.path.ends_with("_pool") {
                     format!("{}.{}", entry.path, entry.name)
@@ -1098,11 +1102,18 @@ impl Settings {
                     bail!("{path}.name must not be set: a pool entry is named by its key");
                 }
                 validate_provider(&path, channel, entry.name, entry.settings)?;
-                if !seen.insert(entry.name) {
-                    bail!(
+                match seen.insert(entry.name, channel) {
+                    Some(first) if first == channel => bail!(
                         "{path}: the name {:?} is used twice among the {channel} providers",
                         entry.name
-                    );
+                    ),
+                    Some(first) => bail!(
+                        "{path}: the name {:?} is already one of the {first} providers; a \
+                         name is one provider across both channels (its rate limit, metrics \
+                         and callbacks are keyed by it)",
+                        entry.name
+                    ),
+                    None => {}
                 }
             }
         }

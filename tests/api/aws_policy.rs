@@ -469,3 +469,25 @@ async fn check_aws_reports_a_removed_dlq_a_wrong_max_receive_count_and_a_missing
         "only what was changed is reported: {text}"
     );
 }
+
+/// Every queue of the template outlives its stack: deleting or replacing
+/// the stack must not delete queues that may hold messages (cfn-lint
+/// I3011).
+#[test]
+fn every_queue_is_retained_when_its_stack_goes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/fairlane.json");
+    let template: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read the template"))
+            .expect("the template is JSON");
+    let mut queues = 0;
+    for (name, resource) in template["Resources"].as_object().expect("resources") {
+        if resource["Type"] != "AWS::SQS::Queue" {
+            continue;
+        }
+        queues += 1;
+        for policy in ["DeletionPolicy", "UpdateReplacePolicy"] {
+            assert_eq!(resource[policy], "Retain", "{name}: {policy}");
+        }
+    }
+    assert!(queues >= 17, "only {queues} queues in the template");
+}

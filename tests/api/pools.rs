@@ -416,6 +416,16 @@ async fn a_pool_entry_is_checked_like_any_provider() {
         format!("{err:#}").contains("providers.email_pool.second.kind"),
         "{err:#}"
     );
+    // One name in both channels' pools: refused at start, since the
+    // gate's Redis bucket is keyed by the name alone.
+    let both = "[providers.email_pool.backup]\nkind = \"log\"\nfrom = \"news@acme.example\"\n\
+                rate_per_second = 0.02\nburst = 1\n\
+                [providers.sms_pool.backup]\nkind = \"log\"\nrate_per_second = 100.0\nburst = 5\n";
+    let err = Settings::from_toml_overlay(both).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("is already one of the email providers"),
+        "{err:#}"
+    );
     let zero =
         "[providers.sms_pool.b]\nkind = \"log\"\nrate_per_second = 10.0\nburst = 5\nweight = 0\n";
     let err = Settings::from_toml_overlay(zero).unwrap_err();
