@@ -169,6 +169,26 @@ fn answer_panic(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respons
 /// With traces on: the server span of a request (method and route, never
 /// the query, which may hold an unsubscribe token), continuing the caller's
 /// `traceparent` when it sends one.
+/// What a span says for a method it does not know.
+const OTHER_METHOD: &str = "_OTHER";
+
+/// `method` as a span's `http.request.method`: one of HTTP's standard
+/// methods, or [`OTHER_METHOD`].
+fn method_for_span(method: &axum::http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        "PATCH" => "PATCH",
+        _ => OTHER_METHOD,
+    }
+}
+
 async fn trace_request(
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -178,12 +198,20 @@ async fn trace_request(
         .get::<axum::extract::MatchedPath>()
         .map_or("unmatched", |path| path.as_str())
         .to_owned();
-    let method = request.method().as_str().to_owned();
+    let method = method_for_span(request.method());
+    // OpenTelemetry's HTTP conventions: a method outside the standard set
+    // is `_OTHER`, and its span is named `HTTP {route}`; the client's own
+    // spelling stays out of the span, whatever its length.
+    let name = if method == OTHER_METHOD {
+        "HTTP"
+    } else {
+        method
+    };
     let span = crate::telemetry::span!(
         "request",
-        otel.name = %format!("{method} {route}"),
+        otel.name = %format!("{name} {route}"),
         otel.kind = "server",
-        http.request.method = %method,
+        http.request.method = method,
         http.route = %route,
     );
     let parent = request
@@ -712,6 +740,24 @@ mod tests {
         assert!(
             committed.trim_end() == current.trim_end(),
             "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json`"
+        );
+    }
+
+    /// A span names a standard method as it is and any other as
+    /// `_OTHER`: a client cannot write a 20,000-character method into an
+    /// exported span.
+    #[test]
+    fn a_span_takes_a_standard_method_or_other() {
+        use axum::http::Method;
+        assert_eq!(method_for_span(&Method::POST), "POST");
+        assert_eq!(method_for_span(&Method::PATCH), "PATCH");
+        let long = Method::from_bytes("X".repeat(20_000).as_bytes()).unwrap();
+        assert_eq!(method_for_span(&long), OTHER_METHOD);
+        let lower = Method::from_bytes(b"get").unwrap();
+        assert_eq!(
+            method_for_span(&lower),
+            OTHER_METHOD,
+            "methods are case-sensitive"
         );
     }
 
