@@ -71,10 +71,19 @@ async fn send(client: &reqwest::Client, base: &str, key: &str, body: Value) -> S
     body["id"].as_str().unwrap().to_owned()
 }
 
-/// Runs the binary through send, dead letter, redrive and the redriven
-/// message's second dead letter, with `env` added; then stops it with
-/// SIGTERM and waits for it to exit.
-pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
+/// The real binary started by [`start`]: the process, its base URL and
+/// the mock SMS provider it calls.
+pub(crate) struct Started {
+    pub(crate) child: ChildGuard,
+    pub(crate) base: String,
+    pub(crate) client: reqwest::Client,
+    _provider: MockServer,
+}
+
+/// Starts the real binary in `dir` with `env` added: SQLite, the log
+/// email provider, an SMS provider that refuses every number (quoting it,
+/// as Twilio does), JSON log lines to `dir/stderr.log`; once it is ready.
+pub(crate) async fn start(dir: &Path, env: &[(&str, &str)]) -> Started {
     let provider = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
@@ -121,6 +130,24 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
 
     let client = reqwest::Client::new();
     wait_ready(&client, &base).await;
+    Started {
+        child,
+        base,
+        client,
+        _provider: provider,
+    }
+}
+
+/// Runs the binary through send, dead letter, redrive and the redriven
+/// message's second dead letter, with `env` added; then stops it with
+/// SIGTERM and waits for it to exit.
+pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
+    let Started {
+        child,
+        base,
+        client,
+        _provider,
+    } = start(dir, env).await;
     let key = unlimited_tenant(&client, &base, ADMIN).await;
     let email_id = send(
         &client,
@@ -168,7 +195,7 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
 }
 
 /// SIGTERM to the binary (our own child, by its PID); waits for its exit.
-async fn stop(mut child: ChildGuard) {
+pub(crate) async fn stop(mut child: ChildGuard) {
     let signalled = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()

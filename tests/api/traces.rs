@@ -345,3 +345,54 @@ async fn without_an_endpoint_nothing_is_exported_and_no_line_has_trace_ids() {
         );
     }
 }
+
+/// A client's odd method does not reach an exported span: a request with
+/// a 20,000-character method and a sampled `traceparent` is exported as
+/// `_OTHER`, its span named `HTTP …`, and no span holds the method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_method_is_other_in_the_exported_span() {
+    let otlp = OtlpReceiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = crate::logging::start(
+        dir.path(),
+        &[
+            ("FAIRLANE__TELEMETRY__OTLP_ENDPOINT", &otlp.url),
+            ("FAIRLANE__TELEMETRY__EXPORT_INTERVAL_MS", "100"),
+        ],
+    )
+    .await;
+    let method = "X".repeat(20_000);
+    let answer = started
+        .client
+        .request(
+            reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}/v1/messages", started.base),
+        )
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .send()
+        .await
+        .expect("the request is answered");
+    assert!(answer.status().is_client_error(), "{}", answer.status());
+    otlp.wait_until("the odd request's span", |spans| {
+        spans
+            .iter()
+            .any(|span| span.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736")
+    })
+    .await;
+    crate::logging::stop(started.child).await;
+    let spans = otlp.spans();
+    let request = spans
+        .iter()
+        .find(|span| span.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" && span.kind == SERVER)
+        .expect("the request's span");
+    assert_eq!(
+        request.attribute("http.request.method"),
+        Some("_OTHER"),
+        "{request:#?}"
+    );
+    assert!(request.name.starts_with("HTTP "), "{}", request.name);
+    assert_no_secrets(&spans, &[&method[..64]]);
+}
