@@ -167,8 +167,9 @@ impl Drop for DeliveringGuard {
 }
 
 impl Delivery {
-    /// A provider's error text as the log may show it: with its addresses
-    /// and phone numbers replaced unless `logging.log_addresses` is on.
+    /// A provider's error text as the log and `last_error` may show it:
+    /// with its addresses and phone numbers replaced unless
+    /// `logging.log_addresses` is on.
     pub(crate) fn loggable<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
         if self.log_addresses {
             std::borrow::Cow::Borrowed(text)

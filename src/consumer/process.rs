@@ -173,7 +173,7 @@ async fn dead_letter(
         .failure(
             &message.message_id,
             MessageStatus::DeadLettered,
-            error,
+            &context.delivery.loggable(error),
             counted,
         )
         .await
@@ -821,7 +821,10 @@ async fn settle_throttled(
         .failure_of(
             &payload.id,
             MessageStatus::Retrying,
-            &format!("throttled by provider: {}", failure.reason),
+            &format!(
+                "throttled by provider: {}",
+                context.delivery.loggable(&failure.reason)
+            ),
             false,
             Some(Called {
                 provider: pool.name,
@@ -878,7 +881,7 @@ async fn settle_transient(
         .failure_of(
             &payload.id,
             MessageStatus::Retrying,
-            &failure.reason,
+            &context.delivery.loggable(&failure.reason),
             true,
             tried,
         )

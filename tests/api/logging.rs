@@ -26,6 +26,8 @@ pub(crate) struct Run {
     pub(crate) lines: Vec<Value>,
     pub(crate) email_id: String,
     pub(crate) sms_id: String,
+    /// The dead-lettered SMS's `last_error` as its status shows it.
+    pub(crate) sms_last_error: String,
 }
 
 impl Run {
@@ -178,6 +180,17 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
     assert_eq!(redrive["redriven"], 1, "{redrive}");
     // The redrive answered with the message `queued` again.
     wait_for_status(&client, &base, &key, &sms_id, "dead_lettered").await;
+    let view: Value = client
+        .get(format!("{base}/v1/messages/{sms_id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sms_last_error = view["last_error"].as_str().unwrap_or_default().to_owned();
+
     stop(child).await;
 
     let text = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
@@ -191,6 +204,7 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
         lines,
         email_id,
         sms_id,
+        sms_last_error,
     }
 }
 
@@ -257,6 +271,12 @@ async fn sent_dead_lettered_and_redriven_are_info_lines_without_addresses() {
             assert!(!text.contains(private), "{private} in the log: {text}");
         }
     }
+    // Nor in the error the tenant reads: the provider quoted the number.
+    assert!(
+        run.sms_last_error.contains("[address]") && !run.sms_last_error.contains(SMS_TO),
+        "{}",
+        run.sms_last_error
+    );
     // The log provider writes deliveries to their own file, not the log.
     let deliveries = std::fs::read_to_string(dir.path().join("deliveries.jsonl")).unwrap();
     assert!(deliveries.contains(EMAIL_TO), "{deliveries}");
@@ -271,6 +291,11 @@ async fn log_addresses_puts_the_recipient_into_the_sent_and_dead_lettered_lines(
     assert_eq!(sent["fields"]["to"], EMAIL_TO, "{sent}");
     let dead = run.line("Message dead-lettered.", &run.sms_id);
     assert_eq!(dead["fields"]["to"], SMS_TO, "{dead}");
+    assert!(
+        run.sms_last_error.contains(SMS_TO),
+        "{}",
+        run.sms_last_error
+    );
     // Bodies stay out even so.
     for line in &run.lines {
         let text = line.to_string();
