@@ -5,7 +5,9 @@ is an edge from the file's top-level module to X. Fails on an import cycle
 between top-level modules, on an edge a rule forbids, on SQL outside
 src/store/ and src/queue/embedded/, on a write of a message's status, its
 events or its webhook calls outside the lifecycle's two files, and on a
-match of the store's backend outside src/store/. Standard library only: `python3 .ci/layers.py`."""
+match of the store's backend outside src/store/, on sqlx used for the
+SQLite file (rusqlite is its one driver), and on a function of non-test
+code over 150 lines. Standard library only: `python3 .ci/layers.py`."""
 
 import pathlib
 import re
@@ -34,6 +36,35 @@ LIFECYCLE = re.compile(r'"[^"\n]*\b(UPDATE messages( AS m)? SET status|INSERT IN
 LIFECYCLE_FILES = ("store/sqlite/lifecycle.rs", "store/postgres/lifecycle.rs")
 BACKEND = re.compile(r"\bDb::(Sqlite|Postgres)\b")
 PATH = re.compile(r"\bcrate::([a-z_]+)")
+# sqlx reaches PostgreSQL only; the SQLite file has one driver (issue 45).
+SQLX_SQLITE = re.compile(r"\bsqlx::(sqlite|Sqlite)")
+FN = re.compile(r"^\s*(pub(\([^)]*\))?\s+)?(async\s+)?(const\s+)?fn\s+(\w+)")
+MAX_FN_LINES = 150
+
+
+def long_functions(code):
+    """(name, first line, lines) of each function of `code` over
+    MAX_FN_LINES, its body found by counting braces outside strings."""
+    lines = code.splitlines()
+    found = []
+    for start, line in enumerate(lines):
+        match = FN.match(line)
+        if not match:
+            continue
+        depth, opened, end = 0, False, start
+        for end in range(start, len(lines)):
+            text = re.sub(r'"(\\.|[^"\\])*"', '""', lines[end])
+            text = re.sub(r"'(\\.|[^'\\])'", "''", text)
+            for ch in text:
+                if ch == "{":
+                    depth, opened = depth + 1, True
+                elif ch == "}":
+                    depth -= 1
+            if (opened and depth <= 0) or (not opened and text.rstrip().endswith(";")):
+                break
+        if end - start + 1 > MAX_FN_LINES:
+            found.append((match.group(5), start + 1, end - start + 1))
+    return found
 
 
 def code_of(path):
@@ -72,6 +103,10 @@ def main():
             problems.append(f"a message's status or events written outside the lifecycle: src/{rel}")
         if BACKEND.search(code) and not rel.startswith("store/"):
             problems.append(f"the store's backend matched outside store/: src/{rel}")
+        if SQLX_SQLITE.search(code):
+            problems.append(f"sqlx used for the SQLite file (rusqlite is its driver): src/{rel}")
+        for name, line, length in long_functions(code):
+            problems.append(f"fn {name} is {length} lines (over {MAX_FN_LINES}): src/{rel}:{line}")
     for source, targets in FORBIDDEN.items():
         for target in sorted(edges.get(source, set()) & targets):
             problems.append(f"{source} must not reach {target}")

@@ -3,7 +3,7 @@
 //! on a thread of its own (how the store writer reads), from CONCURRENCY
 //! tasks (default 64) for SECONDS (default 5) each.
 //!
-//! `cargo run --release --example sqlite_drivers -- [SECONDS] [CONCURRENCY] [ROWS]`
+//! `cargo run --release --features driver-bench --example sqlite_drivers -- [SECONDS] [CONCURRENCY] [ROWS]`
 //!
 //! The file is a migrated fairlane store with ROWS (default 100,000)
 //! messages. Prints reads per second and this process's CPU per read for
@@ -114,10 +114,15 @@ async fn main() -> anyhow::Result<()> {
         }
         tx.commit()?;
     }
-    let Db::Sqlite(sqlite) = &db else {
-        unreachable!("a SQLite file")
-    };
-    let pool = sqlite.read.clone();
+    // sqlx's pool as the store had it: four read-only connections.
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .read_only(true),
+        )
+        .await?;
     drive(
         "sqlx pool (4 readers)",
         seconds,

@@ -530,8 +530,10 @@ mod tests {
         assert_eq!(a + b, 250, "every row re-sent once ({a} + {b})");
         let mut ids = std::collections::HashSet::new();
         for sqlite in &files {
-            let sent: Vec<String> = sqlx::query_scalar("SELECT message_id FROM queue_messages")
-                .fetch_all(&sqlite.read)
+            let sent: Vec<String> = sqlite
+                .rows("SELECT message_id FROM queue_messages", vec![], |row| {
+                    row.get(0)
+                })
                 .await
                 .unwrap();
             for id in sent {

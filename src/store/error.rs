@@ -46,11 +46,20 @@ impl StoreError {
                     None => {}
                 }
             }
-            if let Some(err) = cause.downcast_ref::<rusqlite::Error>()
-                && let Some(code) = err.sqlite_error_code()
-                && code == rusqlite::ErrorCode::DiskFull
-            {
-                return StoreError::Full(format!("{err}"));
+            if let Some(err) = cause.downcast_ref::<rusqlite::Error>() {
+                use rusqlite::ErrorCode;
+                match err.sqlite_error_code() {
+                    Some(ErrorCode::DiskFull) => return StoreError::Full(format!("{err}")),
+                    // Still locked after the busy timeout, or the file
+                    // could not be opened: the store is away for now.
+                    Some(
+                        ErrorCode::DatabaseBusy
+                        | ErrorCode::DatabaseLocked
+                        | ErrorCode::CannotOpen
+                        | ErrorCode::SystemIoFailure,
+                    ) => return StoreError::Unavailable(format!("{err}")),
+                    _ => {}
+                }
             }
         }
         StoreError::Other(err)

@@ -3,7 +3,7 @@
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
-use super::{Db, on_pool};
+use super::{Db, sqlite};
 use crate::model::Scope;
 
 /// How long a key is remembered.
@@ -56,18 +56,29 @@ pub async fn lookup(
     key: &str,
     now_ms: i64,
 ) -> anyhow::Result<Option<StoredResponse>> {
-    let row: Option<(String, i64, String, String, i64)> = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT request_hash, status_code, response_body, message_id, created_at \
-             FROM idempotency_keys WHERE tenant_id = $1 AND test = $4 AND key = $2 AND created_at > $3",
-        )
-        .bind(scope.tenant())
-        .bind(key)
-        .bind(now_ms - RETENTION_MS)
-        .bind(scope.is_test())
-        .fetch_optional(pool)
-        .await?
-    });
+    const LOOKUP: &str = "SELECT request_hash, status_code, response_body, message_id, created_at \
+         FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 AND created_at > $3 AND test = $4";
+    let since = now_ms - RETENTION_MS;
+    let row: Option<(String, i64, String, String, i64)> = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![
+                scope.tenant().to_owned(),
+                key.to_owned(),
+                since,
+                scope.is_test()
+            ];
+            db.row(LOOKUP, args, sqlite::tuple).await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(LOOKUP)
+                .bind(scope.tenant())
+                .bind(key)
+                .bind(since)
+                .bind(scope.is_test())
+                .fetch_optional(&db.pool)
+                .await?
+        }
+    };
     Ok(row.map(
         |(request_hash, status_code, response_body, message_id, created_at)| StoredResponse {
             tenant_id: scope.tenant().to_owned(),
@@ -89,11 +100,10 @@ pub async fn purge_expired(db: &Db, now_ms: i64) -> anyhow::Result<Option<u64>> 
     const PURGE: &str = "DELETE FROM idempotency_keys WHERE created_at <= $1";
     match db {
         Db::Sqlite(sqlite) => {
-            let done = sqlx::query(PURGE)
-                .bind(now_ms - RETENTION_MS)
-                .execute(&sqlite.write)
+            let done = sqlite
+                .execute(PURGE, sqlite::args![now_ms - RETENTION_MS])
                 .await?;
-            Ok(Some(done.rows_affected()))
+            Ok(Some(done as u64))
         }
         Db::Postgres(pg) => {
             let Some(mut tx) =

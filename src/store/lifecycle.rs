@@ -344,23 +344,16 @@ pub(crate) mod tests {
     /// trigger left to do any of it behind the code's back.
     pub(crate) async fn moves_write_what_the_lifecycle_says(db: &crate::store::Db) {
         use crate::model::{Scope, World};
-        use crate::store::{Writer, in_transaction, messages, on_pool, usage};
-        let setup = async {
-            in_transaction!(db, |tx| {
-                for sql in [
-                    "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
-                    "INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
-                     VALUES ('hooked', 'h', 'p', 'active', 0, 0)",
-                    "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
-                     VALUES ('hooked', 'https://example.com/h', \
-                     ' message.sent message.cancelled message.retrying ', 's', 0, 0)",
-                ] {
-                    sqlx::query(sql).execute(&mut *tx).await?;
-                }
-            });
-            anyhow::Ok(())
-        };
-        setup.await.unwrap();
+        use crate::store::{Writer, messages, usage};
+        db.test_execute(
+            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+             INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
+             VALUES ('hooked', 'h', 'p', 'active', 0, 0); \
+             INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \
+             VALUES ('hooked', 'https://example.com/h', \
+             ' message.sent message.cancelled message.retrying ', 's', 0, 0);",
+        )
+        .await;
         let (writer, done) = Writer::start(db, 64, 0).unwrap();
         let ids = ["plain", "hooked-1", "retried", "hooked-2", "late"];
         for id in ids {
@@ -418,16 +411,17 @@ pub(crate) mod tests {
         assert_eq!(status("plain").await, Sent);
         assert_eq!(status("hooked-2").await, Cancelled);
         assert_eq!(status("late").await, Queued);
-        let events: Vec<(String, String, Option<String>)> = on_pool!(db, read, |pool| {
-            sqlx::query_as(
+        let events = db
+            .test_texts(
                 "SELECT message_id, event, detail FROM message_events ORDER BY message_id, id",
             )
-            .fetch_all(pool)
-            .await
-            .unwrap()
-        });
+            .await;
         let event = |id: &str, word: &str, detail: Option<&str>| {
-            (id.to_owned(), word.to_owned(), detail.map(str::to_owned))
+            vec![
+                Some(id.to_owned()),
+                Some(word.to_owned()),
+                detail.map(str::to_owned),
+            ]
         };
         assert_eq!(
             events,
@@ -440,12 +434,9 @@ pub(crate) mod tests {
         );
         // No call rows: the endpoint reads its tenant's events, and finds
         // the two of the types it wants waiting (`retrying` was acme's).
-        let rows: i64 = on_pool!(db, read, |pool| {
-            sqlx::query_scalar("SELECT COUNT(*) FROM webhook_deliveries")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        });
+        let rows = db
+            .test_count("SELECT COUNT(*) FROM webhook_deliveries")
+            .await;
         assert_eq!(rows, 0, "an event is no call row");
         let backlog = crate::store::webhooks::delivery_counts(db, "hooked", i64::MAX)
             .await
@@ -472,20 +463,16 @@ pub(crate) mod tests {
             (5, 2, 1, 0),
             "{rows:?}"
         );
-        let triggers: i64 = match db {
-            crate::store::Db::Sqlite(sqlite) => {
-                sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'")
-                    .fetch_one(&sqlite.read)
-                    .await
-                    .unwrap()
-            }
-            crate::store::Db::Postgres(pg) => {
-                sqlx::query_scalar("SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal")
-                    .fetch_one(&pg.pool)
-                    .await
-                    .unwrap()
-            }
-        };
+        let triggers = db
+            .test_count(match db {
+                crate::store::Db::Sqlite(_) => {
+                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'"
+                }
+                crate::store::Db::Postgres(_) => {
+                    "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal"
+                }
+            })
+            .await;
         assert_eq!(triggers, 0, "no trigger writes behind the lifecycle's back");
     }
 

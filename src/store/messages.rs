@@ -1,10 +1,7 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
-use rusqlite::OptionalExtension;
-use sqlx::{QueryBuilder, Sqlite};
-
-use super::{Db, on_pool};
+use super::{Db, sqlite};
 
 use crate::model::{Lane, Scope};
 
@@ -92,17 +89,9 @@ fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
 pub async fn get_in(db: &Db, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>> {
     const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
     let row: Option<MessageRow> = match db {
-        // The status poll: the API's most frequent read, on rusqlite.
         Db::Sqlite(sqlite) => {
-            let (id, tenant, test) = (id.to_owned(), scope.tenant().to_owned(), scope.is_test());
-            sqlite
-                .readers
-                .read(move |conn| {
-                    conn.prepare_cached(IN_SCOPE)?
-                        .query_row(rusqlite::params![id, tenant, test], message_row)
-                        .optional()
-                })
-                .await?
+            let args = sqlite::args![id.to_owned(), scope.tenant().to_owned(), scope.is_test()];
+            sqlite.row(IN_SCOPE, args, message_row).await?
         }
         Db::Postgres(pg) => {
             sqlx::query_as(IN_SCOPE)
@@ -143,39 +132,59 @@ fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
 
 /// The message `id`, whoever owns it.
 pub async fn get(db: &Db, id: &str) -> anyhow::Result<Option<MessageRecord>> {
-    let row: Option<MessageRow> = on_pool!(db, read, |pool| {
-        sqlx::query_as(select_message!("WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
-    });
+    const BY_ID: &str = select_message!("WHERE id = $1");
+    let row: Option<MessageRow> = match db {
+        Db::Sqlite(db) => {
+            db.row(BY_ID, sqlite::args![id.to_owned()], message_row)
+                .await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(BY_ID)
+                .bind(id)
+                .fetch_optional(&db.pool)
+                .await?
+        }
+    };
     row.map(from_row).transpose()
 }
 
 /// The provider last called for message `id` and whether its next
 /// attempt must go to that provider again (see [`crate::store::Called`]).
 pub async fn last_provider(db: &Db, id: &str) -> anyhow::Result<Option<(String, bool)>> {
-    let row: Option<(Option<String>, bool)> = on_pool!(db, read, |pool| {
-        sqlx::query_as("SELECT provider, provider_pinned FROM messages WHERE id = $1")
-            .bind(id)
-            .fetch_optional(pool)
-            .await?
-    });
+    const LAST: &str = "SELECT provider, provider_pinned FROM messages WHERE id = $1";
+    let row: Option<(Option<String>, bool)> = match db {
+        Db::Sqlite(db) => {
+            db.row(LAST, sqlite::args![id.to_owned()], sqlite::tuple)
+                .await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(LAST)
+                .bind(id)
+                .fetch_optional(&db.pool)
+                .await?
+        }
+    };
     Ok(row.and_then(|(provider, pinned)| provider.map(|provider| (provider, pinned))))
 }
 
 /// Live messages (not a test key's) `tenant_id` sent at or after
 /// `since_ms`: what its daily quota has used (start-up).
 pub async fn count_since(db: &Db, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
-    let count: i64 = on_pool!(db, read, |pool| {
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND test = FALSE AND created_at >= $2",
-        )
-        .bind(tenant_id)
-        .bind(since_ms)
-        .fetch_one(pool)
-        .await?
-    });
+    const COUNT: &str = "SELECT COUNT(*) FROM messages \
+         WHERE tenant_id = $1 AND test = FALSE AND created_at >= $2";
+    let count: i64 = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), since_ms];
+            db.row(COUNT, args, |row| row.get(0)).await?.unwrap_or(0)
+        }
+        Db::Postgres(db) => {
+            sqlx::query_scalar(COUNT)
+                .bind(tenant_id)
+                .bind(since_ms)
+                .fetch_one(&db.pool)
+                .await?
+        }
+    };
     Ok(count.max(0) as u64)
 }
 
@@ -251,17 +260,18 @@ pub async fn get_many(
     };
     match db {
         Db::Sqlite(sqlite) => {
-            for chunk in ids.chunks(super::sqlite::IDS_PER_STATEMENT) {
-                let mut builder: QueryBuilder<Sqlite> =
-                    QueryBuilder::new(select_message!("WHERE id IN ("));
-                super::sqlite::push_id_list(&mut builder, chunk);
-                keep(
-                    builder
-                        .build_query_as()
-                        .persistent(false)
-                        .fetch_all(&sqlite.read)
-                        .await?,
-                )?;
+            for chunk in ids.chunks(sqlite::IDS_PER_STATEMENT) {
+                let sql = format!(
+                    "{}{}",
+                    select_message!("WHERE id IN ("),
+                    sqlite::id_list(chunk.len())
+                );
+                let args = chunk
+                    .iter()
+                    .cloned()
+                    .map(rusqlite::types::Value::from)
+                    .collect();
+                keep(sqlite.rows(sql, args, message_row).await?)?;
             }
         }
         Db::Postgres(pg) => keep(
@@ -282,28 +292,38 @@ pub async fn ids_by_reference(
     reference: &str,
     limit: i64,
 ) -> anyhow::Result<(Vec<String>, usize)> {
-    let pending: Vec<String> = on_pool!(db, read, |pool| {
-        sqlx::query_scalar(
-            "SELECT id FROM messages WHERE tenant_id = $1 AND test = $2 AND reference = $3 \
-             AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $4",
-        )
-        .bind(scope.tenant())
-        .bind(scope.is_test())
-        .bind(reference)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?
-    });
-    let total: i64 = on_pool!(db, read, |pool| {
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND test = $2 AND reference = $3",
-        )
-        .bind(scope.tenant())
-        .bind(scope.is_test())
-        .bind(reference)
-        .fetch_one(pool)
-        .await?
-    });
+    const PENDING: &str = "SELECT id FROM messages \
+         WHERE tenant_id = $1 AND test = $2 AND reference = $3 \
+         AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $4";
+    const TOTAL: &str =
+        "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 AND test = $2 AND reference = $3";
+    let (tenant, test) = (scope.tenant(), scope.is_test());
+    let (pending, total): (Vec<String>, i64) = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant.to_owned(), test, reference.to_owned()];
+            let mut with_limit = args.clone();
+            with_limit.push(limit.into());
+            (
+                db.rows(PENDING, with_limit, |row| row.get(0)).await?,
+                db.row(TOTAL, args, |row| row.get(0)).await?.unwrap_or(0),
+            )
+        }
+        Db::Postgres(db) => (
+            sqlx::query_scalar(PENDING)
+                .bind(tenant)
+                .bind(test)
+                .bind(reference)
+                .bind(limit)
+                .fetch_all(&db.pool)
+                .await?,
+            sqlx::query_scalar(TOTAL)
+                .bind(tenant)
+                .bind(test)
+                .bind(reference)
+                .fetch_one(&db.pool)
+                .await?,
+        ),
+    };
     Ok((pending, total.max(0) as usize))
 }
 
@@ -313,11 +333,9 @@ pub async fn ids_by_reference(
 /// SQLite to use it.
 pub async fn index_pending(db: &Db) -> anyhow::Result<()> {
     if let Db::Sqlite(sqlite) = db {
-        sqlx::query(
-            "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')",
-        )
-        .execute(&sqlite.write)
-        .await?;
+        let index = "CREATE INDEX IF NOT EXISTS messages_pending ON messages(lane, created_at) \
+                     WHERE status IN ('queued', 'sending', 'retrying')";
+        sqlite.execute(index, vec![]).await?;
     }
     Ok(())
 }
@@ -329,24 +347,33 @@ pub async fn oldest_pending(
     lane: Lane,
     tenant: Option<&str>,
 ) -> anyhow::Result<Option<i64>> {
-    Ok(match tenant {
-        None => on_pool!(db, read, |pool| {
-            sqlx::query_scalar(
-                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')",
-            )
-            .bind(lane.as_str())
-            .fetch_one(pool)
-            .await?
-        }),
-        Some(tenant) => on_pool!(db, read, |pool| {
-            sqlx::query_scalar(
-                "SELECT MIN(created_at) FROM messages WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying') AND tenant_id = $2",
-            )
-            .bind(lane.as_str())
-            .bind(tenant)
-            .fetch_one(pool)
-            .await?
-        }),
+    const OLDEST: &str = "SELECT MIN(created_at) FROM messages \
+         WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')";
+    const OLDEST_OF: &str = "SELECT MIN(created_at) FROM messages \
+         WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying') AND tenant_id = $2";
+    let lane = lane.as_str();
+    Ok(match (db, tenant) {
+        (Db::Sqlite(db), None) => {
+            let args = sqlite::args![lane.to_owned()];
+            db.row(OLDEST, args, |row| row.get(0)).await?.flatten()
+        }
+        (Db::Sqlite(db), Some(tenant)) => {
+            let args = sqlite::args![lane.to_owned(), tenant.to_owned()];
+            db.row(OLDEST_OF, args, |row| row.get(0)).await?.flatten()
+        }
+        (Db::Postgres(db), None) => {
+            sqlx::query_scalar(OLDEST)
+                .bind(lane)
+                .fetch_one(&db.pool)
+                .await?
+        }
+        (Db::Postgres(db), Some(tenant)) => {
+            sqlx::query_scalar(OLDEST_OF)
+                .bind(lane)
+                .bind(tenant)
+                .fetch_one(&db.pool)
+                .await?
+        }
     })
 }
 
@@ -434,17 +461,30 @@ pub async fn list(
         " ORDER BY created_at DESC, id DESC LIMIT ${}",
         binds.len() + 3
     ));
-    let rows: Vec<MessageRow> = on_pool!(db, read, |pool| {
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(scope.tenant())
-            .bind(scope.is_test());
-        for value in &binds {
-            query = match value {
-                Value::Text(text) => query.bind(*text),
-                Value::Number(number) => query.bind(*number),
-            };
+    let rows: Vec<MessageRow> = match db {
+        Db::Sqlite(db) => {
+            let mut args = sqlite::args![scope.tenant().to_owned(), scope.is_test()];
+            for value in &binds {
+                args.push(match value {
+                    Value::Text(text) => (*text).to_owned().into(),
+                    Value::Number(number) => (*number).into(),
+                });
+            }
+            args.push(limit.into());
+            db.rows(sql, args, message_row).await?
         }
-        query.bind(limit).fetch_all(pool).await?
-    });
+        Db::Postgres(db) => {
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(scope.tenant())
+                .bind(scope.is_test());
+            for value in &binds {
+                query = match value {
+                    Value::Text(text) => query.bind(*text),
+                    Value::Number(number) => query.bind(*number),
+                };
+            }
+            query.bind(limit).fetch_all(&db.pool).await?
+        }
+    };
     rows.into_iter().map(from_row).collect()
 }

@@ -7,12 +7,13 @@
 //! ([`sqlite`], the default, one instance) or a PostgreSQL database
 //! ([`postgres`], shared by several instances; the lanes are then SQS
 //! queues). [`Db`] is the handle the rest of the service holds; the modules
-//! beside it are the operations, in the domain's words. Rare reads and
-//! writes are written once, in SQL both engines take (`$1` parameters,
-//! `ON CONFLICT`, `RETURNING`), and run on whichever pool the store has
-//! ([`on_pool!`], [`in_transaction!`]); what differs per engine lives in
-//! the backend's folder. The hot writes go through one [`Writer`], which
-//! hands them to the backend's group-committing writer.
+//! beside it are the operations, in the domain's words. Each operation
+//! runs on its backend's one driver: rusqlite on the SQLite file, sqlx on
+//! PostgreSQL. Rare SQL both engines take is written once (`$1`
+//! parameters, which the SQLite side binds as `?1`, `ON CONFLICT`,
+//! `RETURNING`); what differs per engine lives in the backend's folder.
+//! The hot writes go through one [`Writer`], which hands them to the
+//! backend's group-committing writer.
 //!
 //! The embedded queue keeps its own tables in the SQLite file and runs its
 //! work on the SQLite writer ([`sqlite::writer`]).
@@ -56,51 +57,6 @@ pub enum Db {
     Sqlite(SqliteDb),
     Postgres(postgres::PgDb),
 }
-
-/// Runs the same sqlx expression on whichever pool the store has: `$pool`
-/// is the SQLite `read` or `write` pool (as `$side` says) or the PostgreSQL
-/// pool. The SQL must suit both engines (`$1` parameters).
-macro_rules! on_pool {
-    ($db:expr, $side:ident, |$pool:ident| $body:expr) => {
-        match $db {
-            $crate::store::Db::Sqlite(sqlite) => {
-                let $pool = &sqlite.$side;
-                $body
-            }
-            $crate::store::Db::Postgres(pg) => {
-                let $pool = &pg.pool;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use on_pool;
-
-/// Runs `$body` in a write transaction `$tx` on whichever store `$db` is,
-/// and commits it; an early return (`?`) rolls it back. On SQLite it takes
-/// the write turn first and begins `IMMEDIATE`, so it neither waits on
-/// `SQLITE_BUSY` nor fails to upgrade a read. As with [`on_pool!`], the SQL
-/// must suit both engines; `&mut *$tx` is the executor.
-macro_rules! in_transaction {
-    ($db:expr, |$tx:ident| $body:expr) => {
-        match $db {
-            $crate::store::Db::Sqlite(sqlite) => {
-                let _turn = sqlite.write_turn().await;
-                let mut $tx = sqlite.write.begin_with("BEGIN IMMEDIATE").await?;
-                let value = $body;
-                $tx.commit().await?;
-                value
-            }
-            $crate::store::Db::Postgres(pg) => {
-                let mut $tx = pg.pool.begin().await?;
-                let value = $body;
-                $tx.commit().await?;
-                value
-            }
-        }
-    };
-}
-pub(crate) use in_transaction;
 
 impl Db {
     /// Opens the store `url` names (`sqlite://PATH`, `postgres://…`),
@@ -158,52 +114,128 @@ impl Db {
 
     /// Reads a value from the `settings` table.
     pub async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
-        Ok(on_pool!(self, write, |pool| {
-            sqlx::query_scalar::<_, String>("SELECT value FROM settings WHERE key = $1")
-                .bind(key)
-                .fetch_optional(pool)
+        const READ: &str = "SELECT value FROM settings WHERE key = $1";
+        Ok(match self {
+            Db::Sqlite(db) => db
+                .row(READ, sqlite::args![key.to_owned()], sqlite::tuple)
                 .await?
-        }))
+                .map(|(value,)| value),
+            Db::Postgres(db) => {
+                sqlx::query_scalar(READ)
+                    .bind(key)
+                    .fetch_optional(&db.pool)
+                    .await?
+            }
+        })
     }
 
     /// Writes a value to the `settings` table.
     pub async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        on_pool!(self, write, |pool| {
-            sqlx::query(
-                "INSERT INTO settings(key, value) VALUES ($1, $2) \
-                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            )
-            .bind(key)
-            .bind(value)
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
-        Ok(())
+        self.write_setting(key, value, "UPDATE SET value = excluded.value")
+            .await
     }
 
     /// The value of `key` in the `settings` table, storing `value` first
     /// when there is none; instances starting together agree on one.
     pub async fn setting_or_insert(&self, key: &str, value: &str) -> anyhow::Result<String> {
-        on_pool!(self, write, |pool| {
-            sqlx::query(
-                "INSERT INTO settings(key, value) VALUES ($1, $2) ON CONFLICT(key) DO NOTHING",
-            )
-            .bind(key)
-            .bind(value)
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
+        self.write_setting(key, value, "NOTHING").await?;
         self.setting(key)
             .await?
             .ok_or_else(|| anyhow::anyhow!("setting {key} vanished after it was written"))
+    }
+
+    /// Inserts `key` = `value`, doing `on_conflict` when it is there.
+    async fn write_setting(&self, key: &str, value: &str, on_conflict: &str) -> anyhow::Result<()> {
+        let sql = format!(
+            "INSERT INTO settings(key, value) VALUES ($1, $2) ON CONFLICT(key) DO {on_conflict}"
+        );
+        match self {
+            Db::Sqlite(db) => {
+                db.execute(sql, sqlite::args![key.to_owned(), value.to_owned()])
+                    .await?;
+            }
+            Db::Postgres(db) => {
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(key)
+                    .bind(value)
+                    .execute(&db.pool)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     pub async fn close(&self) {
         match self {
             Db::Sqlite(db) => db.close().await,
             Db::Postgres(db) => db.close().await,
+        }
+    }
+}
+
+/// Raw SQL for tests that read or arrange a store from outside, on either
+/// backend (the SQL must suit both).
+#[cfg(test)]
+impl Db {
+    /// Runs the statements of `sql`, in one transaction.
+    pub(crate) async fn test_execute(&self, sql: &str) {
+        match self {
+            Db::Sqlite(db) => {
+                let sql = sql.to_owned();
+                db.transact(move |tx| Ok(tx.execute_batch(&sql)?))
+                    .await
+                    .unwrap()
+            }
+            Db::Postgres(db) => {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(&db.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// The first column of the first row of `sql`, a number.
+    pub(crate) async fn test_count(&self, sql: &str) -> i64 {
+        match self {
+            Db::Sqlite(db) => db
+                .row(sql.to_owned(), vec![], sqlite::tuple)
+                .await
+                .unwrap()
+                .map(|(n,)| n)
+                .unwrap(),
+            Db::Postgres(db) => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_one(&db.pool)
+                .await
+                .unwrap(),
+        }
+    }
+
+    /// Every row of `sql`, whose columns are text (or NULL).
+    pub(crate) async fn test_texts(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        match self {
+            Db::Sqlite(db) => {
+                let sql = sql.to_owned();
+                db.read(move |conn| {
+                    let mut statement = conn.prepare(&sql)?;
+                    let width = statement.column_count();
+                    statement
+                        .query_map([], |row| (0..width).map(|i| row.get(i)).collect())?
+                        .collect()
+                })
+                .await
+                .unwrap()
+            }
+            Db::Postgres(db) => {
+                use sqlx::Row;
+                sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_all(&db.pool)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+                    .collect()
+            }
         }
     }
 }

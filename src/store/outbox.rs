@@ -66,17 +66,15 @@ where
         Db::Sqlite(sqlite) => {
             let mut after = String::new();
             loop {
-                let rows: Vec<OutboxRow> = sqlx::query_as(
-                    "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
-                     WHERE ((due_at IS NULL AND created_at <= $1) OR due_at <= $2) AND message_id > $3 \
-                     ORDER BY message_id LIMIT $4",
-                )
-                .bind(cutoff)
-                .bind(now_ms())
-                .bind(&after)
-                .bind(page)
-                .fetch_all(&sqlite.read)
-                .await?;
+                let rows: Vec<OutboxRow> = sqlite
+                    .rows(
+                        "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+                         WHERE ((due_at IS NULL AND created_at <= ?1) OR due_at <= ?2) \
+                         AND message_id > ?3 ORDER BY message_id LIMIT ?4",
+                        super::sqlite::args![cutoff, now_ms(), after.clone(), page],
+                        super::sqlite::tuple,
+                    )
+                    .await?;
                 let Some(last) = rows.last() else {
                     return Ok(resent);
                 };
@@ -150,7 +148,7 @@ async fn mark_due_queued(db: &Db, ids: &[String]) -> anyhow::Result<()> {
 pub async fn pending_by_lane(db: &Db) -> anyhow::Result<[u64; 2]> {
     const COUNT: &str = "SELECT lane, COUNT(*) FROM outbox GROUP BY lane";
     let rows: Vec<(String, i64)> = match db {
-        Db::Sqlite(sqlite) => sqlx::query_as(COUNT).fetch_all(&sqlite.read).await?,
+        Db::Sqlite(sqlite) => sqlite.rows(COUNT, vec![], super::sqlite::tuple).await?,
         Db::Postgres(pg) => sqlx::query_as(COUNT).fetch_all(&pg.pool).await?,
     };
     let mut counts = [0; 2];
@@ -170,9 +168,7 @@ pub async fn forget(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     match db {
         Db::Sqlite(sqlite) => {
             sqlite
-                .execute_for_ids(ids, |query| {
-                    query.push("DELETE FROM outbox WHERE message_id IN (");
-                })
+                .execute_for_ids(ids, "DELETE FROM outbox WHERE message_id IN (")
                 .await?;
         }
         Db::Postgres(pg) => {

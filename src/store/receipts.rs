@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Db, in_transaction, on_pool, suppressions};
+use super::{Db, sqlite, suppressions};
 use crate::model::{MessageStatus, now_ms};
 
 /// What a provider reported about one message.
@@ -209,19 +209,31 @@ pub(crate) fn apply_in(
 
 /// Keeps `receipt` (as `json`) to be matched again from `next_try_at`.
 pub async fn keep(db: &Db, receipt: &Receipt, json: &str, next_try_at: i64) -> anyhow::Result<()> {
-    in_transaction!(db, |tx| {
-        sqlx::query(
-            "INSERT INTO pending_receipts (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
-             VALUES ($1, $2, $3, $4, $5, 0)",
-        )
-        .bind(&receipt.provider)
-        .bind(&receipt.provider_message_id)
-        .bind(json)
-        .bind(now_ms())
-        .bind(next_try_at)
-        .execute(&mut *tx)
-        .await?;
-    });
+    const KEEP: &str = "INSERT INTO pending_receipts \
+         (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
+         VALUES ($1, $2, $3, $4, $5, 0)";
+    match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![
+                receipt.provider.clone(),
+                receipt.provider_message_id.clone(),
+                json.to_owned(),
+                now_ms(),
+                next_try_at
+            ];
+            db.execute(KEEP, args).await?;
+        }
+        Db::Postgres(db) => {
+            sqlx::query(KEEP)
+                .bind(&receipt.provider)
+                .bind(&receipt.provider_message_id)
+                .bind(json)
+                .bind(now_ms())
+                .bind(next_try_at)
+                .execute(&db.pool)
+                .await?;
+        }
+    }
     Ok(())
 }
 
@@ -232,38 +244,44 @@ pub async fn kept_due(
     now: i64,
     limit: i64,
 ) -> anyhow::Result<Vec<(i64, String, i64, i64)>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT id, receipt, received_at, tries FROM pending_receipts WHERE next_try_at <= $1 \
-             ORDER BY next_try_at LIMIT $2",
-        )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?
-    }))
+    const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
+         WHERE next_try_at <= $1 ORDER BY next_try_at LIMIT $2";
+    Ok(match db {
+        Db::Sqlite(db) => {
+            db.rows(DUE, sqlite::args![now, limit], sqlite::tuple)
+                .await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(DUE)
+                .bind(now)
+                .bind(limit)
+                .fetch_all(&db.pool)
+                .await?
+        }
+    })
 }
 
 /// Removes kept receipt `row` (`done`: matched or expired), or counts a
 /// try and makes it due again at `next`.
 pub async fn settle_kept(db: &Db, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
-    in_transaction!(db, |tx| {
-        if done {
-            sqlx::query("DELETE FROM pending_receipts WHERE id = $1")
-                .bind(row)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-        } else {
-            sqlx::query(
-                "UPDATE pending_receipts SET tries = tries + 1, next_try_at = $1 WHERE id = $2",
-            )
-            .bind(next)
-            .bind(row)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+    const FORGET: &str = "DELETE FROM pending_receipts WHERE id = $1";
+    const AGAIN: &str =
+        "UPDATE pending_receipts SET tries = tries + 1, next_try_at = $1 WHERE id = $2";
+    match (db, done) {
+        (Db::Sqlite(db), true) => db.execute(FORGET, sqlite::args![row]).await?,
+        (Db::Sqlite(db), false) => db.execute(AGAIN, sqlite::args![next, row]).await?,
+        (Db::Postgres(db), true) => {
+            let done = sqlx::query(FORGET).bind(row).execute(&db.pool).await?;
+            done.rows_affected() as usize
         }
-    });
+        (Db::Postgres(db), false) => {
+            let done = sqlx::query(AGAIN)
+                .bind(next)
+                .bind(row)
+                .execute(&db.pool)
+                .await?;
+            done.rows_affected() as usize
+        }
+    };
     Ok(())
 }

@@ -10,10 +10,7 @@
 //! personal again (a late bounce's error, an event's detail) is unmarked by
 //! the lifecycle's move, and the next run erases it again.
 
-use sqlx::QueryBuilder;
-
-use super::sqlite::push_id_list;
-use super::{Db, on_pool};
+use super::{Db, sqlite};
 
 /// A message due for erasure.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,14 +27,26 @@ pub async fn due(db: &Db, tenant_id: &str, cutoff: i64, limit: usize) -> anyhow:
          WHERE tenant_id = $1 AND erased_at IS NULL AND created_at < $2 \
          AND status IN {SETTLED} ORDER BY created_at LIMIT $3"
     );
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(tenant_id)
-            .bind(cutoff)
-            .bind(limit as i64)
-            .fetch_all(pool)
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), cutoff, limit as i64];
+            db.rows(sql, args, |row| {
+                Ok(Due {
+                    id: row.get(0)?,
+                    status: row.get(1)?,
+                })
+            })
             .await?
-    }))
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(tenant_id)
+                .bind(cutoff)
+                .bind(limit as i64)
+                .fetch_all(&db.pool)
+                .await?
+        }
+    })
 }
 
 /// The statuses after which nothing more is sent (receipts may still
@@ -64,28 +73,25 @@ pub async fn erase(db: &Db, ids: &[String], now: i64) -> anyhow::Result<u64> {
     const OUTBOX: &str = "DELETE FROM outbox WHERE message_id ";
     match db {
         Db::Sqlite(sqlite) => {
-            let _turn = sqlite.write_turn().await;
-            let mut tx = sqlite.write.begin_with("BEGIN IMMEDIATE").await?;
-            let mut query = QueryBuilder::new("");
-            let (before, after) = messages.split_once("$1").unwrap_or((&messages, ""));
-            query.push(before).push_bind(now).push(after).push("IN (");
-            push_id_list(&mut query, ids);
-            query.push(" RETURNING id");
-            let erased: Vec<String> = query
-                .build_query_scalar()
-                .persistent(false)
-                .fetch_all(&mut *tx)
-                .await?;
-            if !erased.is_empty() {
-                for head in [EVENTS, OUTBOX] {
-                    let mut query = QueryBuilder::new(head);
-                    query.push("IN (");
-                    push_id_list(&mut query, &erased);
-                    query.build().persistent(false).execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await?;
-            Ok(erased.len() as u64)
+            let ids = ids.to_vec();
+            sqlite
+                .transact(move |tx| {
+                    let sql = format!("{messages}IN ({} RETURNING id", sqlite::id_list(ids.len()));
+                    let mut args = sqlite::args![now];
+                    args.extend(ids.into_iter().map(rusqlite::types::Value::from));
+                    let erased: Vec<String> = tx
+                        .prepare(&sql)?
+                        .query_map(rusqlite::params_from_iter(args), |row| row.get(0))?
+                        .collect::<rusqlite::Result<_>>()?;
+                    if !erased.is_empty() {
+                        for head in [EVENTS, OUTBOX] {
+                            let sql = format!("{head}IN ({}", sqlite::id_list(erased.len()));
+                            tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
+                        }
+                    }
+                    Ok(erased.len() as u64)
+                })
+                .await
         }
         Db::Postgres(pg) => {
             let mut tx = pg.pool.begin().await?;
@@ -129,15 +135,22 @@ pub async fn lock_run(db: &Db) -> anyhow::Result<Option<RunLock>> {
 /// How many of `tenant_id`'s messages are not delivered yet (`scheduled`,
 /// `queued`, `sending`, `retrying`).
 pub async fn undelivered(db: &Db, tenant_id: &str) -> anyhow::Result<i64> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
-             AND status IN ('scheduled', 'queued', 'sending', 'retrying')",
-        )
-        .bind(tenant_id)
-        .fetch_one(pool)
-        .await?
-    }))
+    const UNDELIVERED: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
+         AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned()];
+            db.row(UNDELIVERED, args, |row| row.get(0))
+                .await?
+                .unwrap_or(0)
+        }
+        Db::Postgres(db) => {
+            sqlx::query_scalar(UNDELIVERED)
+                .bind(tenant_id)
+                .fetch_one(&db.pool)
+                .await?
+        }
+    })
 }
 
 /// What [`scrub_file`] did.
@@ -174,7 +187,9 @@ pub async fn scrub_file(db: &Db, vacuum: bool) -> anyhow::Result<Scrubbed> {
     };
     let _turn = sqlite.write_turn().await;
     if vacuum {
-        sqlx::query("VACUUM").execute(&sqlite.write).await?;
+        sqlite
+            .on_rare_connection(|conn| Ok(conn.execute_batch("VACUUM")?))
+            .await?;
     }
     // A reader's snapshot (a request, a long-poll receive) keeps the
     // checkpoint from truncating the log; such snapshots last milliseconds,
@@ -184,10 +199,11 @@ pub async fn scrub_file(db: &Db, vacuum: bool) -> anyhow::Result<Scrubbed> {
         if attempt > 0 {
             tokio::time::sleep(TRUNCATE_PAUSE).await;
         }
-        let (now_busy, _log, _done): (i64, i64, i64) =
-            sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
-                .fetch_one(&sqlite.write)
-                .await?;
+        let now_busy: i64 = sqlite
+            .on_rare_connection(|conn| {
+                Ok(conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0))?)
+            })
+            .await?;
         busy = now_busy;
         if busy == 0 {
             break;
@@ -218,10 +234,7 @@ mod tests {
         // Settled messages of four tenants, interleaved (as a busy store
         // holds them), written by one statement so SQLite splits pages
         // as it goes.
-        let Db::Sqlite(sqlite) = &db else {
-            unreachable!()
-        };
-        sqlx::query(
+        db.test_execute(
             "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 20000) \
              INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, \
              reference, metadata, created_at, updated_at, last_error) \
@@ -229,9 +242,7 @@ mod tests {
              'ref-zq7sentinel-' || n, '{\"who\":\"zq7sentinel-' || n || '@example.com\"}', \
              n, n, 'bounced: zq7sentinel-' || n || '@example.com' FROM c",
         )
-        .execute(&sqlite.write)
-        .await
-        .unwrap();
+        .await;
         let mut ids = Vec::new();
         for tenant in ["t0", "t1", "t2", "t3"] {
             ids.extend(

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use crate::message::{MAX_EMAIL_LEN, is_e164, is_email_address};
 use crate::model::{Channel, ms_to_rfc3339, now_ms};
-use crate::store::{Db, in_transaction, on_pool};
+use crate::store::{Db, sqlite};
 
 /// The address as stored and compared: an email address in lower case, or
 /// an E.164 number; None when it is neither.
@@ -141,8 +141,20 @@ pub async fn add(
     address: &str,
     detail: Option<&str>,
 ) -> anyhow::Result<bool> {
-    let added = in_transaction!(db, |tx| {
-        sqlx::query(INSERT)
+    let added = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![
+                tenant_id.to_owned(),
+                address.to_owned(),
+                channel.as_str().to_owned(),
+                "manual".to_owned(),
+                detail.map(str::to_owned),
+                None::<String>,
+                now_ms()
+            ];
+            db.execute(INSERT, args).await? as u64
+        }
+        Db::Postgres(db) => sqlx::query(INSERT)
             .bind(tenant_id)
             .bind(address)
             .bind(channel.as_str())
@@ -150,38 +162,62 @@ pub async fn add(
             .bind(detail)
             .bind(None::<String>)
             .bind(now_ms())
-            .execute(&mut *tx)
+            .execute(&db.pool)
             .await?
-            .rows_affected()
-    });
+            .rows_affected(),
+    };
     Ok(added == 1)
+}
+
+const COLUMNS: &str = "address, channel, reason, detail, message_id, created_at";
+
+/// A [`Suppression`] from a rusqlite row of [`COLUMNS`].
+fn suppression_row(row: &rusqlite::Row) -> rusqlite::Result<Suppression> {
+    Ok(Suppression {
+        address: row.get(0)?,
+        channel: row.get(1)?,
+        reason: row.get(2)?,
+        detail: row.get(3)?,
+        message_id: row.get(4)?,
+        created_at: String::new(),
+        created_ms: row.get(5)?,
+    })
 }
 
 /// One entry, if listed.
 pub async fn get(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<Option<Suppression>> {
-    let row = on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Suppression>(
-            "SELECT address, channel, reason, detail, message_id, created_at FROM suppressions \
-             WHERE tenant_id = $1 AND address = $2",
-        )
-        .bind(tenant_id)
-        .bind(address)
-        .fetch_optional(pool)
-        .await?
-    });
+    let sql = format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = $1 AND address = $2");
+    let row = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
+            db.row(sql, args, suppression_row).await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
+                .bind(tenant_id)
+                .bind(address)
+                .fetch_optional(&db.pool)
+                .await?
+        }
+    };
     Ok(row.map(Suppression::dated))
 }
 
 /// True when `address` (normalised) is on the tenant's list.
 pub async fn contains(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-    let found: Option<i32> = on_pool!(db, read, |pool| {
-        sqlx::query_scalar("SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2")
+    const LISTED: &str = "SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2";
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
+            db.row(LISTED, args, |_| Ok(())).await?.is_some()
+        }
+        Db::Postgres(db) => sqlx::query_scalar::<_, i32>(LISTED)
             .bind(tenant_id)
             .bind(address)
-            .fetch_optional(pool)
+            .fetch_optional(&db.pool)
             .await?
-    });
-    Ok(found.is_some())
+            .is_some(),
+    })
 }
 
 /// Up to `limit` entries after `after` (an address; None from the start),
@@ -192,30 +228,43 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> anyhow::Result<Vec<Suppression>> {
-    let rows = on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Suppression>(
-            "SELECT address, channel, reason, detail, message_id, created_at FROM suppressions \
-             WHERE tenant_id = $1 AND address > $2 ORDER BY address LIMIT $3",
-        )
-        .bind(tenant_id)
-        .bind(after.unwrap_or(""))
-        .bind(limit)
-        .fetch_all(pool)
-        .await?
-    });
+    let sql = format!(
+        "SELECT {COLUMNS} FROM suppressions \
+         WHERE tenant_id = $1 AND address > $2 ORDER BY address LIMIT $3"
+    );
+    let after = after.unwrap_or("");
+    let rows = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), after.to_owned(), limit];
+            db.rows(sql, args, suppression_row).await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
+                .bind(tenant_id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&db.pool)
+                .await?
+        }
+    };
     Ok(rows.into_iter().map(Suppression::dated).collect())
 }
 
 /// Removes an entry; true when it was listed.
 pub async fn remove(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-    let removed = in_transaction!(db, |tx| {
-        sqlx::query("DELETE FROM suppressions WHERE tenant_id = $1 AND address = $2")
+    const REMOVE: &str = "DELETE FROM suppressions WHERE tenant_id = $1 AND address = $2";
+    let removed = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
+            db.execute(REMOVE, args).await? as u64
+        }
+        Db::Postgres(db) => sqlx::query(REMOVE)
             .bind(tenant_id)
             .bind(address)
-            .execute(&mut *tx)
+            .execute(&db.pool)
             .await?
-            .rows_affected()
-    });
+            .rows_affected(),
+    };
     Ok(removed == 1)
 }
 

@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use super::{Db, on_pool};
+use super::{Db, sqlite};
 use crate::model::Scope;
 
 /// The counters, in column order.
@@ -96,15 +96,40 @@ pub async fn read(
          GROUP BY tenant_id, day, channel, test ORDER BY tenant_id, day, channel, test",
         sums = sums.join(", ")
     );
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(from_day)
-            .bind(to_day)
-            .bind(tenant_id)
-            .bind(test)
-            .fetch_all(pool)
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![from_day, to_day, tenant_id.map(str::to_owned), test];
+            db.rows(sql, args, |row| {
+                Ok(UsageRow {
+                    tenant_id: row.get(0)?,
+                    day: row.get(1)?,
+                    channel: row.get(2)?,
+                    test: row.get(3)?,
+                    accepted: row.get(4)?,
+                    sent: row.get(5)?,
+                    delivered: row.get(6)?,
+                    bounced: row.get(7)?,
+                    complained: row.get(8)?,
+                    failed: row.get(9)?,
+                    dead_lettered: row.get(10)?,
+                    suppressed: row.get(11)?,
+                    cancelled: row.get(12)?,
+                    rejected: row.get(13)?,
+                    fragments: row.get(14)?,
+                })
+            })
             .await?
-    }))
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(from_day)
+                .bind(to_day)
+                .bind(tenant_id)
+                .bind(test)
+                .fetch_all(&db.pool)
+                .await?
+        }
+    })
 }
 
 /// PostgreSQL: folds the appended deltas into `usage`, one batch per

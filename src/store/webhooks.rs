@@ -18,7 +18,9 @@
 //! position (at least once, with the same `webhook-id`).
 
 use super::messages::MessageRecord;
-use super::{Db, in_transaction, on_pool};
+use rusqlite::OptionalExtension;
+
+use super::{Db, sqlite};
 use crate::model::{MessageStatus, now_ms};
 
 /// A place in a tenant's event log: (transaction id, event id). On
@@ -73,12 +75,77 @@ pub(crate) const WEBHOOK_OF: &str =
 
 /// The tenant's endpoint, if it has one.
 pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
-            .bind(tenant_id)
-            .fetch_optional(pool)
-            .await?
-    }))
+    Ok(match db {
+        Db::Sqlite(db) => {
+            db.row(WEBHOOK_OF, sqlite::args![tenant_id.to_owned()], webhook_row)
+                .await?
+        }
+        Db::Postgres(db) => {
+            sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
+                .bind(tenant_id)
+                .fetch_optional(&db.pool)
+                .await?
+        }
+    })
+}
+
+/// A [`Webhook`] from a rusqlite row of its columns.
+pub(crate) fn webhook_row(row: &rusqlite::Row) -> rusqlite::Result<Webhook> {
+    Ok(Webhook {
+        tenant_id: row.get(0)?,
+        url: row.get(1)?,
+        events: row.get(2)?,
+        secret: row.get(3)?,
+        previous_secret: row.get(4)?,
+        previous_until: row.get(5)?,
+        failing_since: row.get(6)?,
+        last_error: row.get(7)?,
+        disabled_at: row.get(8)?,
+        created_at: row.get(9)?,
+        updated_at: row.get(10)?,
+    })
+}
+
+/// Every row of `sql` (parameters `args`) on either store, as tuples.
+async fn tuples<T>(db: &Db, sql: String, args: Vec<Arg>) -> anyhow::Result<Vec<T>>
+where
+    T: for<'a> TryFrom<&'a rusqlite::Row<'a>, Error = rusqlite::Error>
+        + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+        + Send
+        + Unpin
+        + 'static,
+{
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let args = args.into_iter().map(Arg::into_sqlite).collect();
+            db.rows(sql, args, sqlite::tuple).await?
+        }
+        Db::Postgres(db) => {
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for arg in args {
+                query = match arg {
+                    Arg::Text(text) => query.bind(text),
+                    Arg::Number(number) => query.bind(number),
+                };
+            }
+            query.fetch_all(&db.pool).await?
+        }
+    })
+}
+
+/// A parameter of [`tuples`].
+enum Arg {
+    Text(Option<String>),
+    Number(i64),
+}
+
+impl Arg {
+    fn into_sqlite(self) -> rusqlite::types::Value {
+        match self {
+            Arg::Text(text) => text.into(),
+            Arg::Number(number) => number.into(),
+        }
+    }
 }
 
 /// A tenant's calls in one state.
@@ -153,26 +220,24 @@ pub async fn delivery_counts(
     tenant_id: &str,
     now: i64,
 ) -> anyhow::Result<Vec<DeliveryCount>> {
-    let rows: Vec<(String, i64, i64, Option<i64>)> = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT state, COUNT(*) AS count, \
-             COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
-             MIN(created_at) AS oldest \
-             FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state",
-        )
-        .bind(tenant_id)
-        .bind(now)
-        .fetch_all(pool)
-        .await?
-    });
+    let rows: Vec<(String, i64, i64, Option<i64>)> = tuples(
+        db,
+        "SELECT state, COUNT(*) AS count, \
+         COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
+         MIN(created_at) AS oldest \
+         FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state"
+            .to_owned(),
+        vec![Arg::Text(Some(tenant_id.to_owned())), Arg::Number(now)],
+    )
+    .await?;
     let sql = stream_backlog(db, "w.tenant_id = $1");
-    let stream: Option<(i64, i64, Option<i64>, bool)> = on_pool!(db, read, |pool| {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
-            .bind(tenant_id)
-            .bind(now)
-            .fetch_optional(pool)
-            .await?
-    });
+    let stream: Option<(i64, i64, Option<i64>, bool)> = tuples(
+        db,
+        sql,
+        vec![Arg::Text(Some(tenant_id.to_owned())), Arg::Number(now)],
+    )
+    .await?
+    .pop();
     let mut counts: Vec<DeliveryCount> = rows
         .into_iter()
         .map(|(state, count, due, oldest)| DeliveryCount {
@@ -204,28 +269,24 @@ pub async fn delivery_counts(
 /// Every tenant's pending calls due at `now`: how many, and the event time
 /// (ms) of the oldest, for the dispatcher's gauges.
 pub async fn due_overall(db: &Db, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
-    let (rows, oldest_row): (i64, Option<i64>) = on_pool!(db, read, |pool| {
-        sqlx::query_as(
-            "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
-             WHERE state = 'pending' AND next_attempt_at <= $1",
-        )
-        .bind(now)
-        .fetch_one(pool)
-        .await?
-    });
+    let (rows, oldest_row): (i64, Option<i64>) = tuples(
+        db,
+        "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
+         WHERE state = 'pending' AND next_attempt_at <= $1"
+            .to_owned(),
+        vec![Arg::Number(now)],
+    )
+    .await?
+    .pop()
+    .unwrap_or_default();
     let sql = stream_backlog(db, "w.disabled_at IS NULL AND $1::text IS NULL");
     let sql = if db.is_shared() {
         sql
     } else {
         sql.replace("$1::text IS NULL", "$1 IS NULL")
     };
-    let streams: Vec<(i64, i64, Option<i64>, bool)> = on_pool!(db, read, |pool| {
-        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
-            .bind(None::<String>)
-            .bind(now)
-            .fetch_all(pool)
-            .await?
-    });
+    let streams: Vec<(i64, i64, Option<i64>, bool)> =
+        tuples(db, sql, vec![Arg::Text(None), Arg::Number(now)]).await?;
     let mut total = DeliveryCount::default();
     total.add(rows, 0, oldest_row);
     for (_, due, oldest, _) in streams.into_iter().filter(|stream| stream.1 > 0) {
@@ -244,49 +305,75 @@ pub async fn put(
     events: &str,
     secret: String,
 ) -> anyhow::Result<(Webhook, Option<String>)> {
+    const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = $1";
+    const CHANGE: &str = "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, \
+         last_error = NULL, disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4";
+    // A new endpoint gets the events from now on: its stream starts at the
+    // tenant's newest event.
+    const CREATE: &str = "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, \
+         updated_at, position_xid, position_id, read_xid, read_id) \
+         SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
+         (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
+          UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top";
     let now = now_ms();
-    let created = in_transaction!(db, |tx| {
-        let existed: Option<String> =
-            sqlx::query_scalar("SELECT tenant_id FROM webhooks WHERE tenant_id = $1")
+    let created = match db {
+        Db::Sqlite(db) => {
+            let (tenant_id, url, events, secret) = (
+                tenant_id.to_owned(),
+                url.to_owned(),
+                events.to_owned(),
+                secret.clone(),
+            );
+            db.transact(move |tx| {
+                let existed = sqlite::prepare(tx, EXISTS)?
+                    .query_row([&tenant_id], |_| Ok(()))
+                    .optional()?
+                    .is_some();
+                if existed {
+                    sqlite::prepare(tx, CHANGE)?
+                        .execute(rusqlite::params![url, events, now, tenant_id])?;
+                    sqlite::prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
+                } else {
+                    sqlite::prepare(tx, CREATE)?
+                        .execute(rusqlite::params![tenant_id, url, events, secret, now])?;
+                }
+                Ok(!existed)
+            })
+            .await?
+        }
+        Db::Postgres(db) => {
+            let mut tx = db.pool.begin().await?;
+            let existed: Option<String> = sqlx::query_scalar(EXISTS)
                 .bind(tenant_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if existed.is_some() {
-            sqlx::query(
-                "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, last_error = NULL, \
-                 disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4",
-            )
-            .bind(url)
-            .bind(events)
-            .bind(now)
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(RESUME)
-                .bind(now)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            // A new endpoint gets the events from now on: its stream
-            // starts at the tenant's newest event.
-            sqlx::query(
-                "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at, \
-                 position_xid, position_id, read_xid, read_id) \
-                 SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
-                 (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
-                  UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top",
-            )
-            .bind(tenant_id)
-            .bind(url)
-            .bind(events)
-            .bind(&secret)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+            if existed.is_some() {
+                sqlx::query(CHANGE)
+                    .bind(url)
+                    .bind(events)
+                    .bind(now)
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(RESUME)
+                    .bind(now)
+                    .bind(tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+            } else {
+                sqlx::query(CREATE)
+                    .bind(tenant_id)
+                    .bind(url)
+                    .bind(events)
+                    .bind(&secret)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            existed.is_none()
         }
-        existed.is_none()
-    });
+    };
     let webhook = get(db, tenant_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("the webhook just written is gone"))?;
@@ -306,20 +393,23 @@ pub async fn rotate(
     secret: String,
     grace_ms: i64,
 ) -> anyhow::Result<Option<(Webhook, String)>> {
+    const ROTATE: &str = "UPDATE webhooks SET previous_secret = secret, previous_until = $1, \
+         secret = $2, updated_at = $3 WHERE tenant_id = $4";
     let now = now_ms();
-    let rotated = in_transaction!(db, |tx| {
-        sqlx::query(
-            "UPDATE webhooks SET previous_secret = secret, previous_until = $1, secret = $2, \
-             updated_at = $3 WHERE tenant_id = $4",
-        )
-        .bind(now + grace_ms)
-        .bind(&secret)
-        .bind(now)
-        .bind(tenant_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-    });
+    let rotated = match db {
+        Db::Sqlite(db) => {
+            let args = sqlite::args![now + grace_ms, secret.clone(), now, tenant_id.to_owned()];
+            db.execute(ROTATE, args).await? as u64
+        }
+        Db::Postgres(db) => sqlx::query(ROTATE)
+            .bind(now + grace_ms)
+            .bind(&secret)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&db.pool)
+            .await?
+            .rows_affected(),
+    };
     if rotated == 0 {
         return Ok(None);
     }
@@ -329,17 +419,28 @@ pub async fn rotate(
 /// Removes the tenant's endpoint and the events still waiting for it;
 /// true when there was one.
 pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
-    let removed = in_transaction!(db, |tx| {
-        sqlx::query("DELETE FROM webhook_deliveries WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM webhooks WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .execute(&mut *tx)
+    const CALLS: &str = "DELETE FROM webhook_deliveries WHERE tenant_id = $1";
+    const ENDPOINT: &str = "DELETE FROM webhooks WHERE tenant_id = $1";
+    let removed = match db {
+        Db::Sqlite(db) => {
+            let tenant_id = tenant_id.to_owned();
+            db.transact(move |tx| {
+                tx.execute(CALLS, [&tenant_id])?;
+                Ok(tx.execute(ENDPOINT, [&tenant_id])? as u64)
+            })
             .await?
-            .rows_affected()
-    });
+        }
+        Db::Postgres(db) => {
+            let mut tx = db.pool.begin().await?;
+            sqlx::query(CALLS).bind(tenant_id).execute(&mut *tx).await?;
+            let removed = sqlx::query(ENDPOINT)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            removed.rows_affected()
+        }
+    };
     Ok(removed == 1)
 }
 
@@ -348,50 +449,71 @@ pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
 /// disabled. None when there is no endpoint.
 pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
     let now = now_ms();
+    const ENABLE: &str = "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, \
+         updated_at = $1 WHERE tenant_id = $2";
     let backlog = stream_backlog(db, "w.tenant_id = $1");
-    let redriven = in_transaction!(db, |tx| {
-        let enabled = sqlx::query(
-            "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, updated_at = $1 \
-             WHERE tenant_id = $2",
-        )
-        .bind(now)
-        .bind(tenant_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if enabled == 0 {
-            None
-        } else {
+    let kept_of =
+        |kept: Option<(i64, i64, Option<i64>, bool)>| kept.map_or(0, |k| k.0.max(0) as u64);
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let tenant_id = tenant_id.to_owned();
+            db.transact(move |tx| {
+                if sqlite::prepare(tx, ENABLE)?.execute(rusqlite::params![now, tenant_id])? == 0 {
+                    return Ok(None);
+                }
+                let rows =
+                    sqlite::prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
+                let kept = sqlite::prepare(tx, &backlog)?
+                    .query_row(rusqlite::params![tenant_id, now], sqlite::tuple)
+                    .optional()?;
+                Ok(Some(rows as u64 + kept_of(kept)))
+            })
+            .await?
+        }
+        Db::Postgres(db) => {
+            let mut tx = db.pool.begin().await?;
+            let enabled = sqlx::query(ENABLE)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if enabled == 0 {
+                return Ok(None);
+            }
             let rows = sqlx::query(RESUME)
                 .bind(now)
                 .bind(tenant_id)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            let kept: Option<(i64, i64, Option<i64>, bool)> =
-                sqlx::query_as(sqlx::AssertSqlSafe(backlog.as_str()))
-                    .bind(tenant_id)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            Some(rows + kept.map_or(0, |kept| kept.0.max(0) as u64))
+            let kept = sqlx::query_as(sqlx::AssertSqlSafe(backlog))
+                .bind(tenant_id)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Some(rows + kept_of(kept))
         }
-    });
-    Ok(redriven)
+    })
 }
 
 /// Endpoints that are failing or disabled, oldest failure first.
 pub async fn failing(db: &Db) -> anyhow::Result<Vec<Webhook>> {
-    Ok(on_pool!(db, read, |pool| {
-        sqlx::query_as::<_, Webhook>(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
-             ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
-        ))
-        .fetch_all(pool)
-        .await?
-    }))
+    const FAILING: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
+         ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
+    );
+    Ok(match db {
+        Db::Sqlite(db) => db.rows(FAILING, vec![], webhook_row).await?,
+        Db::Postgres(db) => {
+            sqlx::query_as::<_, Webhook>(FAILING)
+                .fetch_all(&db.pool)
+                .await?
+        }
+    })
 }
 
 /// A call taken for this instance.
@@ -449,9 +571,8 @@ pub(crate) const PENDING_TENANTS: &str = "WITH RECURSIVE pending(tenant_id) AS (
 
 /// The tenants with calls pending.
 pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
-    let tenants: Vec<Option<String>> = on_pool!(db, read, |pool| {
-        sqlx::query_scalar(PENDING_TENANTS).fetch_all(pool).await?
-    });
+    let tenants: Vec<(Option<String>,)> = tuples(db, PENDING_TENANTS.to_owned(), vec![]).await?;
+    let tenants: Vec<Option<String>> = tenants.into_iter().map(|(tenant,)| tenant).collect();
     Ok(tenants.into_iter().flatten().collect())
 }
 
@@ -467,24 +588,34 @@ pub(crate) const DUE_CALLS: &str = "SELECT d.event_id, d.tenant_id, d.message_id
 
 /// Gives back a lease taken but not used: the call is due again now.
 pub async fn release_lease(db: &Db, event_id: i64) -> anyhow::Result<()> {
-    in_transaction!(db, |tx| {
-        sqlx::query("UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2")
-            .bind(now_ms())
-            .bind(event_id)
-            .execute(&mut *tx)
-            .await?;
-    });
+    const RELEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2";
+    match db {
+        Db::Sqlite(db) => {
+            db.execute(RELEASE, sqlite::args![now_ms(), event_id])
+                .await?;
+        }
+        Db::Postgres(db) => {
+            sqlx::query(RELEASE)
+                .bind(now_ms())
+                .bind(event_id)
+                .execute(&db.pool)
+                .await?;
+        }
+    }
     Ok(())
 }
 
 /// Drops a call (its endpoint or message is gone).
 pub async fn forget_call(db: &Db, event_id: i64) -> anyhow::Result<()> {
-    in_transaction!(db, |tx| {
-        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
-            .bind(event_id)
-            .execute(&mut *tx)
-            .await?;
-    });
+    const FORGET: &str = "DELETE FROM webhook_deliveries WHERE event_id = $1";
+    match db {
+        Db::Sqlite(db) => {
+            db.execute(FORGET, sqlite::args![event_id]).await?;
+        }
+        Db::Postgres(db) => {
+            sqlx::query(FORGET).bind(event_id).execute(&db.pool).await?;
+        }
+    }
     Ok(())
 }
 
@@ -502,70 +633,103 @@ pub async fn call_failed(
     now: i64,
     limit: i64,
 ) -> anyhow::Result<bool> {
-    let disabled = in_transaction!(db, |tx| {
-        // A call from the stream gets its row now; a retry's row counts
-        // one more attempt. Given up, or its endpoint disabled meanwhile:
-        // kept failed, for a redrive.
-        sqlx::query(
-            "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, \
-             next_attempt_at, attempts, state, last_error) \
-             SELECT $1, $2, $3, $4, $5, $6, 1, \
-             CASE WHEN $7 = 1 OR EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = $2 \
-                                         AND w.disabled_at IS NOT NULL) \
-                  THEN 'failed' ELSE 'pending' END, $8 \
-             WHERE TRUE \
-             ON CONFLICT (event_id) DO UPDATE SET attempts = webhook_deliveries.attempts + 1, \
-             last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, \
-             state = excluded.state",
-        )
-        .bind(due.event_id)
-        .bind(&due.tenant_id)
-        .bind(&due.message_id)
-        .bind(&due.kind)
-        .bind(due.created_at)
-        .bind(next)
-        .bind(i32::from(gave_up))
-        .bind(error)
-        .execute(&mut *tx)
-        .await?;
-        // The message's later events wait for this one anyway: moving
-        // them back with it keeps them out of the next passes' reads.
-        sqlx::query(
-            "UPDATE webhook_deliveries SET next_attempt_at = $1 \
-             WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1",
-        )
-        .bind(next)
-        .bind(&due.message_id)
-        .bind(due.event_id)
-        .execute(&mut *tx)
-        .await?;
-        let failing_since: Option<Option<i64>> = sqlx::query_scalar(
-            "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), last_error = $2 \
-             WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since",
-        )
-        .bind(now)
-        .bind(error)
-        .bind(&due.tenant_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let disable = matches!(failing_since, Some(Some(since)) if now - since >= limit);
-        if disable {
-            sqlx::query("UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2")
-                .bind(now)
+    // A call from the stream gets its row now; a retry's row counts one
+    // more attempt. Given up, or its endpoint disabled meanwhile: kept
+    // failed, for a redrive.
+    const UPSERT: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, \
+         created_at, next_attempt_at, attempts, state, last_error) \
+         SELECT $1, $2, $3, $4, $5, $6, 1, \
+         CASE WHEN $7 = 1 OR EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = $2 \
+                                     AND w.disabled_at IS NOT NULL) \
+              THEN 'failed' ELSE 'pending' END, $8 \
+         WHERE TRUE \
+         ON CONFLICT (event_id) DO UPDATE SET attempts = webhook_deliveries.attempts + 1, \
+         last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, \
+         state = excluded.state";
+    // The message's later events wait for this one anyway: moving them
+    // back with it keeps them out of the next passes' reads.
+    const LATER: &str = "UPDATE webhook_deliveries SET next_attempt_at = $1 \
+         WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1";
+    const FAILING: &str = "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), \
+         last_error = $2 WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since";
+    const DISABLE: &str = "UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2";
+    const GIVE_UP: &str = "UPDATE webhook_deliveries SET state = 'failed' \
+         WHERE tenant_id = $1 AND state = 'pending'";
+    let disable = move |failing_since: Option<Option<i64>>| matches!(failing_since, Some(Some(since)) if now - since >= limit);
+    Ok(match db {
+        Db::Sqlite(db) => {
+            let (due, error) = (due.clone(), error.to_owned());
+            db.transact(move |tx| {
+                sqlite::prepare(tx, UPSERT)?.execute(rusqlite::params![
+                    due.event_id,
+                    due.tenant_id,
+                    due.message_id,
+                    due.kind,
+                    due.created_at,
+                    next,
+                    i32::from(gave_up),
+                    error
+                ])?;
+                sqlite::prepare(tx, LATER)?.execute(rusqlite::params![
+                    next,
+                    due.message_id,
+                    due.event_id
+                ])?;
+                let failing_since = sqlite::prepare(tx, FAILING)?
+                    .query_row(rusqlite::params![now, error, due.tenant_id], |row| {
+                        row.get(0)
+                    })
+                    .optional()?;
+                let disabled = disable(failing_since);
+                if disabled {
+                    sqlite::prepare(tx, DISABLE)?.execute(rusqlite::params![now, due.tenant_id])?;
+                    sqlite::prepare(tx, GIVE_UP)?.execute([&due.tenant_id])?;
+                }
+                Ok(disabled)
+            })
+            .await?
+        }
+        Db::Postgres(db) => {
+            let mut tx = db.pool.begin().await?;
+            sqlx::query(UPSERT)
+                .bind(due.event_id)
                 .bind(&due.tenant_id)
+                .bind(&due.message_id)
+                .bind(&due.kind)
+                .bind(due.created_at)
+                .bind(next)
+                .bind(i32::from(gave_up))
+                .bind(error)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query(
-                "UPDATE webhook_deliveries SET state = 'failed' \
-                 WHERE tenant_id = $1 AND state = 'pending'",
-            )
-            .bind(&due.tenant_id)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(LATER)
+                .bind(next)
+                .bind(&due.message_id)
+                .bind(due.event_id)
+                .execute(&mut *tx)
+                .await?;
+            let failing_since: Option<Option<i64>> = sqlx::query_scalar(FAILING)
+                .bind(now)
+                .bind(error)
+                .bind(&due.tenant_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let disabled = disable(failing_since);
+            if disabled {
+                sqlx::query(DISABLE)
+                    .bind(now)
+                    .bind(&due.tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(GIVE_UP)
+                    .bind(&due.tenant_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            disabled
         }
-        disable
-    });
-    Ok(disabled)
+    })
 }
 
 /// The columns of a message's status as it was at one of its events:
@@ -694,30 +858,16 @@ pub(crate) mod tests {
     }
 
     async fn put_rows(db: &Db, rows: &[(i64, &str, i64, i64, &str)]) -> anyhow::Result<()> {
-        in_transaction!(db, |tx| {
-            for (id, tenant, created, next, state) in rows {
-                sqlx::query(
-                    "INSERT INTO webhook_deliveries \
-                     (event_id, tenant_id, message_id, type, created_at, next_attempt_at, attempts, state) \
-                     VALUES ($1, $2, $3, 'message.sent', $4, $5, 0, $6)",
-                )
-                .bind(*id)
-                .bind(*tenant)
-                .bind(format!("m{id}"))
-                .bind(*created)
-                .bind(*next)
-                .bind(*state)
-                .execute(&mut *tx)
-                .await?;
-            }
-        });
+        for (id, tenant, created, next, state) in rows {
+            db.test_execute(&format!(
+                "INSERT INTO webhook_deliveries \
+                 (event_id, tenant_id, message_id, type, created_at, next_attempt_at, attempts, state) \
+                 VALUES ({id}, '{tenant}', 'm{id}', 'message.sent', {created}, {next}, 0, '{state}')"
+            ))
+            .await;
+        }
         Ok(())
     }
-
-    /// Writes an event of tenant `t`'s message `message` (as the lifecycle
-    /// would), on `tx`'s store.
-    const EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
-         VALUES ($1, 't', $2, $3, $3, 1)";
 
     fn rooms(owner: &str, room: usize, stream_until: i64) -> crate::store::PassRooms {
         crate::store::PassRooms {
@@ -749,29 +899,19 @@ pub(crate) mod tests {
     pub(crate) async fn a_stream_is_read_in_order_by_one_instance_at_a_time(db: &Db) {
         use crate::store::{CallsRecord, Writer};
         let now = now_ms();
-        let setup = async {
-            in_transaction!(db, |tx| {
-                for sql in [
-                    "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
-                    "INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
-                     VALUES ('t', 't', 'p', 'active', 0, 0)",
-                ] {
-                    sqlx::query(sql).execute(&mut *tx).await?;
-                }
-            });
-            anyhow::Ok(())
-        };
-        setup.await.unwrap();
+        db.test_execute(
+            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+             INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
+             VALUES ('t', 't', 'p', 'active', 0, 0);",
+        )
+        .await;
         // An event before the endpoint existed is not its business.
         let write = |message: &'static str, kind: &'static str| async move {
-            in_transaction!(db, |tx| {
-                sqlx::query(EVENT)
-                    .bind(message)
-                    .bind(now)
-                    .bind(kind)
-                    .execute(&mut *tx)
-                    .await?;
-            });
+            db.test_execute(&format!(
+                "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
+                 VALUES ('{message}', 't', {now}, '{kind}', '{kind}', 1)"
+            ))
+            .await;
             // On PostgreSQL a stream reads an event once every transaction
             // older than it has ended; other tests' transactions on the
             // same server may hold that back a moment.
@@ -876,20 +1016,15 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(calls_of(&fourth), [call("m3", "sent")], "the retry, alone");
         assert_eq!(fourth[0].calls[0].cursor, None, "a retry is a row");
-        let rows: Vec<(String, String, String)> = on_pool!(db, read, |pool| {
-            sqlx::query_as(
-                "SELECT message_id, type, state FROM webhook_deliveries ORDER BY event_id",
-            )
-            .fetch_all(pool)
-            .await
-            .unwrap()
-        });
+        let rows = db
+            .test_texts("SELECT message_id, type, state FROM webhook_deliveries ORDER BY event_id")
+            .await;
         let row = |m: &str, kind: &str| {
-            (
-                m.to_owned(),
-                format!("message.{kind}"),
-                "pending".to_owned(),
-            )
+            vec![
+                Some(m.to_owned()),
+                Some(format!("message.{kind}")),
+                Some("pending".to_owned()),
+            ]
         };
         assert_eq!(rows, [row("m3", "sent"), row("m3", "delivered")]);
         writer.stop().await;

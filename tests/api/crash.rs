@@ -6,6 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::sqlite_file;
+
 pub(crate) const ADMIN: &str = "crash-test-admin-token-0123";
 
 pub(crate) fn free_port() -> u16 {
@@ -162,15 +164,13 @@ async fn every_message_answered_202_survives_kill_9() {
     }
     drop(child);
 
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
+    let queued: std::collections::HashSet<String> = sqlite_file(&db)
+        .prepare("SELECT message_id FROM queue_messages WHERE queue = 'fast'")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
         .unwrap();
-    let queued: Vec<(String,)> =
-        sqlx::query_as("SELECT message_id FROM queue_messages WHERE queue = 'fast'")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    let queued: std::collections::HashSet<String> = queued.into_iter().map(|(id,)| id).collect();
     for id in &accepted {
         assert!(
             queued.contains(id),

@@ -157,33 +157,32 @@ async fn a_send_held_past_the_request_timeout_is_answered_by_its_commit() {
 
 /// DESIGN.md: "Every 429 and 503 carries a Retry-After", and errors are
 /// problem+json. The request timeout answers 503 too, with the timeout as
-/// its Retry-After: here a message list, which reads on sqlx's pool, with
-/// every connection of the pool held.
+/// its Retry-After: here a message list on a PostgreSQL store with every
+/// connection of the app's pool held by the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_that_times_out_is_a_503_problem_with_retry_after() {
-    let app = TestApp::start_custom("", |settings| settings.server.request_timeout_secs = 1).await;
-    let key = app.tenant_with_key("acme", "pro").await;
-    app.send_accepted(&key, &email()).await;
-    let mut readers = Vec::new();
-    while let Ok(Ok(reader)) = tokio::time::timeout(
-        Duration::from_millis(200),
-        app.state
-            .db
-            .sqlite()
-            .expect("a SQLite store")
-            .read
-            .acquire(),
-    )
-    .await
-    {
-        readers.push(reader);
-    }
-    let response = app
-        .tenant(&key, reqwest::Method::GET, "/v1/messages")
-        .send()
+    crate::support::STORE
+        .scope(crate::support::Store::Postgres, async {
+            let app =
+                TestApp::start_custom("", |settings| settings.server.request_timeout_secs = 1)
+                    .await;
+            let key = app.tenant_with_key("acme", "pro").await;
+            app.send_accepted(&key, &email()).await;
+            let pool = &app.state.db.postgres().expect("a PostgreSQL store").pool;
+            let mut held = Vec::new();
+            while let Ok(Ok(connection)) =
+                tokio::time::timeout(Duration::from_millis(200), pool.acquire()).await
+            {
+                held.push(connection);
+            }
+            let response = app
+                .tenant(&key, reqwest::Method::GET, "/v1/messages")
+                .send()
+                .await
+                .unwrap();
+            drop(held);
+            let (headers, _) = expect_problem(response, StatusCode::SERVICE_UNAVAILABLE).await;
+            assert_eq!(header_u64(&headers, "retry-after"), 1);
+        })
         .await
-        .unwrap();
-    drop(readers);
-    let (headers, _) = expect_problem(response, StatusCode::SERVICE_UNAVAILABLE).await;
-    assert_eq!(header_u64(&headers, "retry-after"), 1);
 }

@@ -15,7 +15,9 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::delivery::{SMS_PATH, delivery_settings, mock_sms_ok, status_is, wait_for};
 use crate::senders::ses_ok;
-use crate::support::{TestApp, expect_field_error, expect_json, on_both_stores, sms, with};
+use crate::support::{
+    TestApp, expect_field_error, expect_json, on_both_stores, sms, sqlite_file, with,
+};
 use crate::test_keys::issue;
 
 /// Written into every personal field of the messages under test; lower
@@ -85,11 +87,8 @@ async fn age_messages(app: &TestApp, tenant: &str, days: i64) {
     let by = days * 86_400_000;
     match &app.state.db {
         Db::Sqlite(db) => {
-            sqlx::query(AGE)
-                .bind(by)
-                .bind(tenant)
-                .execute(&db.write)
-                .await
+            sqlite_file(&db.path)
+                .execute(&AGE.replace('$', "?"), rusqlite::params![by, tenant])
                 .unwrap();
         }
         Db::Postgres(db) => {

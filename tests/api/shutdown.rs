@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
+use crate::support::sqlite_count;
 
 const ADMIN: &str = "shutdown-test-admin-token-01";
 
@@ -81,26 +82,22 @@ async fn sigterm_during_a_backlog_loses_nothing_and_leaves_nothing_invisible() {
         .unwrap_or_default()
         .lines()
         .count();
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
     let now = chrono::Utc::now().timestamp_millis();
-    let (sent,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM messages WHERE status = 'sent'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let (queued,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM queue_messages WHERE queue = 'fast'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let (invisible,): (i64,) = sqlx::query_as(
+    let sent = sqlite_count(
+        &db,
+        "SELECT COUNT(*) FROM messages WHERE status = 'sent'",
+        [],
+    );
+    let queued = sqlite_count(
+        &db,
+        "SELECT COUNT(*) FROM queue_messages WHERE queue = 'fast'",
+        [],
+    );
+    let invisible = sqlite_count(
+        &db,
         "SELECT COUNT(*) FROM queue_messages WHERE queue = 'fast' AND visible_at > ?",
-    )
-    .bind(now)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+        [now],
+    );
     assert!(
         sent > 0 && (sent as usize) < total,
         "the test needs a backlog at SIGTERM: sent {sent}"

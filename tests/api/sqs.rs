@@ -22,7 +22,8 @@ use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
 use crate::delivery::{
     delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for, wait_until,
 };
-use crate::support::{TestApp, expect_json, sms};
+use crate::support::{TestApp, expect_json, sms, sqlite_count, sqlite_file};
+use rusqlite::OptionalExtension;
 
 /// What the proxy does with SendMessageBatch calls; every other call is
 /// passed through.
@@ -250,10 +251,7 @@ async fn an_idle_lane_waits_in_long_polls_instead_of_calling_sqs_again_and_again
 async fn outbox_rows(app: &TestApp) -> i64 {
     let sql = "SELECT COUNT(*) FROM outbox";
     match app.state.db.sqlite() {
-        Some(sqlite) => sqlx::query_scalar(sql)
-            .fetch_one(&sqlite.read)
-            .await
-            .unwrap(),
+        Some(sqlite) => sqlite_count(&sqlite.path, sql, []),
         None => sqlx::query_scalar(sql)
             .fetch_one(&app.state.db.postgres().expect("a store").pool)
             .await
@@ -268,12 +266,7 @@ async fn until_in_lane(app: &TestApp, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let left: i64 = match app.state.db.sqlite() {
-            Some(sqlite) => {
-                sqlx::query_scalar(sql)
-                    .bind(id)
-                    .fetch_one(&sqlite.read)
-                    .await
-            }
+            Some(sqlite) => Ok(sqlite_count(&sqlite.path, sql, [id])),
             None => {
                 let pg = &app.state.db.postgres().expect("a store").pool;
                 sqlx::query_scalar(sql).bind(id).fetch_one(pg).await
@@ -441,14 +434,12 @@ async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once
         .json()
         .await
         .unwrap();
-    let store = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", db.display()))
-        .await
-        .unwrap();
+    let store = sqlite_file(&db);
     let deadline = Instant::now() + Duration::from_secs(10);
     let id = loop {
-        let row: Option<String> = sqlx::query_scalar("SELECT message_id FROM outbox")
-            .fetch_optional(&store)
-            .await
+        let row: Option<String> = store
+            .query_row("SELECT message_id FROM outbox", [], |row| row.get(0))
+            .optional()
             .unwrap();
         if let Some(id) = row {
             break id;
@@ -491,9 +482,8 @@ async fn a_message_whose_send_was_cut_off_by_a_crash_is_swept_and_delivered_once
     // would have been received and sent by now.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(sms_requests(&sms_api).await, 1, "delivered exactly once");
-    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
-        .fetch_one(&store)
-        .await
+    let left: i64 = store
+        .query_row("SELECT COUNT(*) FROM outbox", [], |row| row.get(0))
         .unwrap();
     assert_eq!(left, 0);
 }

@@ -14,7 +14,8 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
 use crate::delivery::{SMS_PATH, delivery_settings, status_is, wait_for};
-use crate::support::{TestApp, sms, with};
+use crate::support::{TestApp, sms, sqlite_file, with};
+use rusqlite::OptionalExtension;
 
 const ADMIN: &str = "storms-test-admin-token-0123456";
 
@@ -370,19 +371,18 @@ async fn wait_for_view(
 /// something has put it more than a minute ahead (a deferral, not a
 /// receive's lease); waits up to 10 s for that.
 async fn deferral_of(db: &std::path::Path, id: &str) -> Duration {
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", db.display()))
-        .await
-        .unwrap();
+    let conn = sqlite_file(db);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now = chrono::Utc::now().timestamp_millis();
-        let visible_at: Option<(i64,)> = sqlx::query_as(
-            "SELECT visible_at FROM queue_messages WHERE message_id = ? AND queue = 'fast'",
-        )
-        .bind(id)
-        .fetch_optional(&pool)
-        .await
-        .unwrap();
+        let visible_at: Option<(i64,)> = conn
+            .query_row(
+                "SELECT visible_at FROM queue_messages WHERE message_id = ? AND queue = 'fast'",
+                [id],
+                |row| Ok((row.get(0)?,)),
+            )
+            .optional()
+            .unwrap();
         if let Some((at,)) = visible_at
             && at - now > 60_000
         {

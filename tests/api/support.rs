@@ -67,15 +67,31 @@ pub(crate) use on_both_stores;
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// SQLite's write lock, held by a test.
-pub struct WriteLock(sqlx::pool::PoolConnection<sqlx::Sqlite>);
+pub struct WriteLock(rusqlite::Connection);
 
 impl WriteLock {
-    pub async fn release(mut self) {
-        sqlx::query("ROLLBACK")
-            .execute(&mut *self.0)
-            .await
+    pub async fn release(self) {
+        self.0
+            .execute_batch("ROLLBACK")
             .expect("release the write lock");
     }
+}
+
+/// A connection of the test's own to the SQLite file at `path`, for
+/// reading (or arranging) from outside the app.
+pub fn sqlite_file(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("open the SQLite file");
+    conn.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
+    conn
+}
+
+/// The number the first column of `sql`'s first row holds, read from the
+/// SQLite file at `path`.
+pub fn sqlite_count(path: &Path, sql: &str, params: impl rusqlite::Params) -> i64 {
+    sqlite_file(path)
+        .query_row(sql, params, |row| row.get(0))
+        .unwrap_or_else(|err| panic!("{sql}: {err}"))
 }
 
 /// A running app, its database directory and an HTTP client for it.
@@ -264,20 +280,14 @@ impl TestApp {
     /// write connection): the accept writer's next commit waits until
     /// [`WriteLock::release`].
     pub async fn hold_write_lock(&self) -> WriteLock {
-        let mut conn = self
-            .state
-            .db
-            .sqlite()
-            .expect("a SQLite store")
-            .write
-            .acquire()
-            .await
-            .expect("writer connection");
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut *conn)
-            .await
-            .expect("write lock");
-        WriteLock(conn)
+        let path = self.state.db.sqlite().expect("a SQLite store").path.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = sqlite_file(&path);
+            conn.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+            WriteLock(conn)
+        })
+        .await
+        .expect("write lock taken")
     }
 
     /// The `/metrics` page (process-wide counters: other tests add to them).

@@ -36,11 +36,14 @@ impl EmbeddedQueue {
     /// Releases every set-aside message whose tenant is no longer held (a
     /// tenant resumed by a process that stopped before moving them back).
     pub async fn release_unheld(&self) -> anyhow::Result<()> {
-        let tenants: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT tenant_id FROM queue_messages WHERE queue LIKE '%held'",
-        )
-        .fetch_all(&self.db.read)
-        .await?;
+        let tenants: Vec<String> = self
+            .db
+            .rows(
+                "SELECT DISTINCT tenant_id FROM queue_messages WHERE queue LIKE '%held'",
+                vec![],
+                |row| row.get(0),
+            )
+            .await?;
         for tenant in tenants {
             if !self.held.read().expect("held lock").contains(&tenant) {
                 for state in self.states_of(&tenant) {

@@ -141,12 +141,15 @@ impl EmbeddedQueue {
         };
         // Every dedicated tenant queue that has rows gets its state now, so
         // its counters are right from the start.
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT queue FROM queue_messages WHERE queue LIKE '%:t:%'",
-        )
-        .fetch_all(&queue.db.write)
-        .await
-        .context("listing dedicated tenant queues")?;
+        let names: Vec<String> = queue
+            .db
+            .rows(
+                "SELECT DISTINCT queue FROM queue_messages WHERE queue LIKE '%:t:%'",
+                vec![],
+                |row| row.get(0),
+            )
+            .await
+            .context("listing dedicated tenant queues")?;
         for name in names {
             let mut parts = name.splitn(3, ':');
             if let (Some(lane), Some("t"), Some(rest)) = (parts.next(), parts.next(), parts.next())
@@ -323,13 +326,15 @@ impl LaneQueue for EmbeddedQueue {
         };
         // Rows come in `seq` order, so the lane's first row by the
         // `(queue)` index is its oldest: one index probe.
-        let oldest: Option<i64> = sqlx::query_scalar(
-            "SELECT enqueued_at FROM queue_messages INDEXED BY queue_messages_queue \
-             WHERE queue = ? ORDER BY seq LIMIT 1",
-        )
-        .bind(self.state(lane).names.main.as_str())
-        .fetch_optional(&self.db.read)
-        .await?;
+        let oldest: Option<i64> = self
+            .db
+            .row(
+                "SELECT enqueued_at FROM queue_messages INDEXED BY queue_messages_queue \
+                 WHERE queue = ? ORDER BY seq LIMIT 1",
+                crate::store::sqlite::args![self.state(lane).names.main.as_str().to_owned()],
+                |row| row.get(0),
+            )
+            .await?;
         Ok(QueueStats {
             depth: rows.saturating_sub(in_flight),
             in_flight,

@@ -131,14 +131,18 @@ impl EmbeddedQueue {
         limit: usize,
     ) -> anyhow::Result<Vec<DeadLetter>> {
         type Row = (String, String, String, String, i64, i64, String);
-        let rows: Vec<Row> = sqlx::query_as(
-            "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
-             FROM queue_messages WHERE queue = ? ORDER BY seq LIMIT ?",
-        )
-        .bind(self.state(lane).names.dlq.as_str())
-        .bind(limit as i64)
-        .fetch_all(&self.db.read)
-        .await?;
+        let rows: Vec<Row> = self
+            .db
+            .rows(
+                "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
+                 FROM queue_messages WHERE queue = ? ORDER BY seq LIMIT ?",
+                crate::store::sqlite::args![
+                    self.state(lane).names.dlq.as_str().to_owned(),
+                    limit as i64
+                ],
+                crate::store::sqlite::tuple,
+            )
+            .await?;
         rows.into_iter()
             .map(
                 |(message_id, tenant_id, channel, priority, count, enqueued_at, body)| {

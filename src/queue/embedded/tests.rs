@@ -429,15 +429,16 @@ async fn a_receive_abandoned_while_the_writer_works_gives_its_messages_back_at_o
 /// The lane's figures as a scan of the table sees them, to check the
 /// counters kept with the writes.
 async fn scanned(queue: &EmbeddedQueue) -> (u64, u64, u64) {
-    let count = |name: &'static str| {
-        let read = queue.db.read.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM queue_messages WHERE queue = ?")
-                .bind(name)
-                .fetch_one(&read)
-                .await
-                .unwrap() as u64
-        }
+    let count = |name: &'static str| async move {
+        let sql = "SELECT COUNT(*) FROM queue_messages WHERE queue = ?";
+        let args = crate::store::sqlite::args![name.to_owned()];
+        let (count,): (i64,) = queue
+            .db
+            .row(sql, args, crate::store::sqlite::tuple)
+            .await
+            .unwrap()
+            .unwrap();
+        count as u64
     };
     (
         count("fast").await,
@@ -455,14 +456,15 @@ async fn a_first_receive_writes_nothing_and_a_crash_forgets_at_most_one_receive(
         .await
         .unwrap();
     let stored = |queue: &EmbeddedQueue| {
-        let read = queue.db.read.clone();
+        let db = queue.db.clone();
         async move {
-            sqlx::query_as::<_, (i64, i64)>(
-                "SELECT receive_count, visible_at FROM queue_messages WHERE message_id = 'a-1'",
-            )
-            .fetch_one(&read)
-            .await
-            .unwrap()
+            let sql =
+                "SELECT receive_count, visible_at FROM queue_messages WHERE message_id = 'a-1'";
+            let row: Option<(i64, i64)> = db
+                .row(sql, vec![], crate::store::sqlite::tuple)
+                .await
+                .unwrap();
+            row.unwrap()
         }
     };
     let before = stored(&queue).await;
@@ -654,17 +656,12 @@ async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing
     let dir = tempfile::tempdir().unwrap();
     let queue = open_queue(&dir, 1).await;
     let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
-    let Db::Sqlite(sqlite) = &db else {
-        unreachable!()
-    };
-    sqlx::query(
+    db.test_execute(
         "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, \
          reference, created_at, updated_at) \
          VALUES ('a-1', 'a', 'sms', 'queued', 'normal', 'fast', 0, 'order-1', 1, 1)",
     )
-    .execute(&sqlite.write)
-    .await
-    .unwrap();
+    .await;
     queue
         .send_batch(Lane::Fast, vec![message("a", 1)])
         .await
@@ -691,14 +688,12 @@ async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing
     );
     assert_eq!(retention::erase(&db, &ids, 2).await.unwrap(), 0);
 
-    let (status, reference): (String, Option<String>) =
-        sqlx::query_as("SELECT status, reference FROM messages WHERE id = 'a-1'")
-            .fetch_one(&sqlite.write)
-            .await
-            .unwrap();
+    let row = db
+        .test_texts("SELECT status, reference FROM messages WHERE id = 'a-1'")
+        .await;
     assert_eq!(
-        (status.as_str(), reference.as_deref()),
-        ("queued", Some("order-1"))
+        row,
+        [vec![Some("queued".to_owned()), Some("order-1".to_owned())]]
     );
     let back = queue.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
     assert_eq!(back.len(), 1, "the redriven copy is still there to send");

@@ -1,50 +1,58 @@
-//! The SQLite backend: one file, one instance. Its handles ([`SqliteDb`]:
-//! a pool with the one write connection, a pool of readers, the write
-//! turn), the group-committing writer thread ([`writer::StoreWriter`]) and
-//! the hot statements it runs ([`hot`]).
+//! The SQLite backend: one file, one instance, one driver (rusqlite; why
+//! that one: bench/README.md "One SQLite driver: which"). Its handle
+//! ([`SqliteDb`]: the reader threads, the write turn, the connection of
+//! the rare writes), the group-committing writer thread
+//! ([`writer::StoreWriter`]), the hot statements it runs ([`hot`]) and
+//! every other statement of the store on this engine, by topic.
 //!
 //! SQLite allows one writer at a time. Every hot write (accepts, the
 //! embedded queue's receives, deletes, deferrals and DLQ moves, status
 //! changes) goes through the one store writer, a thread with a connection
 //! of its own that commits them in groups. Rare writes (admin changes, the
-//! outbox's bookkeeping) use sqlx's pool of exactly one write connection;
-//! the store writer takes [`SqliteDb::write_turn`], a FIFO lock, for each
-//! group, and so do the rare writers that would otherwise wait on
-//! `SQLITE_BUSY`. Take the turn before the pool connection, never while
-//! holding it. Reads use a separate pool and, in WAL mode, never wait for a
-//! writer.
+//! outbox's bookkeeping) run in [`SqliteDb::transact`] on a connection of
+//! their own; the store writer takes [`SqliteDb::write_turn`], a FIFO lock,
+//! for each group, and so does every rare writer, so neither waits on
+//! `SQLITE_BUSY`. Reads run on reader threads with read-only connections
+//! ([`SqliteDb::read`]) and, in WAL mode, never wait for a writer.
 
 pub(crate) mod hot;
 pub(crate) mod lifecycle;
+mod migrate;
 mod readers;
 pub(crate) mod webhooks;
 pub mod writer;
 
 use std::path::Path;
-use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use rusqlite::{Connection, OptionalExtension, Row};
 
-/// Handles to the SQLite file.
-#[derive(Clone, Debug)]
+/// Handles to the SQLite file; cheap to clone.
+#[derive(Clone)]
 pub struct SqliteDb {
-    /// The single writer connection; hold it only for one transaction.
-    pub write: SqlitePool,
-    /// Readers; never block behind the writer in WAL mode.
-    pub read: SqlitePool,
-    /// The same through rusqlite, for the reads the API answers most.
-    pub(crate) readers: readers::Readers,
+    /// Read-only connections on threads of their own.
+    readers: readers::Readers,
     /// Whose turn it is to write; see the module documentation.
     pub turn: Arc<tokio::sync::Mutex<()>>,
-    /// The file, for writers on connections of their own (rusqlite).
+    /// The rare writes' connection, opened at the first of them.
+    rare: Arc<Mutex<Option<Connection>>>,
+    /// The file, for writers on connections of their own.
     pub path: std::path::PathBuf,
     /// Whether commits are fsynced (`storage.fsync`).
     pub fsync: bool,
 }
+
+impl std::fmt::Debug for SqliteDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteDb")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Readers per store: enough for the API's reads beside the dispatcher's.
+const READERS: usize = 4;
 
 impl SqliteDb {
     /// Opens (creating if needed) and migrates the database at `path`.
@@ -57,54 +65,29 @@ impl SqliteDb {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating directory {}", parent.display()))?;
         }
-        let base = SqliteConnectOptions::from_str("sqlite://")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(if fsync {
-                SqliteSynchronous::Full
-            } else {
-                SqliteSynchronous::Normal
-            })
-            .foreign_keys(true)
-            // Deleted and overwritten content is zeroed in the file, so
-            // what retention erases is not left in free space.
-            .pragma("secure_delete", "on")
-            .busy_timeout(Duration::from_secs(10))
-            .statement_cache_capacity(256);
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(base.clone())
-            .await
-            .with_context(|| format!("opening SQLite database {}", path.display()))?;
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&write)
-            .await
-            .context("migrating the SQLite database")?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(base.read_only(true))
-            .await
-            .with_context(|| format!("opening SQLite database {} for reading", path.display()))?;
-        let readers = readers::Readers::open(path, 4)?;
+        let owned = path.to_owned();
+        let conn = tokio::task::spawn_blocking(move || -> anyhow::Result<Connection> {
+            let mut conn = writer::open_connection(&owned, fsync)
+                .with_context(|| format!("opening SQLite database {}", owned.display()))?;
+            migrate::run(&mut conn).context("migrating the SQLite database")?;
+            Ok(conn)
+        })
+        .await??;
+        let readers = readers::Readers::open(path, READERS)?;
         Ok(SqliteDb {
-            write,
-            read,
             readers,
             turn: Arc::default(),
+            rare: Arc::new(Mutex::new(Some(conn))),
             path: path.to_owned(),
             fsync,
         })
     }
 
-    /// True when both pools answer a trivial query.
+    /// True when a reader answers a trivial query.
     pub async fn ping(&self) -> bool {
-        let read = sqlx::query("SELECT 1").execute(&self.read).await.is_ok();
-        let write = sqlx::query("SELECT 1").execute(&self.write).await.is_ok();
-        read && write
+        self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(())))
+            .await
+            .is_ok()
     }
 
     /// Waits for this side's turn to write (FIFO with the accept writer).
@@ -112,9 +95,24 @@ impl SqliteDb {
         self.turn.clone().lock_owned().await
     }
 
+    /// Runs `read` on the next free reader connection and returns what it
+    /// found; what one closure reads, it reads from one snapshot when it
+    /// opens a transaction.
+    pub(crate) async fn read<T, F>(&self, read: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.readers.read(read).await
+    }
+
+    /// Closes the rare writes' connection; the readers end with the last
+    /// handle.
     pub async fn close(&self) {
-        self.read.close().await;
-        self.write.close().await;
+        self.rare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 }
 
@@ -131,9 +129,7 @@ impl SqliteDb {
         F: FnOnce(&rusqlite::Transaction) -> anyhow::Result<T> + Send + 'static,
     {
         let _turn = self.write_turn().await;
-        let (path, fsync) = (self.path.clone(), self.fsync);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = writer::open_connection(&path, fsync)?;
+        self.on_rare_connection(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             match work(&tx) {
                 Ok(value) => {
@@ -149,44 +145,145 @@ impl SqliteDb {
                 }
             }
         })
+        .await
+    }
+
+    /// Runs `work` on the rare writes' connection, outside a transaction,
+    /// for what cannot run in one (`VACUUM`, a checkpoint). The caller
+    /// holds the write turn.
+    pub(crate) async fn on_rare_connection<T, F>(&self, work: F) -> anyhow::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> anyhow::Result<T> + Send + 'static,
+    {
+        let (path, fsync, rare) = (self.path.clone(), self.fsync, Arc::clone(&self.rare));
+        tokio::task::spawn_blocking(move || {
+            let mut held = rare.lock().unwrap_or_else(PoisonError::into_inner);
+            if held.is_none() {
+                *held = Some(writer::open_connection(&path, fsync)?);
+            }
+            work(held.as_mut().expect("opened above"))
+        })
         .await?
     }
 
-    /// Runs a statement over `ids` on the write connection, in its write
-    /// turn, a chunk of ids at a time: `head` writes the statement up to
-    /// its `IN (` (binding what it needs), and the ids close the list.
-    pub(crate) async fn execute_for_ids(
-        &self,
-        ids: &[String],
-        head: impl Fn(&mut QueryBuilder<Sqlite>),
-    ) -> anyhow::Result<()> {
+    /// Runs `head` followed by an `IN (…)` list of `ids`, a chunk of ids at
+    /// a time, in one rare write: `head` is the statement up to its `IN (`
+    /// and binds nothing; the ids are bound after it.
+    pub(crate) async fn execute_for_ids(&self, ids: &[String], head: &str) -> anyhow::Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
-        let _turn = self.write_turn().await;
-        let mut conn = self.write.acquire().await?;
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let mut builder = QueryBuilder::new("");
-            head(&mut builder);
-            push_id_list(&mut builder, chunk);
-            builder
-                .build()
-                .persistent(false)
-                .execute(&mut *conn)
-                .await?;
-        }
-        Ok(())
+        let (ids, head) = (ids.to_vec(), head.to_owned());
+        self.transact(move |tx| {
+            for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                let sql = format!("{head}{}", id_list(chunk.len()));
+                tx.execute(&sql, rusqlite::params_from_iter(chunk))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The values bound to a statement's parameters `$1`, `$2`, … (or `?1`,
+/// `?2`, …), in order.
+pub(crate) type Args = Vec<rusqlite::types::Value>;
+
+/// [`Args`] from values rusqlite can store.
+macro_rules! args {
+    ($($value:expr),* $(,)?) => {
+        vec![$(rusqlite::types::Value::from($value)),*]
+    };
+}
+pub(crate) use args;
+
+/// Maps a row to a tuple of its columns, in order.
+pub(crate) fn tuple<T>(row: &Row) -> rusqlite::Result<T>
+where
+    T: for<'a> TryFrom<&'a Row<'a>, Error = rusqlite::Error>,
+{
+    T::try_from(row)
+}
+
+/// `sql` with PostgreSQL's `$N` parameters written as SQLite's `?N`, which
+/// SQLite binds by number as PostgreSQL does (it would take `$N` for a
+/// name, numbered in order of appearance), so SQL both engines take can be
+/// written once. The store's SQL has no `$` in a literal.
+pub(crate) fn numbered(sql: &str) -> std::borrow::Cow<'_, str> {
+    if !sql.contains('$') {
+        return sql.into();
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        let digit_follows = chars.peek().is_some_and(char::is_ascii_digit);
+        out.push(if c == '$' && digit_follows { '?' } else { c });
+    }
+    out.into()
+}
+
+/// Prepares `sql` (after [`numbered`]) from `conn`'s cache.
+pub(crate) fn prepare<'c>(
+    conn: &'c Connection,
+    sql: &str,
+) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
+    conn.prepare_cached(&numbered(sql))
+}
+
+impl SqliteDb {
+    /// Every row `sql` returns, through `map`, read on a reader.
+    pub(crate) async fn rows<T: Send + 'static>(
+        &self,
+        sql: impl Into<String>,
+        args: Args,
+        map: fn(&Row) -> rusqlite::Result<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        let sql = sql.into();
+        self.read(move |conn| {
+            prepare(conn, &sql)?
+                .query_map(rusqlite::params_from_iter(args), map)?
+                .collect()
+        })
+        .await
+    }
+
+    /// The first row `sql` returns, if any, through `map`.
+    pub(crate) async fn row<T: Send + 'static>(
+        &self,
+        sql: impl Into<String>,
+        args: Args,
+        map: fn(&Row) -> rusqlite::Result<T>,
+    ) -> anyhow::Result<Option<T>> {
+        let sql = sql.into();
+        self.read(move |conn| {
+            prepare(conn, &sql)?
+                .query_row(rusqlite::params_from_iter(args), map)
+                .optional()
+        })
+        .await
+    }
+
+    /// Runs one write statement as a rare write; returns the rows it
+    /// changed.
+    pub(crate) async fn execute(
+        &self,
+        sql: impl Into<String>,
+        args: Args,
+    ) -> anyhow::Result<usize> {
+        let sql = sql.into();
+        self.transact(move |tx| Ok(prepare(tx, &sql)?.execute(rusqlite::params_from_iter(args))?))
+            .await
     }
 }
 
 /// Ids bound per `IN (…)` list, well under SQLite's parameter limit.
 pub(crate) const IDS_PER_STATEMENT: usize = 500;
 
-/// Appends `?, ?, …)` binding `ids`: the end of an `IN (` list.
-pub(crate) fn push_id_list(builder: &mut QueryBuilder<Sqlite>, ids: &[String]) {
-    let mut list = builder.separated(", ");
-    for id in ids {
-        list.push_bind(id.clone());
-    }
-    builder.push(")");
+/// `?, ?, …)` for `count` ids: the end of an `IN (` list whose values
+/// come after every other parameter of the statement.
+pub(crate) fn id_list(count: usize) -> String {
+    let mut list = vec!["?"; count].join(", ");
+    list.push(')');
+    list
 }
