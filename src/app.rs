@@ -326,6 +326,7 @@ async fn spawn_jobs(
     // Each SES provider of the email pool may have its own events queue.
     for entry in settings.providers.pool(Channel::Email) {
         if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
+            entry.name,
             entry.settings,
             db.clone(),
             store_writer.clone(),

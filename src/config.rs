@@ -667,6 +667,26 @@ pub struct TelemetrySettings {
     /// Most finished spans held for export; beyond it new ones are dropped
     /// (and counted by the SDK), never waited for.
     pub max_queued_spans: usize,
+    /// Whose `traceparent` header a request's span continues, taking the
+    /// caller's sampling decision with it: `authenticated` (default: a
+    /// request that presents a valid API key or the admin token), `always`
+    /// or `never`. Any other request starts a trace of its own, kept by
+    /// `sample_ratio`, with a link to the caller's context; so an anonymous
+    /// client cannot force spans to be exported.
+    pub traceparent: TraceparentTrust,
+}
+
+/// Whose incoming `traceparent` is continued (`telemetry.traceparent`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceparentTrust {
+    /// Callers with a valid API key or the admin token.
+    #[default]
+    Authenticated,
+    /// Every caller.
+    Always,
+    /// No caller: every request starts its own trace.
+    Never,
 }
 
 impl Default for TelemetrySettings {
@@ -677,6 +697,7 @@ impl Default for TelemetrySettings {
             service_name: "fairlane".into(),
             export_interval_ms: 5000,
             max_queued_spans: 8192,
+            traceparent: TraceparentTrust::Authenticated,
         }
     }
 }

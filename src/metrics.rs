@@ -509,12 +509,6 @@ fn register_known_labels() {
         }
         metrics::gauge!(DEDICATED_QUEUES_BACKLOGGED, "lane" => lane).increment(0.0);
     }
-    for provider in ["ses"] {
-        for outcome in RECEIPT_OUTCOMES {
-            metrics::counter!(RECEIPTS_TOTAL, "provider" => provider, "outcome" => *outcome)
-                .increment(0);
-        }
-    }
     for channel in CHANNELS {
         metrics::counter!(SUPPRESSED_TOTAL, "channel" => channel).increment(0);
     }

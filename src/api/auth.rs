@@ -72,6 +72,14 @@ impl AdminAuth {
     }
 }
 
+/// The bearer token in `headers`, if there is a well-formed one.
+pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The bearer token of a request, if any.
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     let value = parts.headers.get(AUTHORIZATION).ok_or_else(|| {

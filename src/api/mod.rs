@@ -133,7 +133,10 @@ pub fn app(state: AppState) -> Router {
             problem_for_bare_errors,
         ));
     let router = match crate::telemetry::enabled() {
-        true => router.layer(axum::middleware::from_fn(trace_request)),
+        true => router.layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            trace_request,
+        )),
         false => router,
     };
     answering_panics(router)
@@ -189,7 +192,21 @@ fn method_for_span(method: &axum::http::Method) -> &'static str {
     }
 }
 
+/// Whether a request's own `traceparent` may parent its span (and so
+/// decide its sampling), as `telemetry.traceparent` says.
+fn trusts_traceparent(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    use crate::config::TraceparentTrust;
+    match state.settings.telemetry.traceparent {
+        TraceparentTrust::Always => true,
+        TraceparentTrust::Never => false,
+        TraceparentTrust::Authenticated => auth::bearer_of(headers).is_some_and(|token| {
+            state.registry.authenticate(token).is_some() || state.admin.matches(token)
+        }),
+    }
+}
+
 async fn trace_request(
+    axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -218,7 +235,13 @@ async fn trace_request(
         .headers()
         .get("traceparent")
         .and_then(|value| value.to_str().ok());
-    crate::telemetry::parent_from(&span, parent);
+    if trusts_traceparent(&state, request.headers()) {
+        crate::telemetry::parent_from(&span, parent);
+    } else {
+        // A trace of its own, sampled here; the caller's context is kept
+        // as a link, which decides nothing.
+        crate::telemetry::link_all(&span, parent.and_then(crate::telemetry::remote_context));
+    }
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status();
     crate::telemetry::attribute(

@@ -74,6 +74,7 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
             .unwrap_or_default()
     };
     let receipt = |outcome: Option<MessageStatus>, event: &str, detail: Option<String>| Receipt {
+        // The poller that read it names its SES provider.
         provider: "ses".into(),
         provider_message_id: id.to_owned(),
         outcome,
@@ -152,6 +153,9 @@ const WAIT_SECS: i32 = 20;
 /// Polls the SES events queue until shutdown.
 pub struct EventsPoller {
     client: Client,
+    /// The SES provider's configured name: its events' receipts match only
+    /// the messages it sent, and label its receipt metrics.
+    name: String,
     queue_url: String,
     db: Db,
     /// Receipts are recorded in the store writer's groups.
@@ -163,6 +167,7 @@ impl EventsPoller {
     /// provider's region, endpoint and credentials (the queue lives beside
     /// SES).
     pub async fn from_settings(
+        name: &str,
         settings: &ProviderSettings,
         db: Db,
         writer: Writer,
@@ -173,6 +178,7 @@ impl EventsPoller {
         let sdk_config = crate::aws::provider_config(settings, "the SES events queue").await?;
         Ok(Some(EventsPoller {
             client: Client::new(&sdk_config),
+            name: name.to_owned(),
             queue_url,
             db,
             writer,
@@ -263,21 +269,29 @@ impl EventsPoller {
     async fn record(&self, message: &aws_sdk_sqs::types::Message) -> bool {
         let body = message.body().unwrap_or_default();
         match parse(body) {
-            Ok(Some(receipt)) => match ingest(&self.db, &self.writer, &receipt).await {
-                Ok(_) => true,
-                Err(err) => {
-                    warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");
-                    false
-                }
-            },
+            Ok(Some(mut receipt)) => {
+                receipt.provider = self.name.clone();
+                self.ingest(&receipt).await
+            }
             Ok(None) => {
-                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "ignored").increment(1);
+                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => self.name.clone(), "outcome" => "ignored").increment(1);
                 true
             }
             Err(why) => {
-                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => "ses", "outcome" => "unreadable").increment(1);
+                metrics::counter!(names::RECEIPTS_TOTAL, "provider" => self.name.clone(), "outcome" => "unreadable").increment(1);
                 warn!(reason = %why, "An SES events queue message is not an SES event; deleting it.");
                 true
+            }
+        }
+    }
+
+    /// Records one SES event's receipt; true when it may be deleted.
+    async fn ingest(&self, receipt: &Receipt) -> bool {
+        match ingest(&self.db, &self.writer, receipt).await {
+            Ok(_) => true,
+            Err(err) => {
+                warn!(error = %format!("{err:#}"), "Could not record an SES event; it comes back after its visibility timeout.");
+                false
             }
         }
     }

@@ -10,7 +10,12 @@ use crate::model::{MessageStatus, now_ms};
 /// What a provider reported about one message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Receipt {
-    /// The provider's metrics name: `ses` or `http`.
+    /// The configured name of the provider that reported it: the SMS
+    /// provider whose callback URL it came to, the SES provider whose events
+    /// queue held it, `test` for a test key's simulated one. Only a message
+    /// that provider sent matches it (or one sent before fairlane recorded
+    /// its provider), so one provider's callbacks cannot move another's
+    /// messages.
     pub provider: String,
     /// The id the provider gave when it took the message.
     pub provider_message_id: String,
@@ -141,9 +146,9 @@ pub(crate) fn apply_in(
     let found: Option<(String, String, String, i64, Option<i64>)> = tx
         .prepare_cached(
             "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
-             WHERE provider_message_id = ?1 LIMIT 1",
+             WHERE provider_message_id = ?1 AND (provider = ?2 OR provider IS NULL) LIMIT 1",
         )?
-        .query_row([&receipt.provider_message_id], |row| {
+        .query_row([&receipt.provider_message_id, &receipt.provider], |row| {
             Ok((
                 row.get(0)?,
                 row.get(1)?,
@@ -284,4 +289,74 @@ pub async fn settle_kept(db: &Db, row: i64, done: bool, next: i64) -> anyhow::Re
         }
     };
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::store::Writer;
+
+    /// On `db`: a receipt moves only a message its own provider sent. Two
+    /// providers gave one provider id (their ids are their own); each
+    /// one's report moves its own message, and a report naming a provider
+    /// that sent nothing with that id matches nothing.
+    pub(crate) async fn a_receipt_moves_only_what_its_provider_sent(db: &Db) {
+        let (writer, done) = Writer::start(db, 64, 0).unwrap();
+        for (id, provider) in [("by-alpha", "alpha"), ("by-beta", "beta")] {
+            writer
+                .accept(crate::store::hot::tests::queued_entry(id, "acme"))
+                .await
+                .unwrap();
+            assert!(writer.claim(id, 0).await.unwrap());
+            writer.sent_by(id, "SM-SAME", Some(provider)).await.unwrap();
+        }
+        let report = |provider: &str, outcome: MessageStatus| Receipt {
+            provider: provider.into(),
+            provider_message_id: "SM-SAME".into(),
+            outcome: Some(outcome),
+            event: outcome.as_str().into(),
+            detail: None,
+            suppress: Vec::new(),
+            suppress_reason: None,
+        };
+        let gamma = writer
+            .apply_receipt(&report("gamma", MessageStatus::Delivered))
+            .await
+            .unwrap();
+        assert_eq!(gamma, Applied::Unmatched, "gamma sent nothing");
+        let beta = writer
+            .apply_receipt(&report("beta", MessageStatus::Failed))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&beta, Applied::Matched { message_id, changed: true, .. } if message_id == "by-beta"),
+            "{beta:?}"
+        );
+        let alpha = writer
+            .apply_receipt(&report("alpha", MessageStatus::Delivered))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&alpha, Applied::Matched { message_id, changed: true, .. } if message_id == "by-alpha"),
+            "{alpha:?}"
+        );
+        writer.stop().await;
+        done.await.unwrap();
+        let status = |id: &'static str| async move {
+            crate::store::messages::get(db, id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+        };
+        assert_eq!(status("by-alpha").await, MessageStatus::Delivered);
+        assert_eq!(status("by-beta").await, MessageStatus::Failed);
+    }
+
+    #[tokio::test]
+    async fn a_receipt_moves_only_what_its_provider_sent_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("r.db"), false).await.unwrap();
+        a_receipt_moves_only_what_its_provider_sent(&db).await;
+    }
 }

@@ -16,7 +16,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::crash::{ChildGuard, free_port, unlimited_tenant, wait_ready};
 
-const ADMIN: &str = "logging-test-admin-token-0123";
+pub(crate) const ADMIN: &str = "logging-test-admin-token-0123";
 pub(crate) const EMAIL_TO: &str = "ada.lovelace@example.com";
 pub(crate) const SMS_TO: &str = "+15557654321";
 const SMS_PATH: &str = "/2010-04-01/Accounts/AC123/Messages.json";
@@ -167,6 +167,32 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
     .await;
     wait_for_status(&client, &base, &key, &email_id, "sent").await;
     wait_for_status(&client, &base, &key, &sms_id, "dead_lettered").await;
+    // The status is written before the copy moves to the DLQ: a redrive
+    // in between finds nothing to move, so wait until the DLQ lists it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed: Value = client
+            .get(format!("{base}/v1/admin/dlq"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let letters = listed["dead_letters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if letters.iter().any(|letter| letter["id"] == sms_id.as_str()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never in the DLQ: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let redrive: Value = client
         .post(format!("{base}/v1/admin/dlq/redrive"))
         .bearer_auth(ADMIN)

@@ -492,6 +492,17 @@ async fn each_providers_callbacks_come_to_its_own_url_and_its_token_verifies_the
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    // alpha, signing with its own token, reports on beta's message id: the
+    // receipt is alpha's, and no message alpha sent has that id, so
+    // beta's message does not move (the receipt waits for a match of its
+    // own provider that never comes).
+    let response = post("secret-token", "/v1/callbacks/sms").await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
+    assert_eq!(
+        view["status"], "sent",
+        "alpha's receipt moved beta's message: {view}"
+    );
     let response = post("beta-token", "/v1/callbacks/sms/beta").await.unwrap();
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     let view = wait_for(&app, &key, &id, status_is("delivered")).await;

@@ -358,6 +358,9 @@ async fn an_unknown_method_is_other_in_the_exported_span() {
         &[
             ("FAIRLANE__TELEMETRY__OTLP_ENDPOINT", &otlp.url),
             ("FAIRLANE__TELEMETRY__EXPORT_INTERVAL_MS", "100"),
+            // The odd request has no credentials: continue its trace all
+            // the same, so its span is exported to be looked at.
+            ("FAIRLANE__TELEMETRY__TRACEPARENT", "always"),
         ],
     )
     .await;
@@ -395,4 +398,51 @@ async fn an_unknown_method_is_other_in_the_exported_span() {
     );
     assert!(request.name.starts_with("HTTP "), "{}", request.name);
     assert_no_secrets(&spans, &[&method[..64]]);
+}
+
+/// Issue 46: with `sample_ratio = 0.0`, a request without credentials and
+/// a sampled `traceparent` exports nothing (its span is a root of its own,
+/// not sampled); the same request with the admin token continues the
+/// caller's trace and is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_sampled_traceparent_is_not_exported_by_default() {
+    const ANONYMOUS: &str = "5bf92f3577b34da6a3ce929d0e0e4736";
+    const ADMIN: &str = "c0f92f3577b34da6a3ce929d0e0e4736";
+    let otlp = OtlpReceiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = crate::logging::start(
+        dir.path(),
+        &[
+            ("FAIRLANE__TELEMETRY__OTLP_ENDPOINT", &otlp.url),
+            ("FAIRLANE__TELEMETRY__EXPORT_INTERVAL_MS", "100"),
+            ("FAIRLANE__TELEMETRY__SAMPLE_RATIO", "0.0"),
+        ],
+    )
+    .await;
+    let get = |trace: &str| {
+        started
+            .client
+            .get(format!("{}/v1/admin/tenants", started.base))
+            .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+    };
+    for _ in 0..20 {
+        let answer = get(ANONYMOUS).send().await.unwrap();
+        assert_eq!(answer.status(), reqwest::StatusCode::UNAUTHORIZED);
+    }
+    let answer = get(ADMIN)
+        .bearer_auth(crate::logging::ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+    otlp.wait_until("the admin request's span", |spans| {
+        spans.iter().any(|span| span.trace_id == ADMIN)
+    })
+    .await;
+    crate::logging::stop(started.child).await;
+    let spans = otlp.spans();
+    assert!(
+        spans.iter().all(|span| span.trace_id != ANONYMOUS),
+        "an anonymous caller's traceparent forced an export: {spans:#?}"
+    );
 }

@@ -309,16 +309,25 @@ impl ProviderGate {
     /// first of them will have one.
     fn take_local(&self, line: &mut Line, choice: Choice) -> Result<usize, Nanos> {
         let (order, weights) = self.candidates(line, choice);
+        // A paused provider is out of the round: it earns no credit while
+        // it cannot serve, and keeps none it had (a credit saved up over a
+        // pause would give it every grant once it is back).
+        let serving: Vec<Weighed> = weights
+            .iter()
+            .copied()
+            .filter(|w| self.paused(&self.members[w.member]).is_none())
+            .collect();
         let mut due: Option<Nanos> = None;
         for i in order {
             let member = &self.members[i];
             if let Some(until) = self.paused(member) {
+                line.current[i] = line.current[i].min(0.0);
                 due = Some(due.map_or(until, |d| d.min(until)));
                 continue;
             }
             match self.take_grant(member, &member.bucket) {
                 Ok(()) => {
-                    line.granted(i, &weights);
+                    line.granted(i, &serving);
                     return Ok(i);
                 }
                 Err(not_until) => {

@@ -391,6 +391,61 @@ async fn a_paused_provider_leaves_its_calls_to_the_others_and_choices_are_kept()
     assert!(avoid.iter().all(|(_, m)| *m == 1));
 }
 
+/// Issue 46: two equal providers, 20 calls a second, far under either's
+/// rate; the first is paused 6 s (a breaker, a 429). It earns no credit
+/// while out, so once back it takes its half, never the lot (with credit
+/// saved over the pause it took every call for about 3 s).
+#[tokio::test(start_paused = true)]
+async fn a_provider_back_from_a_pause_takes_no_more_than_its_weight() {
+    let run = Run::new();
+    let health = ProviderHealthSettings::default();
+    let gate = pool(&[spec("a", 1, 100.0, 5), spec("b", 1, 100.0, 5)], &health);
+    gate.pause_member(0, 6 * SECOND);
+    let grants: Shared<Vec<(Duration, usize)>> = Shared::default();
+    let start = run.now();
+    let tasks: Vec<_> = (0..2)
+        .map(|i| {
+            let (run2, gate, grants) = (run.clone(), Arc::clone(&gate), Arc::clone(&grants));
+            run.spawn(async move {
+                loop {
+                    let (_, member) = gate
+                        .acquire_from(Priority::Normal, &format!("t{i}"), Choice::Any)
+                        .await;
+                    lock(&grants).push((run2.now(), member));
+                    tokio::time::sleep(100 * MS).await;
+                }
+            })
+        })
+        .collect();
+    run.run_until(start + 14 * SECOND).await;
+    run.abort(&tasks).await;
+    let grants = lock(&grants).clone();
+    assert!(
+        grants.iter().all(|(at, m)| *m == 1 || *at >= 6 * SECOND),
+        "a served while paused"
+    );
+    for bin in (6..14).step_by(2) {
+        let in_bin: Vec<usize> = grants
+            .iter()
+            .filter(|(at, _)| *at >= SECOND * bin && *at < SECOND * (bin + 2))
+            .map(|(_, m)| *m)
+            .collect();
+        let a = in_bin.iter().filter(|m| **m == 0).count();
+        assert!(
+            in_bin.len() >= 38,
+            "{} calls in {bin}..{} s",
+            in_bin.len(),
+            bin + 2
+        );
+        assert!(
+            a * 2 <= in_bin.len() + 2,
+            "a took {a} of {} calls in {bin}..{} s",
+            in_bin.len(),
+            bin + 2
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_provider_marked_down_gets_nothing_then_its_share_back_gradually() {
     let run = Run::new();

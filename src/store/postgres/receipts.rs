@@ -35,28 +35,38 @@ struct Found {
     sent_at: Option<i64>,
 }
 
-/// The messages `receipts` name by provider id, and where each provider
-/// id's message is in that list. Two messages with one provider id: the
-/// first found, as a single receipt's `LIMIT 1` would.
+/// The messages `receipts` name by provider and provider id, and where
+/// each one is in that list. A message matches a receipt only when the
+/// receipt's provider sent it (or when the message records no provider: it
+/// was sent before fairlane recorded one). Two messages with one provider
+/// id: the first found, as a single receipt's `LIMIT 1` would.
 async fn find_by_provider_id(
     tx: &mut sqlx::PgConnection,
     receipts: &[&Receipt],
-) -> anyhow::Result<(Vec<Found>, HashMap<String, usize>)> {
+) -> anyhow::Result<(Vec<Found>, HashMap<(String, String), usize>)> {
     let provider_ids: Vec<&str> = receipts
         .iter()
         .map(|receipt| receipt.provider_message_id.as_str())
         .collect();
-    let rows: Vec<(String, String, String, i64, String, Option<i64>)> = sqlx::query_as(
-        "SELECT id, tenant_id, status, attempts, provider_message_id, sent_at FROM messages \
-         WHERE provider_message_id = ANY($1::text[])",
+    let providers: Vec<&str> = receipts
+        .iter()
+        .map(|receipt| receipt.provider.as_str())
+        .collect();
+    type Row = (String, String, String, i64, String, Option<i64>, String);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT m.id, m.tenant_id, m.status, m.attempts, m.provider_message_id, m.sent_at, r.provider \
+         FROM UNNEST($1::text[], $2::text[]) AS r(provider_id, provider) \
+         JOIN messages AS m ON m.provider_message_id = r.provider_id \
+         AND (m.provider = r.provider OR m.provider IS NULL)",
     )
     .bind(&provider_ids)
+    .bind(&providers)
     .fetch_all(&mut *tx)
     .await?;
     let mut found = Vec::with_capacity(rows.len());
     let mut by_provider_id = HashMap::with_capacity(rows.len());
-    for (id, tenant_id, status, attempts, provider_id, sent_at) in rows {
-        if let Entry::Vacant(slot) = by_provider_id.entry(provider_id) {
+    for (id, tenant_id, status, attempts, provider_id, sent_at, provider) in rows {
+        if let Entry::Vacant(slot) = by_provider_id.entry((provider, provider_id)) {
             slot.insert(found.len());
             found.push(Found {
                 id,
@@ -134,7 +144,11 @@ pub(crate) async fn apply_group(
 
     let mut plans = Vec::with_capacity(receipts.len());
     for receipt in receipts {
-        let Some(&message) = by_provider_id.get(&receipt.provider_message_id) else {
+        let key = (
+            receipt.provider.clone(),
+            receipt.provider_message_id.clone(),
+        );
+        let Some(&message) = by_provider_id.get(&key) else {
             plans.push(Plan::Unmatched);
             continue;
         };

@@ -547,6 +547,13 @@ async fn a_registry_change_made_through_one_instance_reaches_another_within_a_se
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_moves_only_what_its_provider_sent_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    crate::store::receipts::tests::a_receipt_moves_only_what_its_provider_sent(&db).await;
+}
+
 fn receipt(
     provider_id: &str,
     outcome: Option<MessageStatus>,
