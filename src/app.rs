@@ -364,6 +364,12 @@ async fn spawn_jobs(
         db.clone(),
         shutdown_rx.clone(),
     )));
+    if !db.is_shared() {
+        background.push(tokio::spawn(crate::scheduler::refresh_statistics(
+            db.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
     Ok(())
 }
 

@@ -103,3 +103,25 @@ pub async fn roll_up_usage(db: Db, mut shutdown: watch::Receiver<bool>) {
         }
     }
 }
+
+/// How often the planner's statistics are refreshed.
+const STATISTICS_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Every [`STATISTICS_INTERVAL`], refreshes the query planner's statistics
+/// ([`Db::refresh_statistics`]), so the message list keeps the index that
+/// suits each filter as a tenant's messages grow.
+pub async fn refresh_statistics(db: Db, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STATISTICS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(err) = db.refresh_statistics().await {
+                    warn!(error = %err, "Could not refresh the query planner's statistics; the next run tries again.");
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}

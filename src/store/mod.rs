@@ -165,6 +165,17 @@ impl Db {
         Ok(())
     }
 
+    /// Keeps the query planner's statistics current: SQLite's `PRAGMA
+    /// optimize` (an `ANALYZE` of the tables whose size changed enough,
+    /// reading a bounded sample); nothing on PostgreSQL, whose autovacuum
+    /// analyzes a table after enough of its rows changed.
+    pub async fn refresh_statistics(&self) -> anyhow::Result<()> {
+        match self {
+            Db::Sqlite(db) => db.refresh_statistics().await,
+            Db::Postgres(_) => Ok(()),
+        }
+    }
+
     pub async fn close(&self) {
         match self {
             Db::Sqlite(db) => db.close().await,
@@ -220,7 +231,21 @@ impl Db {
                     let mut statement = conn.prepare(&sql)?;
                     let width = statement.column_count();
                     statement
-                        .query_map([], |row| (0..width).map(|i| row.get(i)).collect())?
+                        .query_map([], |row| {
+                            (0..width)
+                                .map(|i| {
+                                    use rusqlite::types::ValueRef;
+                                    Ok(match row.get_ref(i)? {
+                                        ValueRef::Null => None,
+                                        ValueRef::Integer(n) => Some(n.to_string()),
+                                        ValueRef::Real(x) => Some(x.to_string()),
+                                        ValueRef::Text(t) | ValueRef::Blob(t) => {
+                                            Some(String::from_utf8_lossy(t).into_owned())
+                                        }
+                                    })
+                                })
+                                .collect()
+                        })?
                         .collect()
                 })
                 .await
