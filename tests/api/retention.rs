@@ -246,7 +246,8 @@ on_both_stores! {
         // message is looked at again, and the next run erases it again.
         let sent = fairlane::store::messages::get(&app.state.db, &text).await.unwrap().unwrap();
         let late_report = fairlane::store::receipts::Receipt {
-            provider: "http".into(),
+            // The provider that sent it: a receipt matches only its own.
+            provider: sent.provider.clone().expect("a sent message names its provider"),
             provider_message_id: sent.provider_message_id.expect("a sent message has the provider's id"),
             outcome: Some(MessageStatus::Failed),
             event: "failed".into(),
