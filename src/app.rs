@@ -327,6 +327,7 @@ async fn spawn_jobs(
     for entry in settings.providers.pool(Channel::Email) {
         if let Some(poller) = crate::receipts::ses::EventsPoller::from_settings(
             entry.name,
+            settings.logging.log_addresses,
             entry.settings,
             db.clone(),
             store_writer.clone(),

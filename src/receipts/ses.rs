@@ -156,6 +156,10 @@ pub struct EventsPoller {
     /// The SES provider's configured name: its events' receipts match only
     /// the messages it sent, and label its receipt metrics.
     name: String,
+    /// `logging.log_addresses`: without it, addresses in a bounce's
+    /// diagnostic (`550 5.1.1 <ada@example.com>…`) become `[address]`
+    /// before the text is stored in the message's events and error.
+    keep_addresses: bool,
     queue_url: String,
     db: Db,
     /// Receipts are recorded in the store writer's groups.
@@ -168,6 +172,7 @@ impl EventsPoller {
     /// SES).
     pub async fn from_settings(
         name: &str,
+        keep_addresses: bool,
         settings: &ProviderSettings,
         db: Db,
         writer: Writer,
@@ -179,6 +184,7 @@ impl EventsPoller {
         Ok(Some(EventsPoller {
             client: Client::new(&sdk_config),
             name: name.to_owned(),
+            keep_addresses,
             queue_url,
             db,
             writer,
@@ -271,6 +277,11 @@ impl EventsPoller {
         match parse(body) {
             Ok(Some(mut receipt)) => {
                 receipt.provider = self.name.clone();
+                if !self.keep_addresses {
+                    receipt.detail = receipt
+                        .detail
+                        .map(|text| crate::providers::without_addresses(&text).into_owned());
+                }
                 self.ingest(&receipt).await
             }
             Ok(None) => {

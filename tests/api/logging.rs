@@ -41,17 +41,22 @@ impl Run {
     }
 }
 
+/// The JSON `url` answers to `token`.
+async fn get_json(client: &reqwest::Client, url: String, token: &str) -> Value {
+    client
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn wait_for_status(client: &reqwest::Client, base: &str, key: &str, id: &str, want: &str) {
     for _ in 0..200 {
-        let body: Value = client
-            .get(format!("{base}/v1/messages/{id}"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = get_json(client, format!("{base}/v1/messages/{id}"), key).await;
         if body["status"] == want {
             return;
         }
@@ -171,15 +176,7 @@ pub(crate) async fn run_with(dir: &Path, env: &[(&str, &str)]) -> Run {
     // in between finds nothing to move, so wait until the DLQ lists it.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let listed: Value = client
-            .get(format!("{base}/v1/admin/dlq"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let listed = get_json(&client, format!("{base}/v1/admin/dlq"), ADMIN).await;
         let letters = listed["dead_letters"]
             .as_array()
             .cloned()

@@ -14,7 +14,7 @@ use crate::store::delivery::{
 };
 use crate::store::webhooks::{
     Cursor, DUE_CALLS, DueCall, HOLD, PENDING_TENANTS, SNAPSHOT, STREAM_TENANTS_SQLITE,
-    SnapshotRow, WEBHOOK_OF, Webhook,
+    SnapshotRow, WEBHOOK_OF, Webhook, webhook_row,
 };
 
 /// A tenant's calls taken by [`take_pass`], their data still as rows: they
@@ -253,23 +253,6 @@ fn read_stream(
 /// An endpoint's stream as its row holds it: reader, lease end, read,
 /// position and the event types it wants.
 type StreamRow = (Option<String>, Option<i64>, Cursor, Cursor, String);
-
-/// A [`WEBHOOK_OF`] row.
-fn webhook_row(row: &rusqlite::Row) -> rusqlite::Result<Webhook> {
-    Ok(Webhook {
-        tenant_id: row.get(0)?,
-        url: row.get(1)?,
-        events: row.get(2)?,
-        secret: row.get(3)?,
-        previous_secret: row.get(4)?,
-        previous_until: row.get(5)?,
-        failing_since: row.get(6)?,
-        last_error: row.get(7)?,
-        disabled_at: row.get(8)?,
-        created_at: row.get(9)?,
-        updated_at: row.get(10)?,
-    })
-}
 
 /// Leases a call (`?2`) until `?1` if it is still due at `?3`.
 const LEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = ?1 \
