@@ -136,6 +136,7 @@ pub(crate) fn prepare(
         otel.kind = "producer",
         messaging.system = "fairlane",
         messaging.operation.type = "create",
+        messaging.operation.name = "create",
         messaging.destination.name = lane.as_str(),
         messaging.message.id = id.as_str(),
         fairlane.tenant_id = tenant_id,

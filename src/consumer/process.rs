@@ -405,6 +405,7 @@ fn process_span(lane: Lane, message: &ReceivedMessage, payload: &DeliveryPayload
         otel.kind = "consumer",
         messaging.system = "fairlane",
         messaging.operation.type = "process",
+        messaging.operation.name = "process",
         messaging.destination.name = lane.as_str(),
         messaging.message.id = payload.id.as_str(),
         fairlane.tenant_id = payload.tenant_id.as_str(),

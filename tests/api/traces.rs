@@ -280,6 +280,14 @@ async fn one_trace_follows_a_message_through_the_embedded_queue_and_a_redrive() 
 
     let process = span_of(&spans, "process fast", email);
     assert_eq!(process.kind, CONSUMER);
+    assert_eq!(
+        process.attribute("messaging.operation.name"),
+        Some("process")
+    );
+    assert_eq!(
+        created.attribute("messaging.operation.name"),
+        Some("create")
+    );
     assert!(
         process.is_child_of(created),
         "{process:#?} under {created:#?}"

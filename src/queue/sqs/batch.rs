@@ -162,6 +162,7 @@ fn send_span(url: &str, chunk: &[Envelope<'_>]) -> tracing::Span {
         otel.kind = "producer",
         messaging.system = "aws_sqs",
         messaging.operation.type = "send",
+        messaging.operation.name = "SendMessageBatch",
         messaging.destination.name = queue,
         messaging.batch.message_count = chunk.len() as u64,
     );
