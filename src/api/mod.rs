@@ -235,12 +235,16 @@ async fn trace_request(
         .headers()
         .get("traceparent")
         .and_then(|value| value.to_str().ok());
-    if trusts_traceparent(&state, request.headers()) {
-        crate::telemetry::parent_from(&span, parent);
-    } else {
-        // A trace of its own, sampled here; the caller's context is kept
-        // as a link, which decides nothing.
-        crate::telemetry::link_all(&span, parent.and_then(crate::telemetry::remote_context));
+    // The caller's key is looked at only when it sent a context: a send
+    // without one costs no second hash of its key here.
+    if let Some(parent) = parent {
+        if trusts_traceparent(&state, request.headers()) {
+            crate::telemetry::parent_from(&span, Some(parent));
+        } else {
+            // A trace of its own, sampled here; the caller's context is
+            // kept as a link, which decides nothing.
+            crate::telemetry::link_all(&span, crate::telemetry::remote_context(parent));
+        }
     }
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status();
