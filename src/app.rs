@@ -167,10 +167,7 @@ impl Application {
                 .map(Arc::new);
         let accept = acceptor(&settings, &db, &store_writer, outbox, &redis, &backpressure)
             .with_unsubscribe(unsubscribe.clone());
-        let writes = crate::limits::writes::TenantWrites::new(
-            settings.limits.tenant_writes_per_second,
-            settings.limits.tenant_writes_burst,
-        );
+        let writes = tenant_writes(&settings.limits, &redis);
         let state = AppState::new(AppInner {
             accept,
             redis,
@@ -449,6 +446,20 @@ fn acceptor(
 
 /// The Redis limits' client (with its heartbeat) when limits are kept in
 /// Redis; `None` when they are kept in this process.
+/// The bucket of tenants' changes other than sends: in Redis for the
+/// fleet when the limits are, else in this process.
+fn tenant_writes(
+    limits: &crate::config::LimitsSettings,
+    redis: &Option<Arc<RedisLimits>>,
+) -> crate::limits::writes::TenantWrites {
+    use crate::limits::writes::TenantWrites;
+    let (rate, burst) = (limits.tenant_writes_per_second, limits.tenant_writes_burst);
+    match redis {
+        Some(redis) => TenantWrites::shared(rate, burst, redis.clone()),
+        None => TenantWrites::new(rate, burst),
+    }
+}
+
 async fn limits_in_redis(
     settings: &Settings,
     background: &mut Vec<JoinHandle<()>>,

@@ -138,21 +138,21 @@ impl FromRequestParts<AppState> for TenantWrite {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let TenantAuth(caller) = TenantAuth::from_request_parts(parts, state).await?;
-        admit_change(&caller, state)?;
+        admit_change(&caller, state).await?;
         Ok(TenantWrite(caller))
     }
 }
 
 /// A change other than a send: refused 403 for a disabled tenant, and
 /// charged to the tenant's bucket of changes (429 when empty).
-fn admit_change(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
+async fn admit_change(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
     if caller.tenant.status == TenantStatus::Disabled {
         return Err(ApiError::Forbidden(format!(
             "Tenant {:?} is disabled; its changes are refused until an admin re-enables it.",
             caller.tenant.id
         )));
     }
-    if let Err(retry_after) = state.writes.take(&caller.tenant.id) {
+    if let Err(retry_after) = state.writes.take(&caller.tenant.id).await {
         metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "writes").increment(1);
         return Err(ApiError::TooManyRequests {
             reason: LimitReason::Writes,
@@ -187,7 +187,7 @@ impl FromRequestParts<AppState> for LiveWrite {
                 "A test key cannot change the tenant's webhook or suppression list, which its live messages share; use a live key.".into(),
             ));
         }
-        admit_change(&caller, state)?;
+        admit_change(&caller, state).await?;
         Ok(LiveWrite(caller))
     }
 }

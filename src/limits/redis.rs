@@ -12,6 +12,7 @@
 //! | `{prefix}:instances` | sorted set | instance id → last heartbeat (server ms) | 60 s after the last heartbeat |
 //! | `{prefix}:tenant:{id}:rate` | string | the tenant's GCRA theoretical arrival time (server µs) | when the bucket is full again |
 //! | `{prefix}:tenant:{id}:quota:{day}` | string | sends counted on that UTC day (days since 1970) | at the end of the next day |
+//! | `{prefix}:tenant:{id}:writes` | string | the GCRA theoretical arrival time of the tenant's changes other than sends (server µs) | when the bucket is full again |
 //! | `{prefix}:gate:{provider}` | string | the provider's GCRA theoretical arrival time (server µs) | when the bucket is full again |
 //!
 //! Health: a call that fails or takes longer than `limits.timeout_ms` marks
@@ -120,8 +121,9 @@ end
 return -1
 ";
 
-/// Takes one token from a provider's fleet-wide bucket, with the same GCRA
-/// as [`ADMIT_LUA`]. KEYS[1] gate key; ARGV[1] T (µs), ARGV[2] burst.
+/// Takes one token from a fleet-wide bucket (a provider's gate, a tenant's
+/// changes), with the same GCRA as [`ADMIT_LUA`]. KEYS[1] the bucket's
+/// key; ARGV[1] T (µs), ARGV[2] burst.
 /// Returns 0 when the token was taken, or the µs until one is due.
 const GATE_LUA: &str = r"
 local t = redis.call('TIME')
@@ -456,12 +458,32 @@ impl RedisLimits {
         period_us: u64,
         burst: u32,
     ) -> Result<Option<Duration>, Unreachable> {
+        let key = format!("{}:gate:{provider}", self.prefix);
+        self.take_token("gate", key, period_us, burst).await
+    }
+
+    /// Takes one of `tenant`'s changes other than sends from its fleet-wide
+    /// bucket: `None` when taken, or how long until one is due.
+    pub(crate) async fn take_tenant_write(
+        &self,
+        tenant: &str,
+        period_us: u64,
+        burst: u32,
+    ) -> Result<Option<Duration>, Unreachable> {
+        let key = self.tenant_key(tenant, "writes");
+        self.take_token("writes", key, period_us, burst).await
+    }
+
+    async fn take_token(
+        &self,
+        operation: &'static str,
+        key: String,
+        period_us: u64,
+        burst: u32,
+    ) -> Result<Option<Duration>, Unreachable> {
         let mut invocation = self.gate.prepare_invoke();
-        invocation
-            .key(format!("{}:gate:{provider}", self.prefix))
-            .arg(period_us)
-            .arg(burst);
-        let wait: i64 = self.invoke("gate", &invocation).await?;
+        invocation.key(key).arg(period_us).arg(burst);
+        let wait: i64 = self.invoke(operation, &invocation).await?;
         Ok((wait > 0).then(|| Duration::from_micros(wait as u64)))
     }
 

@@ -194,3 +194,45 @@ async fn readyz_reports_redis_held_limits() {
     assert_eq!(body["checks"]["limits"], "ok", "{body}");
     assert_eq!(body["checks"]["store"], "ok", "{body}");
 }
+
+/// A tenant's changes other than sends draw on one bucket for the fleet:
+/// two instances under one prefix give it one burst, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_changes_share_one_bucket_across_instances_with_redis() {
+    let prefix = RedisPrefix::new();
+    let settings = format!(
+        "{}tenant_writes_per_second = 0.01\ntenant_writes_burst = 3\n",
+        prefix.settings()
+    );
+    let first = TestApp::start(&settings).await;
+    let second = TestApp::start(&settings).await;
+    let mut keys = Vec::new();
+    for app in [&first, &second] {
+        keys.push(app.tenant_with_key("acme", "pro").await);
+    }
+    let add = |app: &TestApp, key: &str, n: usize| {
+        app.tenant(key, reqwest::Method::POST, "/v1/suppressions")
+            .json(&serde_json::json!({"address": format!("x{n}@example.com")}))
+            .send()
+    };
+    for n in 0..3 {
+        let response = add(&first, &keys[0], n).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "change {n}");
+    }
+    // The burst is spent on the first instance: the second refuses too.
+    let (headers, _) = expect_problem_kind(
+        add(&second, &keys[1], 3).await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-changes",
+    )
+    .await;
+    assert!(header_u64(&headers, "retry-after") >= 50, "{headers:?}");
+    assert!(
+        prefix
+            .keys()
+            .iter()
+            .any(|key| key.ends_with(":tenant:acme:writes")),
+        "the changes were counted in Redis: {:?}",
+        prefix.keys()
+    );
+}
