@@ -72,6 +72,10 @@ struct Window {
     slots: Vec<Slot>,
     /// When it was last marked down.
     down_at: Option<Duration>,
+    /// When its last pause (a 429's `Retry-After`, an open breaker) ends:
+    /// from then it wins its weight back on the same line as after a
+    /// spell marked down.
+    pause_ends: Option<Duration>,
     downs: u64,
 }
 
@@ -195,6 +199,15 @@ impl Health {
         false
     }
 
+    /// The provider is paused until `end` (a 429, an open breaker): it
+    /// has no share until then and wins its weight back from a tenth over
+    /// `recover_secs` after, so a provider back from a pause never takes
+    /// more than a small part of the traffic at once.
+    pub fn paused_until(&self, end: Duration) {
+        let mut window = self.window();
+        window.pause_ends = Some(window.pause_ends.map_or(end, |known| known.max(end)));
+    }
+
     /// The part of its weight routing gives the provider at `now`.
     pub fn factor(&self, now: Duration) -> f64 {
         factor_at(&self.window(), &self.rule, now)
@@ -202,6 +215,7 @@ impl Health {
 
     pub fn snapshot(&self, now: Duration) -> Snapshot {
         let window = self.window();
+        let factor = factor_at(&window, &self.rule, now);
         let slots = self.rule.window_secs.max(1);
         let (calls, failures, mean_latency_ms) = if window.slots.is_empty() {
             (0, 0, None)
@@ -209,8 +223,15 @@ impl Health {
             totals(&window.slots, now.as_secs(), slots)
         };
         Snapshot {
-            state: state_at(&window, &self.rule, now),
-            factor: factor_at(&window, &self.rule, now),
+            state: match state_at(&window, &self.rule, now) {
+                State::Healthy
+                    if window.pause_ends.is_some_and(|end| now >= end) && factor < 1.0 =>
+                {
+                    State::Recovering
+                }
+                state => state,
+            },
+            factor,
             calls,
             failures,
             mean_latency_ms,
@@ -262,16 +283,26 @@ fn state_at(window: &Window, rule: &ProviderHealthSettings, now: Duration) -> St
 }
 
 fn factor_at(window: &Window, rule: &ProviderHealthSettings, now: Duration) -> f64 {
-    match state_at(window, rule, now) {
-        State::Healthy => 1.0,
-        State::Down => 0.0,
-        State::Recovering => {
-            let down_at = window.down_at.expect("recovering means marked down once");
-            let into = now.saturating_sub(down_at + Duration::from_secs(rule.down_secs));
-            let whole = rule.recover_secs.max(1) as f64;
-            FIRST_SHARE + (1.0 - FIRST_SHARE) * (into.as_secs_f64() / whole).min(1.0)
-        }
+    let health = match window.down_at {
+        Some(down_at) => ramp(rule, now, down_at + Duration::from_secs(rule.down_secs)),
+        None => 1.0,
+    };
+    match window.pause_ends {
+        Some(end) => health.min(ramp(rule, now, end)),
+        None => health,
     }
+}
+
+/// The share of a provider that is out until `back`: none before, then
+/// a straight line from a tenth at `back` to all of it `recover_secs`
+/// later.
+fn ramp(rule: &ProviderHealthSettings, now: Duration, back: Duration) -> f64 {
+    if now < back {
+        return 0.0;
+    }
+    let into = (now - back).as_secs_f64();
+    let whole = rule.recover_secs.max(1) as f64;
+    (FIRST_SHARE + (1.0 - FIRST_SHARE) * (into / whole)).min(1.0)
 }
 
 #[cfg(test)]

@@ -112,7 +112,8 @@ impl ProviderGate {
     /// bucket saved up during the pause, so the gate does not resume with a
     /// burst into a provider that just pushed back, and a burst of calls
     /// opening new connections at once cannot arrive bunched on top of the
-    /// rate.
+    /// rate. In a pool it then wins its weight back on the health ramp
+    /// (from a tenth over `recover_secs`), as after a spell marked down.
     ///
     /// `pause` may come from a provider's header: however long it is, the
     /// end saturates rather than overflows (the providers clamp it first, see
@@ -121,8 +122,9 @@ impl ProviderGate {
         let Some(member) = self.members.get(member) else {
             return;
         };
-        let until = Duration::from(self.timeline.now()).saturating_add(pause);
-        let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
+        let end = Duration::from(self.timeline.now()).saturating_add(pause);
+        member.health.paused_until(end);
+        let until = u64::try_from(end.as_nanos()).unwrap_or(u64::MAX);
         member.paused_until.fetch_max(until, Ordering::Relaxed);
         member.drain_grants.store(true, Ordering::Relaxed);
         member.drain_calls.store(true, Ordering::Relaxed);

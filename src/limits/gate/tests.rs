@@ -393,12 +393,14 @@ async fn a_paused_provider_leaves_its_calls_to_the_others_and_choices_are_kept()
 
 /// Issue 46: two equal providers, 20 calls a second, far under either's
 /// rate; the first is paused 6 s (a breaker, a 429). It earns no credit
-/// while out, so once back it takes its half, never the lot (with credit
-/// saved over the pause it took every call for about 3 s).
+/// while out (with credit saved over the pause it took every call for
+/// about 3 s), and once back it wins its half back on the health ramp:
+/// from a tenth of its weight to all of it over `recover_secs` (20 s).
 #[tokio::test(start_paused = true)]
-async fn a_provider_back_from_a_pause_takes_no_more_than_its_weight() {
+async fn a_provider_back_from_a_pause_ramps_up_and_never_takes_more_than_its_weight() {
     let run = Run::new();
     let health = ProviderHealthSettings::default();
+    assert_eq!(health.recover_secs, 20);
     let gate = pool(&[spec("a", 1, 100.0, 5), spec("b", 1, 100.0, 5)], &health);
     gate.pause_member(0, 6 * SECOND);
     let grants: Shared<Vec<(Duration, usize)>> = Shared::default();
@@ -417,14 +419,15 @@ async fn a_provider_back_from_a_pause_takes_no_more_than_its_weight() {
             })
         })
         .collect();
-    run.run_until(start + 14 * SECOND).await;
+    run.run_until(start + 32 * SECOND).await;
     run.abort(&tasks).await;
     let grants = lock(&grants).clone();
     assert!(
         grants.iter().all(|(at, m)| *m == 1 || *at >= 6 * SECOND),
         "a served while paused"
     );
-    for bin in (6..14).step_by(2) {
+    let mut shares = Vec::new();
+    for bin in (6..32).step_by(2) {
         let in_bin: Vec<usize> = grants
             .iter()
             .filter(|(at, _)| *at >= SECOND * bin && *at < SECOND * (bin + 2))
@@ -443,7 +446,20 @@ async fn a_provider_back_from_a_pause_takes_no_more_than_its_weight() {
             in_bin.len(),
             bin + 2
         );
+        shares.push(a as f64 / in_bin.len() as f64);
     }
+    // Weight × factor against b's 1: a tenth's share is 0.09 at first,
+    // 0.33 halfway (factor 0.55), a half once back in full.
+    assert!(shares[0] <= 0.2, "a's share just back: {shares:?}");
+    assert!(
+        (0.2..=0.45).contains(&shares[5]),
+        "a's share halfway up the ramp: {shares:?}"
+    );
+    assert!(shares[12] >= 0.4, "a's share after the ramp: {shares:?}");
+    assert!(
+        shares[0] < shares[5] && shares[5] < shares[12],
+        "a's share grows: {shares:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
