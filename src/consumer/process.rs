@@ -390,7 +390,7 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
             return dead_letter(context, &message, known, &reason, false).await;
         }
     };
-    let span = process_span(context.lane, &message, &payload);
+    let span = process_span(context, &message, &payload);
     deliver_payload(context, message, payload)
         .instrument(span)
         .await
@@ -398,15 +398,22 @@ pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
 
 /// The consumer span of one delivery attempt (OpenTelemetry messaging
 /// conventions), continuing the trace the message was queued in.
-fn process_span(lane: Lane, message: &ReceivedMessage, payload: &DeliveryPayload) -> Span {
+fn process_span(context: &Context, message: &ReceivedMessage, payload: &DeliveryPayload) -> Span {
+    if !crate::telemetry::enabled() {
+        return Span::none();
+    }
+    let (system, destination) = context
+        .delivery
+        .queue
+        .trace_destination(context.lane, payload.priority);
     let span = crate::telemetry::span!(
         "process",
-        otel.name = %format!("process {}", lane.as_str()),
+        otel.name = %format!("process {destination}"),
         otel.kind = "consumer",
-        messaging.system = "fairlane",
+        messaging.system = system,
         messaging.operation.type = "process",
         messaging.operation.name = "process",
-        messaging.destination.name = lane.as_str(),
+        messaging.destination.name = destination.as_str(),
         messaging.message.id = payload.id.as_str(),
         fairlane.tenant_id = payload.tenant_id.as_str(),
         fairlane.channel = payload.channel.as_str(),
@@ -472,28 +479,6 @@ async fn preflight(
         provider: None,
         detail: None,
     };
-    let Some(tenant) = context
-        .delivery
-        .registry
-        .tenant_fresh(&message.tenant_id)
-        .await
-    else {
-        dead_letter(context, message, unsent, "tenant was deleted", false).await;
-        return None;
-    };
-    match tenant.status {
-        TenantStatus::Active => {}
-        TenantStatus::Paused | TenantStatus::Disabled => {
-            let delay = Duration::from_secs(context.delivery.consumers.hold_delay_secs);
-            let reason = if tenant.status == TenantStatus::Paused {
-                "paused"
-            } else {
-                "disabled"
-            };
-            defer(context, message, delay, reason).await;
-            return None;
-        }
-    }
     // A second copy of a message another task is sending right now comes
     // back later, when the status check below settles it.
     let Some(delivering) = context.delivery.delivering.claim(&payload.id) else {
@@ -538,6 +523,33 @@ async fn preflight(
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read message status; trying again soon.");
             let pause = context.delivery.store_trouble.retry_after();
             defer(context, message, pause, "store").await;
+            return None;
+        }
+    }
+
+    // The status comes before the tenant's pause: a held copy of a message
+    // that was cancelled (or sent, or erased by retention) is deleted on
+    // sight rather than put back for another `hold_delay_secs` with its
+    // content (issue 46: on SQS a held copy never aged out).
+    let Some(tenant) = context
+        .delivery
+        .registry
+        .tenant_fresh(&message.tenant_id)
+        .await
+    else {
+        dead_letter(context, message, unsent, "tenant was deleted", false).await;
+        return None;
+    };
+    match tenant.status {
+        TenantStatus::Active => {}
+        TenantStatus::Paused | TenantStatus::Disabled => {
+            let delay = Duration::from_secs(context.delivery.consumers.hold_delay_secs);
+            let reason = if tenant.status == TenantStatus::Paused {
+                "paused"
+            } else {
+                "disabled"
+            };
+            defer(context, message, delay, reason).await;
             return None;
         }
     }

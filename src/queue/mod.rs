@@ -211,6 +211,14 @@ pub trait LaneQueue: Send + Sync {
         None
     }
 
+    /// How traces name where `lane`'s messages of `priority` wait
+    /// (OpenTelemetry messaging conventions): `messaging.system` and
+    /// `messaging.destination.name`. The embedded queue is fairlane's own
+    /// system with the lane as destination.
+    fn trace_destination(&self, lane: Lane, _priority: Priority) -> (&'static str, String) {
+        ("fairlane", lane.as_str().to_owned())
+    }
+
     /// Tells the queue whether a tenant's messages are held (tenant paused
     /// or disabled). A queue that can set them aside stops handing them out
     /// until the tenant is released, and then puts them back in line; the

@@ -1698,8 +1698,16 @@ async fn a_message_accepted_by_one_instance_and_sent_by_another_is_one_trace() {
     assert_eq!((send.instance.as_str(), send.kind), ("a", PRODUCER));
     assert_eq!(send.attribute("messaging.system"), Some("aws_sqs"));
 
-    let process = span_of(&spans, "process fast", &id);
+    // On SQS the consumer span names the system and the class queue the
+    // message came from (OpenTelemetry messaging conventions).
+    let queue = send
+        .attribute("messaging.destination.name")
+        .expect("the SendMessageBatch span names its queue");
+    assert!(queue.ends_with("-fast"), "a normal send's queue: {queue}");
+    let process = span_of(&spans, &format!("process {queue}"), &id);
     assert_eq!((process.instance.as_str(), process.kind), ("b", CONSUMER));
+    assert_eq!(process.attribute("messaging.system"), Some("aws_sqs"));
+    assert_eq!(process.attribute("messaging.destination.name"), Some(queue));
     assert!(
         process.is_child_of(created),
         "{process:#?} under {created:#?}"

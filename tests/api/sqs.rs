@@ -1004,3 +1004,118 @@ crate::support::on_both_stores! {
         assert_eq!(outbox_rows(&app).await, 0);
     }
 }
+
+/// Messages in every queue under `prefix` (lanes' classes and DLQs),
+/// counting those visible, in flight and delayed, as SQS reports them.
+async fn messages_under_prefix(moto: &str, prefix: &str) -> i64 {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .endpoint_url(moto)
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "test", "test", None, None, "tests",
+        ))
+        .build();
+    let client = aws_sdk_sqs::Client::from_conf(config);
+    let urls = client
+        .list_queues()
+        .queue_name_prefix(prefix)
+        .send()
+        .await
+        .expect("ListQueues on moto")
+        .queue_urls
+        .unwrap_or_default();
+    assert!(
+        urls.len() >= 4,
+        "the lanes' queues under {prefix}: {urls:?}"
+    );
+    let mut total = 0;
+    for url in urls {
+        let attributes = client
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .expect("GetQueueAttributes on moto")
+            .attributes
+            .unwrap_or_default();
+        for name in [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ] {
+            total += attributes
+                .get(&name)
+                .and_then(|count| count.parse::<i64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Issue 46: a paused tenant's message is held on SQS (put back every
+/// `hold_delay_secs`). Once cancelled, its next receive deletes it: the
+/// status is read before the pause, so no copy of its body and recipient
+/// goes round the queue until the tenant is resumed (with the pause read
+/// first, it went round for ever, past any retention).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqs_a_cancelled_message_of_a_paused_tenant_leaves_the_queue() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-held").await;
+    let moto = moto_url();
+    let queue = sqs_settings(&moto, "held", "batch_window_ms = 10");
+    let app = TestApp::start_custom(
+        &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue),
+        |settings| {
+            settings.consumers.receive_wait_secs = 1;
+            settings.consumers.hold_delay_secs = 1;
+        },
+    )
+    .await;
+    let prefix = app.state.settings.queue.sqs.queue_prefix.clone();
+    let key = bulk_tenant(&app).await;
+    app.patch_tenant("acme", json!({"status": "paused"})).await;
+    let id = app.send_accepted(&key, &sms()).await;
+    // Held: it stays in the queue, and nothing reaches the provider.
+    // (A hold re-sends the copy, then deletes the one received: 1 or 2.)
+    until_queued(&moto, &prefix, "held", |n| n >= 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = messages_under_prefix(&moto, &prefix).await;
+    assert!((1..=2).contains(&held), "still held: {held}");
+    assert_eq!(sms_requests(&sms_api).await, 0, "a held message was sent");
+
+    let cancel = app
+        .tenant(&key, Method::DELETE, &format!("/v1/messages/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(cancel.status().is_success(), "{:?}", cancel.status());
+    // The copy goes at its next receive, a hold (1 s) later.
+    until_queued(&moto, &prefix, "none", |n| n == 0).await;
+    assert_eq!(
+        sms_requests(&sms_api).await,
+        0,
+        "a cancelled message was sent"
+    );
+    let view = wait_for(&app, &key, &id, status_is("cancelled")).await;
+    assert_eq!(view["status"], "cancelled", "{view}");
+}
+
+/// Waits (20 s at most) until the count of messages in the queues under
+/// `prefix` is `what` (`holds`).
+async fn until_queued(moto: &str, prefix: &str, what: &str, holds: impl Fn(i64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = messages_under_prefix(moto, prefix).await;
+        if holds(held) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queues under {prefix} hold {held} messages after 20 s, not {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -284,6 +284,11 @@ async fn one_trace_follows_a_message_through_the_embedded_queue_and_a_redrive() 
         process.attribute("messaging.operation.name"),
         Some("process")
     );
+    assert_eq!(process.attribute("messaging.system"), Some("fairlane"));
+    assert_eq!(
+        process.attribute("messaging.destination.name"),
+        Some("fast")
+    );
     assert_eq!(
         created.attribute("messaging.operation.name"),
         Some("create")

@@ -606,6 +606,11 @@ impl SqsQueue {
 
 #[async_trait]
 impl LaneQueue for SqsQueue {
+    /// The SQS queue of the message's class.
+    fn trace_destination(&self, lane: Lane, priority: Priority) -> (&'static str, String) {
+        ("aws_sqs", self.queues(lane).class(priority).name.clone())
+    }
+
     /// Sends each message to the queue of its priority class, in
     /// SendMessageBatch calls of at most ten messages and 256 KiB (the
     /// classes at once). `Err` as a whole only when nothing was sent;
