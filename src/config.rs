@@ -667,6 +667,10 @@ pub struct TelemetrySettings {
     /// Most finished spans held for export; beyond it new ones are dropped
     /// (and counted by the SDK), never waited for.
     pub max_queued_spans: usize,
+    /// Most bytes of finished spans held for export (estimated from their
+    /// names, attributes, events and links); beyond it new ones are
+    /// dropped and counted in `fairlane_trace_spans_dropped_total`.
+    pub max_queued_bytes: usize,
     /// Whose `traceparent` header a request's span continues, taking the
     /// caller's sampling decision with it: `authenticated` (default: a
     /// request that presents a valid API key or the admin token), `always`
@@ -689,6 +693,26 @@ pub enum TraceparentTrust {
     Never,
 }
 
+impl TelemetrySettings {
+    fn validate(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            bail!("telemetry.sample_ratio must be between 0.0 and 1.0");
+        }
+        let endpoint = self.otlp_endpoint.as_str();
+        let http = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+        if !endpoint.is_empty() && !http {
+            bail!("telemetry.otlp_endpoint must be an http:// or https:// address, or empty");
+        }
+        if self.export_interval_ms == 0 || self.max_queued_spans == 0 {
+            bail!("telemetry.export_interval_ms and telemetry.max_queued_spans must be at least 1");
+        }
+        if self.max_queued_bytes < 4096 {
+            bail!("telemetry.max_queued_bytes must be at least 4096");
+        }
+        Ok(())
+    }
+}
+
 impl Default for TelemetrySettings {
     fn default() -> Self {
         TelemetrySettings {
@@ -697,6 +721,7 @@ impl Default for TelemetrySettings {
             service_name: "fairlane".into(),
             export_interval_ms: 5000,
             max_queued_spans: 8192,
+            max_queued_bytes: 16 * 1024 * 1024,
             traceparent: TraceparentTrust::Authenticated,
         }
     }
@@ -959,18 +984,7 @@ impl Settings {
     /// Checks that figures are in range and that each provider has what its
     /// kind needs.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let telemetry = &self.telemetry;
-        if !(0.0..=1.0).contains(&telemetry.sample_ratio) {
-            bail!("telemetry.sample_ratio must be between 0.0 and 1.0");
-        }
-        let endpoint = telemetry.otlp_endpoint.as_str();
-        let http = endpoint.starts_with("http://") || endpoint.starts_with("https://");
-        if !endpoint.is_empty() && !http {
-            bail!("telemetry.otlp_endpoint must be an http:// or https:// address, or empty");
-        }
-        if telemetry.export_interval_ms == 0 || telemetry.max_queued_spans == 0 {
-            bail!("telemetry.export_interval_ms and telemetry.max_queued_spans must be at least 1");
-        }
+        self.telemetry.validate()?;
         if self.server.max_body_bytes == 0 || self.server.max_body_bytes > 250 * 1024 {
             bail!(
                 "server.max_body_bytes must be between 1 and 256000 (SQS messages are at most 256 KiB)"

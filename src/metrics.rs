@@ -72,8 +72,12 @@ pub const MESSAGES_WAITING: &str = "fairlane_messages_waiting";
 /// unreachable.
 pub const LIMITS_BACKEND_UP: &str = "fairlane_limits_backend_up";
 /// Redis calls of the limits that failed or timed out, by `operation`
-/// (`admit`, `seed`, `release`, `reconcile`, `gate`, `heartbeat`).
+/// (`admit`, `seed`, `release`, `reconcile`, `gate`, `writes`, `heartbeat`).
 pub const REDIS_ERRORS_TOTAL: &str = "fairlane_redis_errors_total";
+/// Finished spans dropped because the exporter's queue held
+/// `telemetry.max_queued_bytes` already (the SDK counts those dropped at
+/// `max_queued_spans` on its own).
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = "fairlane_trace_spans_dropped_total";
 /// Instances with a fresh heartbeat in Redis, as this instance last saw it
 /// (`limits.backend = "redis"` only); the divisor of the local shares.
 pub const LIMITS_LIVE_INSTANCES: &str = "fairlane_limits_live_instances";
@@ -434,6 +438,11 @@ fn describe_around_the_pipeline() {
         Unit::Count,
         "Redis calls of the limits that failed or timed out, by operation."
     );
+    describe_counter!(
+        TRACE_SPANS_DROPPED_TOTAL,
+        Unit::Count,
+        "Finished spans dropped because the trace exporter's queue held telemetry.max_queued_bytes already."
+    );
     describe_gauge!(
         LIMITS_LIVE_INSTANCES,
         Unit::Count,
@@ -490,10 +499,19 @@ fn register_known_labels() {
     ] {
         metrics::counter!(SQS_CALLS_TOTAL, "operation" => operation).increment(0);
     }
-    for operation in ["admit", "seed", "release", "reconcile", "gate", "heartbeat"] {
+    for operation in [
+        "admit",
+        "seed",
+        "release",
+        "reconcile",
+        "gate",
+        "writes",
+        "heartbeat",
+    ] {
         metrics::counter!(REDIS_ERRORS_TOTAL, "operation" => operation).increment(0);
     }
     metrics::gauge!(LIMITS_LIVE_INSTANCES).increment(0.0);
+    metrics::counter!(TRACE_SPANS_DROPPED_TOTAL).increment(0);
     for action in ["evicted", "refused"] {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
     }

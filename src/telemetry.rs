@@ -40,6 +40,8 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::TelemetrySettings;
 
+mod budget;
+
 /// The target of the spans that are exported and never logged.
 pub const TARGET: &str = "fairlane_otel";
 
@@ -143,14 +145,22 @@ fn provider(settings: &TelemetrySettings) -> anyhow::Result<SdkTracerProvider> {
         .with_endpoint(endpoint)
         .with_timeout(Duration::from_secs(10))
         .build()?;
+    let bytes = budget::Budget::new(settings.max_queued_bytes);
+    let exporter = budget::Releasing {
+        inner: exporter,
+        budget: bytes.clone(),
+    };
     let batches = BatchConfigBuilder::default()
         .with_scheduled_delay(Duration::from_millis(settings.export_interval_ms))
         .with_max_queue_size(settings.max_queued_spans)
         .with_max_export_batch_size(settings.max_queued_spans.min(512))
         .build();
-    let processor = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(batches)
-        .build();
+    let processor = budget::Bounded {
+        inner: BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batches)
+            .build(),
+        budget: bytes,
+    };
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(settings.service_name.clone())
         .build();

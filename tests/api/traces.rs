@@ -459,3 +459,55 @@ async fn an_anonymous_sampled_traceparent_is_not_exported_by_default() {
         "an anonymous caller's traceparent forced an export: {spans:#?}"
     );
 }
+
+/// Issue 46: the exporter's queue is bounded in bytes. With no export
+/// while the test runs (the first is an hour away) and a budget of
+/// 4,096 bytes, a few hundred traced requests fill it and every span past
+/// it is dropped and counted; the process goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_past_the_exporters_byte_budget_are_dropped_and_counted() {
+    let otlp = OtlpReceiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = crate::logging::start(
+        dir.path(),
+        &[
+            ("FAIRLANE__TELEMETRY__OTLP_ENDPOINT", &otlp.url),
+            ("FAIRLANE__TELEMETRY__EXPORT_INTERVAL_MS", "3600000"),
+            ("FAIRLANE__TELEMETRY__MAX_QUEUED_BYTES", "4096"),
+        ],
+    )
+    .await;
+    let dropped = |text: &str| -> f64 {
+        text.lines()
+            .find(|line| line.starts_with("fairlane_trace_spans_dropped_total"))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no fairlane_trace_spans_dropped_total in:\n{text}"))
+    };
+    let metrics = || async {
+        started
+            .client
+            .get(format!("{}/metrics", started.base))
+            .send()
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(dropped(&metrics().await), 0.0, "nothing dropped at first");
+    for _ in 0..200 {
+        let answer = started
+            .client
+            .get(format!("{}/v1/admin/tenants", started.base))
+            .bearer_auth(crate::logging::ADMIN)
+            .send()
+            .await
+            .expect("a traced request is answered");
+        assert!(answer.status().is_success(), "{}", answer.status());
+    }
+    let count = dropped(&metrics().await);
+    // 4,096 bytes hold a few dozen request spans at most.
+    assert!(count >= 100.0, "spans dropped past the budget: {count}");
+    crate::logging::stop(started.child).await;
+}
