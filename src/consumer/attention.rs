@@ -232,6 +232,10 @@ async fn handle(
     if let Err(err) = attention.delete_batch(lane, &[signal.receipt]).await {
         warn!(lane = %lane, tenant = %tenant_id, error = %err, "Could not remove an attention signal; it comes back after its visibility timeout.");
     }
+    // The permit goes before the new signal is left: a worker that takes
+    // that signal at once finds the permit free, rather than dropping the
+    // signal and leaving the backlog to the attention sweep.
+    drop(permit);
     match delivery
         .tenant_queues
         .settle_attention(lane, &tenant_id)
@@ -242,7 +246,6 @@ async fn handle(
             warn!(lane = %lane, tenant = %tenant_id, error = %format!("{err:#}"), "Could not signal a dedicated queue's remaining backlog; the attention sweep or the next start finds it.");
         }
     }
-    drop(permit);
 }
 
 /// Works one slice of a dedicated queue: one message at a time until the

@@ -353,11 +353,25 @@ fn max_overlap(arrivals: &[(String, Instant)], tenant: Option<&str>, latency: Du
         .unwrap_or(0)
 }
 
+/// The measure: each call's arrival is recorded before the mock's 40 ms
+/// delay, so a serial tenant's next call cannot arrive within 40 ms of the
+/// last, unless the client gave up on a call. Under the whole suite's load
+/// the mock's thread may not read a request for the 5 s provider timeout;
+/// the call then counts as failed, the next one goes, and the mock records
+/// both at once (issue 46, item 10: the one failure seen, with no path in
+/// the product that runs two calls of such a tenant). So the provider
+/// timeout here is a minute, and every body must arrive exactly once: a
+/// call abandoned anyway fails the test as what it is, not as an overlap.
 async fn a_strictly_serial_tenant_is_never_worked_by_two_workers_at_once(backend: Backend) {
-    let sms_api = MockServer::start().await;
+    let sms_api = MockServer::builder().start().await;
     let latency = Duration::from_millis(40);
     let arrivals = mock_sms_recording(&sms_api, latency).await;
-    let app = TestApp::start(&settings(&sms_api.uri(), backend)).await;
+    let app = TestApp::start(&settings(&sms_api.uri(), backend).replacen(
+        "timeout_ms = 5000",
+        "timeout_ms = 60000",
+        1,
+    ))
+    .await;
     // Two serial tenants on two workers: the workers overlap each other
     // (which shows the measure sees overlap), never within a tenant.
     let one = tenant(&app, "one", "dedicated", 1).await;
@@ -369,6 +383,15 @@ async fn a_strictly_serial_tenant_is_never_worked_by_two_workers_at_once(backend
     app.patch_tenant("one", json!({"status": "active"})).await;
     app.patch_tenant("two", json!({"status": "active"})).await;
     wait_for_requests(&sms_api, 120, Duration::from_secs(60)).await;
+    let mut sent = bodies(&sms_api).await;
+    sent.sort();
+    let calls = sent.len();
+    sent.dedup();
+    assert_eq!(
+        (calls, sent.len()),
+        (120, 120),
+        "each message called once (a second call of one means a call was abandoned)"
+    );
     let arrivals = arrivals.lock().unwrap().clone();
     let overall = max_overlap(&arrivals, None, latency);
     let per_tenant = [
