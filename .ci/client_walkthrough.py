@@ -19,10 +19,10 @@ from fairlane_client.api.messages import (
 )
 from fairlane_client.models import (
     BatchSmsItem,
-    Channel,
     IssueKey,
     KeyKind,
-    NewSender,
+    NewSmsSender,
+    NewSmsSenderChannel,
     SenderIdentity,
     BatchSmsItemChannel,
     CreateTenant,
@@ -125,7 +125,7 @@ assert by_reference.cancelled == 2, by_reference
 # A sender identity, named in a send made with a test key: accepted,
 # marked as a test, and never given to a provider.
 sender = expect(
-    add_sender.sync("walk", client=admin, body=NewSender(channel=Channel.SMS, from_="WALK")),
+    add_sender.sync("walk", client=admin, body=NewSmsSender(channel=NewSmsSenderChannel.SMS, from_="WALK")),
     SenderIdentity,
     "add a sender identity",
 )

@@ -269,7 +269,7 @@ pub struct SendEmailRequest {
     send_at: Option<String>,
     /// One of the tenant's email sender identities (`snd_…`); without it
     /// the tenant's default email identity, then the configured sender.
-    #[schema(max_length = 64)]
+    #[schema(min_length = 1, max_length = 64)]
     sender_id: Option<String>,
     /// One-click unsubscribe (RFC 8058): `List-Unsubscribe` with a signed
     /// link under the server's public URL and `List-Unsubscribe-Post`.
@@ -313,7 +313,7 @@ pub struct SendSmsRequest {
     send_at: Option<String>,
     /// One of the tenant's SMS sender identities (`snd_…`); without it the
     /// tenant's default SMS identity, then the configured sender.
-    #[schema(max_length = 64)]
+    #[schema(min_length = 1, max_length = 64)]
     sender_id: Option<String>,
 }
 

@@ -50,16 +50,26 @@ pub struct ListQuery {
     #[param(format = DateTime)]
     pub until: Option<String>,
     /// The `next` of the previous page.
-    #[param(max_length = 200)]
+    #[param(max_length = 200, pattern = r"^[0-9]{1,18}\.[0-9A-Za-z-]{1,64}$")]
     pub cursor: Option<String>,
     /// Messages per page: 1-1,000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    /// `true`: the messages of test keys; `false`: live messages. A
-    /// tenant's list follows its key (a live key lists live messages, a
-    /// test key test ones; asking for the other kind is refused); the
-    /// admin's lists live messages unless `test=true`.
+    /// Which world an admin's list reads (see [`WorldQuery`]). A tenant's
+    /// list follows its key (a live key lists live messages, a test key
+    /// test ones), so its document has no such parameter; a tenant that
+    /// sends one anyway for the other world is refused, never shown it.
+    #[param(ignore)]
     pub test: Option<bool>,
+}
+
+/// The admin list's `test` parameter, as its document shows it.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct WorldQuery {
+    /// `true`: the messages of test keys; `false` (default): live messages.
+    test: Option<bool>,
 }
 
 /// One page of messages, newest first.
@@ -108,11 +118,7 @@ fn filter_of(query: ListQuery) -> Result<(ListFilter, i64), ApiError> {
     let before = match query.cursor.as_deref() {
         None => None,
         Some(cursor) => Some(
-            cursor
-                .split_once('.')
-                .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id)))
-                .filter(|(_, id)| !id.is_empty() && id.len() <= 64)
-                .map(|(at, id)| (at, id.to_owned()))
+            cursor_position(cursor)
                 .ok_or_else(|| ApiError::field("cursor", "is not a `next` this list gave"))?,
         ),
     };
@@ -135,6 +141,16 @@ fn filter_of(query: ListQuery) -> Result<(ListFilter, i64), ApiError> {
         },
         limit,
     ))
+}
+
+/// A `next` this list gave, as (created at, id): what the document's
+/// pattern says, `^[0-9]{1,18}\.[0-9A-Za-z-]{1,64}$`.
+fn cursor_position(cursor: &str) -> Option<(i64, String)> {
+    let (at, id) = cursor.split_once('.')?;
+    let digits = (1..=18).contains(&at.len()) && at.bytes().all(|b| b.is_ascii_digit());
+    let id_ok =
+        (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    (digits && id_ok).then(|| Some((at.parse().ok()?, id.to_owned())))?
 }
 
 async fn page(
@@ -194,7 +210,7 @@ pub async fn list_messages(
 /// A tenant's messages, newest first (see `GET /v1/messages`).
 #[utoipa::path(
     get, path = "/v1/admin/tenants/{id}/messages", tag = "admin",
-    params(("id" = String, Path, description = "Tenant id."), ListQuery),
+    params(("id" = String, Path, description = "Tenant id."), ListQuery, WorldQuery),
     responses(
         (status = 200, description = "One page of messages, newest first.", body = MessageList),
         (status = 400, description = "A malformed query, or a path segment that is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
@@ -217,4 +233,34 @@ pub async fn list_tenant_messages(
         Err(_) => false,
     };
     page(&state, &Scope::new(id, World::of_test(test)), query).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_taken_exactly_as_the_documents_pattern_says() {
+        let id = "0192f1c2-7d4e-7aa0-8c11-2f3d4e5f6a7b";
+        assert_eq!(
+            cursor_position(&format!("1764300000000.{id}")),
+            Some((1_764_300_000_000, id.to_owned()))
+        );
+        for bad in [
+            "",
+            "1764300000000",
+            ".abc",
+            "1764300000000.",
+            "+17.abc",
+            "-17.abc",
+            "1234567890123456789.abc",
+            "17.a b",
+            "17.a.b",
+            "17.é",
+        ] {
+            assert_eq!(cursor_position(bad), None, "{bad:?}");
+        }
+        assert!(cursor_position(&format!("17.{}", "a".repeat(64))).is_some());
+        assert!(cursor_position(&format!("17.{}", "a".repeat(65))).is_none());
+    }
 }

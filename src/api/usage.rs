@@ -39,8 +39,10 @@ pub struct UsageQuery {
     /// First UTC day (`YYYY-MM-DD`), included. Default: 30 days before `to`.
     #[param(format = Date)]
     pub from: Option<String>,
-    /// Last UTC day (`YYYY-MM-DD`), included. Default: today. At most 366
-    /// days after `from`.
+    /// Last UTC day (`YYYY-MM-DD`), included: at most 366 days after
+    /// `from`, counting both. Default: today; with `from` alone, today or
+    /// the 366th day from `from`, whichever comes first (and `from`
+    /// itself when it is after today).
     #[param(format = Date)]
     pub to: Option<String>,
 }
@@ -144,17 +146,35 @@ fn date(field: &str, text: &str) -> Result<NaiveDate, ApiError> {
 
 /// The span `query` asks for, as day numbers, or a 422 naming the field.
 fn span(query: &UsageQuery) -> Result<(i64, i64), ApiError> {
-    let to = match &query.to {
-        Some(text) => date("to", text)?,
-        None => chrono::DateTime::from_timestamp_millis(now_ms())
-            .map(|now| now.date_naive())
-            .unwrap_or_default(),
-    };
-    let from = match &query.from {
-        Some(text) => date("from", text)?,
-        None => to
-            .checked_sub_days(Days::new(DEFAULT_DAYS - 1))
-            .unwrap_or_default(),
+    let today = chrono::DateTime::from_timestamp_millis(now_ms())
+        .map(|now| now.date_naive())
+        .unwrap_or_default();
+    let (from, to) = match (&query.from, &query.to) {
+        (from, Some(to)) => {
+            let to = date("to", to)?;
+            let from = match from {
+                Some(text) => date("from", text)?,
+                None => to
+                    .checked_sub_days(Days::new(DEFAULT_DAYS - 1))
+                    .unwrap_or_default(),
+            };
+            (from, to)
+        }
+        // `from` alone: up to today, or the longest span after `from`
+        // when today is further; a `from` after today shows that day.
+        (Some(from), None) => {
+            let from = date("from", from)?;
+            let longest = from
+                .checked_add_days(Days::new(MAX_DAYS as u64 - 1))
+                .unwrap_or(from);
+            (from, today.min(longest).max(from))
+        }
+        (None, None) => (
+            today
+                .checked_sub_days(Days::new(DEFAULT_DAYS - 1))
+                .unwrap_or_default(),
+            today,
+        ),
     };
     let (from, to) = (day_number(from), day_number(to));
     if from > to {
@@ -337,5 +357,15 @@ mod tests {
         );
         let (from, to) = span(&query(None, Some("2026-01-31"))).unwrap();
         assert_eq!(to - from + 1, DEFAULT_DAYS as i64);
+        // `from` alone, years back: the longest span after it, not a 422.
+        assert_eq!(
+            span(&query(Some("2020-01-01"), None)).unwrap(),
+            (18_262, 18_262 + MAX_DAYS - 1)
+        );
+        // `from` alone, after today: that one day.
+        assert_eq!(
+            span(&query(Some("2999-01-01"), None)).unwrap(),
+            (375_835, 375_835)
+        );
     }
 }

@@ -58,33 +58,169 @@ pub struct SenderIdentity {
     pub created_at: String,
 }
 
-/// Body of `POST /v1/admin/tenants/{id}/senders`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+/// Body of `POST /v1/admin/tenants/{id}/senders`: one shape per channel
+/// (see its schema, [`NewSender::schema`]), checked by [`validate`].
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewSender {
     pub channel: Channel,
-    /// Email: the from address (required). SMS: a sender number in E.164
-    /// form or an alphanumeric sender id of 1-11 letters, digits and
-    /// spaces with at least one letter (this or `messaging_service_sid`).
-    #[schema(max_length = 254)]
+    /// Email: the from address (required). SMS: a sender number or
+    /// alphanumeric sender id (this or `messaging_service_sid`).
     pub from: Option<String>,
-    /// Email only: 1-100 characters, no control characters.
-    #[schema(min_length = 1, max_length = 100)]
+    /// Email only.
     pub display_name: Option<String>,
-    /// Email only: up to 10 addresses.
+    /// Email only.
     #[serde(default)]
-    #[schema(max_items = 10)]
     pub reply_to: Vec<String>,
-    /// Email only: an SES configuration set name (1-64 of `A-Z a-z 0-9 _ -`).
-    #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
+    /// Email only.
     pub configuration_set: Option<String>,
-    /// SMS only: `MG` and 32 hex digits (this or `from`).
-    #[schema(pattern = r"^MG[0-9a-fA-F]{32}$")]
+    /// SMS only (this or `from`).
     pub messaging_service_sid: Option<String>,
-    /// Make it the tenant's default for its channel (the previous default
-    /// stops being one).
+    /// Make it the tenant's default for its channel.
     #[serde(default)]
     pub default: bool,
+}
+
+/// The document says what [`validate`] takes: `oneOf` an email identity,
+/// an SMS identity with a sender, and an SMS identity with a messaging
+/// service, each a named schema with only its own fields.
+impl utoipa::PartialSchema for NewSender {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{OneOfBuilder, Ref};
+        let mut one_of = OneOfBuilder::new().description(Some(
+            "Body of `POST /v1/admin/tenants/{id}/senders`: an email identity, an SMS identity \
+             with a sender, or one with a messaging service.",
+        ));
+        for (name, _) in sender_shapes() {
+            one_of = one_of.item(Ref::from_schema_name(name));
+        }
+        one_of.into()
+    }
+}
+
+impl utoipa::ToSchema for NewSender {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        for (name, shape) in sender_shapes() {
+            schemas.push((name.to_owned(), shape.into()));
+        }
+    }
+}
+
+/// The three shapes of [`NewSender`], by schema name.
+fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
+    use utoipa::openapi::ObjectBuilder;
+    use utoipa::openapi::schema::{
+        AdditionalProperties, ArrayBuilder, KnownFormat, OneOfBuilder, SchemaFormat, SchemaType,
+        Type,
+    };
+    let string = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+    };
+    // An optional field may also be sent as `null` (absent, as serde
+    // reads it); a field of the other shapes only as `null`.
+    let optional = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+            .description(Some(description))
+    };
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    let email_address = |description: &str| {
+        string(description)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Email)))
+            .min_length(Some(3))
+            .max_length(Some(254))
+    };
+    let shape = |description: &str, channel: &str| {
+        ObjectBuilder::new()
+            .description(Some(description))
+            .property(
+                "channel",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([channel])),
+            )
+            .property(
+                "default",
+                ObjectBuilder::new()
+                    .schema_type(Type::Boolean)
+                    .description(Some(
+                        "Make it the tenant's default for its channel (the previous default \
+                     stops being one).",
+                    )),
+            )
+            .required("channel")
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+    };
+    let email = shape("An email identity.", "email")
+        .property(
+            "from",
+            email_address("The from address, an SES-verified identity."),
+        )
+        .property(
+            "display_name",
+            optional("1-100 characters, no control characters.")
+                .min_length(Some(1))
+                .max_length(Some(MAX_DISPLAY_NAME_CHARS)),
+        )
+        .property(
+            "reply_to",
+            ArrayBuilder::new()
+                .items(email_address("An address replies go to."))
+                .max_items(Some(MAX_REPLY_TO))
+                .description(Some("Up to 10 addresses.")),
+        )
+        .property(
+            "configuration_set",
+            optional("An SES configuration set name (1-64 of `A-Z a-z 0-9 _ -`).")
+                .pattern(Some(r"^[A-Za-z0-9_-]{1,64}$")),
+        )
+        .required("from");
+    // 1-11 letters, digits and spaces, at least one letter, no space at
+    // either end: the letter first, last, or in between.
+    let alphanumeric = r"^(?:[A-Za-z]|[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9])$";
+    let sender = shape(
+        "An SMS identity with a sender number or alphanumeric sender id.",
+        "sms",
+    )
+    .property(
+        "from",
+        OneOfBuilder::new()
+            .description(Some(
+                "A sender number in E.164 form, or an alphanumeric sender id of 1-11 \
+                     letters, digits and spaces with at least one letter.",
+            ))
+            .item(string("E.164").pattern(Some(r"^\+[1-9][0-9]{7,14}$")))
+            .item(
+                string("Alphanumeric")
+                    .max_length(Some(11))
+                    .pattern(Some(alphanumeric)),
+            ),
+    )
+    .property("messaging_service_sid", null())
+    .required("from");
+    let service = shape(
+        "An SMS identity whose messaging service picks the sender.",
+        "sms",
+    )
+    .property(
+        "messaging_service_sid",
+        string("`MG` and 32 hex digits: the messaging service picks the sender.")
+            .pattern(Some(r"^MG[0-9a-fA-F]{32}$")),
+    )
+    .property("from", null())
+    .required("messaging_service_sid");
+    [
+        ("NewEmailSender", email),
+        ("NewSmsSender", sender),
+        ("NewSmsServiceSender", service),
+    ]
 }
 
 impl SenderIdentity {
