@@ -16,6 +16,8 @@
 #    (the cursor of row ROWS/2); one reference; status=failed; channel=email;
 #    a window of 10 minutes in the middle. It prints each one's latency
 #    p50 / p99 and requests a second.
+# 4. Then the two-tenant read test (below): `other`'s status reads alone,
+#    and beside eight clients of `bench` scanning its messages.
 # PG_URL=postgres://root@127.0.0.1:5432 runs the same on PostgreSQL: a fresh
 # database there (dropped at the end), the lanes on fauxqs.
 # Everything runs on this machine's cores.
@@ -73,6 +75,7 @@ for t in bench other; do
   api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d "{\"id\":\"$t\",\"name\":\"$t\",\"plan\":\"pro\"}" >/dev/null
 done
 key=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+other_key=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/other/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 stop_fairlane
 
 base=1764000000000
@@ -136,3 +139,25 @@ for case in \
   rps=$(awk '/Requests\/sec/{print $2}' <<<"$out")
   printf '%-18s %3d messages  p50 %-9s p99 %-9s %s req/s\n' "$name" "$count" "$p50" "$p99" "$rps"
 done
+
+# 4. Two tenants: eight clients of `bench` scan for a status none of its
+#    messages has (each read walks the tenant's rows), while one client of
+#    `other` reads one message's status. The other tenant's p50 / p99 alone
+#    first, then beside the scans (limits.tenant_list_reads keeps the scans
+#    to their own turns).
+status_url=http://127.0.0.1:$port/v1/messages/$(python3 -c "print('other-%012x' % 7)")
+status_read() {
+  out=$(wrk -t1 -c1 -d"$1" --latency -H "Authorization: Bearer $other_key" "$status_url")
+  printf '%-32s p50 %-9s p99 %-9s %s req/s\n' "$2" "$(awk '$1=="50%"{print $2}' <<<"$out")" \
+    "$(awk '$1=="99%"{print $2}' <<<"$out")" "$(awk '/Requests\/sec/{print $2}' <<<"$out")"
+}
+status_read 5s "other's status, alone"
+wrk -t2 -c8 -d12s --latency -H "Authorization: Bearer $key" "$url?limit=100&status=cancelled" >"$work/scans" &
+scans=$!
+sleep 1
+status_read 10s "other's status, beside 8 scans"
+wait "$scans"
+printf '%-32s p50 %-9s p99 %-9s %s req/s (429s: %s)\n' "bench's 8 scans" \
+  "$(awk '$1=="50%"{print $2}' "$work/scans")" "$(awk '$1=="99%"{print $2}' "$work/scans")" \
+  "$(awk '/Requests\/sec/{print $2}' "$work/scans")" \
+  "$(awk '/Non-2xx/{print $NF}' "$work/scans" | grep . || echo 0)"

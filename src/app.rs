@@ -168,6 +168,10 @@ impl Application {
         let accept = acceptor(&settings, &db, &store_writer, outbox, &redis, &backpressure)
             .with_unsubscribe(unsubscribe.clone());
         let writes = tenant_writes(&settings.limits, &redis);
+        let reads = crate::limits::reads::TenantReads::new(
+            settings.limits.tenant_list_reads,
+            Duration::from_secs(settings.server.request_timeout_secs) / 2,
+        );
         let state = AppState::new(AppInner {
             accept,
             redis,
@@ -180,6 +184,7 @@ impl Application {
             backpressure,
             relay,
             writes,
+            reads,
             admin,
             metrics,
             unsubscribe,

@@ -818,6 +818,14 @@ pub struct LimitsSettings {
     /// Changes a tenant may make at once after a quiet spell. Default 50.
     #[serde(default = "default_tenant_writes_burst")]
     pub tenant_writes_burst: u32,
+    /// Message list reads one tenant may have in progress at once, in
+    /// this process (see `crate::limits::reads`). Default 2.
+    #[serde(default = "default_tenant_list_reads")]
+    pub tenant_list_reads: usize,
+}
+
+fn default_tenant_list_reads() -> usize {
+    2
 }
 
 fn default_tenant_writes_per_second() -> f64 {
@@ -837,6 +845,7 @@ impl Default for LimitsSettings {
             timeout_ms: default_redis_timeout_ms(),
             tenant_writes_per_second: default_tenant_writes_per_second(),
             tenant_writes_burst: default_tenant_writes_burst(),
+            tenant_list_reads: default_tenant_list_reads(),
         }
     }
 }

@@ -37,7 +37,7 @@ pub const DEAD_LETTERED_TOTAL: &str = "fairlane_messages_dead_lettered_total";
 pub const DEFERRED_TOTAL: &str = "fairlane_messages_deferred_total";
 /// Requests refused, by `reason`: `rate`, `quota`, `lane`, `batches` (a
 /// tenant's batches in progress), `writes` (a tenant's changes other than
-/// sends) (429).
+/// sends), `reads` (a tenant's message list reads in progress) (429).
 pub const REJECTED_TOTAL: &str = "fairlane_requests_rejected_total";
 /// SQS API calls started, by `operation` (SQS mode only; what SQS bills).
 pub const SQS_CALLS_TOTAL: &str = "fairlane_sqs_calls_total";
@@ -487,7 +487,7 @@ fn register_known_labels() {
             }
         }
     }
-    for reason in ["rate", "quota", "lane", "batches", "writes"] {
+    for reason in ["rate", "quota", "lane", "batches", "writes", "reads"] {
         metrics::counter!(REJECTED_TOTAL, "reason" => reason).increment(0);
     }
     for operation in [

@@ -71,6 +71,8 @@ pub enum LimitReason {
     Batches,
     /// The tenant's changes other than sends (`limits.tenant_writes_*`).
     Writes,
+    /// The tenant's message list reads (`limits.tenant_list_reads`).
+    Reads,
 }
 
 impl LimitReason {
@@ -81,6 +83,7 @@ impl LimitReason {
             LimitReason::Lane => "lane",
             LimitReason::Batches => "batches",
             LimitReason::Writes => "writes",
+            LimitReason::Reads => "reads",
         }
     }
 }

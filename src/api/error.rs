@@ -221,6 +221,7 @@ impl ApiError {
                 LimitReason::Lane => ("lane-full", "Lane is at its high-water mark"),
                 LimitReason::Batches => ("too-many-batches", "Too many batches in progress"),
                 LimitReason::Writes => ("too-many-changes", "Too many changes"),
+                LimitReason::Reads => ("too-many-reads", "Too many list reads in progress"),
             },
             ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),
             ApiError::Internal(_) => ("internal", "Internal error"),

@@ -13,6 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{AdminForbidden, AdminUnauthorized, ApiError, Problem, TenantUnauthorized};
 use super::{ApiPath, AppState, known_tenant};
+use crate::accept::LimitReason;
 use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::message::{MAX_REFERENCE_CHARS, MessageView};
 use crate::model::{Channel, MessageStatus, Scope, World};
@@ -161,6 +162,22 @@ async fn page(
     let axum::extract::Query(query) = query
         .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
     let (filter, limit) = filter_of(query)?;
+    let _turn = state
+        .reads
+        .take(scope.tenant())
+        .await
+        .map_err(|mean_read| {
+            metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "reads").increment(1);
+            ApiError::TooManyRequests {
+                reason: LimitReason::Reads,
+                detail: format!(
+                    "This tenant already has {} message list reads in progress; try again shortly.",
+                    state.settings.limits.tenant_list_reads
+                ),
+                retry_after: mean_read,
+                rate: None,
+            }
+        })?;
     let rows = messages::list(&state.db, scope, &filter, limit).await?;
     let next = (rows.len() as i64 == limit)
         .then(|| {
@@ -186,6 +203,8 @@ async fn page(
         (status = 400, description = "A malformed query.", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = TenantUnauthorized),
         (status = 422, description = "A bad filter, cursor or limit (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant's `limits.tenant_list_reads` list reads were all in progress for half the request timeout (`urn:fairlane:problem:too-many-reads`).", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds"))),
     ),
     security(("tenant_key" = []))
 )]
@@ -218,6 +237,8 @@ pub async fn list_messages(
         (status = 403, response = AdminForbidden),
         (status = 404, description = "No tenant with this id.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A bad filter, cursor or limit (named in `errors`).", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant's `limits.tenant_list_reads` list reads were all in progress for half the request timeout (`urn:fairlane:problem:too-many-reads`).", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds"))),
     ),
     security(("admin_token" = []))
 )]

@@ -66,6 +66,8 @@ pub struct AppInner {
     pub relay: Option<Arc<crate::accept::outbox::RelayHealth>>,
     /// Tenants' changes other than sends, per tenant.
     pub writes: crate::limits::writes::TenantWrites,
+    /// The tenants' turns of message list reads (`limits.tenant_list_reads`).
+    pub reads: crate::limits::reads::TenantReads,
     pub admin: AdminAuth,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,

@@ -208,3 +208,49 @@ on_both_stores! {
         assert!(view.get("fragments").is_none(), "{view}");
     }
 }
+
+/// Issue 46: a tenant's list reads take its turns (`limits.tenant_list_reads`).
+/// With its one turn held, its next list read waits half the request
+/// timeout and is a 429 with Retry-After; another tenant's list and status
+/// reads are answered meanwhile; once the turn is back, the list answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_list_reads_wait_for_its_own_turns_and_no_other_tenants() {
+    let app = TestApp::start_custom("[limits]\ntenant_list_reads = 1\n", |settings| {
+        settings.server.request_timeout_secs = 2;
+    })
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let other = app.tenant_with_key("globex", "pro").await;
+    let id = app.send_accepted(&other, &sms()).await;
+    let held = app.state.reads.take("acme").await.expect("acme's one turn");
+
+    let started = std::time::Instant::now();
+    let refused = app
+        .tenant(&key, Method::GET, "/v1/messages")
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    let (headers, _) = crate::support::expect_problem_kind(
+        refused,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-reads",
+    )
+    .await;
+    assert!(crate::support::header_u64(&headers, "retry-after") >= 1);
+    assert!(
+        waited >= std::time::Duration::from_millis(900),
+        "it waited its turn first: {waited:?}"
+    );
+    // The other tenant is not held by acme's turns.
+    assert_eq!(
+        ids(&list(&app, &other, "").await),
+        std::slice::from_ref(&id)
+    );
+    let view = expect_json(app.get_message(&other, &id).await, StatusCode::OK).await;
+    assert_eq!(view["id"], id.as_str());
+
+    drop(held);
+    let page = list(&app, &key, "").await;
+    assert!(ids(&page).is_empty(), "{page}");
+}
