@@ -221,6 +221,20 @@ async fn a_purge_cancels_the_dedicated_tenants_waiting_messages_and_touches_no_o
     app.patch_tenant("other", json!({"status": "paused"})).await;
     let acme_ids = send_many(&app, &acme, "acme", 10).await;
     let other_ids = send_many(&app, &other, "other", 5).await;
+    // On SQS a 202 means the outbox row is durable; the relay moves it to
+    // the tenant's queue off the request path. The purge empties queues,
+    // so it starts once the relay has (under the whole suite's load it
+    // once ran first and found nothing).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for (tenant, count) in [("acme", 10), ("other", 5)] {
+        while tenant_queue(&app, tenant).await["lanes"][0]["depth"] != count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{tenant}'s {count} messages did not reach its queue within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     let response = app
         .admin(Method::DELETE, "/v1/admin/tenants/acme/queue")
