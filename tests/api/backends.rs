@@ -42,6 +42,19 @@ pub fn sqs_settings(moto: &str, tag: &str, extra_sqs: &str) -> String {
     )
 }
 
+/// An SQS client of moto (test credentials, us-east-1).
+pub fn sqs_client(moto: &str) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .endpoint_url(moto)
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "test", "test", None, None, "tests",
+        ))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
 /// Makes `noreply@example.com` a sending identity on moto's SES (sends
 /// from an unknown identity are refused). Creating it twice is harmless.
 pub async fn ses_identity(moto: &str) {

@@ -335,15 +335,7 @@ async fn a_suppressed_address_ends_suppressed_without_a_provider_call_for_that_t
 
 /// An SQS client on moto for the SES events queue.
 async fn events_queue(moto: &str) -> (aws_sdk_sqs::Client, String) {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .endpoint_url(moto)
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "test", "test", None, None, "tests",
-        ))
-        .build();
-    let client = aws_sdk_sqs::Client::from_conf(config);
+    let client = crate::backends::sqs_client(moto);
     let name = crate::backends::unique_prefix("ses-events");
     let url = client
         .create_queue()

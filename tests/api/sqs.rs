@@ -1009,15 +1009,7 @@ crate::support::on_both_stores! {
 /// counting those visible, in flight and delayed, as SQS reports them.
 async fn messages_under_prefix(moto: &str, prefix: &str) -> i64 {
     use aws_sdk_sqs::types::QueueAttributeName;
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .endpoint_url(moto)
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "test", "test", None, None, "tests",
-        ))
-        .build();
-    let client = aws_sdk_sqs::Client::from_conf(config);
+    let client = crate::backends::sqs_client(moto);
     let urls = client
         .list_queues()
         .queue_name_prefix(prefix)
