@@ -822,10 +822,20 @@ pub struct LimitsSettings {
     /// this process (see `crate::limits::reads`). Default 2.
     #[serde(default = "default_tenant_list_reads")]
     pub tenant_list_reads: usize,
+    /// Most messages one page of a list filtered by status or channel
+    /// (without a reference) reads; a page that reads them all without
+    /// filling up answers what it found and a `next` to go on from.
+    /// Default 20,000.
+    #[serde(default = "default_list_scan_rows")]
+    pub list_scan_rows: i64,
 }
 
 fn default_tenant_list_reads() -> usize {
     2
+}
+
+fn default_list_scan_rows() -> i64 {
+    20_000
 }
 
 fn default_tenant_writes_per_second() -> f64 {
@@ -846,6 +856,7 @@ impl Default for LimitsSettings {
             tenant_writes_per_second: default_tenant_writes_per_second(),
             tenant_writes_burst: default_tenant_writes_burst(),
             tenant_list_reads: default_tenant_list_reads(),
+            list_scan_rows: default_list_scan_rows(),
         }
     }
 }
@@ -1189,6 +1200,9 @@ impl Settings {
         }
         if limits.tenant_writes_burst == 0 {
             bail!("limits.tenant_writes_burst must be at least 1");
+        }
+        if limits.list_scan_rows < 1 {
+            bail!("limits.list_scan_rows must be at least 1");
         }
         if limits.key_prefix.is_empty() {
             bail!("limits.key_prefix must not be empty");

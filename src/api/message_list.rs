@@ -77,7 +77,11 @@ pub struct WorldQuery {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MessageList {
     pub messages: Vec<MessageView>,
-    /// Pass as `cursor` for the next page; absent on the last.
+    /// Pass as `cursor` for the next page; absent on the last. A page
+    /// filtered by `status` or `channel` (without `reference`) may hold
+    /// fewer than `limit` messages, or none, and still have a `next`: it
+    /// read `limits.list_scan_rows` messages, and the next page goes on
+    /// below them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
 }
@@ -178,15 +182,16 @@ async fn page(
                 rate: None,
             }
         })?;
-    let rows = messages::list(&state.db, scope, &filter, limit).await?;
-    let next = (rows.len() as i64 == limit)
-        .then(|| {
-            rows.last()
-                .map(|last| format!("{}.{}", last.created_at, last.id))
-        })
-        .flatten();
+    let scan_rows = state.settings.limits.list_scan_rows;
+    let page = messages::list(&state.db, scope, &filter, limit, scan_rows).await?;
+    let full = page.rows.len() as i64 == limit;
+    let next = match (full, page.rows.last(), page.scanned_to) {
+        (true, Some(last), _) => Some(format!("{}.{}", last.created_at, last.id)),
+        (_, _, Some((at, id))) => Some(format!("{at}.{id}")),
+        _ => None,
+    };
     Ok(Json(MessageList {
-        messages: rows.into_iter().map(MessageView::from).collect(),
+        messages: page.rows.into_iter().map(MessageView::from).collect(),
         next,
     }))
 }

@@ -22,7 +22,7 @@ use super::{ApiPath, AppState, json_typed};
 use crate::api::auth::AdminOnly;
 use crate::model::Isolation;
 use crate::queue::RedriveFilter;
-use crate::store::messages;
+use crate::store::{messages, outbox};
 
 /// Most dead letters one listing returns per lane.
 const DLQ_LIMIT: usize = 1000;
@@ -107,6 +107,10 @@ pub async fn tenant_queue(
     }))
 }
 
+/// Most messages of the outbox one purge cancels (a backlog that waits
+/// there longer is SQS being away; a second purge takes the rest).
+const MAX_PURGED_FROM_OUTBOX: i64 = 100_000;
+
 /// Purge a tenant's own queues: waiting messages are removed and marked
 /// `cancelled`; messages in flight finish. Other tenants are not touched.
 #[utoipa::path(
@@ -126,11 +130,21 @@ pub async fn purge_tenant_queue(
     _admin: AdminOnly,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<PurgeResult>, ApiError> {
-    known_tenant(&state, &id).await?;
+    let isolation = known_tenant(&state, &id).await?;
     let mut ids = state.tenant_queues.purge_dedicated(&id).await?;
     // The embedded queue marks them in its own transaction; otherwise this
     // does. Messages that were sent meanwhile keep their status.
-    if !ids.is_empty() && !state.tenant_queues.purge_marks_cancelled() {
+    if !state.tenant_queues.purge_marks_cancelled() {
+        // On SQS a message is in its queue only once the relay moved it
+        // there: those still in the outbox are waiting too, and a cancel
+        // removes their outbox rows (one the relay is sending right now
+        // arrives cancelled and is dropped at its receive). A shared
+        // tenant's messages go to the shared lanes, which a purge leaves.
+        if isolation == Isolation::Dedicated {
+            ids.extend(outbox::waiting_of_tenant(&state.db, &id, MAX_PURGED_FROM_OUTBOX).await?);
+        }
+        ids.sort_unstable();
+        ids.dedup();
         ids = state.writer.cancel_either_world(&id, ids).await?;
     }
     info!(tenant = %id, purged = ids.len(), "Dedicated tenant queue purged.");

@@ -31,16 +31,23 @@ struct MessageRow {
     provider: Option<String>,
 }
 
-macro_rules! select_message {
-    ($where:literal) => {
+macro_rules! message_columns {
+    () => {
         concat!(
-            "SELECT id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider ",
-            "FROM messages ",
-            $where
+            "id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider"
         )
     };
 }
+
+macro_rules! select_message {
+    ($where:literal) => {
+        concat!("SELECT ", message_columns!(), " FROM messages ", $where)
+    };
+}
+
+/// The columns [`select_message!`] reads, in its order.
+const MESSAGE_COLUMNS: &str = message_columns!();
 
 fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
     let parse_err = |what: &str, value: &str, err: String| {
@@ -407,88 +414,121 @@ pub struct ListFilter {
     pub before: Option<(i64, String)>,
 }
 
+/// A page of a list, and where the next page goes on when the page ended
+/// short because its scan ran out of budget.
+#[derive(Debug)]
+pub struct ListPage {
+    pub rows: Vec<MessageRecord>,
+    /// Set when a filter no index serves (a status or channel without a
+    /// reference) read `scan_rows` messages without filling the page: the
+    /// `(created_at, id)` of the last message it read, below which the next
+    /// page's scan continues.
+    pub scanned_to: Option<(i64, String)>,
+}
+
 /// A page of `scope`'s messages, newest first, at most `limit`: a test
 /// key's messages or live ones, never both in one list. The
 /// index `(tenant_id, test, created_at, id)` gives the order, so a page
-/// reads about as many rows as it shows unless a filter is rare (a
-/// reference has an index of its own).
+/// reads about as many rows as it shows; a reference has an index of its
+/// own. A status or channel (without a reference) is checked on each row
+/// the index yields, and at most `scan_rows` rows are read for one page: a
+/// rare or absent status then answers in bounded time with what it found
+/// and [`ListPage::scanned_to`], never by walking the tenant's every row.
 pub async fn list(
     db: &Db,
     scope: &Scope,
     filter: &ListFilter,
     limit: i64,
-) -> anyhow::Result<Vec<MessageRecord>> {
-    enum Value<'a> {
-        Text(&'a str),
-        Number(i64),
-    }
+    scan_rows: i64,
+) -> anyhow::Result<ListPage> {
     // $1 and $2 are the tenant and `test`; each condition given adds one
-    // placeholder after them, numbered in the order of `binds`.
-    let mut sql = String::from(select_message!("WHERE tenant_id = $1 AND test = $2"));
-    let push = |sql: &mut String, binds: &mut Vec<Value<'_>>, column: &str, op: &str| {
-        sql.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
+    // placeholder after them, numbered in the order of `binds`: first
+    // those the list index serves (`window`), then those checked on each
+    // row (`checked`).
+    let mut binds: Vec<ListValue> = Vec::new();
+    let mut window = String::new();
+    let mut checked = String::new();
+    let mut condition = |out: &mut String, column: &str, op: &str, value: ListValue| {
+        out.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
+        binds.push(value);
     };
-    let mut binds: Vec<Value> = Vec::new();
-    if let Some(reference) = filter.reference.as_deref() {
-        push(&mut sql, &mut binds, "reference", "=");
-        binds.push(Value::Text(reference));
-    }
-    if let Some(status) = filter.status {
-        push(&mut sql, &mut binds, "status", "=");
-        binds.push(Value::Text(status.as_str()));
-    }
-    if let Some(channel) = filter.channel {
-        push(&mut sql, &mut binds, "channel", "=");
-        binds.push(Value::Text(channel.as_str()));
-    }
     if let Some(since) = filter.since {
-        push(&mut sql, &mut binds, "created_at", ">=");
-        binds.push(Value::Number(since));
+        condition(&mut window, "created_at", ">=", ListValue::Number(since));
     }
     if let Some(until) = filter.until {
-        push(&mut sql, &mut binds, "created_at", "<");
-        binds.push(Value::Number(until));
+        condition(&mut window, "created_at", "<", ListValue::Number(until));
     }
     if let Some((at, id)) = &filter.before {
-        let (a, b) = (binds.len() + 3, binds.len() + 4);
         // A row value, which both engines read as a range of the index
         // (an OR of the two cases made PostgreSQL filter from the top).
-        sql.push_str(&format!(" AND (created_at, id) < (${a}, ${b})"));
-        binds.push(Value::Number(*at));
-        binds.push(Value::Text(id));
+        let (a, b) = (binds.len() + 3, binds.len() + 4);
+        window.push_str(&format!(" AND (created_at, id) < (${a}, ${b})"));
+        binds.push(ListValue::Number(*at));
+        binds.push(ListValue::Text(id.clone()));
     }
-    sql.push_str(&format!(
-        " ORDER BY created_at DESC, id DESC LIMIT ${}",
-        binds.len() + 3
-    ));
+    let window_binds = binds.len();
+    let mut condition = |out: &mut String, column: &str, op: &str, value: ListValue| {
+        out.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
+        binds.push(value);
+    };
+    if let Some(reference) = &filter.reference {
+        condition(
+            &mut checked,
+            "reference",
+            "=",
+            ListValue::Text(reference.clone()),
+        );
+    }
+    if let Some(status) = filter.status {
+        condition(
+            &mut checked,
+            "status",
+            "=",
+            ListValue::Text(status.as_str().to_owned()),
+        );
+    }
+    if let Some(channel) = filter.channel {
+        condition(
+            &mut checked,
+            "channel",
+            "=",
+            ListValue::Text(channel.as_str().to_owned()),
+        );
+    }
+    const NEWEST_FIRST: &str = " ORDER BY created_at DESC, id DESC";
+    let bounded = filter.reference.is_none() && !checked.is_empty();
+    let sql = if bounded {
+        let scan = binds.len() + 3;
+        binds.push(ListValue::Number(scan_rows));
+        format!(
+            "SELECT {MESSAGE_COLUMNS} FROM (SELECT * FROM messages \
+             WHERE tenant_id = $1 AND test = $2{window}{NEWEST_FIRST} LIMIT ${scan}) AS scanned \
+             WHERE TRUE{checked}{NEWEST_FIRST} LIMIT ${}",
+            binds.len() + 3
+        )
+    } else {
+        // SQLite's statistics come from a sample (`analysis_limit`), which
+        // cannot see that one tenant holds a million rows: it then walks
+        // the tenant's rows newest first looking for the reference
+        // (seconds for a rare one) instead of reading the reference's own
+        // rows and sorting them (milliseconds for a thousand). A reference
+        // shared by a great many messages is the case this makes slower;
+        // PostgreSQL samples rows at random and chooses well by itself.
+        let index = match (db, filter.reference.is_some()) {
+            (Db::Sqlite(_), true) => " INDEXED BY messages_tenant_reference",
+            _ => "",
+        };
+        format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages{index} \
+             WHERE tenant_id = $1 AND test = $2{window}{checked}{NEWEST_FIRST} LIMIT ${}",
+            binds.len() + 3
+        )
+    };
+    binds.push(ListValue::Number(limit));
     let rows: Vec<MessageRow> = match db {
         Db::Sqlite(db) => {
-            // SQLite's statistics come from a sample (`analysis_limit`),
-            // which cannot see that one tenant holds a million rows: it
-            // then walks the tenant's rows newest first looking for the
-            // reference (seconds for a rare one) instead of reading the
-            // reference's own rows and sorting them (milliseconds for a
-            // thousand). A reference shared by a great many messages is
-            // the case this makes slower; PostgreSQL samples rows at
-            // random and chooses well by itself.
-            let sql = if filter.reference.is_some() {
-                sql.replacen(
-                    "FROM messages ",
-                    "FROM messages INDEXED BY messages_tenant_reference ",
-                    1,
-                )
-            } else {
-                sql
-            };
-            let mut args = sqlite::args![scope.tenant().to_owned(), scope.is_test()];
-            for value in &binds {
-                args.push(match value {
-                    Value::Text(text) => (*text).to_owned().into(),
-                    Value::Number(number) => (*number).into(),
-                });
-            }
-            args.push(limit.into());
-            db.rows(sql, args, message_row).await?
+            db.rows(sql, sqlite_list_args(scope, &binds), message_row)
+                .await?
         }
         Db::Postgres(db) => {
             let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -496,12 +536,64 @@ pub async fn list(
                 .bind(scope.is_test());
             for value in &binds {
                 query = match value {
-                    Value::Text(text) => query.bind(*text),
-                    Value::Number(number) => query.bind(*number),
+                    ListValue::Text(text) => query.bind(text.as_str()),
+                    ListValue::Number(number) => query.bind(*number),
                 };
             }
-            query.bind(limit).fetch_all(&db.pool).await?
+            query.fetch_all(&db.pool).await?
         }
     };
-    rows.into_iter().map(from_row).collect()
+    let rows = rows
+        .into_iter()
+        .map(from_row)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let scanned_to = if bounded && (rows.len() as i64) < limit {
+        // Where the scan stopped, if it stopped before the tenant's last
+        // row: the `scan_rows`-th row of the window, read from the index
+        // alone.
+        let mut binds = binds[..window_binds].to_vec();
+        let sql = format!(
+            "SELECT created_at, id FROM messages \
+             WHERE tenant_id = $1 AND test = $2{window}{NEWEST_FIRST} LIMIT 1 OFFSET ${}",
+            binds.len() + 3
+        );
+        binds.push(ListValue::Number(scan_rows - 1));
+        match db {
+            Db::Sqlite(db) => {
+                db.row(sql, sqlite_list_args(scope, &binds), sqlite::tuple)
+                    .await?
+            }
+            Db::Postgres(db) => {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(scope.tenant())
+                    .bind(scope.is_test());
+                for value in &binds {
+                    query = match value {
+                        ListValue::Text(text) => query.bind(text.as_str()),
+                        ListValue::Number(number) => query.bind(*number),
+                    };
+                }
+                query.fetch_optional(&db.pool).await?
+            }
+        }
+    } else {
+        None
+    };
+    Ok(ListPage { rows, scanned_to })
+}
+
+/// A value bound to a list's statement.
+#[derive(Debug, Clone)]
+enum ListValue {
+    Text(String),
+    Number(i64),
+}
+
+fn sqlite_list_args(scope: &Scope, binds: &[ListValue]) -> sqlite::Args {
+    let mut args = sqlite::args![scope.tenant().to_owned(), scope.is_test()];
+    args.extend(binds.iter().map(|value| match value {
+        ListValue::Text(text) => text.clone().into(),
+        ListValue::Number(number) => (*number).into(),
+    }));
+    args
 }

@@ -180,3 +180,29 @@ pub async fn forget(db: &Db, ids: &[String]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The ids of `tenant_id`'s messages still waiting in the outbox to reach
+/// their lane (scheduled ones, which wait for their time, left out), at
+/// most `limit`: what a purge of the tenant's queues must cancel too, or
+/// the relay would deliver them after it.
+pub async fn waiting_of_tenant(
+    db: &Db,
+    tenant_id: &str,
+    limit: i64,
+) -> anyhow::Result<Vec<String>> {
+    const WAITING: &str = "SELECT message_id FROM outbox \
+         WHERE tenant_id = $1 AND due_at IS NULL ORDER BY message_id LIMIT $2";
+    Ok(match db {
+        Db::Sqlite(sqlite) => {
+            let args = super::sqlite::args![tenant_id.to_owned(), limit];
+            sqlite.rows(WAITING, args, |row| row.get(0)).await?
+        }
+        Db::Postgres(pg) => {
+            sqlx::query_scalar(WAITING)
+                .bind(tenant_id)
+                .bind(limit)
+                .fetch_all(&pg.pool)
+                .await?
+        }
+    })
+}

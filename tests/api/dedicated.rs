@@ -269,6 +269,54 @@ async fn a_purge_cancels_the_dedicated_tenants_waiting_messages_and_touches_no_o
     }
 }
 
+/// On SQS a 202 means the message is in the outbox; the relay moves it to
+/// the tenant's queue later. A purge before that cancels it too (it used to
+/// find the queue empty, and the relay delivered the message after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqs_a_purge_also_cancels_the_messages_still_in_the_outbox() {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM1").await;
+    let proxy = crate::sqs::SqsProxy::start(&moto_url()).await;
+    let queue = sqs_settings(&proxy.url, "ded", "stats_interval_secs = 1");
+    let settings = delivery_settings(
+        &sms_api.uri(),
+        "http://127.0.0.1:9",
+        &format!("{OPEN_PLAN}{queue}"),
+    );
+    let app = TestApp::start(&settings).await;
+    let acme = tenant(&app, "acme", "dedicated", 2).await;
+    proxy.set(crate::sqs::Sends::Fail);
+    let ids = send_many(&app, &acme, "acme", 3).await;
+    assert_eq!(
+        crate::sqs::outbox_rows(&app).await,
+        3,
+        "the sends wait in the outbox"
+    );
+
+    let response = app
+        .admin(Method::DELETE, "/v1/admin/tenants/acme/queue")
+        .send()
+        .await
+        .unwrap();
+    let purged = expect_json(response, StatusCode::OK).await;
+    assert_eq!(purged["purged"], 3, "{purged}");
+    for id in &ids {
+        let view = expect_json(app.get_message(&acme, id).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "cancelled", "{view}");
+    }
+    assert_eq!(
+        crate::sqs::outbox_rows(&app).await,
+        0,
+        "the cancel took the outbox rows"
+    );
+
+    // SQS answers again: nothing is relayed, nothing is sent.
+    proxy.set(crate::sqs::Sends::Pass);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(sms_requests(&sms_api).await, 0, "a purged message was sent");
+    assert_eq!(tenant_queue(&app, "acme").await["lanes"][0]["depth"], 0);
+}
+
 async fn switching_a_tenant_between_shared_and_dedicated_loses_and_duplicates_nothing(
     backend: Backend,
 ) {

@@ -71,12 +71,9 @@ async fn sigterm_during_a_backlog_loses_nothing_and_leaves_nothing_invisible() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // Not waiting for the whole backlog shows as messages still queued
+    // (checked below), not as a wall-clock bound a loaded machine breaks.
     assert!(status.success(), "exit status after SIGTERM: {status}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "shutdown waited for the whole backlog ({:?})",
-        started.elapsed()
-    );
 
     let sent_lines = std::fs::read_to_string(&deliveries)
         .unwrap_or_default()

@@ -248,7 +248,7 @@ async fn an_idle_lane_waits_in_long_polls_instead_of_calling_sqs_again_and_again
 }
 
 /// The outbox rows of the app's store.
-async fn outbox_rows(app: &TestApp) -> i64 {
+pub(crate) async fn outbox_rows(app: &TestApp) -> i64 {
     let sql = "SELECT COUNT(*) FROM outbox";
     match app.state.db.sqlite() {
         Some(sqlite) => sqlite_count(&sqlite.path, sql, []),
