@@ -23,7 +23,8 @@
 # 4. Then the two-tenant read test (below): `other`'s status reads alone,
 #    and beside eight clients of `bench` scanning its messages.
 # PG_URL=postgres://root@127.0.0.1:5432 runs the same on PostgreSQL: a fresh
-# database there (dropped at the end), the lanes on fauxqs.
+# database there (dropped at the end), the lanes on fauxqs; PG_SOCKET=DIR
+# too: fairlane connects through the Unix socket in DIR.
 # Everything runs on this machine's cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,9 @@ if [ -n "${PG_URL:-}" ]; then
   start_fauxqs "$work"
   pg_db=fairlane_list_bench_$$
   psql "$PG_URL/postgres" -qAtc "CREATE DATABASE $pg_db" >/dev/null
-  store=$PG_URL/$pg_db
+  # PG_SOCKET=DIR (e.g. /var/run/postgresql): fairlane reaches PostgreSQL
+  # through its Unix socket there instead of TCP.
+  store=$PG_URL/$pg_db${PG_SOCKET:+?host=$PG_SOCKET}
   queue_env=(FAIRLANE__QUEUE__BACKEND=sqs FAIRLANE__QUEUE__SQS__ENDPOINT_URL=$sqs
              FAIRLANE__QUEUE__SQS__QUEUE_PREFIX=lb$$ FAIRLANE__QUEUE__SQS__REGION=us-east-1
              FAIRLANE__QUEUE__SQS__ACCESS_KEY_ID=test FAIRLANE__QUEUE__SQS__SECRET_ACCESS_KEY=test)

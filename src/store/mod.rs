@@ -35,6 +35,7 @@ mod staging;
 mod streak;
 pub mod suppressions;
 pub mod usage;
+mod usage_counters;
 pub mod webhooks;
 
 pub use delivery::{

@@ -5,29 +5,12 @@
 //! PostgreSQL each move's statement appends its counts to `usage_deltas`,
 //! and [`roll_up`] folds them into `usage` on one instance at a time; reads
 //! add both. On SQLite the counts are summed over a writer's group in
-//! [`Pending`] and written once per key before the group commits. The rows are apart from the messages, so retention
+//! [`sqlite::usage::Pending`] and written once per key before the group commits. The rows are apart from the messages, so retention
 //! never changes them.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-
+use super::usage_counters::COUNTERS;
 use super::{Db, sqlite};
 use crate::model::Scope;
-
-/// The counters, in column order.
-const COUNTERS: [&str; 11] = [
-    "accepted",
-    "sent",
-    "delivered",
-    "bounced",
-    "complained",
-    "failed",
-    "dead_lettered",
-    "suppressed",
-    "cancelled",
-    "rejected",
-    "fragments",
-];
 
 /// Deltas folded per roll-up transaction.
 const ROLL_UP_BATCH: i64 = 50_000;
@@ -172,107 +155,5 @@ pub async fn roll_up(db: &Db) -> anyhow::Result<Option<u64>> {
         if moved < ROLL_UP_BATCH {
             return Ok(Some(total));
         }
-    }
-}
-
-/// What a group of the SQLite store writer has counted and not yet written,
-/// per tenant, day, channel and kind: every counter of [`COUNTERS`]. It
-/// lives on the thread that runs the transaction (the store writer's, or a
-/// rare writer's: [`crate::store::SqliteDb::transact`]), where every accept
-/// and every status change ([`crate::store::lifecycle`]) counts; the writer
-/// writes it into the transaction just before the commit
-/// ([`Pending::write`]) and forgets it when the transaction is rolled back
-/// ([`Pending::forget`]). One upsert per key and group instead of one per
-/// message.
-pub struct Pending;
-
-/// Tenant, UTC day, channel and kind (test or live).
-type UsageKey = (String, i64, String, bool);
-
-thread_local! {
-    static PENDING: RefCell<HashMap<UsageKey, [i64; COUNTERS.len()]>> = RefCell::new(HashMap::new());
-}
-
-const MS_PER_DAY: i64 = 86_400_000;
-
-/// The upsert of one key's counts: every counter added to.
-static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let columns = COUNTERS.join(", ");
-    let places: Vec<String> = (5..5 + COUNTERS.len()).map(|n| format!("?{n}")).collect();
-    let sums: Vec<String> = COUNTERS
-        .iter()
-        .map(|c| format!("{c} = {c} + excluded.{c}"))
-        .collect();
-    format!(
-        "INSERT INTO usage (tenant_id, day, channel, test, {columns}) VALUES (?1, ?2, ?3, ?4, {}) \
-         ON CONFLICT (tenant_id, day, channel, test) DO UPDATE SET {}",
-        places.join(", "),
-        sums.join(", ")
-    )
-});
-
-impl Pending {
-    fn add(tenant_id: &str, at_ms: i64, channel: &str, test: bool, column: &str, by: i64) {
-        let Some(index) = COUNTERS.iter().position(|c| *c == column) else {
-            return;
-        };
-        PENDING.with(|pending| {
-            let mut pending = pending.borrow_mut();
-            let key = (
-                tenant_id.to_owned(),
-                at_ms.div_euclid(MS_PER_DAY),
-                channel.to_owned(),
-                test,
-            );
-            pending.entry(key).or_default()[index] += by;
-        });
-    }
-
-    /// A message stored at `created_at` (ms).
-    pub fn accepted(tenant_id: &str, created_at: i64, channel: &str, test: bool) {
-        Self::add(tenant_id, created_at, channel, test, "accepted", 1);
-    }
-
-    /// A message that reached the state of `column` (a counter of
-    /// [`COUNTERS`]) at `at` (ms); `sent` adds its fragments too.
-    pub fn reached(
-        tenant_id: &str,
-        at: i64,
-        channel: &str,
-        test: bool,
-        column: &str,
-        fragments: Option<i64>,
-    ) {
-        Self::add(tenant_id, at, channel, test, column, 1);
-        if column == "sent" {
-            Self::add(
-                tenant_id,
-                at,
-                channel,
-                test,
-                "fragments",
-                fragments.unwrap_or(0),
-            );
-        }
-    }
-
-    /// Writes what was counted into `tx` (one upsert per key) and forgets it.
-    pub fn write(tx: &rusqlite::Transaction) -> rusqlite::Result<()> {
-        let counted = PENDING.with(|pending| std::mem::take(&mut *pending.borrow_mut()));
-        if counted.is_empty() {
-            return Ok(());
-        }
-        let mut upsert = tx.prepare_cached(&UPSERT)?;
-        for ((tenant_id, day, channel, test), counts) in counted {
-            let mut values: Vec<&dyn rusqlite::ToSql> = vec![&tenant_id, &day, &channel, &test];
-            values.extend(counts.iter().map(|count| count as &dyn rusqlite::ToSql));
-            upsert.execute(values.as_slice())?;
-        }
-        Ok(())
-    }
-
-    /// Forgets what was counted (its transaction was rolled back).
-    pub fn forget() {
-        PENDING.with(|pending| pending.borrow_mut().clear());
     }
 }

@@ -9,10 +9,10 @@ use std::sync::LazyLock;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::usage::Pending;
 use crate::message::MessageRecord;
 use crate::model::MessageStatus;
 use crate::store::lifecycle::{Effects, Failure, Move, Recorded};
-use crate::store::usage::Pending;
 
 /// What a moved row says, for the move's effects.
 struct Moved {

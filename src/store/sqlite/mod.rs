@@ -19,6 +19,7 @@ pub(crate) mod hot;
 pub(crate) mod lifecycle;
 mod migrate;
 mod readers;
+pub(crate) mod usage;
 pub(crate) mod webhooks;
 pub mod writer;
 
@@ -156,14 +157,14 @@ impl SqliteDb {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             match work(&tx) {
                 Ok(value) => {
-                    crate::store::usage::Pending::write(&tx)?;
+                    usage::Pending::write(&tx)?;
                     let written = tx.total_changes();
                     tx.commit()?;
                     writer::count_commit(written);
                     Ok(value)
                 }
                 Err(err) => {
-                    crate::store::usage::Pending::forget();
+                    usage::Pending::forget();
                     Err(err)
                 }
             }

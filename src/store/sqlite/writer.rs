@@ -37,8 +37,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
 use super::SqliteDb;
+use super::usage;
 pub use crate::store::streak::{FailureStreak, WriteFailed};
-use crate::store::usage;
 
 /// How long the writer waits for another connection's write transaction
 /// (a rare admin write on sqlx's connection) before a group fails.
