@@ -448,15 +448,28 @@ pub async fn list(
     let mut binds: Vec<ListValue> = Vec::new();
     let mut window = String::new();
     let mut checked = String::new();
-    let mut condition = |out: &mut String, column: &str, op: &str, value: ListValue| {
-        out.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
-        binds.push(value);
-    };
+    let condition =
+        |out: &mut String, binds: &mut Vec<ListValue>, column: &str, op: &str, value| {
+            out.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
+            binds.push(value);
+        };
     if let Some(since) = filter.since {
-        condition(&mut window, "created_at", ">=", ListValue::Number(since));
+        condition(
+            &mut window,
+            &mut binds,
+            "created_at",
+            ">=",
+            ListValue::Number(since),
+        );
     }
     if let Some(until) = filter.until {
-        condition(&mut window, "created_at", "<", ListValue::Number(until));
+        condition(
+            &mut window,
+            &mut binds,
+            "created_at",
+            "<",
+            ListValue::Number(until),
+        );
     }
     if let Some((at, id)) = &filter.before {
         // A row value, which both engines read as a range of the index
@@ -467,33 +480,21 @@ pub async fn list(
         binds.push(ListValue::Text(id.clone()));
     }
     let window_binds = binds.len();
-    let mut condition = |out: &mut String, column: &str, op: &str, value: ListValue| {
-        out.push_str(&format!(" AND {column} {op} ${}", binds.len() + 3));
-        binds.push(value);
-    };
-    if let Some(reference) = &filter.reference {
-        condition(
-            &mut checked,
-            "reference",
-            "=",
-            ListValue::Text(reference.clone()),
-        );
-    }
-    if let Some(status) = filter.status {
-        condition(
-            &mut checked,
-            "status",
-            "=",
-            ListValue::Text(status.as_str().to_owned()),
-        );
-    }
-    if let Some(channel) = filter.channel {
-        condition(
-            &mut checked,
-            "channel",
-            "=",
-            ListValue::Text(channel.as_str().to_owned()),
-        );
+    let equal_to = [
+        ("reference", filter.reference.clone()),
+        ("status", filter.status.map(|s| s.as_str().to_owned())),
+        ("channel", filter.channel.map(|c| c.as_str().to_owned())),
+    ];
+    for (column, value) in equal_to {
+        if let Some(value) = value {
+            condition(
+                &mut checked,
+                &mut binds,
+                column,
+                "=",
+                ListValue::Text(value),
+            );
+        }
     }
     const NEWEST_FIRST: &str = " ORDER BY created_at DESC, id DESC";
     let bounded = filter.reference.is_none() && !checked.is_empty();

@@ -209,6 +209,22 @@ async fn a_paused_dedicated_tenants_queue_gets_no_provider_call_and_drains_after
     assert_eq!(last["status"], "sent", "{last}");
 }
 
+/// Purges tenant `acme`'s own queues: the answer counts exactly `ids`, and
+/// each of them is `cancelled`.
+async fn purge_acme(app: &TestApp, key: &str, ids: &[String]) {
+    let response = app
+        .admin(Method::DELETE, "/v1/admin/tenants/acme/queue")
+        .send()
+        .await
+        .unwrap();
+    let purged = expect_json(response, StatusCode::OK).await;
+    assert_eq!(purged["purged"], ids.len(), "{purged}");
+    for id in ids {
+        let view = expect_json(app.get_message(key, id).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "cancelled", "{view}");
+    }
+}
+
 async fn a_purge_cancels_the_dedicated_tenants_waiting_messages_and_touches_no_other_tenant(
     backend: Backend,
 ) {
@@ -236,17 +252,7 @@ async fn a_purge_cancels_the_dedicated_tenants_waiting_messages_and_touches_no_o
         }
     }
 
-    let response = app
-        .admin(Method::DELETE, "/v1/admin/tenants/acme/queue")
-        .send()
-        .await
-        .unwrap();
-    let purged = expect_json(response, StatusCode::OK).await;
-    assert_eq!(purged["purged"], 10, "{purged}");
-    for id in &acme_ids {
-        let view = expect_json(app.get_message(&acme, id).await, StatusCode::OK).await;
-        assert_eq!(view["status"], "cancelled", "{view}");
-    }
+    purge_acme(&app, &acme, &acme_ids).await;
     assert_eq!(tenant_queue(&app, "acme").await["lanes"][0]["depth"], 0);
     assert_eq!(tenant_queue(&app, "other").await["lanes"][0]["depth"], 5);
 
@@ -293,17 +299,7 @@ async fn on_sqs_a_purge_also_cancels_the_messages_still_in_the_outbox() {
         "the sends wait in the outbox"
     );
 
-    let response = app
-        .admin(Method::DELETE, "/v1/admin/tenants/acme/queue")
-        .send()
-        .await
-        .unwrap();
-    let purged = expect_json(response, StatusCode::OK).await;
-    assert_eq!(purged["purged"], 3, "{purged}");
-    for id in &ids {
-        let view = expect_json(app.get_message(&acme, id).await, StatusCode::OK).await;
-        assert_eq!(view["status"], "cancelled", "{view}");
-    }
+    purge_acme(&app, &acme, &ids).await;
     assert_eq!(
         crate::sqs::outbox_rows(&app).await,
         0,
