@@ -120,3 +120,8 @@ pub async fn purge_expired(db: &Db, now_ms: i64) -> anyhow::Result<Option<u64>> 
         }
     }
 }
+
+/// (Being moved here: the idempotency operations, implemented per engine in
+/// `sqlite/idempotency.rs` and `postgres/idempotency.rs`.)
+#[async_trait::async_trait]
+pub trait IdempotencyStore: Send + Sync {}

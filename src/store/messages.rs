@@ -638,3 +638,8 @@ fn sqlite_list_args(scope: &Scope, binds: &[ListValue]) -> sqlite::Args {
     }));
     args
 }
+
+/// (Being moved here: the messages operations, implemented per engine in
+/// `sqlite/messages.rs` and `postgres/messages.rs`.)
+#[async_trait::async_trait]
+pub trait MessageStore: Send + Sync {}

@@ -30,6 +30,7 @@ pub mod postgres;
 pub mod receipts;
 pub mod registry;
 pub mod retention;
+mod settings;
 pub mod sqlite;
 mod staging;
 mod streak;
@@ -52,12 +53,76 @@ use std::path::Path;
 
 pub use crate::config::{is_postgres_url, sqlite_path};
 
-/// The store, on one backend or the other.
+/// The store, on one backend or the other. It derefs to [`Backend`], so
+/// every operation is a method: `db.insert_tenant(…)` runs on whichever
+/// engine the store is, and only this file asks which.
 #[derive(Clone, Debug)]
 pub enum Db {
     Sqlite(SqliteDb),
     Postgres(postgres::PgDb),
 }
+
+/// Everything the service asks of its store, in the domain's words: one
+/// trait per topic, declared beside its types, and implemented once per
+/// engine in [`sqlite`] and [`postgres`], which hold all of its SQL.
+pub trait Backend:
+    RegistryStore
+    + MessageStore
+    + WebhookStore
+    + SuppressionStore
+    + OutboxStore
+    + IdempotencyStore
+    + RetentionStore
+    + ReceiptStore
+    + UsageStore
+    + SettingsStore
+    + Send
+    + Sync
+{
+}
+
+impl<T> Backend for T where
+    T: RegistryStore
+        + MessageStore
+        + WebhookStore
+        + SuppressionStore
+        + OutboxStore
+        + IdempotencyStore
+        + RetentionStore
+        + ReceiptStore
+        + UsageStore
+        + SettingsStore
+        + Send
+        + Sync
+{
+}
+
+impl std::ops::Deref for Db {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &(dyn Backend + 'static) {
+        match self {
+            Db::Sqlite(db) => db,
+            Db::Postgres(db) => db,
+        }
+    }
+}
+
+/// The store's traits, for `use crate::store::prelude::*` where its
+/// operations are called.
+pub mod prelude {
+    pub use super::idempotency::IdempotencyStore;
+    pub use super::messages::MessageStore;
+    pub use super::outbox::OutboxStore;
+    pub use super::receipts::ReceiptStore;
+    pub use super::registry::RegistryStore;
+    pub use super::retention::RetentionStore;
+    pub use super::settings::SettingsStore;
+    pub use super::suppressions::SuppressionStore;
+    pub use super::usage::UsageStore;
+    pub use super::webhooks::WebhookStore;
+}
+use prelude::*;
 
 impl Db {
     /// Opens the store `url` names (`sqlite://PATH`, `postgres://…`),
@@ -110,70 +175,6 @@ impl Db {
         match self {
             Db::Sqlite(db) => db.ping().await,
             Db::Postgres(db) => db.ping().await,
-        }
-    }
-
-    /// Reads a value from the `settings` table.
-    pub async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
-        const READ: &str = "SELECT value FROM settings WHERE key = $1";
-        Ok(match self {
-            Db::Sqlite(db) => db
-                .row(READ, sqlite::args![key.to_owned()], sqlite::tuple)
-                .await?
-                .map(|(value,)| value),
-            Db::Postgres(db) => {
-                sqlx::query_scalar(READ)
-                    .bind(key)
-                    .fetch_optional(&db.pool)
-                    .await?
-            }
-        })
-    }
-
-    /// Writes a value to the `settings` table.
-    pub async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        self.write_setting(key, value, "UPDATE SET value = excluded.value")
-            .await
-    }
-
-    /// The value of `key` in the `settings` table, storing `value` first
-    /// when there is none; instances starting together agree on one.
-    pub async fn setting_or_insert(&self, key: &str, value: &str) -> anyhow::Result<String> {
-        self.write_setting(key, value, "NOTHING").await?;
-        self.setting(key)
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("setting {key} vanished after it was written"))
-    }
-
-    /// Inserts `key` = `value`, doing `on_conflict` when it is there.
-    async fn write_setting(&self, key: &str, value: &str, on_conflict: &str) -> anyhow::Result<()> {
-        let sql = format!(
-            "INSERT INTO settings(key, value) VALUES ($1, $2) ON CONFLICT(key) DO {on_conflict}"
-        );
-        match self {
-            Db::Sqlite(db) => {
-                db.execute(sql, sqlite::args![key.to_owned(), value.to_owned()])
-                    .await?;
-            }
-            Db::Postgres(db) => {
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(key)
-                    .bind(value)
-                    .execute(&db.pool)
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Keeps the query planner's statistics current: SQLite's `PRAGMA
-    /// optimize` (an `ANALYZE` of the tables whose size changed enough,
-    /// reading a bounded sample); nothing on PostgreSQL, whose autovacuum
-    /// analyzes a table after enough of its rows changed.
-    pub async fn refresh_statistics(&self) -> anyhow::Result<()> {
-        match self {
-            Db::Sqlite(db) => db.refresh_statistics().await,
-            Db::Postgres(_) => Ok(()),
         }
     }
 

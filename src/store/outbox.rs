@@ -206,3 +206,8 @@ pub async fn waiting_of_tenant(
         }
     })
 }
+
+/// (Being moved here: the outbox operations, implemented per engine in
+/// `sqlite/outbox.rs` and `postgres/outbox.rs`.)
+#[async_trait::async_trait]
+pub trait OutboxStore: Send + Sync {}

@@ -360,3 +360,8 @@ pub(crate) mod tests {
         a_receipt_moves_only_what_its_provider_sent(&db).await;
     }
 }
+
+/// (Being moved here: the receipts operations, implemented per engine in
+/// `sqlite/receipts.rs` and `postgres/receipts.rs`.)
+#[async_trait::async_trait]
+pub trait ReceiptStore: Send + Sync {}

@@ -283,3 +283,8 @@ mod tests {
         }
     }
 }
+
+/// (Being moved here: the retention operations, implemented per engine in
+/// `sqlite/retention.rs` and `postgres/retention.rs`.)
+#[async_trait::async_trait]
+pub trait RetentionStore: Send + Sync {}

@@ -286,3 +286,8 @@ mod tests {
         assert_eq!(normalize("5551234567"), None);
     }
 }
+
+/// (Being moved here: the suppressions operations, implemented per engine in
+/// `sqlite/suppressions.rs` and `postgres/suppressions.rs`.)
+#[async_trait::async_trait]
+pub trait SuppressionStore: Send + Sync {}

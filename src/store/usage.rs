@@ -157,3 +157,8 @@ pub async fn roll_up(db: &Db) -> anyhow::Result<Option<u64>> {
         }
     }
 }
+
+/// (Being moved here: the usage operations, implemented per engine in
+/// `sqlite/usage.rs` and `postgres/usage.rs`.)
+#[async_trait::async_trait]
+pub trait UsageStore: Send + Sync {}

@@ -1045,3 +1045,8 @@ pub(crate) mod tests {
         counts_tell_the_backlog_and_the_oldest_event(&db).await;
     }
 }
+
+/// (Being moved here: the webhooks operations, implemented per engine in
+/// `sqlite/webhooks.rs` and `postgres/webhooks.rs`.)
+#[async_trait::async_trait]
+pub trait WebhookStore: Send + Sync {}

@@ -216,7 +216,7 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         tenants: tenant_rows,
         keys: key_rows,
         senders: sender_rows,
-    } = registry::read_all(db).await?;
+    } = db.read_registry().await?;
     let mut plans = HashMap::new();
     for (name, lane, rate, burst, quota, in_flight) in plan_rows {
         let plan = Plan {
@@ -414,8 +414,7 @@ impl Registry {
     pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
         let now = now_ms();
         for (name, plan) in configured {
-            registry::write_plan(
-                &db,
+            db.write_plan(
                 &Plan {
                     name: name.clone(),
                     lane: plan.lane,
@@ -474,7 +473,7 @@ impl Registry {
     /// SQLite there are none). Best effort: a lost announcement is made up
     /// for by the followers' periodic reload.
     async fn announce(&self, what: &str) {
-        if let Err(err) = registry::announce(&self.db, what).await {
+        if let Err(err) = self.db.announce_registry(what).await {
             tracing::warn!(error = %err, "Could not announce a registry change; other instances pick it up at their next periodic reload.");
         }
     }
@@ -490,7 +489,7 @@ impl Registry {
         let mut backoff = Duration::from_millis(100);
         loop {
             let listening = tokio::select! {
-                listening = registry::listen(&self.db) => listening,
+                listening = self.db.listen_registry() => listening,
                 _ = shutdown.changed() => return,
             };
             let mut listener = match listening {
@@ -581,7 +580,9 @@ impl Registry {
             },
         )?;
         let _changing = self.changing.lock().await;
-        registry::write_plan(&self.db, &plan, PlanSource::Admin, now_ms()).await?;
+        self.db
+            .write_plan(&plan, PlanSource::Admin, now_ms())
+            .await?;
         let created = self
             .plans
             .write()
@@ -670,9 +671,9 @@ impl Registry {
         };
         // The primary key decides races between two creates of the same id.
         let _changing = self.changing.lock().await;
-        let inserted = registry::insert_tenant(
-            &self.db,
-            &registry::TenantInsert {
+        let inserted = self
+            .db
+            .insert_tenant(&registry::TenantInsert {
                 id: &row.id,
                 name: &row.name,
                 plan: &row.plan,
@@ -681,9 +682,8 @@ impl Registry {
                 max_concurrent_consumers: row.max_concurrent_consumers,
                 retention_days: row.retention_days,
                 created_at: row.created_at,
-            },
-        )
-        .await?;
+            })
+            .await?;
         if !inserted {
             return Err(RegistryError::Conflict(format!(
                 "tenant {id:?} already exists"
@@ -732,21 +732,22 @@ impl Registry {
         // Only the fields given change: another instance may have changed
         // the other one a moment ago.
         let _changing = self.changing.lock().await;
-        let stored = registry::update_tenant(
-            &self.db,
-            id,
-            &registry::TenantUpdate {
-                plan,
-                status,
-                isolation: change.isolation,
-                max_concurrent_consumers: consumers,
-                unsubscribe_default: change.unsubscribe_default,
-                unsubscribe_mailto: change.unsubscribe_mailto.as_deref(),
-                retention_days: change.retention_days,
-            },
-            now_ms(),
-        )
-        .await?;
+        let stored = self
+            .db
+            .update_tenant(
+                id,
+                &registry::TenantUpdate {
+                    plan,
+                    status,
+                    isolation: change.isolation,
+                    max_concurrent_consumers: consumers,
+                    unsubscribe_default: change.unsubscribe_default,
+                    unsubscribe_mailto: change.unsubscribe_mailto.as_deref(),
+                    retention_days: change.retention_days,
+                },
+                now_ms(),
+            )
+            .await?;
         let Some(stored) = stored else {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         };
@@ -779,7 +780,7 @@ impl Registry {
         if let Some(queues) = self.isolation_sink.get() {
             queues.erase_waiting(id, None).await?;
         }
-        match registry::delete_tenant(&self.db, id).await? {
+        match self.db.delete_tenant(id).await? {
             TenantDeletion::Deleted => {}
             TenantDeletion::NotFound => {
                 return Err(RegistryError::NotFound(format!("tenant {id:?}")));
@@ -829,7 +830,9 @@ impl Registry {
 
     /// Reads the tenant's identities again into the cache, after a change.
     async fn refresh_senders(&self, tenant_id: &str) -> anyhow::Result<Vec<SenderIdentity>> {
-        let list = registry::senders_of(&self.db, tenant_id)
+        let list = self
+            .db
+            .senders_of(tenant_id)
             .await?
             .into_iter()
             .map(sender_from_row)
@@ -874,7 +877,7 @@ impl Registry {
             is_default: input.default,
             created_at: now_ms(),
         };
-        registry::insert_sender(&self.db, &row).await?;
+        self.db.insert_sender(&row).await?;
         let list = self.refresh_senders(tenant_id).await?;
         self.announce("sender").await;
         list.into_iter()
@@ -892,7 +895,7 @@ impl Registry {
         default: bool,
     ) -> Result<SenderIdentity, RegistryError> {
         let _changing = self.changing.lock().await;
-        if !registry::set_default_sender(&self.db, tenant_id, id, default).await? {
+        if !self.db.set_default_sender(tenant_id, id, default).await? {
             return Err(RegistryError::NotFound(format!(
                 "sender identity {id:?} of tenant {tenant_id:?}"
             )));
@@ -907,7 +910,7 @@ impl Registry {
     /// Removes identity `id`; messages accepted with it still send with it.
     pub async fn remove_sender(&self, tenant_id: &str, id: &str) -> Result<(), RegistryError> {
         let _changing = self.changing.lock().await;
-        if !registry::delete_sender(&self.db, tenant_id, id).await? {
+        if !self.db.delete_sender(tenant_id, id).await? {
             return Err(RegistryError::NotFound(format!(
                 "sender identity {id:?} of tenant {tenant_id:?}"
             )));
@@ -933,15 +936,15 @@ impl Registry {
         let secret = random_hex(32);
         let secret_hash = hash_secret(&secret);
         let _changing = self.changing.lock().await;
-        registry::insert_key(
-            &self.db,
-            &key_id,
-            tenant_id,
-            &hex::encode(secret_hash),
-            kind.as_str(),
-            now_ms(),
-        )
-        .await?;
+        self.db
+            .insert_key(&registry::KeyInsert {
+                id: &key_id,
+                tenant_id,
+                secret_hash_hex: &hex::encode(secret_hash),
+                kind: kind.as_str(),
+                created_at: now_ms(),
+            })
+            .await?;
         self.keys.write().expect("keys lock").insert(
             key_id.clone(),
             KeyEntry {
@@ -961,7 +964,7 @@ impl Registry {
 
     pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> Result<(), RegistryError> {
         let _changing = self.changing.lock().await;
-        let revoked = registry::revoke_key(&self.db, tenant_id, key_id, now_ms()).await?;
+        let revoked = self.db.revoke_key(tenant_id, key_id, now_ms()).await?;
         if revoked == 0 {
             return Err(RegistryError::NotFound(format!(
                 "active key {key_id:?} of tenant {tenant_id:?}"
@@ -973,7 +976,7 @@ impl Registry {
     }
 
     pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
-        let rows = registry::keys_of(&self.db, tenant_id).await?;
+        let rows = self.db.keys_of(tenant_id).await?;
         Ok(rows
             .into_iter()
             .map(|(id, created, revoked, kind)| KeyInfo {

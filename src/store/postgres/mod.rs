@@ -135,8 +135,16 @@ pub mod locks {
     pub const USAGE_ROLL_UP: i64 = 0x6661_6972_0004;
 }
 
+mod idempotency;
 pub(crate) mod lifecycle;
+mod messages;
+mod outbox;
 pub(crate) mod receipts;
+mod registry;
+mod retention;
+mod settings;
+mod suppressions;
+mod usage;
 pub(crate) mod webhooks;
 mod writer;
 pub use writer::PgWriter;

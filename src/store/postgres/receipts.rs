@@ -303,3 +303,6 @@ impl SuppressColumns {
         Ok(())
     }
 }
+
+#[async_trait::async_trait]
+impl crate::store::receipts::ReceiptStore for super::PgDb {}

@@ -329,3 +329,6 @@ pub(super) async fn snapshots(
         .map(|snapshot| Ok((snapshot.event_id, record_at_event(snapshot.row)?)))
         .collect()
 }
+
+#[async_trait::async_trait]
+impl crate::store::webhooks::WebhookStore for super::PgDb {}

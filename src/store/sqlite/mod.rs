@@ -16,9 +16,17 @@
 //! ([`SqliteDb::read`]) and, in WAL mode, never wait for a writer.
 
 pub(crate) mod hot;
+mod idempotency;
 pub(crate) mod lifecycle;
+mod messages;
 mod migrate;
+mod outbox;
 mod readers;
+mod receipts;
+mod registry;
+mod retention;
+mod settings;
+mod suppressions;
 pub(crate) mod usage;
 pub(crate) mod webhooks;
 pub mod writer;

@@ -109,3 +109,6 @@ impl Pending {
         PENDING.with(|pending| pending.borrow_mut().clear());
     }
 }
+
+#[async_trait::async_trait]
+impl crate::store::usage::UsageStore for super::SqliteDb {}

@@ -308,3 +308,6 @@ pub(crate) async fn record_calls(writer: &StoreWriter, record: CallsRecord) -> a
         })
         .await
 }
+
+#[async_trait::async_trait]
+impl crate::store::webhooks::WebhookStore for super::SqliteDb {}
