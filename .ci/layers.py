@@ -2,10 +2,11 @@
 """Checks the layering rules of README.md ("Layers, and the rules that keep
 them") against the code: every `crate::X` path in non-test code of `src/`
 is an edge from the file's top-level module to X. Fails on an import cycle
-between top-level modules, on an edge a rule forbids, on SQL outside
-src/store/ and src/queue/embedded/, on a write of a message's status, its
+between top-level modules, on an edge a rule forbids, on SQL outside the
+store's two backends (src/store/sqlite/, src/store/postgres/) and
+src/queue/embedded/, on a write of a message's status, its
 events or its webhook calls outside the lifecycle's two files, and on a
-match of the store's backend outside src/store/, on sqlx used for the
+match of the store's backend outside src/store/mod.rs, on sqlx used for the
 SQLite file (rusqlite is its one driver), and on a function of non-test
 code over 150 lines. Standard library only: `python3 .ci/layers.py`."""
 
@@ -35,6 +36,11 @@ SQL = re.compile(r'"[^"\n]*\b(SELECT\s|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CR
 LIFECYCLE = re.compile(r'"[^"\n]*\b(UPDATE messages( AS m)? SET status|INSERT INTO (message_events|messages)\b)')
 LIFECYCLE_FILES = ("store/sqlite/lifecycle.rs", "store/postgres/lifecycle.rs")
 BACKEND = re.compile(r"\bDb::(Sqlite|Postgres)\b")
+# The store is one interface (`store::Backend`) with two implementations,
+# each holding all of its own SQL (issue 45): only the handle's own file
+# asks which backend it is (and the hot writer's, which it starts).
+BACKEND_FILES = ("store/mod.rs", "store/hot.rs")
+SQL_FOLDERS = ("store/sqlite/", "store/postgres/", "queue/embedded/")
 PATH = re.compile(r"\bcrate::([a-z_]+)")
 # sqlx reaches PostgreSQL only; the SQLite file has one driver (issue 45).
 SQLX_SQLITE = re.compile(r"\bsqlx::(sqlite|Sqlite)")
@@ -97,12 +103,12 @@ def main():
         for target in set(PATH.findall(code)):
             if target != here and target not in ("lib", "main"):
                 edges.setdefault(here, set()).add(target)
-        if SQL.search(code) and not (rel.startswith("store/") or rel.startswith("queue/embedded/")):
-            problems.append(f"SQL outside store/ and queue/embedded/: src/{rel}")
+        if SQL.search(code) and not rel.startswith(SQL_FOLDERS):
+            problems.append(f"SQL outside the store's two backends and queue/embedded/: src/{rel}")
         if LIFECYCLE.search(code) and rel not in LIFECYCLE_FILES:
             problems.append(f"a message's status or events written outside the lifecycle: src/{rel}")
-        if BACKEND.search(code) and not rel.startswith("store/"):
-            problems.append(f"the store's backend matched outside store/: src/{rel}")
+        if BACKEND.search(code) and rel not in BACKEND_FILES:
+            problems.append(f"the store's backend matched outside store/mod.rs: src/{rel}")
         if SQLX_SQLITE.search(code):
             problems.append(f"sqlx used for the SQLite file (rusqlite is its driver): src/{rel}")
         for name, line, length in long_functions(code):

@@ -6,14 +6,16 @@
 //! Two backends keep it, chosen by `storage.url`: one SQLite file
 //! ([`sqlite`], the default, one instance) or a PostgreSQL database
 //! ([`postgres`], shared by several instances; the lanes are then SQS
-//! queues). [`Db`] is the handle the rest of the service holds; the modules
-//! beside it are the operations, in the domain's words. Each operation
-//! runs on its backend's one driver: rusqlite on the SQLite file, sqlx on
-//! PostgreSQL. Rare SQL both engines take is written once (`$1`
-//! parameters, which the SQLite side binds as `?1`, `ON CONFLICT`,
-//! `RETURNING`); what differs per engine lives in the backend's folder.
-//! The hot writes go through one [`Writer`], which hands them to the
-//! backend's group-committing writer.
+//! queues). [`Db`] is the one handle the rest of the service holds. It
+//! derefs to [`Backend`], the store's interface: one trait per topic
+//! (`RegistryStore`, `MessageStore`, `WebhookStore`, …), each declared in
+//! the topic's module beside its types and written in the domain's words.
+//! Each backend implements every trait in its own folder, one file per
+//! topic, and holds all of its SQL there: rusqlite and `?N` parameters on
+//! the SQLite file, sqlx and `$N` on PostgreSQL. The hot writes go through
+//! one [`Writer`], which hands them to the backend's group-committing
+//! writer; a message's status changes only through the lifecycle
+//! ([`lifecycle`]), one file per backend.
 //!
 //! The embedded queue keeps its own tables in the SQLite file and runs its
 //! work on the SQLite writer ([`sqlite::writer`]).

@@ -1,8 +1,9 @@
 //! The PostgreSQL store: the state of several instances in one database.
 //!
 //! Tables and columns are those of the SQLite store (`migrations/postgres`
-//! mirrors `migrations/sqlite`), so rare reads and writes share their SQL
-//! with it (see [`super::on_pool!`]). What differs lives here:
+//! mirrors `migrations/sqlite`); every statement on this engine lives in
+//! this folder, one file per topic of the store's interface
+//! ([`super::Backend`]). What differs from SQLite:
 //!
 //! - **The hot writes** (accepts with their outbox row and idempotency
 //!   record; the `sending`, `sent` and failure status changes) go through
