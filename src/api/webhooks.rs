@@ -97,14 +97,16 @@ async fn put_for(
 }
 
 async fn get_for(state: &AppState, tenant: &str) -> Result<Json<WebhookView>, ApiError> {
-    let webhook = webhooks::get(&state.db, tenant)
+    let webhook = state
+        .db
+        .webhook(tenant)
         .await?
         .ok_or_else(|| no_webhook(tenant))?;
     Ok(Json(webhooks::view(&state.db, webhook).await?))
 }
 
 async fn delete_for(state: &AppState, tenant: &str) -> Result<StatusCode, ApiError> {
-    if !webhooks::delete(&state.db, tenant).await? {
+    if !state.db.delete_webhook(tenant).await? {
         return Err(no_webhook(tenant));
     }
     tracing::info!(%tenant, "Webhook removed.");
@@ -341,7 +343,9 @@ pub async fn redrive_tenant_webhook(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<WebhookRedriven>, ApiError> {
     known_tenant(&state, &id)?;
-    let redriven = webhooks::redrive(&state.db, &id)
+    let redriven = state
+        .db
+        .redrive_webhook(&id)
         .await?
         .ok_or_else(|| no_webhook(&id))?;
     tracing::info!(tenant = %id, redriven, "Webhook redriven.");
@@ -371,7 +375,7 @@ pub async fn list_failing(
     _admin: AdminOnly,
 ) -> Result<Json<FailingWebhooks>, ApiError> {
     let mut views = Vec::new();
-    for webhook in webhooks::failing(&state.db).await? {
+    for webhook in state.db.failing_webhooks().await? {
         views.push(webhooks::view(&state.db, webhook).await?);
     }
     Ok(Json(FailingWebhooks { webhooks: views }))

@@ -438,7 +438,8 @@ pub(crate) mod tests {
             .test_count("SELECT COUNT(*) FROM webhook_deliveries")
             .await;
         assert_eq!(rows, 0, "an event is no call row");
-        let backlog = crate::store::webhooks::delivery_counts(db, "hooked", i64::MAX)
+        let backlog = db
+            .webhook_delivery_counts("hooked", i64::MAX)
             .await
             .unwrap();
         assert_eq!(

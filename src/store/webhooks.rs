@@ -16,12 +16,15 @@
 //! lifecycle writes anyway, and a share of one position update. If the
 //! instance dies, its lease ends and another reads again from the
 //! position (at least once, with the same `webhook-id`).
+//!
+//! The operations are [`WebhookStore`]'s, implemented per engine in
+//! `store::sqlite::webhooks` and `store::postgres::webhooks`, which hold
+//! their SQL.
+
+use async_trait::async_trait;
 
 use super::messages::MessageRecord;
-use rusqlite::OptionalExtension;
-
-use super::{Db, sqlite};
-use crate::model::{MessageStatus, now_ms};
+use crate::model::MessageStatus;
 
 /// A place in a tenant's event log: (transaction id, event id). On
 /// PostgreSQL an event's id is taken at insert, not at commit, so the
@@ -61,92 +64,14 @@ impl Webhook {
     }
 }
 
-/// The columns of [`Webhook`], for `concat!`.
-macro_rules! columns {
+/// The columns of [`Webhook`], in order, for `concat!`.
+macro_rules! webhook_columns {
     () => {
         "tenant_id, url, events, secret, previous_secret, previous_until, \
          failing_since, last_error, disabled_at, created_at, updated_at"
     };
 }
-
-/// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
-pub(crate) const WEBHOOK_OF: &str =
-    concat!("SELECT ", columns!(), " FROM webhooks WHERE tenant_id = $1");
-
-/// The tenant's endpoint, if it has one.
-pub async fn get(db: &Db, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
-    Ok(match db {
-        Db::Sqlite(db) => {
-            db.row(WEBHOOK_OF, sqlite::args![tenant_id.to_owned()], webhook_row)
-                .await?
-        }
-        Db::Postgres(db) => {
-            sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
-                .bind(tenant_id)
-                .fetch_optional(&db.pool)
-                .await?
-        }
-    })
-}
-
-/// A [`Webhook`] from a rusqlite row of its columns.
-pub(crate) fn webhook_row(row: &rusqlite::Row) -> rusqlite::Result<Webhook> {
-    Ok(Webhook {
-        tenant_id: row.get(0)?,
-        url: row.get(1)?,
-        events: row.get(2)?,
-        secret: row.get(3)?,
-        previous_secret: row.get(4)?,
-        previous_until: row.get(5)?,
-        failing_since: row.get(6)?,
-        last_error: row.get(7)?,
-        disabled_at: row.get(8)?,
-        created_at: row.get(9)?,
-        updated_at: row.get(10)?,
-    })
-}
-
-/// Every row of `sql` (parameters `args`) on either store, as tuples.
-async fn tuples<T>(db: &Db, sql: String, args: Vec<Arg>) -> anyhow::Result<Vec<T>>
-where
-    T: for<'a> TryFrom<&'a rusqlite::Row<'a>, Error = rusqlite::Error>
-        + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
-        + Send
-        + Unpin
-        + 'static,
-{
-    Ok(match db {
-        Db::Sqlite(db) => {
-            let args = args.into_iter().map(Arg::into_sqlite).collect();
-            db.rows(sql, args, sqlite::tuple).await?
-        }
-        Db::Postgres(db) => {
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for arg in args {
-                query = match arg {
-                    Arg::Text(text) => query.bind(text),
-                    Arg::Number(number) => query.bind(number),
-                };
-            }
-            query.fetch_all(&db.pool).await?
-        }
-    })
-}
-
-/// A parameter of [`tuples`].
-enum Arg {
-    Text(Option<String>),
-    Number(i64),
-}
-
-impl Arg {
-    fn into_sqlite(self) -> rusqlite::types::Value {
-        match self {
-            Arg::Text(text) => text.into(),
-            Arg::Number(number) => number.into(),
-        }
-    }
-}
+pub(super) use webhook_columns;
 
 /// A tenant's calls in one state.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -172,72 +97,22 @@ impl DeliveryCount {
     }
 }
 
-/// Whether the endpoint `w` wants the event `e`, in `db`'s dialect.
-fn wanted(db: &Db) -> &'static str {
-    if db.is_shared() {
-        "strpos(w.events, ' message.' || e.event || ' ') > 0"
-    } else {
-        "instr(w.events, ' message.' || e.event || ' ') > 0"
-    }
-}
+/// A tenant's call rows in one state: state, count, due, oldest event time.
+pub(super) type StateRow = (String, i64, i64, Option<i64>);
 
-/// `e`'s place is past (`xid`, `id`), in `db`'s dialect. PostgreSQL seeks
-/// the row value in the `(tenant_id, xid, id)` index; SQLite would walk
-/// every one of the tenant's events for it, and its xids are all 0, so it
-/// compares the ids alone.
-fn past(db: &Db, xid: &str, id: &str) -> String {
-    if db.is_shared() {
-        format!("(e.xid, e.id) > ({xid}, {id})")
-    } else {
-        format!("e.xid = 0 AND e.id > {id}")
-    }
-}
+/// An endpoint's stream backlog: the events past its position that it
+/// wants and that have no row, how many of them are due (past where its
+/// stream is read, or all once the reader's lease has ended), the oldest
+/// one's time, and whether the endpoint is disabled.
+pub(super) type StreamBacklog = (i64, i64, Option<i64>, bool);
 
-/// The events past the endpoint's position that it wants and that have no
-/// row: how many, how many are past where its stream is read (the rest
-/// are in flight; once the reader's lease has ended, all are due again),
-/// and the oldest one's time. `$1` the tenant (or NULL for all), `$2` now.
-fn stream_backlog(db: &Db, whose: &str) -> String {
-    format!(
-        "SELECT COUNT(e.id), \
-         COALESCE(SUM(CASE WHEN COALESCE(w.stream_until, 0) <= $2 \
-                             OR (e.xid, e.id) > (w.read_xid, w.read_id) THEN 1 ELSE 0 END), 0), \
-         MIN(e.at), w.disabled_at IS NOT NULL \
-         FROM webhooks AS w JOIN message_events AS e ON e.tenant_id = w.tenant_id \
-         WHERE {whose} AND {} AND {} \
-         AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.event_id = e.id) \
-         GROUP BY w.tenant_id, w.disabled_at",
-        past(db, "w.position_xid", "w.position_id"),
-        wanted(db)
-    )
-}
-
-/// The tenant's calls by state, as of `now`: its failed calls' rows, and
-/// the events its stream has still to deliver (pending; failed while the
-/// endpoint is disabled, kept for a redrive).
-pub async fn delivery_counts(
-    db: &Db,
-    tenant_id: &str,
-    now: i64,
-) -> anyhow::Result<Vec<DeliveryCount>> {
-    let rows: Vec<(String, i64, i64, Option<i64>)> = tuples(
-        db,
-        "SELECT state, COUNT(*) AS count, \
-         COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
-         MIN(created_at) AS oldest \
-         FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state"
-            .to_owned(),
-        vec![Arg::Text(Some(tenant_id.to_owned())), Arg::Number(now)],
-    )
-    .await?;
-    let sql = stream_backlog(db, "w.tenant_id = $1");
-    let stream: Option<(i64, i64, Option<i64>, bool)> = tuples(
-        db,
-        sql,
-        vec![Arg::Text(Some(tenant_id.to_owned())), Arg::Number(now)],
-    )
-    .await?
-    .pop();
+/// The tenant's calls by state, from its call rows by state and its
+/// endpoint's stream backlog: the backlog is pending, or failed while the
+/// endpoint is disabled (kept for a redrive).
+pub(super) fn counts_by_state(
+    rows: Vec<StateRow>,
+    stream: Option<StreamBacklog>,
+) -> Vec<DeliveryCount> {
     let mut counts: Vec<DeliveryCount> = rows
         .into_iter()
         .map(|(state, count, due, oldest)| DeliveryCount {
@@ -263,257 +138,35 @@ pub async fn delivery_counts(
             }),
         }
     }
-    Ok(counts)
+    counts
 }
 
-/// Every tenant's pending calls due at `now`: how many, and the event time
-/// (ms) of the oldest, for the dispatcher's gauges.
-pub async fn due_overall(db: &Db, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
-    let (rows, oldest_row): (i64, Option<i64>) = tuples(
-        db,
-        "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
-         WHERE state = 'pending' AND next_attempt_at <= $1"
-            .to_owned(),
-        vec![Arg::Number(now)],
-    )
-    .await?
-    .pop()
-    .unwrap_or_default();
-    let sql = stream_backlog(db, "w.disabled_at IS NULL AND $1::text IS NULL");
-    let sql = if db.is_shared() {
-        sql
-    } else {
-        sql.replace("$1::text IS NULL", "$1 IS NULL")
-    };
-    let streams: Vec<(i64, i64, Option<i64>, bool)> =
-        tuples(db, sql, vec![Arg::Text(None), Arg::Number(now)]).await?;
+/// Every tenant's pending calls due, and the oldest one's event time,
+/// from the due rows (count, oldest) and the enabled endpoints' stream
+/// backlogs.
+pub(super) fn due_of(
+    (rows, oldest_row): (i64, Option<i64>),
+    streams: Vec<StreamBacklog>,
+) -> (i64, Option<i64>) {
     let mut total = DeliveryCount::default();
     total.add(rows, 0, oldest_row);
     for (_, due, oldest, _) in streams.into_iter().filter(|stream| stream.1 > 0) {
         total.add(due, 0, oldest);
     }
-    Ok((total.count, total.oldest))
+    (total.count, total.oldest)
 }
 
-/// Sets the tenant's endpoint. A new endpoint gets `secret` (returned); a
-/// changed one keeps its secret (None) and is enabled again, its failed
-/// events pending once more.
-pub async fn put(
-    db: &Db,
-    tenant_id: &str,
-    url: &str,
-    events: &str,
-    secret: String,
-) -> anyhow::Result<(Webhook, Option<String>)> {
-    const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = $1";
-    const CHANGE: &str = "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, \
-         last_error = NULL, disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4";
-    // A new endpoint gets the events from now on: its stream starts at the
-    // tenant's newest event.
-    const CREATE: &str = "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, \
-         updated_at, position_xid, position_id, read_xid, read_id) \
-         SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
-         (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
-          UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top";
-    let now = now_ms();
-    let created = match db {
-        Db::Sqlite(db) => {
-            let (tenant_id, url, events, secret) = (
-                tenant_id.to_owned(),
-                url.to_owned(),
-                events.to_owned(),
-                secret.clone(),
-            );
-            db.transact(move |tx| {
-                let existed = sqlite::prepare(tx, EXISTS)?
-                    .query_row([&tenant_id], |_| Ok(()))
-                    .optional()?
-                    .is_some();
-                if existed {
-                    sqlite::prepare(tx, CHANGE)?
-                        .execute(rusqlite::params![url, events, now, tenant_id])?;
-                    sqlite::prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
-                } else {
-                    sqlite::prepare(tx, CREATE)?
-                        .execute(rusqlite::params![tenant_id, url, events, secret, now])?;
-                }
-                Ok(!existed)
-            })
-            .await?
-        }
-        Db::Postgres(db) => {
-            let mut tx = db.pool.begin().await?;
-            let existed: Option<String> = sqlx::query_scalar(EXISTS)
-                .bind(tenant_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if existed.is_some() {
-                sqlx::query(CHANGE)
-                    .bind(url)
-                    .bind(events)
-                    .bind(now)
-                    .bind(tenant_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(RESUME)
-                    .bind(now)
-                    .bind(tenant_id)
-                    .execute(&mut *tx)
-                    .await?;
-            } else {
-                sqlx::query(CREATE)
-                    .bind(tenant_id)
-                    .bind(url)
-                    .bind(events)
-                    .bind(&secret)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            existed.is_none()
-        }
-    };
-    let webhook = get(db, tenant_id)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("the webhook just written is gone"))?;
-    Ok((webhook, created.then_some(secret)))
+/// How many events a redrive made due again from the endpoint's stream
+/// backlog (those it kept while disabled).
+pub(super) fn kept_count(kept: Option<StreamBacklog>) -> u64 {
+    kept.map_or(0, |k| k.0.max(0) as u64)
 }
 
-/// Makes a tenant's failed events pending again, due now (`$1`), for
-/// tenant `$2`.
-const RESUME: &str = "UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, \
-     attempts = 0, last_error = NULL WHERE tenant_id = $2 AND state = 'failed'";
-
-/// Gives the tenant's endpoint the new `secret`; the old one keeps signing
-/// beside it for `grace_ms`. None when there is no endpoint.
-pub async fn rotate(
-    db: &Db,
-    tenant_id: &str,
-    secret: String,
-    grace_ms: i64,
-) -> anyhow::Result<Option<(Webhook, String)>> {
-    const ROTATE: &str = "UPDATE webhooks SET previous_secret = secret, previous_until = $1, \
-         secret = $2, updated_at = $3 WHERE tenant_id = $4";
-    let now = now_ms();
-    let rotated = match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![now + grace_ms, secret.clone(), now, tenant_id.to_owned()];
-            db.execute(ROTATE, args).await? as u64
-        }
-        Db::Postgres(db) => sqlx::query(ROTATE)
-            .bind(now + grace_ms)
-            .bind(&secret)
-            .bind(now)
-            .bind(tenant_id)
-            .execute(&db.pool)
-            .await?
-            .rows_affected(),
-    };
-    if rotated == 0 {
-        return Ok(None);
-    }
-    Ok(get(db, tenant_id).await?.map(|webhook| (webhook, secret)))
-}
-
-/// Removes the tenant's endpoint and the events still waiting for it;
-/// true when there was one.
-pub async fn delete(db: &Db, tenant_id: &str) -> anyhow::Result<bool> {
-    const CALLS: &str = "DELETE FROM webhook_deliveries WHERE tenant_id = $1";
-    const ENDPOINT: &str = "DELETE FROM webhooks WHERE tenant_id = $1";
-    let removed = match db {
-        Db::Sqlite(db) => {
-            let tenant_id = tenant_id.to_owned();
-            db.transact(move |tx| {
-                tx.execute(CALLS, [&tenant_id])?;
-                Ok(tx.execute(ENDPOINT, [&tenant_id])? as u64)
-            })
-            .await?
-        }
-        Db::Postgres(db) => {
-            let mut tx = db.pool.begin().await?;
-            sqlx::query(CALLS).bind(tenant_id).execute(&mut *tx).await?;
-            let removed = sqlx::query(ENDPOINT)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            removed.rows_affected()
-        }
-    };
-    Ok(removed == 1)
-}
-
-/// Enables the tenant's endpoint again and makes its failed events pending,
-/// due now; returns how many, with the events its stream kept while it was
-/// disabled. None when there is no endpoint.
-pub async fn redrive(db: &Db, tenant_id: &str) -> anyhow::Result<Option<u64>> {
-    let now = now_ms();
-    const ENABLE: &str = "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, \
-         updated_at = $1 WHERE tenant_id = $2";
-    let backlog = stream_backlog(db, "w.tenant_id = $1");
-    let kept_of =
-        |kept: Option<(i64, i64, Option<i64>, bool)>| kept.map_or(0, |k| k.0.max(0) as u64);
-    Ok(match db {
-        Db::Sqlite(db) => {
-            let tenant_id = tenant_id.to_owned();
-            db.transact(move |tx| {
-                if sqlite::prepare(tx, ENABLE)?.execute(rusqlite::params![now, tenant_id])? == 0 {
-                    return Ok(None);
-                }
-                let rows =
-                    sqlite::prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
-                let kept = sqlite::prepare(tx, &backlog)?
-                    .query_row(rusqlite::params![tenant_id, now], sqlite::tuple)
-                    .optional()?;
-                Ok(Some(rows as u64 + kept_of(kept)))
-            })
-            .await?
-        }
-        Db::Postgres(db) => {
-            let mut tx = db.pool.begin().await?;
-            let enabled = sqlx::query(ENABLE)
-                .bind(now)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if enabled == 0 {
-                return Ok(None);
-            }
-            let rows = sqlx::query(RESUME)
-                .bind(now)
-                .bind(tenant_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            let kept = sqlx::query_as(sqlx::AssertSqlSafe(backlog))
-                .bind(tenant_id)
-                .bind(now)
-                .fetch_optional(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Some(rows + kept_of(kept))
-        }
-    })
-}
-
-/// Endpoints that are failing or disabled, oldest failure first.
-pub async fn failing(db: &Db) -> anyhow::Result<Vec<Webhook>> {
-    const FAILING: &str = concat!(
-        "SELECT ",
-        columns!(),
-        " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
-         ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
-    );
-    Ok(match db {
-        Db::Sqlite(db) => db.rows(FAILING, vec![], webhook_row).await?,
-        Db::Postgres(db) => {
-            sqlx::query_as::<_, Webhook>(FAILING)
-                .fetch_all(&db.pool)
-                .await?
-        }
-    })
+/// Whether an endpoint failing since `failing_since` (as the failure's
+/// update returned it; `None`: no enabled endpoint) is to be disabled at
+/// `now`, having failed for `limit` ms.
+pub(super) fn to_disable(failing_since: Option<Option<i64>>, now: i64, limit: i64) -> bool {
+    matches!(failing_since, Some(Some(since)) if now - since >= limit)
 }
 
 /// A call taken for this instance.
@@ -530,206 +183,85 @@ pub struct DueCall {
     pub cursor: Option<Cursor>,
 }
 
-/// The tenants whose enabled endpoint has events past where its stream is
-/// read, or whose reader's lease (`$1`: now) has ended with calls still
-/// between the position and the read; PostgreSQL's (for SQLite's, see
-/// [`STREAM_TENANTS_SQLITE`]).
-pub(crate) const STREAM_TENANTS: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
-       EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
-               AND (e.xid, e.id) > (w.read_xid, w.read_id)) \
-       OR (COALESCE(w.stream_until, 0) <= $1 \
-           AND (w.read_xid, w.read_id) > (w.position_xid, w.position_id)))";
+/// Tenants' endpoints and their calls, on either backend.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// The tenant's endpoint, if it has one.
+    async fn webhook(&self, tenant_id: &str) -> anyhow::Result<Option<Webhook>>;
 
-/// [`STREAM_TENANTS`] on SQLite, whose xids are all 0: a row value would
-/// walk every one of the tenant's events, the id alone seeks the index.
-pub(crate) const STREAM_TENANTS_SQLITE: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
-       EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
-               AND e.xid = 0 AND e.id > w.read_id) \
-       OR (COALESCE(w.stream_until, 0) <= $1 AND w.read_id > w.position_id))";
+    /// The tenant's calls by state, as of `now`: its failed calls' rows, and
+    /// the events its stream has still to deliver (pending; failed while the
+    /// endpoint is disabled, kept for a redrive).
+    async fn webhook_delivery_counts(
+        &self,
+        tenant_id: &str,
+        now: i64,
+    ) -> anyhow::Result<Vec<DeliveryCount>>;
 
-/// Holds event `$1` (tenant `$2`, message `$3`, type `message.$4`, at `$5`)
-/// behind its message's failed call: a row, failed if one of those was
-/// given up, else due as it happened; [`DUE_CALLS`] takes it once no
-/// earlier event of its message has a row.
-pub(crate) const HOLD: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, \
-     next_attempt_at, attempts, state) \
-     SELECT $1, $2, $3, 'message.' || $4, $5, $5, 0, m.state \
-     FROM (SELECT MIN(state) AS state FROM webhook_deliveries WHERE message_id = $3) AS m \
-     WHERE m.state IS NOT NULL \
-     ON CONFLICT (event_id) DO NOTHING";
+    /// Every tenant's pending calls due at `now`: how many, and the event time
+    /// (ms) of the oldest, for the dispatcher's gauges.
+    async fn webhook_calls_due(&self, now: i64) -> anyhow::Result<(i64, Option<i64>)>;
 
-/// The tenants with calls pending, by one index probe per such tenant (a
-/// "loose index scan"), not a pass over every pending row: a dead
-/// endpoint's backlog can be millions of rows.
-pub(crate) const PENDING_TENANTS: &str = "WITH RECURSIVE pending(tenant_id) AS ( \
-       SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
-       UNION ALL \
-       SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
-               WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
-       FROM pending WHERE pending.tenant_id IS NOT NULL) \
-     SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL";
+    /// Sets the tenant's endpoint. A new endpoint gets `secret` (returned); a
+    /// changed one keeps its secret (None) and is enabled again, its failed
+    /// events pending once more. A new endpoint gets the events from now on:
+    /// its stream starts at the tenant's newest event.
+    async fn put_webhook(
+        &self,
+        tenant_id: &str,
+        url: &str,
+        events: &str,
+        secret: String,
+    ) -> anyhow::Result<(Webhook, Option<String>)>;
 
-/// The tenants with calls pending.
-pub async fn tenants_with_pending(db: &Db) -> anyhow::Result<Vec<String>> {
-    let tenants: Vec<(Option<String>,)> = tuples(db, PENDING_TENANTS.to_owned(), vec![]).await?;
-    let tenants: Vec<Option<String>> = tenants.into_iter().map(|(tenant,)| tenant).collect();
-    Ok(tenants.into_iter().flatten().collect())
-}
+    /// Gives the tenant's endpoint the new `secret`; the old one keeps signing
+    /// beside it for `grace_ms`. None when there is no endpoint.
+    async fn rotate_webhook_secret(
+        &self,
+        tenant_id: &str,
+        secret: String,
+        grace_ms: i64,
+    ) -> anyhow::Result<Option<(Webhook, String)>>;
 
-/// The tenant's (`$1`) calls due at `$2`, each the earliest waiting event
-/// of its message, soonest first, at most `$3`: the columns of
-/// [`DueCall`].
-pub(crate) const DUE_CALLS: &str = "SELECT d.event_id, d.tenant_id, d.message_id, d.type, d.created_at, d.attempts \
-     FROM webhook_deliveries AS d \
-     WHERE d.tenant_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-     AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS e \
-                     WHERE e.message_id = d.message_id AND e.event_id < d.event_id) \
-     ORDER BY d.next_attempt_at, d.event_id LIMIT $3";
+    /// Removes the tenant's endpoint and the events still waiting for it;
+    /// true when there was one.
+    async fn delete_webhook(&self, tenant_id: &str) -> anyhow::Result<bool>;
 
-/// Gives back a lease taken but not used: the call is due again now.
-pub async fn release_lease(db: &Db, event_id: i64) -> anyhow::Result<()> {
-    const RELEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2";
-    match db {
-        Db::Sqlite(db) => {
-            db.execute(RELEASE, sqlite::args![now_ms(), event_id])
-                .await?;
-        }
-        Db::Postgres(db) => {
-            sqlx::query(RELEASE)
-                .bind(now_ms())
-                .bind(event_id)
-                .execute(&db.pool)
-                .await?;
-        }
-    }
-    Ok(())
-}
+    /// Enables the tenant's endpoint again and makes its failed events pending,
+    /// due now; returns how many, with the events its stream kept while it was
+    /// disabled. None when there is no endpoint.
+    async fn redrive_webhook(&self, tenant_id: &str) -> anyhow::Result<Option<u64>>;
 
-/// Drops a call (its endpoint or message is gone).
-pub async fn forget_call(db: &Db, event_id: i64) -> anyhow::Result<()> {
-    const FORGET: &str = "DELETE FROM webhook_deliveries WHERE event_id = $1";
-    match db {
-        Db::Sqlite(db) => {
-            db.execute(FORGET, sqlite::args![event_id]).await?;
-        }
-        Db::Postgres(db) => {
-            sqlx::query(FORGET).bind(event_id).execute(&db.pool).await?;
-        }
-    }
-    Ok(())
-}
+    /// Endpoints that are failing or disabled, oldest failure first.
+    async fn failing_webhooks(&self) -> anyhow::Result<Vec<Webhook>>;
 
-/// A call failed at `now` with `error`: it is due again at `next` (or
-/// given up, `gave_up`), the message's later events move back with it,
-/// and the endpoint is marked failing; once it has failed for `limit` ms
-/// it is disabled and its pending calls given up. Returns whether it was
-/// disabled now.
-pub async fn call_failed(
-    db: &Db,
-    due: &DueCall,
-    error: &str,
-    next: i64,
-    gave_up: bool,
-    now: i64,
-    limit: i64,
-) -> anyhow::Result<bool> {
-    // A call from the stream gets its row now; a retry's row counts one
-    // more attempt. Given up, or its endpoint disabled meanwhile: kept
-    // failed, for a redrive.
-    const UPSERT: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, \
-         created_at, next_attempt_at, attempts, state, last_error) \
-         SELECT $1, $2, $3, $4, $5, $6, 1, \
-         CASE WHEN $7 = 1 OR EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = $2 \
-                                     AND w.disabled_at IS NOT NULL) \
-              THEN 'failed' ELSE 'pending' END, $8 \
-         WHERE TRUE \
-         ON CONFLICT (event_id) DO UPDATE SET attempts = webhook_deliveries.attempts + 1, \
-         last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, \
-         state = excluded.state";
-    // The message's later events wait for this one anyway: moving them
-    // back with it keeps them out of the next passes' reads.
-    const LATER: &str = "UPDATE webhook_deliveries SET next_attempt_at = $1 \
-         WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1";
-    const FAILING: &str = "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), \
-         last_error = $2 WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since";
-    const DISABLE: &str = "UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2";
-    const GIVE_UP: &str = "UPDATE webhook_deliveries SET state = 'failed' \
-         WHERE tenant_id = $1 AND state = 'pending'";
-    let disable = move |failing_since: Option<Option<i64>>| matches!(failing_since, Some(Some(since)) if now - since >= limit);
-    Ok(match db {
-        Db::Sqlite(db) => {
-            let (due, error) = (due.clone(), error.to_owned());
-            db.transact(move |tx| {
-                sqlite::prepare(tx, UPSERT)?.execute(rusqlite::params![
-                    due.event_id,
-                    due.tenant_id,
-                    due.message_id,
-                    due.kind,
-                    due.created_at,
-                    next,
-                    i32::from(gave_up),
-                    error
-                ])?;
-                sqlite::prepare(tx, LATER)?.execute(rusqlite::params![
-                    next,
-                    due.message_id,
-                    due.event_id
-                ])?;
-                let failing_since = sqlite::prepare(tx, FAILING)?
-                    .query_row(rusqlite::params![now, error, due.tenant_id], |row| {
-                        row.get(0)
-                    })
-                    .optional()?;
-                let disabled = disable(failing_since);
-                if disabled {
-                    sqlite::prepare(tx, DISABLE)?.execute(rusqlite::params![now, due.tenant_id])?;
-                    sqlite::prepare(tx, GIVE_UP)?.execute([&due.tenant_id])?;
-                }
-                Ok(disabled)
-            })
-            .await?
-        }
-        Db::Postgres(db) => {
-            let mut tx = db.pool.begin().await?;
-            sqlx::query(UPSERT)
-                .bind(due.event_id)
-                .bind(&due.tenant_id)
-                .bind(&due.message_id)
-                .bind(&due.kind)
-                .bind(due.created_at)
-                .bind(next)
-                .bind(i32::from(gave_up))
-                .bind(error)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(LATER)
-                .bind(next)
-                .bind(&due.message_id)
-                .bind(due.event_id)
-                .execute(&mut *tx)
-                .await?;
-            let failing_since: Option<Option<i64>> = sqlx::query_scalar(FAILING)
-                .bind(now)
-                .bind(error)
-                .bind(&due.tenant_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let disabled = disable(failing_since);
-            if disabled {
-                sqlx::query(DISABLE)
-                    .bind(now)
-                    .bind(&due.tenant_id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(GIVE_UP)
-                    .bind(&due.tenant_id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            disabled
-        }
-    })
+    /// The tenants with calls pending, by one index probe per such tenant (a
+    /// "loose index scan"), not a pass over every pending row: a dead
+    /// endpoint's backlog can be millions of rows.
+    async fn tenants_with_pending_calls(&self) -> anyhow::Result<Vec<String>>;
+
+    /// Gives back a lease taken but not used: the call is due again now.
+    async fn release_webhook_lease(&self, event_id: i64) -> anyhow::Result<()>;
+
+    /// Drops a call (its endpoint or message is gone).
+    async fn forget_webhook_call(&self, event_id: i64) -> anyhow::Result<()>;
+
+    /// A call failed at `now` with `error`: it is due again at `next` (or
+    /// given up, `gave_up`), the message's later events move back with it,
+    /// and the endpoint is marked failing; once it has failed for `limit` ms
+    /// it is disabled and its pending calls given up. Returns whether it was
+    /// disabled now. A call from the stream gets its row now; a retry's row
+    /// counts one more attempt; given up, or its endpoint disabled
+    /// meanwhile, it is kept failed, for a redrive. One transaction.
+    async fn webhook_call_failed(
+        &self,
+        due: &DueCall,
+        error: &str,
+        next: i64,
+        gave_up: bool,
+        now: i64,
+        limit: i64,
+    ) -> anyhow::Result<bool>;
 }
 
 /// The columns of a message's status as it was at one of its events:
@@ -757,12 +289,6 @@ pub(crate) struct SnapshotRow {
     pub test: bool,
     pub fragments: Option<i64>,
 }
-
-/// Reads a [`SnapshotRow`] by event id (SQLite's writer connection;
-/// PostgreSQL reads a group's at once, `store::postgres::webhooks`).
-pub(crate) const SNAPSHOT: &str = "SELECT m.id, m.tenant_id, e.at, e.status, e.attempts, e.detail, e.provider_message_id, \
-     m.channel, m.priority, m.lane, m.reference, m.metadata, m.created_at, m.sent_at, m.send_at, m.test, m.fragments \
-     FROM message_events AS e JOIN messages AS m ON m.id = e.message_id WHERE e.id = $1";
 
 /// The message's status as it was at an event, from its [`SnapshotRow`].
 pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord> {
@@ -819,8 +345,11 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::model::now_ms;
+    use crate::store::Db;
 
-    /// Checks [`delivery_counts`] and [`due_overall`] on `db` with call
+    /// Checks [`WebhookStore::webhook_delivery_counts`] and
+    /// [`WebhookStore::webhook_calls_due`] on `db` with call
     /// rows put in directly: due now, due later (a retry or a lease),
     /// failed, and another tenant's.
     pub(crate) async fn counts_tell_the_backlog_and_the_oldest_event(db: &Db) {
@@ -834,7 +363,7 @@ pub(crate) mod tests {
             (5, "b", now - 30_000, now + 1, "pending"),
         ];
         put_rows(db, &rows).await.unwrap();
-        let mut counts = delivery_counts(db, "a", now).await.unwrap();
+        let mut counts = db.webhook_delivery_counts("a", now).await.unwrap();
         counts.sort_by(|x, y| x.state.cmp(&y.state));
         let seen: Vec<(&str, i64, i64, Option<i64>)> = counts
             .iter()
@@ -847,14 +376,22 @@ pub(crate) mod tests {
                 ("pending", 3, 2, Some(now - 9_000)),
             ]
         );
-        assert!(delivery_counts(db, "nobody", now).await.unwrap().is_empty());
+        assert!(
+            db.webhook_delivery_counts("nobody", now)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         // Tenant b's call is due a millisecond later; a's failed one never.
-        assert_eq!(due_overall(db, now).await.unwrap(), (2, Some(now - 9_000)));
         assert_eq!(
-            due_overall(db, now + 1).await.unwrap(),
+            db.webhook_calls_due(now).await.unwrap(),
+            (2, Some(now - 9_000))
+        );
+        assert_eq!(
+            db.webhook_calls_due(now + 1).await.unwrap(),
             (3, Some(now - 30_000))
         );
-        assert_eq!(due_overall(db, 0).await.unwrap(), (0, None));
+        assert_eq!(db.webhook_calls_due(0).await.unwrap(), (0, None));
     }
 
     async fn put_rows(db: &Db, rows: &[(i64, &str, i64, i64, &str)]) -> anyhow::Result<()> {
@@ -933,8 +470,7 @@ pub(crate) mod tests {
             anyhow::Ok(())
         };
         write("m0", "sent").await.unwrap();
-        put(
-            db,
+        db.put_webhook(
             "t",
             "https://example.com/h",
             " message.sent message.delivered ",
@@ -998,17 +534,9 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(calls_of(&third), [call("m3", "sent")]);
         let failed = third[0].calls[0].clone();
-        call_failed(
-            db,
-            &failed,
-            "HTTP 500",
-            lease + 3,
-            false,
-            lease + 2,
-            1_000_000,
-        )
-        .await
-        .unwrap();
+        db.webhook_call_failed(&failed, "HTTP 500", lease + 3, false, lease + 2, 1_000_000)
+            .await
+            .unwrap();
         write("m3", "delivered").await.unwrap();
         let fourth = writer
             .take_pass(rooms("b", 10, lease + 60_000), lease + 3, lease + 60_000)
@@ -1045,8 +573,3 @@ pub(crate) mod tests {
         counts_tell_the_backlog_and_the_oldest_event(&db).await;
     }
 }
-
-/// (Being moved here: the webhooks operations, implemented per engine in
-/// `sqlite/webhooks.rs` and `postgres/webhooks.rs`.)
-#[async_trait::async_trait]
-pub trait WebhookStore: Send + Sync {}

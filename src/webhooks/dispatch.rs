@@ -58,7 +58,7 @@ use crate::config::WebhookSettings;
 use crate::message::MessageView;
 use crate::metrics as names;
 use crate::model::{ms_to_rfc3339, now_ms};
-use crate::store::webhooks::{self, Cursor, DueCall, Webhook};
+use crate::store::webhooks::{Cursor, DueCall, Webhook};
 use crate::store::{CallsRecord, Db, PassRooms, StreamRead, TakenCalls, TenantRoom, Writer};
 
 /// A 2xx answer slower than this counts against its endpoint: the tenant's
@@ -294,7 +294,7 @@ impl Dispatcher {
     /// Gives back a lease taken but not used: the call is due again now.
     async fn release(&self, due: &DueCall) -> anyhow::Result<()> {
         if due.cursor.is_none() {
-            webhooks::release_lease(&self.db, due.event_id).await?;
+            self.db.release_webhook_lease(due.event_id).await?;
         }
         Ok(())
     }
@@ -539,7 +539,7 @@ impl Dispatcher {
         if due.cursor.is_some() {
             return Ok(());
         }
-        webhooks::forget_call(&self.db, due.event_id).await
+        self.db.forget_webhook_call(due.event_id).await
     }
 
     /// Hands the call to the recorder: a retry's row is removed with
@@ -565,9 +565,10 @@ impl Dispatcher {
         let limit = (self.settings.disable_after_secs * 1000) as i64;
         let gave_up = now - due.created_at >= limit;
         let next = now + self.backoff(due.attempts as u32 + 1).as_millis() as i64;
-        let disabled =
-            webhooks::call_failed(&self.db, due, &failure.reason, next, gave_up, now, limit)
-                .await?;
+        let disabled = self
+            .db
+            .webhook_call_failed(due, &failure.reason, next, gave_up, now, limit)
+            .await?;
         metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => failure.result).increment(1);
         if gave_up {
             metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "gave_up").increment(1);
@@ -712,7 +713,7 @@ impl StreamTrack {
 async fn sample_due(db: Db, mut shutdown: watch::Receiver<bool>) {
     loop {
         let now = now_ms();
-        match webhooks::due_overall(&db, now).await {
+        match db.webhook_calls_due(now).await {
             Ok((due, oldest)) => {
                 metrics::gauge!(names::WEBHOOK_CALLS_DUE).set(due as f64);
                 let age = oldest.map_or(0, |at| (now - at).max(0)) as f64 / 1000.0;

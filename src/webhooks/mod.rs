@@ -26,8 +26,7 @@ use self::endpoint::EndpointPolicy;
 
 use crate::model::{MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::Db;
-use crate::store::webhooks;
-pub use crate::store::webhooks::{Webhook, delete, failing, get, redrive};
+pub use crate::store::webhooks::Webhook;
 
 /// A rotated-out secret keeps signing (beside the new one) this long.
 pub const PREVIOUS_SECRET_GRACE_MS: i64 = 24 * 60 * 60 * 1000;
@@ -155,7 +154,9 @@ pub fn validate(
 
 /// The endpoint with its counts of pending and failed events.
 pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
-    let counts = webhooks::delivery_counts(db, &webhook.tenant_id, now_ms()).await?;
+    let counts = db
+        .webhook_delivery_counts(&webhook.tenant_id, now_ms())
+        .await?;
     let of = |state: &str| counts.iter().find(|count| count.state == state);
     let pending = of("pending");
     let state = if webhook.disabled_at.is_some() {
@@ -195,12 +196,14 @@ pub async fn put(
     url: &str,
     events: &str,
 ) -> anyhow::Result<(Webhook, Option<String>)> {
-    webhooks::put(db, tenant_id, url, events, sign::new_secret()).await
+    db.put_webhook(tenant_id, url, events, sign::new_secret())
+        .await
 }
 
 /// Gives the tenant's endpoint a new secret; the old one keeps signing
 /// beside it for [`PREVIOUS_SECRET_GRACE_MS`]. None when there is no
 /// endpoint.
 pub async fn rotate(db: &Db, tenant_id: &str) -> anyhow::Result<Option<(Webhook, String)>> {
-    webhooks::rotate(db, tenant_id, sign::new_secret(), PREVIOUS_SECRET_GRACE_MS).await
+    db.rotate_webhook_secret(tenant_id, sign::new_secret(), PREVIOUS_SECRET_GRACE_MS)
+        .await
 }

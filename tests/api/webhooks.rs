@@ -724,15 +724,16 @@ async fn a_disabled_tenant_cannot_change_its_webhook() {
 /// host had resolved to a public address then: a name that rebinds, or
 /// an endpoint stored under other settings.
 async fn store_webhook_unchecked(app: &TestApp, tenant: &str, url: &str) {
-    fairlane::store::webhooks::put(
-        &app.state.db,
-        tenant,
-        url,
-        " message.sent ",
-        fairlane::webhooks::sign::new_secret(),
-    )
-    .await
-    .unwrap();
+    app.state
+        .db
+        .put_webhook(
+            tenant,
+            url,
+            " message.sent ",
+            fairlane::webhooks::sign::new_secret(),
+        )
+        .await
+        .unwrap();
 }
 
 /// Polls the tenant's webhook until `last_error` is set, or 15 s.

@@ -253,15 +253,9 @@ async fn a_webhook_stream_does_not_pass_an_event_still_to_commit() {
     ] {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
-    crate::store::webhooks::put(
-        &db,
-        "t",
-        "https://example.com/h",
-        " message.sent ",
-        "s".into(),
-    )
-    .await
-    .unwrap();
+    db.put_webhook("t", "https://example.com/h", " message.sent ", "s".into())
+        .await
+        .unwrap();
     const EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
          VALUES ($1, 't', 0, 'sent', 'sent', 1)";
     let mut open = pool.begin().await.unwrap();

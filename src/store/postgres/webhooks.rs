@@ -2,19 +2,61 @@
 //! with their leases, its streams' next events under their leases, the
 //! message data of their events, and the record of calls made. SQLite does
 //! the same in its writer's pieces (`store::sqlite::webhooks`). What both share (the endpoint's row, the
-//! snapshot of a message at an event) is in `store::webhooks`.
+//! snapshot of a message at an event) is in `store::webhooks`. And the
+//! rest of [`WebhookStore`] on PostgreSQL: the endpoints' rows, their
+//! counts, and the record of a failed call.
 
+use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::PgWriter;
+use super::{PgDb, PgWriter};
+use crate::model::now_ms;
 use crate::store::delivery::{
     CallsRecord, NextEvent, PassRooms, StreamPass, StreamRead, TakenCalls, tenants_to_visit,
 };
 use crate::store::messages::MessageRecord;
 use crate::store::webhooks::{
-    Cursor, DueCall, HOLD, PENDING_TENANTS, STREAM_TENANTS, SnapshotRow, WEBHOOK_OF, Webhook,
-    record_at_event,
+    Cursor, DeliveryCount, DueCall, SnapshotRow, StateRow, StreamBacklog, Webhook, WebhookStore,
+    counts_by_state, due_of, kept_count, record_at_event, to_disable, webhook_columns,
 };
+
+/// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
+const WEBHOOK_OF: &str = concat!(
+    "SELECT ",
+    webhook_columns!(),
+    " FROM webhooks WHERE tenant_id = $1"
+);
+
+/// The tenants whose enabled endpoint has events past where its stream is
+/// read, or whose reader's lease (`$1`: now) has ended with calls still
+/// between the position and the read.
+const STREAM_TENANTS: &str = "SELECT w.tenant_id FROM webhooks AS w WHERE w.disabled_at IS NULL AND ( \
+       EXISTS (SELECT 1 FROM message_events AS e WHERE e.tenant_id = w.tenant_id \
+               AND (e.xid, e.id) > (w.read_xid, w.read_id)) \
+       OR (COALESCE(w.stream_until, 0) <= $1 \
+           AND (w.read_xid, w.read_id) > (w.position_xid, w.position_id)))";
+
+/// Holds event `$1` (tenant `$2`, message `$3`, type `message.$4`, at `$5`)
+/// behind its message's failed call: a row, failed if one of those was
+/// given up, else due as it happened; [`take_due`] takes it once no
+/// earlier event of its message has a row.
+const HOLD: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, created_at, \
+     next_attempt_at, attempts, state) \
+     SELECT $1, $2, $3, 'message.' || $4, $5, $5, 0, m.state \
+     FROM (SELECT MIN(state) AS state FROM webhook_deliveries WHERE message_id = $3) AS m \
+     WHERE m.state IS NOT NULL \
+     ON CONFLICT (event_id) DO NOTHING";
+
+/// The tenants with calls pending, by one index probe per such tenant (a
+/// "loose index scan"), not a pass over every pending row: a dead
+/// endpoint's backlog can be millions of rows.
+const PENDING_TENANTS: &str = "WITH RECURSIVE pending(tenant_id) AS ( \
+       SELECT MIN(tenant_id) FROM webhook_deliveries WHERE state = 'pending' \
+       UNION ALL \
+       SELECT (SELECT MIN(d.tenant_id) FROM webhook_deliveries AS d \
+               WHERE d.state = 'pending' AND d.tenant_id > pending.tenant_id) \
+       FROM pending WHERE pending.tenant_id IS NOT NULL) \
+     SELECT tenant_id FROM pending WHERE tenant_id IS NOT NULL";
 
 impl PgWriter {
     /// See [`crate::store::Writer::take_pass`]: a statement finds the
@@ -330,5 +372,315 @@ pub(super) async fn snapshots(
         .collect()
 }
 
-#[async_trait::async_trait]
-impl crate::store::webhooks::WebhookStore for super::PgDb {}
+/// Makes a tenant's failed events pending again, due now (`$1`), for
+/// tenant `$2`.
+const RESUME: &str = "UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = $1, \
+     attempts = 0, last_error = NULL WHERE tenant_id = $2 AND state = 'failed'";
+
+/// The events past the endpoint's position that it wants and that have no
+/// row, as a [`StreamBacklog`]: how many, how many are past where its
+/// stream is read (the rest are in flight; once the reader's lease has
+/// ended, all are due again), and the oldest one's time. `$1` the tenant
+/// (or NULL for all), `$2` now. An event's place past the position seeks
+/// the row value in the `(tenant_id, xid, id)` index.
+fn stream_backlog(whose: &str) -> String {
+    format!(
+        "SELECT COUNT(e.id), \
+         COALESCE(SUM(CASE WHEN COALESCE(w.stream_until, 0) <= $2 \
+                             OR (e.xid, e.id) > (w.read_xid, w.read_id) THEN 1 ELSE 0 END), 0), \
+         MIN(e.at), w.disabled_at IS NOT NULL \
+         FROM webhooks AS w JOIN message_events AS e ON e.tenant_id = w.tenant_id \
+         WHERE {whose} AND (e.xid, e.id) > (w.position_xid, w.position_id) \
+         AND strpos(w.events, ' message.' || e.event || ' ') > 0 \
+         AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.event_id = e.id) \
+         GROUP BY w.tenant_id, w.disabled_at"
+    )
+}
+
+#[async_trait]
+impl WebhookStore for PgDb {
+    async fn webhook(&self, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
+        Ok(sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
+            .bind(tenant_id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn webhook_delivery_counts(
+        &self,
+        tenant_id: &str,
+        now: i64,
+    ) -> anyhow::Result<Vec<DeliveryCount>> {
+        let rows: Vec<StateRow> = sqlx::query_as(
+            "SELECT state, COUNT(*) AS count, \
+             COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
+             MIN(created_at) AS oldest \
+             FROM webhook_deliveries WHERE tenant_id = $1 GROUP BY state",
+        )
+        .bind(tenant_id)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        let stream: Option<StreamBacklog> =
+            sqlx::query_as(sqlx::AssertSqlSafe(stream_backlog("w.tenant_id = $1")))
+                .bind(tenant_id)
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await?
+                .pop();
+        Ok(counts_by_state(rows, stream))
+    }
+
+    async fn webhook_calls_due(&self, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
+        let rows: (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
+             WHERE state = 'pending' AND next_attempt_at <= $1",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?
+        .pop()
+        .unwrap_or_default();
+        let streams: Vec<StreamBacklog> = sqlx::query_as(sqlx::AssertSqlSafe(stream_backlog(
+            "w.disabled_at IS NULL AND $1::text IS NULL",
+        )))
+        .bind(None::<String>)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(due_of(rows, streams))
+    }
+
+    async fn put_webhook(
+        &self,
+        tenant_id: &str,
+        url: &str,
+        events: &str,
+        secret: String,
+    ) -> anyhow::Result<(Webhook, Option<String>)> {
+        const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = $1";
+        const CHANGE: &str = "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, \
+             last_error = NULL, disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4";
+        // A new endpoint's stream starts at the tenant's newest event.
+        const CREATE: &str = "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, \
+             updated_at, position_xid, position_id, read_xid, read_id) \
+             SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
+             (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
+              UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top";
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let existed: Option<String> = sqlx::query_scalar(EXISTS)
+            .bind(tenant_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if existed.is_some() {
+            sqlx::query(CHANGE)
+                .bind(url)
+                .bind(events)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(RESUME)
+                .bind(now)
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(CREATE)
+                .bind(tenant_id)
+                .bind(url)
+                .bind(events)
+                .bind(&secret)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        let created = existed.is_none();
+        let webhook = self
+            .webhook(tenant_id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the webhook just written is gone"))?;
+        Ok((webhook, created.then_some(secret)))
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        tenant_id: &str,
+        secret: String,
+        grace_ms: i64,
+    ) -> anyhow::Result<Option<(Webhook, String)>> {
+        const ROTATE: &str = "UPDATE webhooks SET previous_secret = secret, previous_until = $1, \
+             secret = $2, updated_at = $3 WHERE tenant_id = $4";
+        let now = now_ms();
+        let rotated = sqlx::query(ROTATE)
+            .bind(now + grace_ms)
+            .bind(&secret)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if rotated == 0 {
+            return Ok(None);
+        }
+        Ok(self
+            .webhook(tenant_id)
+            .await?
+            .map(|webhook| (webhook, secret)))
+    }
+
+    async fn delete_webhook(&self, tenant_id: &str) -> anyhow::Result<bool> {
+        const CALLS: &str = "DELETE FROM webhook_deliveries WHERE tenant_id = $1";
+        const ENDPOINT: &str = "DELETE FROM webhooks WHERE tenant_id = $1";
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(CALLS).bind(tenant_id).execute(&mut *tx).await?;
+        let removed = sqlx::query(ENDPOINT)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(removed.rows_affected() == 1)
+    }
+
+    async fn redrive_webhook(&self, tenant_id: &str) -> anyhow::Result<Option<u64>> {
+        const ENABLE: &str = "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, \
+             updated_at = $1 WHERE tenant_id = $2";
+        let now = now_ms();
+        let backlog = stream_backlog("w.tenant_id = $1");
+        let mut tx = self.pool.begin().await?;
+        let enabled = sqlx::query(ENABLE)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if enabled == 0 {
+            return Ok(None);
+        }
+        let rows = sqlx::query(RESUME)
+            .bind(now)
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let kept: Option<StreamBacklog> = sqlx::query_as(sqlx::AssertSqlSafe(backlog))
+            .bind(tenant_id)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(rows + kept_count(kept)))
+    }
+
+    async fn failing_webhooks(&self) -> anyhow::Result<Vec<Webhook>> {
+        const FAILING: &str = concat!(
+            "SELECT ",
+            webhook_columns!(),
+            " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
+             ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
+        );
+        Ok(sqlx::query_as::<_, Webhook>(FAILING)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn tenants_with_pending_calls(&self) -> anyhow::Result<Vec<String>> {
+        let tenants: Vec<(Option<String>,)> = sqlx::query_as(PENDING_TENANTS)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(tenants.into_iter().filter_map(|(tenant,)| tenant).collect())
+    }
+
+    async fn release_webhook_lease(&self, event_id: i64) -> anyhow::Result<()> {
+        const RELEASE: &str =
+            "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2";
+        sqlx::query(RELEASE)
+            .bind(now_ms())
+            .bind(event_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn forget_webhook_call(&self, event_id: i64) -> anyhow::Result<()> {
+        const FORGET: &str = "DELETE FROM webhook_deliveries WHERE event_id = $1";
+        sqlx::query(FORGET)
+            .bind(event_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn webhook_call_failed(
+        &self,
+        due: &DueCall,
+        error: &str,
+        next: i64,
+        gave_up: bool,
+        now: i64,
+        limit: i64,
+    ) -> anyhow::Result<bool> {
+        // A call from the stream gets its row now; a retry's row counts one
+        // more attempt. Given up, or its endpoint disabled meanwhile: kept
+        // failed, for a redrive.
+        const UPSERT: &str = "INSERT INTO webhook_deliveries (event_id, tenant_id, message_id, type, \
+             created_at, next_attempt_at, attempts, state, last_error) \
+             SELECT $1, $2, $3, $4, $5, $6, 1, \
+             CASE WHEN $7 = 1 OR EXISTS (SELECT 1 FROM webhooks AS w WHERE w.tenant_id = $2 \
+                                         AND w.disabled_at IS NOT NULL) \
+                  THEN 'failed' ELSE 'pending' END, $8 \
+             WHERE TRUE \
+             ON CONFLICT (event_id) DO UPDATE SET attempts = webhook_deliveries.attempts + 1, \
+             last_error = excluded.last_error, next_attempt_at = excluded.next_attempt_at, \
+             state = excluded.state";
+        // The message's later events wait for this one anyway: moving them
+        // back with it keeps them out of the next passes' reads.
+        const LATER: &str = "UPDATE webhook_deliveries SET next_attempt_at = $1 \
+             WHERE message_id = $2 AND event_id > $3 AND state = 'pending' AND next_attempt_at < $1";
+        const FAILING: &str = "UPDATE webhooks SET failing_since = COALESCE(failing_since, $1), \
+             last_error = $2 WHERE tenant_id = $3 AND disabled_at IS NULL RETURNING failing_since";
+        const DISABLE: &str = "UPDATE webhooks SET disabled_at = $1 WHERE tenant_id = $2";
+        const GIVE_UP: &str = "UPDATE webhook_deliveries SET state = 'failed' \
+             WHERE tenant_id = $1 AND state = 'pending'";
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(UPSERT)
+            .bind(due.event_id)
+            .bind(&due.tenant_id)
+            .bind(&due.message_id)
+            .bind(&due.kind)
+            .bind(due.created_at)
+            .bind(next)
+            .bind(i32::from(gave_up))
+            .bind(error)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(LATER)
+            .bind(next)
+            .bind(&due.message_id)
+            .bind(due.event_id)
+            .execute(&mut *tx)
+            .await?;
+        let failing_since: Option<Option<i64>> = sqlx::query_scalar(FAILING)
+            .bind(now)
+            .bind(error)
+            .bind(&due.tenant_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let disabled = to_disable(failing_since, now, limit);
+        if disabled {
+            sqlx::query(DISABLE)
+                .bind(now)
+                .bind(&due.tenant_id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(GIVE_UP)
+                .bind(&due.tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(disabled)
+    }
+}
