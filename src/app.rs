@@ -302,7 +302,7 @@ struct OutboxRows(Db);
 #[async_trait::async_trait]
 impl PendingCounts for OutboxRows {
     async fn pending(&self) -> anyhow::Result<[u64; 2]> {
-        crate::store::outbox::pending_by_lane(&self.0).await
+        self.0.outbox_by_lane().await
     }
 }
 

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::Refused;
 use crate::model::{Scope, now_ms};
 use crate::store::Db;
-use crate::store::idempotency::{self, StoredResponse};
+use crate::store::idempotency::StoredResponse;
 
 /// Longest accepted idempotency key.
 pub const MAX_KEY_LEN: usize = 255;
@@ -116,7 +116,7 @@ pub(crate) async fn remembered(
     key: &str,
     hash: &str,
 ) -> Result<Option<StoredResponse>, Refused> {
-    match idempotency::lookup(db, scope, key, now_ms()).await? {
+    match db.remembered_answer(scope, key, now_ms()).await? {
         Some(stored) if stored.request_hash != hash => Err(Refused::KeyReused(
             "This Idempotency-Key was used within the last 24 hours with a different request body."
                 .into(),

@@ -52,7 +52,7 @@ use crate::metrics as names;
 use crate::model::{Channel, Lane, Priority, now_ms};
 use crate::queue::LaneQueue;
 use crate::store::Db;
-use crate::store::outbox::{self, OutboxRow};
+use crate::store::outbox::OutboxRow;
 
 /// Entries per SendMessageBatch (the SQS limit).
 const BATCH_ENTRIES: usize = 10;
@@ -247,7 +247,9 @@ impl Outbox {
     /// from then on). Returns how many were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
-        outbox::drain_due(&self.db, cutoff, SWEEP_PAGE, |rows| self.resend(rows)).await
+        self.db
+            .drain_outbox(cutoff, SWEEP_PAGE, &mut |rows| Box::pin(self.resend(rows)))
+            .await
     }
 
     /// Sends outbox rows to their lanes; returns the ids SQS took.
@@ -469,7 +471,7 @@ async fn run_forgetter(db: Db, mut ids: mpsc::Receiver<String>, window: Duration
                 }
             }
         }
-        if let Err(err) = outbox::forget(&db, &batch).await {
+        if let Err(err) = db.forget_outbox_rows(&batch).await {
             warn!(error = %err, count = batch.len(), "Could not remove sent messages from the outbox; the sweeper will send them again.");
         }
         batch.clear();

@@ -22,7 +22,7 @@ use super::{ApiPath, AppState, json_typed};
 use crate::api::auth::AdminOnly;
 use crate::model::Isolation;
 use crate::queue::RedriveFilter;
-use crate::store::{messages, outbox};
+use crate::store::messages;
 
 /// Most dead letters one listing returns per lane.
 const DLQ_LIMIT: usize = 1000;
@@ -141,7 +141,7 @@ pub async fn purge_tenant_queue(
         // arrives cancelled and is dropped at its receive). A shared
         // tenant's messages go to the shared lanes, which a purge leaves.
         if isolation == Isolation::Dedicated {
-            ids.extend(outbox::waiting_of_tenant(&state.db, &id, MAX_PURGED_FROM_OUTBOX).await?);
+            ids.extend(state.db.outbox_waiting_of_tenant(&id, MAX_PURGED_FROM_OUTBOX).await?);
         }
         ids.sort_unstable();
         ids.dedup();

@@ -195,12 +195,10 @@ pub async fn unsubscribe(
     };
     // Already listed (a second click, a provider that repeats itself):
     // answered from a read, without the store's write turn.
-    if suppressions::contains(&state.db, &claim.tenant_id, &address).await? {
+    if state.db.is_suppressed(&claim.tenant_id, &address).await? {
         return Ok(done(&sender, &address));
     }
-    let added = suppressions::unsubscribe(
-        &state.db,
-        &claim.tenant_id,
+    let added = state.db.unsubscribe(&claim.tenant_id,
         channel,
         &address,
         &claim.message_id,

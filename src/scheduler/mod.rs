@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::accept::outbox::Outbox;
 use crate::model::now_ms;
-use crate::store::{Db, idempotency, usage};
+use crate::store::{Db, usage};
 
 /// How often expired idempotency keys are purged.
 const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -74,7 +74,7 @@ pub async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>)
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                match idempotency::purge_expired(&db, now_ms()).await {
+                match db.purge_idempotency_keys(now_ms()).await {
                     Ok(None | Some(0)) => {}
                     Ok(Some(purged)) => info!(purged, "Expired idempotency keys purged."),
                     Err(err) => warn!(error = %err, "Could not purge idempotency keys."),

@@ -397,8 +397,7 @@ pub(crate) mod tests {
     /// message with no row, one with no address, and another tenant's
     /// list.
     pub(crate) async fn before_send_reads_status_and_suppression_in_order(db: &Db) {
-        use crate::store::suppressions;
-        suppressions::add(db, "t", Channel::Sms, "+15551230001", None)
+        db.add_suppression("t", Channel::Sms, "+15551230001", None)
             .await
             .unwrap();
         let (writer, finished) = Writer::start(db, 64, 0).unwrap();

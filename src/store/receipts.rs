@@ -193,7 +193,7 @@ pub(crate) fn apply_in(
         },
     )?;
     for (channel, address) in to_suppress(receipt) {
-        tx.prepare_cached(suppressions::INSERT)?
+        tx.prepare_cached(super::sqlite::suppressions::INSERT)?
             .execute(rusqlite::params![
                 tenant_id,
                 address,

@@ -4,12 +4,12 @@
 //! before every provider call. Addresses are kept normalised, so
 //! `Alice@Example.com` and `alice@example.com` are one entry.
 
+use async_trait::async_trait;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::message::{MAX_EMAIL_LEN, is_e164, is_email_address};
-use crate::model::{Channel, ms_to_rfc3339, now_ms};
-use crate::store::{Db, sqlite};
+use crate::model::{Channel, ms_to_rfc3339};
 
 /// The address as stored and compared: an email address in lower case, or
 /// an E.164 number; None when it is neither.
@@ -47,225 +47,59 @@ pub struct Suppression {
 }
 
 impl Suppression {
-    fn dated(mut self) -> Self {
+    /// With `created_at` written out from `created_ms`.
+    pub(super) fn dated(mut self) -> Self {
         self.created_at = ms_to_rfc3339(self.created_ms);
         self
     }
 }
 
-/// Adds `address` (normalised) unless it is already listed, in the
-/// caller's transaction; the first reason stays.
-pub const INSERT: &str = "INSERT INTO suppressions (tenant_id, address, channel, reason, detail, message_id, created_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant_id, address) DO NOTHING";
+/// The suppression lists, on either backend.
+#[async_trait]
+pub trait SuppressionStore: Send + Sync {
+    /// Adds `address` to `tenant_id`'s list with reason `unsubscribe` (a
+    /// one-click unsubscribe from message `message_id`) and, when it was not
+    /// listed before, records the `unsubscribed` event on that message (with
+    /// its `message.unsubscribed` webhook call); one transaction. The message
+    /// may be gone (its tenant's data erased): the address is listed all the
+    /// same. True when it was added.
+    async fn unsubscribe(
+        &self,
+        tenant_id: &str,
+        channel: Channel,
+        address: &str,
+        message_id: &str,
+        now: i64,
+    ) -> anyhow::Result<bool>;
 
-/// Adds `address` to `tenant_id`'s list with reason `unsubscribe` (a
-/// one-click unsubscribe from message `message_id`) and, when it was not
-/// listed before, records the `unsubscribed` event on that message (with
-/// its `message.unsubscribed` webhook call); one transaction. The message
-/// may be gone (its tenant's data erased): the address is listed all the
-/// same. True when it was added.
-pub async fn unsubscribe(
-    db: &Db,
-    tenant_id: &str,
-    channel: Channel,
-    address: &str,
-    message_id: &str,
-    now: i64,
-) -> anyhow::Result<bool> {
-    match db {
-        Db::Sqlite(sqlite) => {
-            let (tenant_id, address, message_id) = (
-                tenant_id.to_owned(),
-                address.to_owned(),
-                message_id.to_owned(),
-            );
-            sqlite
-                .transact(move |tx| {
-                    let added = tx.prepare_cached(INSERT)?.execute(rusqlite::params![
-                        tenant_id,
-                        address,
-                        channel.as_str(),
-                        "unsubscribe",
-                        None::<String>,
-                        message_id,
-                        now
-                    ])? > 0;
-                    if added {
-                        super::sqlite::lifecycle::note(
-                            tx,
-                            &message_id,
-                            &tenant_id,
-                            "unsubscribed",
-                            now,
-                        )?;
-                    }
-                    Ok(added)
-                })
-                .await
-        }
-        Db::Postgres(pg) => {
-            let mut tx = pg.pool.begin().await?;
-            let added = sqlx::query(INSERT)
-                .bind(tenant_id)
-                .bind(address)
-                .bind(channel.as_str())
-                .bind("unsubscribe")
-                .bind(None::<String>)
-                .bind(message_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                > 0;
-            if added {
-                super::postgres::lifecycle::note(
-                    &mut tx,
-                    message_id,
-                    tenant_id,
-                    "unsubscribed",
-                    now,
-                )
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(added)
-        }
-    }
-}
+    /// Adds an entry by hand (reason `manual`); true when it was not listed
+    /// before. The first reason of an address stays.
+    async fn add_suppression(
+        &self,
+        tenant_id: &str,
+        channel: Channel,
+        address: &str,
+        detail: Option<&str>,
+    ) -> anyhow::Result<bool>;
 
-/// Adds an entry by hand; true when it was not listed before.
-pub async fn add(
-    db: &Db,
-    tenant_id: &str,
-    channel: Channel,
-    address: &str,
-    detail: Option<&str>,
-) -> anyhow::Result<bool> {
-    let added = match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![
-                tenant_id.to_owned(),
-                address.to_owned(),
-                channel.as_str().to_owned(),
-                "manual".to_owned(),
-                detail.map(str::to_owned),
-                None::<String>,
-                now_ms()
-            ];
-            db.execute(INSERT, args).await? as u64
-        }
-        Db::Postgres(db) => sqlx::query(INSERT)
-            .bind(tenant_id)
-            .bind(address)
-            .bind(channel.as_str())
-            .bind("manual")
-            .bind(detail)
-            .bind(None::<String>)
-            .bind(now_ms())
-            .execute(&db.pool)
-            .await?
-            .rows_affected(),
-    };
-    Ok(added == 1)
-}
+    /// One entry, if listed.
+    async fn suppression(&self, tenant_id: &str, address: &str)
+    -> anyhow::Result<Option<Suppression>>;
 
-const COLUMNS: &str = "address, channel, reason, detail, message_id, created_at";
+    /// True when `address` (normalised) is on the tenant's list.
+    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool>;
 
-/// A [`Suppression`] from a rusqlite row of [`COLUMNS`].
-fn suppression_row(row: &rusqlite::Row) -> rusqlite::Result<Suppression> {
-    Ok(Suppression {
-        address: row.get(0)?,
-        channel: row.get(1)?,
-        reason: row.get(2)?,
-        detail: row.get(3)?,
-        message_id: row.get(4)?,
-        created_at: String::new(),
-        created_ms: row.get(5)?,
-    })
-}
+    /// Up to `limit` entries after `after` (an address; None from the
+    /// start), in address order.
+    async fn suppressions_of(
+        &self,
+        tenant_id: &str,
+        after: Option<&str>,
+        limit: i64,
+    ) -> anyhow::Result<Vec<Suppression>>;
 
-/// One entry, if listed.
-pub async fn get(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<Option<Suppression>> {
-    let sql = format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = $1 AND address = $2");
-    let row = match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
-            db.row(sql, args, suppression_row).await?
-        }
-        Db::Postgres(db) => {
-            sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
-                .bind(tenant_id)
-                .bind(address)
-                .fetch_optional(&db.pool)
-                .await?
-        }
-    };
-    Ok(row.map(Suppression::dated))
-}
-
-/// True when `address` (normalised) is on the tenant's list.
-pub async fn contains(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-    const LISTED: &str = "SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2";
-    Ok(match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
-            db.row(LISTED, args, |_| Ok(())).await?.is_some()
-        }
-        Db::Postgres(db) => sqlx::query_scalar::<_, i32>(LISTED)
-            .bind(tenant_id)
-            .bind(address)
-            .fetch_optional(&db.pool)
-            .await?
-            .is_some(),
-    })
-}
-
-/// Up to `limit` entries after `after` (an address; None from the start),
-/// in address order.
-pub async fn list(
-    db: &Db,
-    tenant_id: &str,
-    after: Option<&str>,
-    limit: i64,
-) -> anyhow::Result<Vec<Suppression>> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM suppressions \
-         WHERE tenant_id = $1 AND address > $2 ORDER BY address LIMIT $3"
-    );
-    let after = after.unwrap_or("");
-    let rows = match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![tenant_id.to_owned(), after.to_owned(), limit];
-            db.rows(sql, args, suppression_row).await?
-        }
-        Db::Postgres(db) => {
-            sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
-                .bind(tenant_id)
-                .bind(after)
-                .bind(limit)
-                .fetch_all(&db.pool)
-                .await?
-        }
-    };
-    Ok(rows.into_iter().map(Suppression::dated).collect())
-}
-
-/// Removes an entry; true when it was listed.
-pub async fn remove(db: &Db, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-    const REMOVE: &str = "DELETE FROM suppressions WHERE tenant_id = $1 AND address = $2";
-    let removed = match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![tenant_id.to_owned(), address.to_owned()];
-            db.execute(REMOVE, args).await? as u64
-        }
-        Db::Postgres(db) => sqlx::query(REMOVE)
-            .bind(tenant_id)
-            .bind(address)
-            .execute(&db.pool)
-            .await?
-            .rows_affected(),
-    };
-    Ok(removed == 1)
+    /// Removes an entry; true when it was listed.
+    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool>;
 }
 
 #[cfg(test)]
@@ -287,7 +121,3 @@ mod tests {
     }
 }
 
-/// (Being moved here: the suppressions operations, implemented per engine in
-/// `sqlite/suppressions.rs` and `postgres/suppressions.rs`.)
-#[async_trait::async_trait]
-pub trait SuppressionStore: Send + Sync {}

@@ -1,4 +1,77 @@
-//! The outbox operations on postgres.
+//! The outbox on PostgreSQL, swept by several instances at once.
 
-#[async_trait::async_trait]
-impl crate::store::outbox::OutboxStore for super::PgDb {}
+use async_trait::async_trait;
+
+use super::PgDb;
+use crate::model::now_ms;
+use crate::store::outbox::{OutboxRow, OutboxStore, SendRows, counts_by_lane};
+
+#[async_trait]
+impl OutboxStore for PgDb {
+    /// Each page claimed with `FOR UPDATE SKIP LOCKED`, its sent rows
+    /// removed and marked in the same transaction.
+    async fn drain_outbox(
+        &self,
+        cutoff: i64,
+        page: i64,
+        send: &mut SendRows<'_>,
+    ) -> anyhow::Result<usize> {
+        const DUE: &str = "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
+             WHERE (due_at IS NULL AND created_at <= $1) OR due_at <= $2 \
+             ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED";
+        let mut resent = 0;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let rows: Vec<OutboxRow> = sqlx::query_as(DUE)
+                .bind(cutoff)
+                .bind(now_ms())
+                .bind(page)
+                .fetch_all(&mut *tx)
+                .await?;
+            let page_len = rows.len();
+            let sent = send(rows).await?;
+            sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+                .bind(&sent)
+                .execute(&mut *tx)
+                .await?;
+            super::lifecycle::due(&mut tx, &sent, now_ms()).await?;
+            tx.commit().await?;
+            resent += sent.len();
+            if (page_len as i64) < page || sent.is_empty() {
+                return Ok(resent);
+            }
+        }
+    }
+
+    async fn outbox_by_lane(&self) -> anyhow::Result<[u64; 2]> {
+        const COUNT: &str = "SELECT lane, COUNT(*) FROM outbox GROUP BY lane";
+        Ok(counts_by_lane(
+            sqlx::query_as(COUNT).fetch_all(&self.pool).await?,
+        ))
+    }
+
+    async fn forget_outbox_rows(&self, ids: &[String]) -> anyhow::Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
+            .bind(ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn outbox_waiting_of_tenant(
+        &self,
+        tenant_id: &str,
+        limit: i64,
+    ) -> anyhow::Result<Vec<String>> {
+        const WAITING: &str = "SELECT message_id FROM outbox \
+             WHERE tenant_id = $1 AND due_at IS NULL ORDER BY message_id LIMIT $2";
+        Ok(sqlx::query_scalar(WAITING)
+            .bind(tenant_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}

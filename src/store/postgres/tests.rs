@@ -154,13 +154,13 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
         count(&db, "SELECT COUNT(*) FROM idempotency_keys").await,
         100
     );
-    let remembered = idempotency::lookup(&db, &Scope::new("acme", World::Live), "key-4", now_ms())
+    let remembered = db.remembered_answer(&Scope::new("acme", World::Live), "key-4", now_ms())
         .await
         .unwrap()
         .expect("remembered");
     assert_eq!(remembered.message_id, "m4");
     assert!(
-        idempotency::lookup(&db, &Scope::new("acme", World::Test), "key-4", now_ms())
+        db.remembered_answer(&Scope::new("acme", World::Test), "key-4", now_ms())
             .await
             .unwrap()
             .is_none(),
@@ -418,7 +418,7 @@ async fn a_run_once_lock_is_held_by_one_instance_at_a_time() {
     .unwrap();
     let db = Db::Postgres(first.clone());
     assert_eq!(
-        idempotency::purge_expired(&db, now_ms()).await.unwrap(),
+        db.purge_idempotency_keys(now_ms()).await.unwrap(),
         Some(1)
     );
     let blocker = try_lock(second, locks::IDEMPOTENCY_PURGE)
@@ -426,7 +426,7 @@ async fn a_run_once_lock_is_held_by_one_instance_at_a_time() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        idempotency::purge_expired(&db, now_ms()).await.unwrap(),
+        db.purge_idempotency_keys(now_ms()).await.unwrap(),
         None,
         "skipped while another instance purges"
     );

@@ -14,7 +14,7 @@ use super::lifecycle;
 use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::now_ms;
 use crate::store::delivery::{BeforeSend, SendCheck};
-use crate::store::idempotency::{self, StoredResponse};
+use crate::store::idempotency::StoredResponse;
 use crate::store::lifecycle::{Failure, Move};
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
 
@@ -58,14 +58,14 @@ impl Work for AcceptWork {
         for entry in &self.entries {
             lifecycle::accept(tx, &[&entry.record])?;
             if let Staging::Outbox = self.staging.as_ref() {
-                crate::store::outbox::insert_rows(
+                super::outbox::insert_rows(
                     tx,
                     &[(entry.lane, &entry.outbound, entry.record.send_at)],
                     now,
                 )?;
             }
             let remembered: Vec<&StoredResponse> = entry.idempotency.iter().collect();
-            idempotency::insert_rows(tx, &remembered)?;
+            super::idempotency::insert_rows(tx, &remembered)?;
         }
         if let Staging::Queue(queue) = self.staging.as_ref() {
             let rows: Vec<_> = self
