@@ -127,7 +127,10 @@ async fn list_for(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 1000"));
     }
-    let page = state.db.suppressions_of(tenant, query.after.as_deref(), limit).await?;
+    let page = state
+        .db
+        .suppressions_of(tenant, query.after.as_deref(), limit)
+        .await?;
     let next = (page.len() as i64 == limit)
         .then(|| page.last().map(|entry| entry.address.clone()))
         .flatten();
@@ -163,13 +166,13 @@ async fn add_for(
     {
         return Err(ApiError::field("detail", "must be at most 500 characters"));
     }
-    let added = state.db.add_suppression(tenant,
-        channel,
-        &address,
-        input.detail.as_deref(),
-    )
-    .await?;
-    let entry = state.db.suppression(tenant, &address)
+    let added = state
+        .db
+        .add_suppression(tenant, channel, &address, input.detail.as_deref())
+        .await?;
+    let entry = state
+        .db
+        .suppression(tenant, &address)
         .await?
         .ok_or_else(|| anyhow::anyhow!("the suppression just written is gone"))?;
     if added {
@@ -182,7 +185,9 @@ async fn add_for(
 
 async fn get_for(state: &AppState, tenant: &str, raw: &str) -> Result<Json<Suppression>, ApiError> {
     let address = address_of(raw)?;
-    state.db.suppression(tenant, &address)
+    state
+        .db
+        .suppression(tenant, &address)
         .await?
         .map(Json)
         .ok_or_else(|| ApiError::NotFound("This address is not on the list.".into()))

@@ -141,7 +141,12 @@ pub async fn purge_tenant_queue(
         // arrives cancelled and is dropped at its receive). A shared
         // tenant's messages go to the shared lanes, which a purge leaves.
         if isolation == Isolation::Dedicated {
-            ids.extend(state.db.outbox_waiting_of_tenant(&id, MAX_PURGED_FROM_OUTBOX).await?);
+            ids.extend(
+                state
+                    .db
+                    .outbox_waiting_of_tenant(&id, MAX_PURGED_FROM_OUTBOX)
+                    .await?,
+            );
         }
         ids.sort_unstable();
         ids.dedup();

@@ -198,13 +198,16 @@ pub async fn unsubscribe(
     if state.db.is_suppressed(&claim.tenant_id, &address).await? {
         return Ok(done(&sender, &address));
     }
-    let added = state.db.unsubscribe(&claim.tenant_id,
-        channel,
-        &address,
-        &claim.message_id,
-        now_ms(),
-    )
-    .await?;
+    let added = state
+        .db
+        .unsubscribe(
+            &claim.tenant_id,
+            channel,
+            &address,
+            &claim.message_id,
+            now_ms(),
+        )
+        .await?;
     if added {
         // The event's webhook call is due now.
         state.writer.changed().notify_one();

@@ -17,7 +17,7 @@ use super::error::{AdminForbidden, AdminUnauthorized, ApiError, Problem, TenantU
 use super::{ApiPath, AppState, known_tenant};
 use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::model::{Channel, now_ms};
-use crate::store::usage::{self, UsageRow, Whose};
+use crate::store::usage::{UsageRow, Whose};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -197,7 +197,7 @@ async fn answer(
     let axum::extract::Query(query) = query
         .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
     let (from, to) = span(&query)?;
-    let rows = usage::read(&state.db, whose, from, to).await?;
+    let rows = state.db.usage(whose, from, to).await?;
     let mut totals: Vec<UsageTotal> = Vec::new();
     let mut days = Vec::with_capacity(rows.len());
     for row in rows {

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::accept::outbox::Outbox;
 use crate::model::now_ms;
-use crate::store::{Db, usage};
+use crate::store::Db;
 
 /// How often expired idempotency keys are purged.
 const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -93,7 +93,7 @@ pub async fn roll_up_usage(db: Db, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                match usage::roll_up(&db).await {
+                match db.roll_up_usage().await {
                     Ok(Some(folded)) if folded > 0 => debug!(folded, "Usage deltas folded."),
                     Ok(_) => {}
                     Err(err) => warn!(error = %err, "Could not fold usage deltas; the next roll-up tries again."),

@@ -583,14 +583,14 @@ pub(crate) mod tests {
         writer.sent_by("m1", "SM", None).await.unwrap();
         writer.stop().await;
         finished.await.unwrap();
-        let rows = crate::store::usage::read(
-            &db,
-            crate::store::usage::Whose::Tenant("t"),
-            0,
-            i64::MAX / 86_400_000,
-        )
-        .await
-        .unwrap();
+        let rows = db
+            .usage(
+                crate::store::usage::Whose::Tenant("t"),
+                0,
+                i64::MAX / 86_400_000,
+            )
+            .await
+            .unwrap();
         let accepted: i64 = rows.iter().map(|r| r.accepted).sum();
         let sent: i64 = rows.iter().map(|r| r.sent).sum();
         let fragments: i64 = rows.iter().map(|r| r.fragments).sum();

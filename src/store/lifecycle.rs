@@ -450,7 +450,8 @@ pub(crate) mod tests {
             [("pending", 2, 2)],
             "{backlog:?}"
         );
-        let rows = usage::read(db, usage::Whose::Everyone, 0, i64::MAX / 86_400_000)
+        let rows = db
+            .usage(usage::Whose::Everyone, 0, i64::MAX / 86_400_000)
             .await
             .unwrap();
         let sum = |pick: fn(&usage::UsageRow) -> i64| rows.iter().map(pick).sum::<i64>();

@@ -83,8 +83,11 @@ pub trait SuppressionStore: Send + Sync {
     ) -> anyhow::Result<bool>;
 
     /// One entry, if listed.
-    async fn suppression(&self, tenant_id: &str, address: &str)
-    -> anyhow::Result<Option<Suppression>>;
+    async fn suppression(
+        &self,
+        tenant_id: &str,
+        address: &str,
+    ) -> anyhow::Result<Option<Suppression>>;
 
     /// True when `address` (normalised) is on the tenant's list.
     async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool>;
@@ -120,4 +123,3 @@ mod tests {
         assert_eq!(normalize("5551234567"), None);
     }
 }
-

@@ -390,7 +390,7 @@ on_both_stores! {
 
         // PostgreSQL folds the appended counts into usage rows; the answer
         // is the same before and after.
-        fairlane::store::usage::roll_up(&app.state.db).await.unwrap();
+        app.state.db.roll_up_usage().await.unwrap();
         let folded = get_json(app.tenant(&key, Method::GET, "/v1/usage")).await;
         assert_eq!(folded["totals"], live["totals"]);
         assert_eq!(folded["days"], live["days"]);

@@ -71,7 +71,8 @@ impl SuppressionStore for PgDb {
         tenant_id: &str,
         address: &str,
     ) -> anyhow::Result<Option<Suppression>> {
-        let sql = format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = $1 AND address = $2");
+        let sql =
+            format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = $1 AND address = $2");
         let row = sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
             .bind(tenant_id)
             .bind(address)

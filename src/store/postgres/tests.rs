@@ -154,7 +154,8 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
         count(&db, "SELECT COUNT(*) FROM idempotency_keys").await,
         100
     );
-    let remembered = db.remembered_answer(&Scope::new("acme", World::Live), "key-4", now_ms())
+    let remembered = db
+        .remembered_answer(&Scope::new("acme", World::Live), "key-4", now_ms())
         .await
         .unwrap()
         .expect("remembered");
@@ -417,10 +418,7 @@ async fn a_run_once_lock_is_held_by_one_instance_at_a_time() {
     .await
     .unwrap();
     let db = Db::Postgres(first.clone());
-    assert_eq!(
-        db.purge_idempotency_keys(now_ms()).await.unwrap(),
-        Some(1)
-    );
+    assert_eq!(db.purge_idempotency_keys(now_ms()).await.unwrap(), Some(1));
     let blocker = try_lock(second, locks::IDEMPOTENCY_PURGE)
         .await
         .unwrap()

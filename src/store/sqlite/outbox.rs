@@ -110,7 +110,9 @@ impl OutboxStore for SqliteDb {
     ) -> anyhow::Result<Vec<String>> {
         const WAITING: &str = "SELECT message_id FROM outbox \
              WHERE tenant_id = ?1 AND due_at IS NULL ORDER BY message_id LIMIT ?2";
-        self.rows(WAITING, args![tenant_id.to_owned(), limit], |row| row.get(0))
-            .await
+        self.rows(WAITING, args![tenant_id.to_owned(), limit], |row| {
+            row.get(0)
+        })
+        .await
     }
 }

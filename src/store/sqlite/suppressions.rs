@@ -85,7 +85,8 @@ impl SuppressionStore for SqliteDb {
         tenant_id: &str,
         address: &str,
     ) -> anyhow::Result<Option<Suppression>> {
-        let sql = format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = ?1 AND address = ?2");
+        let sql =
+            format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = ?1 AND address = ?2");
         let args = args![tenant_id.to_owned(), address.to_owned()];
         let row = self.row(sql, args, suppression_row).await?;
         Ok(row.map(Suppression::dated))
@@ -107,11 +108,7 @@ impl SuppressionStore for SqliteDb {
             "SELECT {COLUMNS} FROM suppressions \
              WHERE tenant_id = ?1 AND address > ?2 ORDER BY address LIMIT ?3"
         );
-        let args = args![
-            tenant_id.to_owned(),
-            after.unwrap_or("").to_owned(),
-            limit
-        ];
+        let args = args![tenant_id.to_owned(), after.unwrap_or("").to_owned(), limit];
         let rows = self.rows(sql, args, suppression_row).await?;
         Ok(rows.into_iter().map(Suppression::dated).collect())
     }
