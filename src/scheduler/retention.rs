@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use crate::metrics::{RETENTION_ERASED_TOTAL, RETENTION_QUEUE_ERASED_TOTAL, RETENTION_RUNS_TOTAL};
 use crate::model::{MessageStatus, now_ms};
 use crate::queue::TenantQueues;
-use crate::store::{Db, retention};
+use crate::store::Db;
 use crate::tenants::Registry;
 
 /// What one run did.
@@ -50,7 +50,7 @@ pub struct Retention {
 impl Retention {
     /// One run at `now` (ms); `None` when another instance is running one.
     pub async fn run_once(&self, now: i64) -> anyhow::Result<Option<RetentionRun>> {
-        let Some(_lock) = retention::lock_run(&self.db).await? else {
+        let Some(_lock) = self.db.lock_retention_run().await? else {
             return Ok(None);
         };
         let mut run = RetentionRun::default();
@@ -58,7 +58,7 @@ impl Retention {
             run.tenants += 1;
             let cutoff = now - i64::from(days) * 86_400_000;
             loop {
-                let due = retention::due(&self.db, &tenant, cutoff, self.batch).await?;
+                let due = self.db.due_for_erasure(&tenant, cutoff, self.batch).await?;
                 let last = due.len() < self.batch;
                 // Only these statuses leave a copy waiting in a queue.
                 let waiting: Vec<String> = due
@@ -75,7 +75,7 @@ impl Retention {
                     metrics::counter!(RETENTION_QUEUE_ERASED_TOTAL).increment(removed.len() as u64);
                 }
                 let ids: Vec<String> = due.into_iter().map(|d| d.id).collect();
-                let erased = retention::erase(&self.db, &ids, now).await?;
+                let erased = self.db.erase_messages(&ids, now).await?;
                 run.erased += erased;
                 metrics::counter!(RETENTION_ERASED_TOTAL).increment(erased);
                 if last {
@@ -84,7 +84,7 @@ impl Retention {
             }
         }
         if run.erased > 0 || run.queue_copies > 0 {
-            let scrubbed = retention::scrub_file(&self.db, self.vacuum).await?;
+            let scrubbed = self.db.scrub_file(self.vacuum).await?;
             (run.vacuumed, run.log_truncated) = (scrubbed.vacuumed, scrubbed.log_truncated);
         }
         Ok(Some(run))

@@ -773,7 +773,7 @@ impl Registry {
             return Err(RegistryError::NotFound(format!("tenant {id:?}")));
         }
         let _changing = self.changing.lock().await;
-        let pending = crate::store::retention::undelivered(&self.db, id).await?;
+        let pending = self.db.undelivered(id).await?;
         if pending > 0 {
             return Err(undelivered(id, pending));
         }
@@ -796,7 +796,7 @@ impl Registry {
         self.announce("tenant").await;
         // No old copy of the deleted rows is left in the SQLite file or
         // its log.
-        match crate::store::retention::scrub_file(&self.db, true).await {
+        match self.db.scrub_file(true).await {
             Ok(scrubbed) if scrubbed.log_truncated => {}
             Ok(_) => tracing::warn!(
                 tenant = id,

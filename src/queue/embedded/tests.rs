@@ -652,7 +652,7 @@ async fn an_arrival_wakes_a_waiter_on_its_lane() {
 /// data, or it would stay `queued` forever with nothing to send.
 #[tokio::test]
 async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing() {
-    use crate::store::{Db, retention};
+    use crate::store::Db;
     let dir = tempfile::tempdir().unwrap();
     let queue = open_queue(&dir, 1).await;
     let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
@@ -668,7 +668,7 @@ async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing
         .unwrap();
     // Past its one receive: dead-lettered, and due for retention.
     receive_until_dead_lettered(&queue, 1).await;
-    let due = retention::due(&db, "a", i64::MAX, 10).await.unwrap();
+    let due = db.due_for_erasure("a", i64::MAX, 10).await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!(due[0].status, "dead_lettered");
 
@@ -686,7 +686,7 @@ async fn a_redrive_landing_between_retentions_read_and_its_erasure_loses_nothing
             .unwrap()
             .is_empty()
     );
-    assert_eq!(retention::erase(&db, &ids, 2).await.unwrap(), 0);
+    assert_eq!(db.erase_messages(&ids, 2).await.unwrap(), 0);
 
     let row = db
         .test_texts("SELECT status, reference FROM messages WHERE id = 'a-1'")
