@@ -25,7 +25,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::metrics as names;
 use crate::model::now_ms;
-use crate::store::receipts;
+
 pub use crate::store::receipts::{Applied, Receipt};
 use crate::store::{Db, Writer};
 
@@ -82,13 +82,8 @@ const FIRST_RETRY: Duration = Duration::from_secs(2);
 
 async fn keep_for_later(db: &Db, receipt: &Receipt) -> anyhow::Result<()> {
     let json = serde_json::to_string(receipt)?;
-    receipts::keep(
-        db,
-        receipt,
-        &json,
-        now_ms() + FIRST_RETRY.as_millis() as i64,
-    )
-    .await
+    db.keep_receipt(receipt, &json, now_ms() + FIRST_RETRY.as_millis() as i64)
+        .await
 }
 
 /// How often kept receipts are matched again.
@@ -120,7 +115,7 @@ pub async fn retry_unmatched(
 /// One pass over the kept receipts that are due.
 pub async fn retry_due(db: &Db, writer: &Writer, match_for: Duration) -> anyhow::Result<()> {
     let now = now_ms();
-    let due = receipts::kept_due(db, now, RETRY_BATCH).await?;
+    let due = db.kept_receipts_due(now, RETRY_BATCH).await?;
     for (row, json, received_at, tries) in due {
         let receipt: Option<Receipt> = serde_json::from_str(&json).ok();
         let settled = match &receipt {
@@ -145,7 +140,8 @@ pub async fn retry_due(db: &Db, writer: &Writer, match_for: Duration) -> anyhow:
         }
         // Tried again after 2, 4, 8 … s, at most a minute apart.
         let next = now + (2_000i64 << tries.clamp(0, 5)).min(60_000);
-        receipts::settle_kept(db, row, settled || expired, next).await?;
+        db.settle_kept_receipt(row, settled || expired, next)
+            .await?;
     }
     Ok(())
 }

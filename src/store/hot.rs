@@ -24,7 +24,7 @@ use super::Db;
 use super::delivery::{BeforeSend, Called, CallsRecord, PassRooms, SendCheck, TakenCalls};
 use super::lifecycle::Move;
 use super::postgres::PgWriter;
-use super::receipts::{self, Applied, Receipt};
+use super::receipts::{Applied, Receipt};
 use super::sqlite::hot;
 use super::sqlite::webhooks as sqlite_webhooks;
 use super::sqlite::writer::StoreWriter;
@@ -270,7 +270,7 @@ impl Writer {
     }
 
     /// Records a provider's receipt against its message as a piece of the
-    /// writer's group (SQLite: `receipts::apply_in`; PostgreSQL:
+    /// writer's group (SQLite: `sqlite::receipts::apply_in`; PostgreSQL:
     /// `postgres::receipts::apply_group`), so receipts at volume commit together
     /// with the delivery path's changes instead of one transaction each.
     pub async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
@@ -279,7 +279,7 @@ impl Writer {
                 let receipt = receipt.clone();
                 let now = crate::model::now_ms();
                 writer
-                    .run(move |tx| receipts::apply_in(tx, &receipt, now))
+                    .run(move |tx| super::sqlite::receipts::apply_in(tx, &receipt, now))
                     .await
             }
             Backend::Postgres(writer) => writer.apply_receipt(receipt.clone()).await,

@@ -4,8 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Db, sqlite, suppressions};
-use crate::model::{MessageStatus, now_ms};
+use async_trait::async_trait;
+
+use super::suppressions;
+use crate::model::MessageStatus;
 
 /// What a provider reported about one message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,166 +136,34 @@ pub(super) fn suppress_reason(receipt: &Receipt) -> &str {
     receipt.suppress_reason.as_deref().unwrap_or("bounce")
 }
 
-/// Records `receipt` in the SQLite writer's transaction `tx` (a piece of
-/// its group), so a receipt does not commit alone; [`super::postgres::receipts::apply_group`] does
-/// the same for a whole group on PostgreSQL.
-pub(crate) fn apply_in(
-    tx: &rusqlite::Transaction,
-    receipt: &Receipt,
-    now: i64,
-) -> anyhow::Result<Applied> {
-    use rusqlite::OptionalExtension;
-    let found: Option<(String, String, String, i64, Option<i64>)> = tx
-        .prepare_cached(
-            "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
-             WHERE provider_message_id = ?1 AND (provider = ?2 OR provider IS NULL) LIMIT 1",
-        )?
-        .query_row([&receipt.provider_message_id, &receipt.provider], |row| {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-            ))
-        })
-        .optional()?;
-    let Some((id, tenant_id, status, attempts, sent_at)) = found else {
-        return Ok(Applied::Unmatched);
-    };
-    let current: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
-    let decision = decide(receipt, current);
-    let mut duplicate = decision.duplicate;
-    if decision.check_seen {
-        duplicate = tx
-            .prepare_cached(
-                "SELECT 1 FROM message_events WHERE message_id = ?1 AND event = ?2 \
-                 AND detail IS ?3 LIMIT 1",
-            )?
-            .exists(rusqlite::params![id, decision.event, receipt.detail])?;
-    }
-    if duplicate {
-        return Ok(Applied::Duplicate);
-    }
-    if let Some(outcome) = decision.moves {
-        let error = error_after(receipt, outcome);
-        super::sqlite::lifecycle::receipt(tx, &id, outcome, error.as_deref(), now)?;
-    }
-    super::sqlite::lifecycle::event(
-        tx,
-        &super::sqlite::lifecycle::Event {
-            message_id: &id,
-            tenant_id: &tenant_id,
-            at: now,
-            name: &decision.event,
-            status: decision.after,
-            attempts,
-            detail: receipt.detail.as_deref(),
-            provider_message_id: Some(&receipt.provider_message_id),
-        },
-    )?;
-    for (channel, address) in to_suppress(receipt) {
-        tx.prepare_cached(super::sqlite::suppressions::INSERT)?
-            .execute(rusqlite::params![
-                tenant_id,
-                address,
-                channel.as_str(),
-                suppress_reason(receipt),
-                receipt.detail,
-                id,
-                now
-            ])?;
-    }
-    Ok(Applied::Matched {
-        message_id: id,
-        tenant_id,
-        changed: decision.moves.is_some(),
-        sent_at,
-    })
-}
+/// A kept receipt: row id, receipt JSON, when it was received (ms), tries
+/// so far.
+pub type KeptReceipt = (i64, String, i64, i64);
 
-/// Keeps `receipt` (as `json`) to be matched again from `next_try_at`.
-pub async fn keep(db: &Db, receipt: &Receipt, json: &str, next_try_at: i64) -> anyhow::Result<()> {
-    const KEEP: &str = "INSERT INTO pending_receipts \
-         (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
-         VALUES ($1, $2, $3, $4, $5, 0)";
-    match db {
-        Db::Sqlite(db) => {
-            let args = sqlite::args![
-                receipt.provider.clone(),
-                receipt.provider_message_id.clone(),
-                json.to_owned(),
-                now_ms(),
-                next_try_at
-            ];
-            db.execute(KEEP, args).await?;
-        }
-        Db::Postgres(db) => {
-            sqlx::query(KEEP)
-                .bind(&receipt.provider)
-                .bind(&receipt.provider_message_id)
-                .bind(json)
-                .bind(now_ms())
-                .bind(next_try_at)
-                .execute(&db.pool)
-                .await?;
-        }
-    }
-    Ok(())
-}
+/// Receipts kept for a later match, on either backend. Applying a receipt
+/// is a piece of the hot writer's group (`store::Writer::receipt`).
+#[async_trait]
+pub trait ReceiptStore: Send + Sync {
+    /// Keeps `receipt` (as `json`) to be matched again from `next_try_at`.
+    async fn keep_receipt(
+        &self,
+        receipt: &Receipt,
+        json: &str,
+        next_try_at: i64,
+    ) -> anyhow::Result<()>;
 
-/// Up to `limit` kept receipts due at `now`: row id, receipt JSON, when it
-/// was received (ms), tries so far.
-pub async fn kept_due(
-    db: &Db,
-    now: i64,
-    limit: i64,
-) -> anyhow::Result<Vec<(i64, String, i64, i64)>> {
-    const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
-         WHERE next_try_at <= $1 ORDER BY next_try_at LIMIT $2";
-    Ok(match db {
-        Db::Sqlite(db) => {
-            db.rows(DUE, sqlite::args![now, limit], sqlite::tuple)
-                .await?
-        }
-        Db::Postgres(db) => {
-            sqlx::query_as(DUE)
-                .bind(now)
-                .bind(limit)
-                .fetch_all(&db.pool)
-                .await?
-        }
-    })
-}
+    /// Up to `limit` kept receipts due at `now`.
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>>;
 
-/// Removes kept receipt `row` (`done`: matched or expired), or counts a
-/// try and makes it due again at `next`.
-pub async fn settle_kept(db: &Db, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
-    const FORGET: &str = "DELETE FROM pending_receipts WHERE id = $1";
-    const AGAIN: &str =
-        "UPDATE pending_receipts SET tries = tries + 1, next_try_at = $1 WHERE id = $2";
-    match (db, done) {
-        (Db::Sqlite(db), true) => db.execute(FORGET, sqlite::args![row]).await?,
-        (Db::Sqlite(db), false) => db.execute(AGAIN, sqlite::args![next, row]).await?,
-        (Db::Postgres(db), true) => {
-            let done = sqlx::query(FORGET).bind(row).execute(&db.pool).await?;
-            done.rows_affected() as usize
-        }
-        (Db::Postgres(db), false) => {
-            let done = sqlx::query(AGAIN)
-                .bind(next)
-                .bind(row)
-                .execute(&db.pool)
-                .await?;
-            done.rows_affected() as usize
-        }
-    };
-    Ok(())
+    /// Removes kept receipt `row` (`done`: matched or expired), or counts a
+    /// try and makes it due again at `next`.
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()>;
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::store::Db;
     use crate::store::Writer;
 
     /// On `db`: a receipt moves only a message its own provider sent. Two
@@ -360,8 +230,3 @@ pub(crate) mod tests {
         a_receipt_moves_only_what_its_provider_sent(&db).await;
     }
 }
-
-/// (Being moved here: the receipts operations, implemented per engine in
-/// `sqlite/receipts.rs` and `postgres/receipts.rs`.)
-#[async_trait::async_trait]
-pub trait ReceiptStore: Send + Sync {}

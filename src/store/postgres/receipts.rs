@@ -1,14 +1,16 @@
 //! Provider receipts on PostgreSQL: a whole group of receipts recorded
 //! in a few multi-row statements (SQLite records them one at a time in its
-//! writer, `store::receipts::apply_in`). What a receipt does to a message
+//! writer, `store::sqlite::receipts::apply_in`). What a receipt does to a message
 //! is decided once, in `store::receipts`, for both.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
+use super::PgDb;
 use crate::model::MessageStatus;
 use crate::store::receipts::{
-    Applied, Decision, Receipt, decide, error_after, suppress_reason, to_suppress,
+    Applied, Decision, KeptReceipt, Receipt, ReceiptStore, decide, error_after, suppress_reason,
+    to_suppress,
 };
 
 /// What the group's pass decided for one receipt before its rows are
@@ -305,4 +307,52 @@ impl SuppressColumns {
 }
 
 #[async_trait::async_trait]
-impl crate::store::receipts::ReceiptStore for super::PgDb {}
+impl ReceiptStore for PgDb {
+    async fn keep_receipt(
+        &self,
+        receipt: &Receipt,
+        json: &str,
+        next_try_at: i64,
+    ) -> anyhow::Result<()> {
+        const KEEP: &str = "INSERT INTO pending_receipts \
+             (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
+             VALUES ($1, $2, $3, $4, $5, 0)";
+        sqlx::query(KEEP)
+            .bind(&receipt.provider)
+            .bind(&receipt.provider_message_id)
+            .bind(json)
+            .bind(crate::model::now_ms())
+            .bind(next_try_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>> {
+        const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
+             WHERE next_try_at <= $1 ORDER BY next_try_at LIMIT $2";
+        Ok(sqlx::query_as(DUE)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
+        if done {
+            sqlx::query("DELETE FROM pending_receipts WHERE id = $1")
+                .bind(row)
+                .execute(&self.pool)
+                .await?;
+        } else {
+            sqlx::query(
+                "UPDATE pending_receipts SET tries = tries + 1, next_try_at = $1 WHERE id = $2",
+            )
+            .bind(next)
+            .bind(row)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
+    }
+}

@@ -22,7 +22,7 @@ mod messages;
 mod migrate;
 pub(crate) mod outbox;
 mod readers;
-mod receipts;
+pub(crate) mod receipts;
 mod registry;
 mod retention;
 mod settings;

@@ -1,4 +1,131 @@
-//! The receipts operations on sqlite.
+//! Receipts on SQLite: applying one in the store writer's transaction, and
+//! the receipts kept for a later match.
 
-#[async_trait::async_trait]
-impl crate::store::receipts::ReceiptStore for super::SqliteDb {}
+use async_trait::async_trait;
+
+use super::{SqliteDb, args, tuple};
+use crate::model::{MessageStatus, now_ms};
+use crate::store::receipts::{
+    Applied, KeptReceipt, Receipt, ReceiptStore, decide, error_after, suppress_reason, to_suppress,
+};
+
+/// Records `receipt` in the SQLite writer's transaction `tx` (a piece of
+/// its group), so a receipt does not commit alone; [`crate::store::postgres::receipts::apply_group`] does
+/// the same for a whole group on PostgreSQL.
+pub(crate) fn apply_in(
+    tx: &rusqlite::Transaction,
+    receipt: &Receipt,
+    now: i64,
+) -> anyhow::Result<Applied> {
+    use rusqlite::OptionalExtension;
+    let found: Option<(String, String, String, i64, Option<i64>)> = tx
+        .prepare_cached(
+            "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
+             WHERE provider_message_id = ?1 AND (provider = ?2 OR provider IS NULL) LIMIT 1",
+        )?
+        .query_row([&receipt.provider_message_id, &receipt.provider], |row| {
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+            ))
+        })
+        .optional()?;
+    let Some((id, tenant_id, status, attempts, sent_at)) = found else {
+        return Ok(Applied::Unmatched);
+    };
+    let current: MessageStatus = status.parse().map_err(anyhow::Error::msg)?;
+    let decision = decide(receipt, current);
+    let mut duplicate = decision.duplicate;
+    if decision.check_seen {
+        duplicate = tx
+            .prepare_cached(
+                "SELECT 1 FROM message_events WHERE message_id = ?1 AND event = ?2 \
+                 AND detail IS ?3 LIMIT 1",
+            )?
+            .exists(rusqlite::params![id, decision.event, receipt.detail])?;
+    }
+    if duplicate {
+        return Ok(Applied::Duplicate);
+    }
+    if let Some(outcome) = decision.moves {
+        let error = error_after(receipt, outcome);
+        super::lifecycle::receipt(tx, &id, outcome, error.as_deref(), now)?;
+    }
+    super::lifecycle::event(
+        tx,
+        &super::lifecycle::Event {
+            message_id: &id,
+            tenant_id: &tenant_id,
+            at: now,
+            name: &decision.event,
+            status: decision.after,
+            attempts,
+            detail: receipt.detail.as_deref(),
+            provider_message_id: Some(&receipt.provider_message_id),
+        },
+    )?;
+    for (channel, address) in to_suppress(receipt) {
+        tx.prepare_cached(super::suppressions::INSERT)?
+            .execute(rusqlite::params![
+                tenant_id,
+                address,
+                channel.as_str(),
+                suppress_reason(receipt),
+                receipt.detail,
+                id,
+                now
+            ])?;
+    }
+    Ok(Applied::Matched {
+        message_id: id,
+        tenant_id,
+        changed: decision.moves.is_some(),
+        sent_at,
+    })
+}
+
+#[async_trait]
+impl ReceiptStore for SqliteDb {
+    async fn keep_receipt(
+        &self,
+        receipt: &Receipt,
+        json: &str,
+        next_try_at: i64,
+    ) -> anyhow::Result<()> {
+        const KEEP: &str = "INSERT INTO pending_receipts \
+             (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
+             VALUES (?1, ?2, ?3, ?4, ?5, 0)";
+        let args = args![
+            receipt.provider.clone(),
+            receipt.provider_message_id.clone(),
+            json.to_owned(),
+            now_ms(),
+            next_try_at
+        ];
+        self.execute(KEEP, args).await?;
+        Ok(())
+    }
+
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>> {
+        const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
+             WHERE next_try_at <= ?1 ORDER BY next_try_at LIMIT ?2";
+        self.rows(DUE, args![now, limit], tuple).await
+    }
+
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
+        if done {
+            self.execute("DELETE FROM pending_receipts WHERE id = ?1", args![row])
+                .await?;
+        } else {
+            self.execute(
+                "UPDATE pending_receipts SET tries = tries + 1, next_try_at = ?1 WHERE id = ?2",
+                args![next, row],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
