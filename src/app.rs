@@ -64,7 +64,8 @@ impl Application {
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
-        let released = crate::store::messages::release_interrupted_sends(&db)
+        let released = db
+            .release_interrupted_sends()
             .await
             .context("releasing messages a stopped process was sending")?;
         if released > 0 {
@@ -291,7 +292,7 @@ struct StoredCounts(Db);
 #[async_trait::async_trait]
 impl SentCounts for StoredCounts {
     async fn sent_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
-        crate::store::messages::count_since(&self.0, tenant_id, since_ms).await
+        self.0.live_count_since(tenant_id, since_ms).await
     }
 }
 

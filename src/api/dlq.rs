@@ -20,7 +20,6 @@ use super::{AppState, json_typed};
 use crate::api::auth::AdminOnly;
 use crate::model::{Channel, Lane, Priority, ms_to_rfc3339};
 use crate::queue::{QueueStats, RedriveFilter};
-use crate::store::messages;
 
 /// Most dead letters one listing returns.
 const MAX_DLQ_LIMIT: usize = 1000;
@@ -194,7 +193,7 @@ pub(super) async fn dead_letter_views(
     letters: Vec<crate::queue::DeadLetter>,
 ) -> anyhow::Result<Vec<DeadLetterView>> {
     let ids: Vec<String> = letters.iter().map(|l| l.message_id.clone()).collect();
-    let records = messages::get_many(&state.db, &ids).await?;
+    let records = state.db.messages_by_id(&ids).await?;
     Ok(letters
         .into_iter()
         .map(|letter| {
@@ -270,7 +269,7 @@ pub async fn redrive(
             let ids = state.queue.redrive(lane, &filter).await?;
             // The backends mark what they move before moving it; this catches
             // messages that reached the DLQ by SQS's own redrive policy.
-            messages::mark_requeued(&state.db, &ids, started).await?;
+            state.db.mark_requeued(&ids, started).await?;
             redriven += ids.len();
             log_redriven(&state, lane, &ids).await;
         }
@@ -287,7 +286,7 @@ async fn log_redriven(state: &AppState, lane: Lane, ids: &[String]) {
     if ids.is_empty() || !tracing::enabled!(tracing::Level::INFO) {
         return;
     }
-    let records = match messages::get_many(&state.db, ids).await {
+    let records = match state.db.messages_by_id(ids).await {
         Ok(records) => records,
         Err(err) => {
             tracing::warn!(lane = lane.as_str(), redriven = ids.len(), error = %format!("{err:#}"), "Messages redriven; could not read them back for the log.");

@@ -17,7 +17,7 @@ use crate::accept::LimitReason;
 use crate::api::auth::{AdminOnly, TenantAuth};
 use crate::message::{MAX_REFERENCE_CHARS, MessageView};
 use crate::model::{Channel, MessageStatus, Scope, World};
-use crate::store::messages::{self, ListFilter};
+use crate::store::messages::ListFilter;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -183,7 +183,10 @@ async fn page(
             }
         })?;
     let scan_rows = state.settings.limits.list_scan_rows;
-    let page = messages::list(&state.db, scope, &filter, limit, scan_rows).await?;
+    let page = state
+        .db
+        .list_messages(scope, &filter, limit, scan_rows)
+        .await?;
     let full = page.rows.len() as i64 == limit;
     let next = match (full, page.rows.last(), page.scanned_to) {
         (true, Some(last), _) => Some(format!("{}.{}", last.created_at, last.id)),

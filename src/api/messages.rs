@@ -20,7 +20,6 @@ use super::error::{ApiError, Problem, insert_rate_headers};
 use super::{ApiPath, AppState, json_value, read_json_bytes};
 use crate::accept::{Acceptor, BatchItem, BatchSent, Sent};
 use crate::api::auth::{TenantAuth, TenantWrite};
-use crate::store::messages;
 
 /// The send route (not subject to the request timeout; see `api::app`).
 pub fn send_router() -> Router<AppState> {
@@ -290,7 +289,9 @@ pub async fn get_message(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
-    let record = messages::get_in(&state.db, &caller.scope(), &id)
+    let record = state
+        .db
+        .message_in(&caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     Ok(axum::Json(record.into()))
@@ -324,11 +325,15 @@ pub async fn cancel_message(
 ) -> Result<axum::Json<MessageView>, ApiError> {
     let scope = caller.scope();
     let not_found = || ApiError::NotFound(format!("No message {id:?} for this tenant."));
-    messages::get_in(&state.db, &scope, &id)
+    state
+        .db
+        .message_in(&scope, &id)
         .await?
         .ok_or_else(not_found)?;
     let cancelled = state.writer.cancel(&scope, vec![id.clone()]).await?;
-    let record = messages::get_in(&state.db, &scope, &id)
+    let record = state
+        .db
+        .message_in(&scope, &id)
         .await?
         .ok_or_else(not_found)?;
     // Only this call's cancel counts: a message cancelled before is ended.
@@ -396,8 +401,10 @@ pub async fn cancel_by_reference(
         return Err(ApiError::field("reference", "must be 1-255 characters"));
     }
     let scope = caller.scope();
-    let (pending, total) =
-        messages::ids_by_reference(&state.db, &scope, &reference, MAX_CANCEL_BY_REFERENCE).await?;
+    let (pending, total) = state
+        .db
+        .pending_by_reference(&scope, &reference, MAX_CANCEL_BY_REFERENCE)
+        .await?;
     let cancelled = state.writer.cancel(&scope, pending).await?.len();
     tracing::info!(tenant = %scope.tenant(), cancelled, "Messages cancelled by reference.");
     Ok(axum::Json(CancelResult {

@@ -20,7 +20,7 @@ use crate::api::auth::TenantAuth;
 use crate::config::ProviderKind;
 use crate::model::{MessageStatus, ms_to_rfc3339};
 use crate::receipts::{self, twilio};
-use crate::store::{events, messages};
+use crate::store::events;
 
 /// Largest SMS status callback read: a provider's form is about 1 KiB, and
 /// the whole body must be read before its signature can be checked.
@@ -103,7 +103,9 @@ pub async fn list_events(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<MessageEvents>, ApiError> {
-    let record = messages::get_in(&state.db, &caller.scope(), &id)
+    let record = state
+        .db
+        .message_in(&caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     let accepted = if record.send_at.is_some() {
@@ -119,7 +121,7 @@ pub async fn list_events(
         detail: None,
         provider_message_id: None,
     }];
-    let stored = events::list(&state.db, &id).await?;
+    let stored = state.db.message_events(&id).await?;
     // `sent` is stored as an event only for tenants with a webhook; the
     // message row keeps its time and provider id for everybody else.
     let sent = record

@@ -22,7 +22,6 @@ use super::{ApiPath, AppState, json_typed};
 use crate::api::auth::AdminOnly;
 use crate::model::Isolation;
 use crate::queue::RedriveFilter;
-use crate::store::messages;
 
 /// Most dead letters one listing returns per lane.
 const DLQ_LIMIT: usize = 1000;
@@ -235,7 +234,7 @@ pub async fn redrive_tenant_dlq(
         };
         let started = crate::model::now_ms();
         let ids = queue.redrive(lane, &filter).await?;
-        messages::mark_requeued(&state.db, &ids, started).await?;
+        state.db.mark_requeued(&ids, started).await?;
         redriven += ids.len();
         state.tenant_queues.settle_attention(lane, &id).await?;
     }

@@ -15,7 +15,7 @@ use axum::{Form, Router};
 use super::error::{ApiError, Problem};
 use super::{ApiPath, AppState};
 use crate::model::now_ms;
-use crate::store::{messages, suppressions};
+use crate::store::suppressions;
 use crate::unsubscribe::Claim;
 
 pub fn router() -> Router<AppState> {
@@ -43,7 +43,9 @@ async fn checked(state: &AppState, token: &str) -> Result<(Claim, String), ApiEr
     // A link of the first form names no incarnation and no time: its
     // message, in the store under that tenant, stands for both.
     let message_created = if claim.issued_at.is_none() {
-        messages::get(&state.db, &claim.message_id)
+        state
+            .db
+            .message(&claim.message_id)
             .await?
             .filter(|message| message.tenant_id == claim.tenant_id)
             .map(|message| message.created_at)

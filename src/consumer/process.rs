@@ -34,7 +34,7 @@ use crate::providers::{Delivered, ProviderError};
 use crate::queue::{LaneQueue, ReceivedMessage};
 use crate::store::Called;
 use crate::store::SendCheck;
-use crate::store::{messages, suppressions};
+use crate::store::suppressions;
 
 /// What a message's processing task needs.
 pub(super) struct Context {
@@ -268,7 +268,7 @@ fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinH
 /// (or refused at accept), otherwise put back until whoever is sending it
 /// has finished.
 async fn settle_unclaimed(context: &Context, message: &ReceivedMessage, id: &str) {
-    match messages::get(&context.delivery.db, id).await {
+    match context.delivery.db.message(id).await {
         Ok(Some(record)) if record.status.is_settled() => {
             info!(message_id = %id, status = %record.status.as_str(), "Another copy of the message was settled elsewhere; deleting this one without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
@@ -497,7 +497,10 @@ async fn preflight(
         Some(
             status @ (MessageStatus::Queued | MessageStatus::Retrying | MessageStatus::Scheduled),
         ) => Ok(Some(status)),
-        _ => messages::get(&context.delivery.db, &payload.id)
+        _ => context
+            .delivery
+            .db
+            .message(&payload.id)
             .await
             .map(|record| record.map(|record| record.status)),
     };
@@ -939,7 +942,7 @@ async fn settle_transient(
 /// A provider no longer configured, or a row that cannot be read, leaves
 /// the choice to routing.
 async fn choose_after_failure(context: &Context, gated: &GatedProvider, id: &str) -> Choice {
-    match messages::last_provider(&context.delivery.db, id).await {
+    match context.delivery.db.last_provider(id).await {
         Ok(Some((name, pinned))) => match gated.position(&name) {
             Some(member) if pinned => Choice::Only(member),
             Some(member) => Choice::Avoid(member),

@@ -389,7 +389,6 @@ impl Writer {
 pub(crate) mod tests {
     use super::*;
     use crate::model::{Channel, Lane, Priority};
-    use crate::store::messages;
     use crate::store::messages::MessageRecord;
 
     /// Checks [`Writer::before_send`] on `db`, where `m1` (tenant `t`) is
@@ -541,7 +540,7 @@ pub(crate) mod tests {
         assert_eq!(attempts, 0, "an unknown id changes nothing");
         writer.stop().await;
         finished.await.unwrap();
-        let stored = messages::get(&db, "m1").await.unwrap().unwrap();
+        let stored = db.message("m1").await.unwrap().unwrap();
         assert_eq!(stored.status, MessageStatus::Sent);
         assert_eq!(stored.attempts, 1);
         assert_eq!(stored.provider_message_id.as_deref(), Some("SM1"));

@@ -344,7 +344,7 @@ pub(crate) mod tests {
     /// trigger left to do any of it behind the code's back.
     pub(crate) async fn moves_write_what_the_lifecycle_says(db: &crate::store::Db) {
         use crate::model::{Scope, World};
-        use crate::store::{Writer, messages, usage};
+        use crate::store::{Writer, usage};
         db.test_execute(
             "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
              INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
@@ -407,7 +407,7 @@ pub(crate) mod tests {
         done.await.unwrap();
 
         let status =
-            |id: &'static str| async move { messages::get(db, id).await.unwrap().unwrap().status };
+            |id: &'static str| async move { db.message(id).await.unwrap().unwrap().status };
         assert_eq!(status("plain").await, Sent);
         assert_eq!(status("hooked-2").await, Cancelled);
         assert_eq!(status("late").await, Queued);

@@ -212,13 +212,8 @@ pub(crate) mod tests {
         );
         writer.stop().await;
         done.await.unwrap();
-        let status = |id: &'static str| async move {
-            crate::store::messages::get(db, id)
-                .await
-                .unwrap()
-                .unwrap()
-                .status
-        };
+        let status =
+            |id: &'static str| async move { db.message(id).await.unwrap().unwrap().status };
         assert_eq!(status("by-alpha").await, MessageStatus::Delivered);
         assert_eq!(status("by-beta").await, MessageStatus::Failed);
     }

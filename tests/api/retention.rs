@@ -244,7 +244,7 @@ on_both_stores! {
 
         // A late report about an erased message brings an address back: the
         // message is looked at again, and the next run erases it again.
-        let sent = fairlane::store::messages::get(&app.state.db, &text).await.unwrap().unwrap();
+        let sent = app.state.db.message(&text).await.unwrap().unwrap();
         let late_report = fairlane::store::receipts::Receipt {
             // The provider that sent it: a receipt matches only its own.
             provider: sent.provider.clone().expect("a sent message names its provider"),

@@ -247,7 +247,7 @@ impl SqsQueue {
     /// has no such attribute), with a partial index on the pending messages
     /// created for it if missing.
     pub async fn with_status_store(mut self, db: Db) -> anyhow::Result<SqsQueue> {
-        crate::store::messages::index_pending(&db)
+        db.index_pending()
             .await
             .context("creating the index of pending messages")?;
         self.status_store = Some(db);
@@ -260,8 +260,7 @@ impl SqsQueue {
         };
         // A dedicated queue: the tenant's pending messages in the lane
         // (after a switch, some may wait in the shared lane instead).
-        let oldest =
-            crate::store::messages::oldest_pending(db, lane, self.tenant.as_deref()).await?;
+        let oldest = db.oldest_pending(lane, self.tenant.as_deref()).await?;
         Ok(oldest.map(|created| (crate::model::now_ms() - created).max(0) as f64 / 1000.0))
     }
 
@@ -463,7 +462,7 @@ impl SqsQueue {
     /// status store, if there is one.
     async fn mark_requeued(&self, ids: &[String]) -> anyhow::Result<()> {
         if let Some(db) = &self.status_store {
-            crate::store::messages::mark_requeued(db, ids, i64::MAX).await?;
+            db.mark_requeued(ids, i64::MAX).await?;
         }
         Ok(())
     }
@@ -471,7 +470,7 @@ impl SqsQueue {
     /// Undoes [`SqsQueue::mark_requeued`] for messages that stayed in the DLQ.
     async fn restore_dead_lettered(&self, ids: &[String]) {
         if let (Some(db), false) = (&self.status_store, ids.is_empty())
-            && let Err(err) = crate::store::messages::restore_dead_lettered(db, ids).await
+            && let Err(err) = db.restore_dead_lettered(ids).await
         {
             warn!(error = %format!("{err:#}"), count = ids.len(), "Messages left in the DLQ could not be marked dead_lettered again; they show as queued.");
         }

@@ -11,7 +11,7 @@ use super::*;
 use crate::model::{Channel, Lane, MessageStatus, Priority, Scope, World, now_ms};
 use crate::queue::OutboundMessage;
 use crate::store::idempotency::{self, StoredResponse};
-use crate::store::messages::{self, MessageRecord};
+use crate::store::messages::MessageRecord;
 use crate::store::{AcceptEntry, Db, Writer};
 
 /// A database of the test's own, dropped with this value.
@@ -189,35 +189,28 @@ async fn accepts_and_status_changes_commit_in_groups_and_read_back() {
     done.await.unwrap();
     assert!(accept.accept(entry("late", "acme", None)).await.is_err());
 
-    let sent = messages::get(&db, "m1").await.unwrap().unwrap();
+    let sent = db.message("m1").await.unwrap().unwrap();
     assert_eq!(sent.status, MessageStatus::Sent);
     assert_eq!(sent.attempts, 1);
     assert_eq!(sent.provider_message_id.as_deref(), Some("SM1"));
     let live = |tenant: &str| Scope::new(tenant, World::Live);
-    let retrying = messages::get_in(&db, &live("acme"), "m2")
-        .await
-        .unwrap()
-        .unwrap();
+    let retrying = db.message_in(&live("acme"), "m2").await.unwrap().unwrap();
     assert_eq!(retrying.status, MessageStatus::Retrying);
     assert_eq!(retrying.last_error.as_deref(), Some("503 from provider"));
+    assert!(db.message_in(&live("other"), "m2").await.unwrap().is_none());
     assert!(
-        messages::get_in(&db, &live("other"), "m2")
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        messages::get_in(&db, &Scope::new("acme", World::Test), "m2")
+        db.message_in(&Scope::new("acme", World::Test), "m2")
             .await
             .unwrap()
             .is_none(),
         "a live message is not found in the tenant's test world"
     );
-    let many = messages::get_many(&db, &["m3".into(), "m5".into(), "zz".into()])
+    let many = db
+        .messages_by_id(&["m3".into(), "m5".into(), "zz".into()])
         .await
         .unwrap();
     assert_eq!(many.len(), 2);
-    assert_eq!(messages::count_since(&db, "acme", 0).await.unwrap(), 200);
+    assert_eq!(db.live_count_since("acme", 0).await.unwrap(), 200);
     db.close().await;
 }
 
