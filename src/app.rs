@@ -292,7 +292,7 @@ struct StoredCounts(Db);
 #[async_trait::async_trait]
 impl SentCounts for StoredCounts {
     async fn sent_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
-        self.0.live_count_since(tenant_id, since_ms).await
+        Ok(self.0.live_count_since(tenant_id, since_ms).await?)
     }
 }
 
@@ -303,7 +303,7 @@ struct OutboxRows(Db);
 #[async_trait::async_trait]
 impl PendingCounts for OutboxRows {
     async fn pending(&self) -> anyhow::Result<[u64; 2]> {
-        self.0.outbox_by_lane().await
+        Ok(self.0.outbox_by_lane().await?)
     }
 }
 

@@ -131,6 +131,20 @@ pub enum Refused {
     Internal(#[from] anyhow::Error),
 }
 
+/// A store that is away or full is a 503 with its Retry-After; anything
+/// else is internal.
+impl From<crate::store::StoreError> for Refused {
+    fn from(err: crate::store::StoreError) -> Self {
+        match err.retry_after() {
+            Some(retry_after) => Refused::Unavailable {
+                detail: err.to_string(),
+                retry_after,
+            },
+            None => Refused::Internal(err.into()),
+        }
+    }
+}
+
 impl Refused {
     /// 422 naming `field`.
     pub fn field(field: &str, message: impl Into<String>) -> Self {

@@ -247,9 +247,10 @@ impl Outbox {
     /// from then on). Returns how many were sent.
     pub async fn sweep(&self, cutoff_ms: Option<i64>) -> anyhow::Result<usize> {
         let cutoff = cutoff_ms.unwrap_or(i64::MAX);
-        self.db
+        Ok(self
+            .db
             .drain_outbox(cutoff, SWEEP_PAGE, &mut |rows| Box::pin(self.resend(rows)))
-            .await
+            .await?)
     }
 
     /// Sends outbox rows to their lanes; returns the ids SQS took.

@@ -317,7 +317,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
             RegistryError::Conflict(detail) => ApiError::Conflict(detail),
             RegistryError::Invalid { field, message } => ApiError::field(&field, message),
-            RegistryError::Internal(err) => ApiError::Internal(err),
+            RegistryError::Internal(err) => ApiError::from(err),
         }
     }
 }

@@ -82,8 +82,9 @@ const FIRST_RETRY: Duration = Duration::from_secs(2);
 
 async fn keep_for_later(db: &Db, receipt: &Receipt) -> anyhow::Result<()> {
     let json = serde_json::to_string(receipt)?;
-    db.keep_receipt(receipt, &json, now_ms() + FIRST_RETRY.as_millis() as i64)
-        .await
+    Ok(db
+        .keep_receipt(receipt, &json, now_ms() + FIRST_RETRY.as_millis() as i64)
+        .await?)
 }
 
 /// How often kept receipts are matched again.

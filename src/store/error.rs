@@ -25,6 +25,27 @@ pub enum StoreError {
     Other(anyhow::Error),
 }
 
+/// What every operation of the store's interface answers.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<anyhow::Error> for StoreError {
+    fn from(err: anyhow::Error) -> Self {
+        StoreError::classify(err)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        StoreError::classify(err.into())
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(err: rusqlite::Error) -> Self {
+        StoreError::classify(err.into())
+    }
+}
+
 impl StoreError {
     /// How long a caller should wait before trying again, for the failures
     /// that pass: a read that found the store away costs nothing to repeat,
@@ -38,7 +59,20 @@ impl StoreError {
 
     /// Classifies an error from a store call by what its chain holds.
     pub fn classify(err: anyhow::Error) -> StoreError {
+        let err = match err.downcast::<StoreError>() {
+            Ok(classified) => return classified,
+            Err(err) => err,
+        };
         for cause in err.chain() {
+            if let Some(classified) = cause.downcast_ref::<StoreError>() {
+                match classified {
+                    StoreError::NotFound(what) => return StoreError::NotFound(what.clone()),
+                    StoreError::Conflict(what) => return StoreError::Conflict(what.clone()),
+                    StoreError::Unavailable(why) => return StoreError::Unavailable(why.clone()),
+                    StoreError::Full(why) => return StoreError::Full(why.clone()),
+                    StoreError::Other(_) => {}
+                }
+            }
             if let Some(err) = cause.downcast_ref::<sqlx::Error>() {
                 match of_sqlx(err) {
                     Some(Kind::Unavailable) => return StoreError::Unavailable(format!("{err}")),

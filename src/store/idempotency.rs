@@ -3,6 +3,7 @@
 //! in the same transaction as the message they describe so a replay can
 //! never name a message that was not accepted.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use crate::model::Scope;
@@ -36,12 +37,12 @@ pub trait IdempotencyStore: Send + Sync {
         scope: &Scope,
         key: &str,
         now_ms: i64,
-    ) -> anyhow::Result<Option<StoredResponse>>;
+    ) -> StoreResult<Option<StoredResponse>>;
 
     /// Forgets keys older than 24 hours at `now_ms`; returns how many. With
     /// several instances on PostgreSQL, one of them does it at a time
     /// (`None` from the others).
-    async fn purge_idempotency_keys(&self, now_ms: i64) -> anyhow::Result<Option<u64>>;
+    async fn purge_idempotency_keys(&self, now_ms: i64) -> StoreResult<Option<u64>>;
 }
 
 /// A remembered answer from its stored columns: request hash, status code,

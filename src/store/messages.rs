@@ -1,6 +1,7 @@
 //! Message status rows: one per accepted message, written in the same
 //! transaction as its queue entry and read back by `GET /v1/messages/{id}`.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use crate::model::{Lane, Scope};
@@ -98,22 +99,22 @@ pub trait MessageStore: Send + Sync {
     /// The message `id` if it belongs to `scope`: its tenant, in its world.
     /// A test key's caller never gets a live message, nor a live key's
     /// caller a test one.
-    async fn message_in(&self, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>>;
+    async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>>;
 
     /// The message `id`, whoever owns it.
-    async fn message(&self, id: &str) -> anyhow::Result<Option<MessageRecord>>;
+    async fn message(&self, id: &str) -> StoreResult<Option<MessageRecord>>;
 
     /// The events of message `id`, oldest first, at most
     /// [`super::events::MAX_EVENTS`].
-    async fn message_events(&self, id: &str) -> anyhow::Result<Vec<EventRecord>>;
+    async fn message_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
 
     /// The provider last called for message `id` and whether its next
     /// attempt must go to that provider again (see [`crate::store::Called`]).
-    async fn last_provider(&self, id: &str) -> anyhow::Result<Option<(String, bool)>>;
+    async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>>;
 
     /// Live messages (not a test key's) `tenant_id` sent at or after
     /// `since_ms`: what its daily quota has used (start-up).
-    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64>;
+    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> StoreResult<u64>;
 
     /// Puts redriven messages back to `queued` with a fresh attempt budget,
     /// unless a consumer has already taken them up again since
@@ -125,17 +126,14 @@ pub trait MessageStore: Send + Sync {
     /// backends that share the status store call this before moving
     /// messages (`redrive_started` = `i64::MAX`), so a consumer never sees a
     /// redriven message with its old budget.
-    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> anyhow::Result<()>;
+    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> StoreResult<()>;
 
     /// Undoes [`MessageStore::mark_requeued`] for messages that could not be
     /// moved after all.
-    async fn restore_dead_lettered(&self, ids: &[String]) -> anyhow::Result<()>;
+    async fn restore_dead_lettered(&self, ids: &[String]) -> StoreResult<()>;
 
     /// Status rows of `ids` (any tenant), keyed by id.
-    async fn messages_by_id(
-        &self,
-        ids: &[String],
-    ) -> anyhow::Result<HashMap<String, MessageRecord>>;
+    async fn messages_by_id(&self, ids: &[String]) -> StoreResult<HashMap<String, MessageRecord>>;
 
     /// Of `scope`'s messages with `reference`: the ids of up to `limit`
     /// still waiting to be sent, and how many there are in all.
@@ -144,24 +142,23 @@ pub trait MessageStore: Send + Sync {
         scope: &Scope,
         reference: &str,
         limit: i64,
-    ) -> anyhow::Result<(Vec<String>, usize)>;
+    ) -> StoreResult<(Vec<String>, usize)>;
 
     /// Creates, if missing, the index of pending messages that
     /// [`MessageStore::oldest_pending`] reads (a SQLite file made before it;
     /// the PostgreSQL schema has it from its first migration).
-    async fn index_pending(&self) -> anyhow::Result<()>;
+    async fn index_pending(&self) -> StoreResult<()>;
 
     /// When the oldest pending message of `lane` (of `tenant`, when given)
     /// was created (ms).
-    async fn oldest_pending(&self, lane: Lane, tenant: Option<&str>)
-    -> anyhow::Result<Option<i64>>;
+    async fn oldest_pending(&self, lane: Lane, tenant: Option<&str>) -> StoreResult<Option<i64>>;
 
     /// Messages still `sending` in a SQLite file (which belongs to this one
     /// instance) were being sent by a process that is gone: they wait again,
     /// to be claimed by their redelivered copy (at least once). Returns how
     /// many. On PostgreSQL another instance may be sending them: nothing
     /// changes (a stale claim is taken over by [`crate::store::Writer::claim`]).
-    async fn release_interrupted_sends(&self) -> anyhow::Result<u64>;
+    async fn release_interrupted_sends(&self) -> StoreResult<u64>;
 
     /// A page of `scope`'s messages, newest first, at most `limit`: a test
     /// key's messages or live ones, never both in one list. The index
@@ -177,7 +174,7 @@ pub trait MessageStore: Send + Sync {
         filter: &ListFilter,
         limit: i64,
         scan_rows: i64,
-    ) -> anyhow::Result<ListPage>;
+    ) -> StoreResult<ListPage>;
 }
 
 /// Which of a scope's messages a list shows (all given conditions hold).

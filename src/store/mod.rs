@@ -44,7 +44,7 @@ pub mod webhooks;
 pub use delivery::{
     BeforeSend, Called, CallsRecord, PassRooms, SendCheck, StreamRead, TakenCalls, TenantRoom,
 };
-pub use error::StoreError;
+pub use error::{StoreError, StoreResult};
 pub use hot::Writer;
 pub use sqlite::SqliteDb;
 pub(crate) use staging::group_span;

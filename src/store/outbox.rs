@@ -2,6 +2,7 @@
 //! accept's transaction (see `crate::accept::outbox` for the relay). A
 //! scheduled message's row waits here until it is due.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 
@@ -36,16 +37,16 @@ pub trait OutboxStore: Send + Sync {
         cutoff: i64,
         page: i64,
         send: &mut SendRows<'_>,
-    ) -> anyhow::Result<usize>;
+    ) -> StoreResult<usize>;
 
     /// Outbox rows per lane (fast, slow): messages accepted and not yet in
     /// SQS, scheduled ones included. One scan of a table that is small
     /// unless SQS is behind (and then bounded by the lanes' high-water
     /// marks).
-    async fn outbox_by_lane(&self) -> anyhow::Result<[u64; 2]>;
+    async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]>;
 
     /// Removes the outbox rows of `ids` (sent messages).
-    async fn forget_outbox_rows(&self, ids: &[String]) -> anyhow::Result<()>;
+    async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()>;
 
     /// The ids of `tenant_id`'s messages still waiting in the outbox to
     /// reach their lane (scheduled ones, which wait for their time, left
@@ -55,7 +56,7 @@ pub trait OutboxStore: Send + Sync {
         &self,
         tenant_id: &str,
         limit: i64,
-    ) -> anyhow::Result<Vec<String>>;
+    ) -> StoreResult<Vec<String>>;
 }
 
 /// Outbox rows per lane (fast, slow) from `(lane, count)` rows.

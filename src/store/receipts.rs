@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::suppressions;
@@ -150,14 +151,14 @@ pub trait ReceiptStore: Send + Sync {
         receipt: &Receipt,
         json: &str,
         next_try_at: i64,
-    ) -> anyhow::Result<()>;
+    ) -> StoreResult<()>;
 
     /// Up to `limit` kept receipts due at `now`.
-    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>>;
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> StoreResult<Vec<KeptReceipt>>;
 
     /// Removes kept receipt `row` (`done`: matched or expired), or counts a
     /// try and makes it due again at `next`.
-    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()>;
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> StoreResult<()>;
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use sqlx::postgres::PgListener;
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use crate::model::{Isolation, Plan, TenantStatus};
@@ -106,15 +107,15 @@ pub enum TenantDeletion {
 pub trait RegistryStore: Send + Sync {
     /// Plans, tenants and active keys as stored now, from one snapshot, so
     /// a change committed between the reads is not half seen.
-    async fn read_registry(&self) -> anyhow::Result<RegistryRows>;
+    async fn read_registry(&self) -> StoreResult<RegistryRows>;
 
     /// Creates or replaces a plan. A configured plan (`PlanSource::Config`)
     /// does not replace one an admin has changed; an admin's always replaces.
-    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> anyhow::Result<()>;
+    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()>;
 
     /// Inserts a tenant; false when one with its id exists (the primary key
     /// decides races between two creates of the same id).
-    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> anyhow::Result<bool>;
+    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> StoreResult<bool>;
 
     /// Changes only the fields given (another instance may have changed the
     /// others a moment ago); returns the tenant's row after it, `None` when
@@ -124,28 +125,28 @@ pub trait RegistryStore: Send + Sync {
         id: &str,
         change: &TenantUpdate<'_>,
         now: i64,
-    ) -> anyhow::Result<Option<StoredTenant>>;
+    ) -> StoreResult<Option<StoredTenant>>;
 
     /// Deletes a tenant with its keys, message history, events, webhook,
     /// suppressions, sender identities, usage and idempotency keys, in one
     /// transaction; refused while any of its messages is undelivered
     /// (`scheduled`, `queued`, `sending`, `retrying`): a scheduled one would
     /// otherwise be sent for a tenant that no longer exists.
-    async fn delete_tenant(&self, id: &str) -> anyhow::Result<TenantDeletion>;
+    async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion>;
 
     /// Stores a key's id, the hex SHA-256 of its secret and its kind (`live`
     /// or `test`).
-    async fn insert_key(&self, key: &KeyInsert<'_>) -> anyhow::Result<()>;
+    async fn insert_key(&self, key: &KeyInsert<'_>) -> StoreResult<()>;
 
     /// Revokes an active key of `tenant_id`; returns how many (0 or 1).
-    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> anyhow::Result<u64>;
+    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> StoreResult<u64>;
 
     /// A tenant's keys, revoked ones too: id, created, revoked (ms), kind.
-    async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyListed>>;
+    async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>>;
 
     /// Stores a sender identity; when it is a default, the tenant's previous
     /// default for its channel stops being one in the same transaction.
-    async fn insert_sender(&self, row: &SenderRow) -> anyhow::Result<()>;
+    async fn insert_sender(&self, row: &SenderRow) -> StoreResult<()>;
 
     /// Makes identity `id` of `tenant_id` its channel's default (`default`)
     /// or no default; false when the tenant has no such identity.
@@ -154,24 +155,24 @@ pub trait RegistryStore: Send + Sync {
         tenant_id: &str,
         id: &str,
         default: bool,
-    ) -> anyhow::Result<bool>;
+    ) -> StoreResult<bool>;
 
     /// Removes identity `id` of `tenant_id`; false when there was none.
-    async fn delete_sender(&self, tenant_id: &str, id: &str) -> anyhow::Result<bool>;
+    async fn delete_sender(&self, tenant_id: &str, id: &str) -> StoreResult<bool>;
 
     /// A tenant's sender identities, oldest first.
-    async fn senders_of(&self, tenant_id: &str) -> anyhow::Result<Vec<SenderRow>>;
+    async fn senders_of(&self, tenant_id: &str) -> StoreResult<Vec<SenderRow>>;
 
     /// Tells the other instances that the registry changed (`what`, for
     /// logs). Nothing to tell on SQLite, where there are none.
-    async fn announce_registry(&self, what: &str) -> anyhow::Result<()>;
+    async fn announce_registry(&self, what: &str) -> StoreResult<()>;
 
     /// Listens for the announcements of [`announce_registry`]; fails on
     /// SQLite, which has no other instances to hear from (see
     /// [`super::Db::is_shared`]).
     ///
     /// [`announce_registry`]: RegistryStore::announce_registry
-    async fn listen_registry(&self) -> anyhow::Result<RegistryListener>;
+    async fn listen_registry(&self) -> StoreResult<RegistryListener>;
 }
 
 /// A new API key: its id, whose it is, the hex SHA-256 of its secret, its

@@ -10,6 +10,7 @@
 //! personal again (a late bounce's error, an event's detail) is unmarked by
 //! the lifecycle's move, and the next run erases it again.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 /// A message due for erasure.
@@ -29,7 +30,7 @@ pub trait RetentionStore: Send + Sync {
         tenant_id: &str,
         cutoff: i64,
         limit: usize,
-    ) -> anyhow::Result<Vec<Due>>;
+    ) -> StoreResult<Vec<Due>>;
 
     /// Erases the personal data of the messages `ids` (at most
     /// [`super::sqlite::IDS_PER_STATEMENT`] of them) in one transaction: the
@@ -37,16 +38,16 @@ pub trait RetentionStore: Send + Sync {
     /// an outbox row if one is left. A message no longer settled (a redrive
     /// put it back after [`RetentionStore::due_for_erasure`] read it) is left
     /// whole. Returns how many status rows it erased.
-    async fn erase_messages(&self, ids: &[String], now: i64) -> anyhow::Result<u64>;
+    async fn erase_messages(&self, ids: &[String], now: i64) -> StoreResult<u64>;
 
     /// The right to run retention now; `None` while another instance runs
     /// it (PostgreSQL's advisory lock, held until the [`RunLock`] drops; a
     /// SQLite file has one instance).
-    async fn lock_retention_run(&self) -> anyhow::Result<Option<RunLock>>;
+    async fn lock_retention_run(&self) -> StoreResult<Option<RunLock>>;
 
     /// How many of `tenant_id`'s messages are not delivered yet
     /// (`scheduled`, `queued`, `sending`, `retrying`).
-    async fn undelivered(&self, tenant_id: &str) -> anyhow::Result<i64>;
+    async fn undelivered(&self, tenant_id: &str) -> StoreResult<i64>;
 
     /// Leaves no old copy of erased or deleted text on disk. On SQLite,
     /// `secure_delete` zeroes the space a write frees, but when SQLite
@@ -58,7 +59,7 @@ pub trait RetentionStore: Send + Sync {
     /// false when readers kept the checkpoint from finishing through a few
     /// tries; the next run tries again. Nothing to do on PostgreSQL, whose
     /// rows are read only through its tables.
-    async fn scrub_file(&self, vacuum: bool) -> anyhow::Result<Scrubbed>;
+    async fn scrub_file(&self, vacuum: bool) -> StoreResult<Scrubbed>;
 }
 
 /// Held through a retention run; see [`RetentionStore::lock_retention_run`].

@@ -4,6 +4,7 @@
 //! before every provider call. Addresses are kept normalised, so
 //! `Alice@Example.com` and `alice@example.com` are one entry.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -70,7 +71,7 @@ pub trait SuppressionStore: Send + Sync {
         address: &str,
         message_id: &str,
         now: i64,
-    ) -> anyhow::Result<bool>;
+    ) -> StoreResult<bool>;
 
     /// Adds an entry by hand (reason `manual`); true when it was not listed
     /// before. The first reason of an address stays.
@@ -80,17 +81,14 @@ pub trait SuppressionStore: Send + Sync {
         channel: Channel,
         address: &str,
         detail: Option<&str>,
-    ) -> anyhow::Result<bool>;
+    ) -> StoreResult<bool>;
 
     /// One entry, if listed.
-    async fn suppression(
-        &self,
-        tenant_id: &str,
-        address: &str,
-    ) -> anyhow::Result<Option<Suppression>>;
+    async fn suppression(&self, tenant_id: &str, address: &str)
+    -> StoreResult<Option<Suppression>>;
 
     /// True when `address` (normalised) is on the tenant's list.
-    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool>;
+    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> StoreResult<bool>;
 
     /// Up to `limit` entries after `after` (an address; None from the
     /// start), in address order.
@@ -99,10 +97,10 @@ pub trait SuppressionStore: Send + Sync {
         tenant_id: &str,
         after: Option<&str>,
         limit: i64,
-    ) -> anyhow::Result<Vec<Suppression>>;
+    ) -> StoreResult<Vec<Suppression>>;
 
     /// Removes an entry; true when it was listed.
-    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool>;
+    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> StoreResult<bool>;
 }
 
 #[cfg(test)]

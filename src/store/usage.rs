@@ -9,6 +9,7 @@
 //! group commits. The rows are apart from the messages, so retention never
 //! changes them.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::usage_counters::COUNTERS;
@@ -57,13 +58,13 @@ pub trait UsageStore: Send + Sync {
         whose: Whose<'_>,
         from_day: i64,
         to_day: i64,
-    ) -> anyhow::Result<Vec<UsageRow>>;
+    ) -> StoreResult<Vec<UsageRow>>;
 
     /// Folds the counts appended since the last roll-up into `usage`, one
     /// batch per transaction, on one instance at a time (`None` from the
     /// others). Returns how many deltas it folded. PostgreSQL only; SQLite
     /// counts in place and answers `None`.
-    async fn roll_up_usage(&self) -> anyhow::Result<Option<u64>>;
+    async fn roll_up_usage(&self) -> StoreResult<Option<u64>>;
 }
 
 impl<'a> Whose<'a> {

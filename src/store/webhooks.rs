@@ -21,6 +21,7 @@
 //! `store::sqlite::webhooks` and `store::postgres::webhooks`, which hold
 //! their SQL.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::messages::MessageRecord;
@@ -187,7 +188,7 @@ pub struct DueCall {
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
     /// The tenant's endpoint, if it has one.
-    async fn webhook(&self, tenant_id: &str) -> anyhow::Result<Option<Webhook>>;
+    async fn webhook(&self, tenant_id: &str) -> StoreResult<Option<Webhook>>;
 
     /// The tenant's calls by state, as of `now`: its failed calls' rows, and
     /// the events its stream has still to deliver (pending; failed while the
@@ -196,11 +197,11 @@ pub trait WebhookStore: Send + Sync {
         &self,
         tenant_id: &str,
         now: i64,
-    ) -> anyhow::Result<Vec<DeliveryCount>>;
+    ) -> StoreResult<Vec<DeliveryCount>>;
 
     /// Every tenant's pending calls due at `now`: how many, and the event time
     /// (ms) of the oldest, for the dispatcher's gauges.
-    async fn webhook_calls_due(&self, now: i64) -> anyhow::Result<(i64, Option<i64>)>;
+    async fn webhook_calls_due(&self, now: i64) -> StoreResult<(i64, Option<i64>)>;
 
     /// Sets the tenant's endpoint. A new endpoint gets `secret` (returned); a
     /// changed one keeps its secret (None) and is enabled again, its failed
@@ -212,7 +213,7 @@ pub trait WebhookStore: Send + Sync {
         url: &str,
         events: &str,
         secret: String,
-    ) -> anyhow::Result<(Webhook, Option<String>)>;
+    ) -> StoreResult<(Webhook, Option<String>)>;
 
     /// Gives the tenant's endpoint the new `secret`; the old one keeps signing
     /// beside it for `grace_ms`. None when there is no endpoint.
@@ -221,30 +222,30 @@ pub trait WebhookStore: Send + Sync {
         tenant_id: &str,
         secret: String,
         grace_ms: i64,
-    ) -> anyhow::Result<Option<(Webhook, String)>>;
+    ) -> StoreResult<Option<(Webhook, String)>>;
 
     /// Removes the tenant's endpoint and the events still waiting for it;
     /// true when there was one.
-    async fn delete_webhook(&self, tenant_id: &str) -> anyhow::Result<bool>;
+    async fn delete_webhook(&self, tenant_id: &str) -> StoreResult<bool>;
 
     /// Enables the tenant's endpoint again and makes its failed events pending,
     /// due now; returns how many, with the events its stream kept while it was
     /// disabled. None when there is no endpoint.
-    async fn redrive_webhook(&self, tenant_id: &str) -> anyhow::Result<Option<u64>>;
+    async fn redrive_webhook(&self, tenant_id: &str) -> StoreResult<Option<u64>>;
 
     /// Endpoints that are failing or disabled, oldest failure first.
-    async fn failing_webhooks(&self) -> anyhow::Result<Vec<Webhook>>;
+    async fn failing_webhooks(&self) -> StoreResult<Vec<Webhook>>;
 
     /// The tenants with calls pending, by one index probe per such tenant (a
     /// "loose index scan"), not a pass over every pending row: a dead
     /// endpoint's backlog can be millions of rows.
-    async fn tenants_with_pending_calls(&self) -> anyhow::Result<Vec<String>>;
+    async fn tenants_with_pending_calls(&self) -> StoreResult<Vec<String>>;
 
     /// Gives back a lease taken but not used: the call is due again now.
-    async fn release_webhook_lease(&self, event_id: i64) -> anyhow::Result<()>;
+    async fn release_webhook_lease(&self, event_id: i64) -> StoreResult<()>;
 
     /// Drops a call (its endpoint or message is gone).
-    async fn forget_webhook_call(&self, event_id: i64) -> anyhow::Result<()>;
+    async fn forget_webhook_call(&self, event_id: i64) -> StoreResult<()>;
 
     /// A call failed at `now` with `error`: it is due again at `next` (or
     /// given up, `gave_up`), the message's later events move back with it,
@@ -261,7 +262,7 @@ pub trait WebhookStore: Send + Sync {
         gave_up: bool,
         now: i64,
         limit: i64,
-    ) -> anyhow::Result<bool>;
+    ) -> StoreResult<bool>;
 }
 
 /// The columns of a message's status as it was at one of its events:

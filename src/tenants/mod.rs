@@ -114,6 +114,20 @@ pub enum RegistryError {
     Internal(#[from] anyhow::Error),
 }
 
+/// A store failure: its own words for what was not there or clashed,
+/// otherwise kept whole (the API maps it once: a store that is away is a
+/// 503, not a 500).
+impl From<crate::store::StoreError> for RegistryError {
+    fn from(err: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        match err {
+            StoreError::NotFound(what) => RegistryError::NotFound(what),
+            StoreError::Conflict(detail) => RegistryError::Conflict(detail),
+            other => RegistryError::Internal(other.into()),
+        }
+    }
+}
+
 fn undelivered(id: &str, pending: i64) -> RegistryError {
     RegistryError::Conflict(format!(
         "tenant {id:?} still has {pending} undelivered messages; wait until they are sent or dead-lettered"

@@ -539,7 +539,7 @@ impl Dispatcher {
         if due.cursor.is_some() {
             return Ok(());
         }
-        self.db.forget_webhook_call(due.event_id).await
+        Ok(self.db.forget_webhook_call(due.event_id).await?)
     }
 
     /// Hands the call to the recorder: a retry's row is removed with

@@ -196,14 +196,16 @@ pub async fn put(
     url: &str,
     events: &str,
 ) -> anyhow::Result<(Webhook, Option<String>)> {
-    db.put_webhook(tenant_id, url, events, sign::new_secret())
-        .await
+    Ok(db
+        .put_webhook(tenant_id, url, events, sign::new_secret())
+        .await?)
 }
 
 /// Gives the tenant's endpoint a new secret; the old one keeps signing
 /// beside it for [`PREVIOUS_SECRET_GRACE_MS`]. None when there is no
 /// endpoint.
 pub async fn rotate(db: &Db, tenant_id: &str) -> anyhow::Result<Option<(Webhook, String)>> {
-    db.rotate_webhook_secret(tenant_id, sign::new_secret(), PREVIOUS_SECRET_GRACE_MS)
-        .await
+    Ok(db
+        .rotate_webhook_secret(tenant_id, sign::new_secret(), PREVIOUS_SECRET_GRACE_MS)
+        .await?)
 }

@@ -1,5 +1,6 @@
 //! Remembered answers for `Idempotency-Key` on PostgreSQL.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{PgDb, locks, try_lock};
@@ -13,7 +14,7 @@ impl IdempotencyStore for PgDb {
         scope: &Scope,
         key: &str,
         now_ms: i64,
-    ) -> anyhow::Result<Option<StoredResponse>> {
+    ) -> StoreResult<Option<StoredResponse>> {
         const LOOKUP: &str = "SELECT request_hash, status_code, response_body, message_id, \
              created_at FROM idempotency_keys \
              WHERE tenant_id = $1 AND key = $2 AND created_at > $3 AND test = $4";
@@ -28,7 +29,7 @@ impl IdempotencyStore for PgDb {
     }
 
     /// One instance at a time, under an advisory lock.
-    async fn purge_idempotency_keys(&self, now_ms: i64) -> anyhow::Result<Option<u64>> {
+    async fn purge_idempotency_keys(&self, now_ms: i64) -> StoreResult<Option<u64>> {
         let Some(mut tx) = try_lock(self, locks::IDEMPOTENCY_PURGE).await? else {
             return Ok(None);
         };

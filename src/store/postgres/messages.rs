@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::PgDb;
@@ -39,7 +40,7 @@ fn bind_list<'q, O>(
 
 #[async_trait]
 impl MessageStore for PgDb {
-    async fn message_in(&self, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>> {
         const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
         let row: Option<MessageRow> = sqlx::query_as(IN_SCOPE)
             .bind(id)
@@ -47,19 +48,19 @@ impl MessageStore for PgDb {
             .bind(scope.is_test())
             .fetch_optional(&self.pool)
             .await?;
-        row.map(from_row).transpose()
+        Ok(row.map(from_row).transpose()?)
     }
 
-    async fn message(&self, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    async fn message(&self, id: &str) -> StoreResult<Option<MessageRecord>> {
         const BY_ID: &str = select_message!("WHERE id = $1");
         let row: Option<MessageRow> = sqlx::query_as(BY_ID)
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(from_row).transpose()
+        Ok(row.map(from_row).transpose()?)
     }
 
-    async fn message_events(&self, id: &str) -> anyhow::Result<Vec<EventRecord>> {
+    async fn message_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
         const LIST: &str = "SELECT id, at, event, status, attempts, detail, provider_message_id \
              FROM message_events WHERE message_id = $1 ORDER BY id LIMIT $2";
         Ok(sqlx::query_as(LIST)
@@ -69,7 +70,7 @@ impl MessageStore for PgDb {
             .await?)
     }
 
-    async fn last_provider(&self, id: &str) -> anyhow::Result<Option<(String, bool)>> {
+    async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>> {
         const LAST: &str = "SELECT provider, provider_pinned FROM messages WHERE id = $1";
         let row: Option<(Option<String>, bool)> = sqlx::query_as(LAST)
             .bind(id)
@@ -78,7 +79,7 @@ impl MessageStore for PgDb {
         Ok(row.and_then(|(provider, pinned)| provider.map(|provider| (provider, pinned))))
     }
 
-    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
+    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> StoreResult<u64> {
         const COUNT: &str = "SELECT COUNT(*) FROM messages \
              WHERE tenant_id = $1 AND test = FALSE AND created_at >= $2";
         let count: i64 = sqlx::query_scalar(COUNT)
@@ -89,7 +90,7 @@ impl MessageStore for PgDb {
         Ok(count.max(0) as u64)
     }
 
-    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> anyhow::Result<()> {
+    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -99,16 +100,13 @@ impl MessageStore for PgDb {
         Ok(())
     }
 
-    async fn restore_dead_lettered(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn restore_dead_lettered(&self, ids: &[String]) -> StoreResult<()> {
         let mut conn = self.pool.acquire().await?;
         super::lifecycle::restore(&mut conn, ids, now_ms()).await?;
         Ok(())
     }
 
-    async fn messages_by_id(
-        &self,
-        ids: &[String],
-    ) -> anyhow::Result<HashMap<String, MessageRecord>> {
+    async fn messages_by_id(&self, ids: &[String]) -> StoreResult<HashMap<String, MessageRecord>> {
         let rows: Vec<MessageRow> = sqlx::query_as(select_message!("WHERE id = ANY($1)"))
             .bind(ids)
             .fetch_all(&self.pool)
@@ -126,7 +124,7 @@ impl MessageStore for PgDb {
         scope: &Scope,
         reference: &str,
         limit: i64,
-    ) -> anyhow::Result<(Vec<String>, usize)> {
+    ) -> StoreResult<(Vec<String>, usize)> {
         const PENDING: &str = "SELECT id FROM messages \
              WHERE tenant_id = $1 AND test = $2 AND reference = $3 \
              AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT $4";
@@ -150,15 +148,11 @@ impl MessageStore for PgDb {
     }
 
     /// The schema has it from its first migration.
-    async fn index_pending(&self) -> anyhow::Result<()> {
+    async fn index_pending(&self) -> StoreResult<()> {
         Ok(())
     }
 
-    async fn oldest_pending(
-        &self,
-        lane: Lane,
-        tenant: Option<&str>,
-    ) -> anyhow::Result<Option<i64>> {
+    async fn oldest_pending(&self, lane: Lane, tenant: Option<&str>) -> StoreResult<Option<i64>> {
         const OLDEST: &str = "SELECT MIN(created_at) FROM messages \
              WHERE lane = $1 AND status IN ('queued', 'sending', 'retrying')";
         const OLDEST_OF: &str = "SELECT MIN(created_at) FROM messages \
@@ -182,7 +176,7 @@ impl MessageStore for PgDb {
     }
 
     /// Another instance may be sending them: nothing changes.
-    async fn release_interrupted_sends(&self) -> anyhow::Result<u64> {
+    async fn release_interrupted_sends(&self) -> StoreResult<u64> {
         Ok(0)
     }
 
@@ -200,7 +194,7 @@ impl MessageStore for PgDb {
         filter: &ListFilter,
         limit: i64,
         scan_rows: i64,
-    ) -> anyhow::Result<ListPage> {
+    ) -> StoreResult<ListPage> {
         let ListQuery {
             window,
             checked,

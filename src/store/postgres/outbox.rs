@@ -1,5 +1,6 @@
 //! The outbox on PostgreSQL, swept by several instances at once.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::PgDb;
@@ -15,7 +16,7 @@ impl OutboxStore for PgDb {
         cutoff: i64,
         page: i64,
         send: &mut SendRows<'_>,
-    ) -> anyhow::Result<usize> {
+    ) -> StoreResult<usize> {
         const DUE: &str = "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
              WHERE (due_at IS NULL AND created_at <= $1) OR due_at <= $2 \
              ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED";
@@ -43,14 +44,14 @@ impl OutboxStore for PgDb {
         }
     }
 
-    async fn outbox_by_lane(&self) -> anyhow::Result<[u64; 2]> {
+    async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]> {
         const COUNT: &str = "SELECT lane, COUNT(*) FROM outbox GROUP BY lane";
         Ok(counts_by_lane(
             sqlx::query_as(COUNT).fetch_all(&self.pool).await?,
         ))
     }
 
-    async fn forget_outbox_rows(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -65,7 +66,7 @@ impl OutboxStore for PgDb {
         &self,
         tenant_id: &str,
         limit: i64,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> StoreResult<Vec<String>> {
         const WAITING: &str = "SELECT message_id FROM outbox \
              WHERE tenant_id = $1 AND due_at IS NULL ORDER BY message_id LIMIT $2";
         Ok(sqlx::query_scalar(WAITING)

@@ -3,6 +3,7 @@
 //! writer, `store::sqlite::receipts::apply_in`). What a receipt does to a message
 //! is decided once, in `store::receipts`, for both.
 
+use crate::store::StoreResult;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
@@ -313,7 +314,7 @@ impl ReceiptStore for PgDb {
         receipt: &Receipt,
         json: &str,
         next_try_at: i64,
-    ) -> anyhow::Result<()> {
+    ) -> StoreResult<()> {
         const KEEP: &str = "INSERT INTO pending_receipts \
              (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
              VALUES ($1, $2, $3, $4, $5, 0)";
@@ -328,7 +329,7 @@ impl ReceiptStore for PgDb {
         Ok(())
     }
 
-    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>> {
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> StoreResult<Vec<KeptReceipt>> {
         const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
              WHERE next_try_at <= $1 ORDER BY next_try_at LIMIT $2";
         Ok(sqlx::query_as(DUE)
@@ -338,7 +339,7 @@ impl ReceiptStore for PgDb {
             .await?)
     }
 
-    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> StoreResult<()> {
         if done {
             sqlx::query("DELETE FROM pending_receipts WHERE id = $1")
                 .bind(row)

@@ -2,6 +2,7 @@
 //! identities, and the announcement that makes every instance reload them
 //! after a change.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::PgDb;
@@ -18,7 +19,7 @@ const REGISTRY_CHANNEL: &str = "fairlane_registry";
 #[async_trait]
 impl RegistryStore for PgDb {
     /// Read in one `REPEATABLE READ` snapshot.
-    async fn read_registry(&self) -> anyhow::Result<RegistryRows> {
+    async fn read_registry(&self) -> StoreResult<RegistryRows> {
         const PLANS: &str =
             "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans";
         const KEYS: &str =
@@ -44,7 +45,7 @@ impl RegistryStore for PgDb {
         Ok(rows)
     }
 
-    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> anyhow::Result<()> {
+    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
         let sql = match source {
             PlanSource::Config => {
                 "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
@@ -74,7 +75,7 @@ impl RegistryStore for PgDb {
         Ok(())
     }
 
-    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> anyhow::Result<bool> {
+    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> StoreResult<bool> {
         const INSERT: &str = "INSERT INTO tenants (id, name, plan, status, isolation, \
              max_concurrent_consumers, created_at, updated_at, retention_days) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (id) DO NOTHING";
@@ -98,7 +99,7 @@ impl RegistryStore for PgDb {
         id: &str,
         change: &TenantUpdate<'_>,
         now: i64,
-    ) -> anyhow::Result<Option<StoredTenant>> {
+    ) -> StoreResult<Option<StoredTenant>> {
         let sql = format!(
             "UPDATE tenants SET plan = COALESCE($1, plan), status = COALESCE($2, status), \
              isolation = COALESCE($5, isolation), \
@@ -125,7 +126,7 @@ impl RegistryStore for PgDb {
             .await?)
     }
 
-    async fn delete_tenant(&self, id: &str) -> anyhow::Result<TenantDeletion> {
+    async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion> {
         const PENDING: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
         const ERASE: [&str; 12] = [
@@ -172,7 +173,7 @@ impl RegistryStore for PgDb {
         })
     }
 
-    async fn insert_key(&self, key: &KeyInsert<'_>) -> anyhow::Result<()> {
+    async fn insert_key(&self, key: &KeyInsert<'_>) -> StoreResult<()> {
         const INSERT: &str = "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at, kind) \
              VALUES ($1, $2, $3, $4, $5)";
         sqlx::query(INSERT)
@@ -186,7 +187,7 @@ impl RegistryStore for PgDb {
         Ok(())
     }
 
-    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> anyhow::Result<u64> {
+    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> StoreResult<u64> {
         const REVOKE: &str = "UPDATE api_keys SET revoked_at = $1 \
              WHERE id = $2 AND tenant_id = $3 AND revoked_at IS NULL";
         Ok(sqlx::query(REVOKE)
@@ -198,7 +199,7 @@ impl RegistryStore for PgDb {
             .rows_affected())
     }
 
-    async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyListed>> {
+    async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>> {
         const KEYS: &str = "SELECT id, created_at, revoked_at, kind FROM api_keys \
              WHERE tenant_id = $1 ORDER BY created_at, id";
         Ok(sqlx::query_as(KEYS)
@@ -207,7 +208,7 @@ impl RegistryStore for PgDb {
             .await?)
     }
 
-    async fn insert_sender(&self, row: &SenderRow) -> anyhow::Result<()> {
+    async fn insert_sender(&self, row: &SenderRow) -> StoreResult<()> {
         const UNSET: &str = "UPDATE sender_identities SET is_default = FALSE \
              WHERE tenant_id = $1 AND channel = $2 AND is_default";
         const INSERT: &str = "INSERT INTO sender_identities (id, tenant_id, channel, sender, \
@@ -243,7 +244,7 @@ impl RegistryStore for PgDb {
         tenant_id: &str,
         id: &str,
         default: bool,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         const CHANNEL: &str =
             "SELECT channel FROM sender_identities WHERE tenant_id = $1 AND id = $2";
         const UNSET_OTHERS: &str = "UPDATE sender_identities SET is_default = FALSE \
@@ -275,7 +276,7 @@ impl RegistryStore for PgDb {
         Ok(true)
     }
 
-    async fn delete_sender(&self, tenant_id: &str, id: &str) -> anyhow::Result<bool> {
+    async fn delete_sender(&self, tenant_id: &str, id: &str) -> StoreResult<bool> {
         const REMOVE: &str = "DELETE FROM sender_identities WHERE tenant_id = $1 AND id = $2";
         let removed = sqlx::query(REMOVE)
             .bind(tenant_id)
@@ -286,7 +287,7 @@ impl RegistryStore for PgDb {
         Ok(removed > 0)
     }
 
-    async fn senders_of(&self, tenant_id: &str) -> anyhow::Result<Vec<SenderRow>> {
+    async fn senders_of(&self, tenant_id: &str) -> StoreResult<Vec<SenderRow>> {
         let sql = format!(
             "SELECT {SENDER_COLUMNS} FROM sender_identities WHERE tenant_id = $1 ORDER BY id"
         );
@@ -296,7 +297,7 @@ impl RegistryStore for PgDb {
             .await?)
     }
 
-    async fn announce_registry(&self, what: &str) -> anyhow::Result<()> {
+    async fn announce_registry(&self, what: &str) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(REGISTRY_CHANNEL)
             .bind(what)
@@ -305,7 +306,7 @@ impl RegistryStore for PgDb {
         Ok(())
     }
 
-    async fn listen_registry(&self) -> anyhow::Result<RegistryListener> {
+    async fn listen_registry(&self) -> StoreResult<RegistryListener> {
         Ok(RegistryListener(self.listen(REGISTRY_CHANNEL).await?))
     }
 }

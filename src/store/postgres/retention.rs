@@ -1,6 +1,7 @@
 //! Retention on PostgreSQL: finding and erasing settled messages' personal
 //! data, one instance's run at a time.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{PgDb, locks, try_lock};
@@ -13,7 +14,7 @@ impl RetentionStore for PgDb {
         tenant_id: &str,
         cutoff: i64,
         limit: usize,
-    ) -> anyhow::Result<Vec<Due>> {
+    ) -> StoreResult<Vec<Due>> {
         let sql = format!(
             "SELECT id, status FROM messages \
              WHERE tenant_id = $1 AND erased_at IS NULL AND created_at < $2 \
@@ -28,7 +29,7 @@ impl RetentionStore for PgDb {
             .await?)
     }
 
-    async fn erase_messages(&self, ids: &[String], now: i64) -> anyhow::Result<u64> {
+    async fn erase_messages(&self, ids: &[String], now: i64) -> StoreResult<u64> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -58,13 +59,13 @@ impl RetentionStore for PgDb {
         Ok(erased.len() as u64)
     }
 
-    async fn lock_retention_run(&self) -> anyhow::Result<Option<RunLock>> {
+    async fn lock_retention_run(&self) -> StoreResult<Option<RunLock>> {
         Ok(try_lock(self, locks::RETENTION)
             .await?
             .map(RunLock::holding))
     }
 
-    async fn undelivered(&self, tenant_id: &str) -> anyhow::Result<i64> {
+    async fn undelivered(&self, tenant_id: &str) -> StoreResult<i64> {
         const UNDELIVERED: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
         Ok(sqlx::query_scalar(UNDELIVERED)
@@ -73,7 +74,7 @@ impl RetentionStore for PgDb {
             .await?)
     }
 
-    async fn scrub_file(&self, _vacuum: bool) -> anyhow::Result<Scrubbed> {
+    async fn scrub_file(&self, _vacuum: bool) -> StoreResult<Scrubbed> {
         Ok(Scrubbed {
             vacuumed: false,
             log_truncated: true,

@@ -1,5 +1,6 @@
 //! The `settings` table on PostgreSQL.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::PgDb;
@@ -7,7 +8,7 @@ use crate::store::settings::SettingsStore;
 
 #[async_trait]
 impl SettingsStore for PgDb {
-    async fn setting(&self, key: &str) -> anyhow::Result<Option<String>> {
+    async fn setting(&self, key: &str) -> StoreResult<Option<String>> {
         Ok(
             sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
                 .bind(key)
@@ -16,7 +17,7 @@ impl SettingsStore for PgDb {
         )
     }
 
-    async fn set_setting(&self, key: &str, value: &str) -> anyhow::Result<()> {
+    async fn set_setting(&self, key: &str, value: &str) -> StoreResult<()> {
         const WRITE: &str = "INSERT INTO settings(key, value) VALUES ($1, $2) \
              ON CONFLICT(key) DO UPDATE SET value = excluded.value";
         sqlx::query(WRITE)
@@ -27,7 +28,7 @@ impl SettingsStore for PgDb {
         Ok(())
     }
 
-    async fn setting_or_insert(&self, key: &str, value: &str) -> anyhow::Result<String> {
+    async fn setting_or_insert(&self, key: &str, value: &str) -> StoreResult<String> {
         const KEEP: &str = "INSERT INTO settings(key, value) VALUES ($1, $2) \
              ON CONFLICT(key) DO NOTHING";
         sqlx::query(KEEP)
@@ -35,12 +36,13 @@ impl SettingsStore for PgDb {
             .bind(value)
             .execute(&self.pool)
             .await?;
-        self.setting(key)
+        Ok(self
+            .setting(key)
             .await?
-            .ok_or_else(|| anyhow::anyhow!("setting {key} vanished after it was written"))
+            .ok_or_else(|| anyhow::anyhow!("setting {key} vanished after it was written"))?)
     }
 
-    async fn refresh_statistics(&self) -> anyhow::Result<()> {
+    async fn refresh_statistics(&self) -> StoreResult<()> {
         Ok(())
     }
 }

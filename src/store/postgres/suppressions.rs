@@ -1,5 +1,6 @@
 //! The suppression lists on PostgreSQL.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::PgDb;
@@ -24,7 +25,7 @@ impl SuppressionStore for PgDb {
         address: &str,
         message_id: &str,
         now: i64,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         let mut tx = self.pool.begin().await?;
         let added = sqlx::query(INSERT)
             .bind(tenant_id)
@@ -51,7 +52,7 @@ impl SuppressionStore for PgDb {
         channel: Channel,
         address: &str,
         detail: Option<&str>,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         let added = sqlx::query(INSERT)
             .bind(tenant_id)
             .bind(address)
@@ -70,7 +71,7 @@ impl SuppressionStore for PgDb {
         &self,
         tenant_id: &str,
         address: &str,
-    ) -> anyhow::Result<Option<Suppression>> {
+    ) -> StoreResult<Option<Suppression>> {
         let sql =
             format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = $1 AND address = $2");
         let row = sqlx::query_as::<_, Suppression>(sqlx::AssertSqlSafe(sql))
@@ -81,7 +82,7 @@ impl SuppressionStore for PgDb {
         Ok(row.map(Suppression::dated))
     }
 
-    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> StoreResult<bool> {
         const LISTED: &str = "SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2";
         Ok(sqlx::query_scalar::<_, i32>(LISTED)
             .bind(tenant_id)
@@ -96,7 +97,7 @@ impl SuppressionStore for PgDb {
         tenant_id: &str,
         after: Option<&str>,
         limit: i64,
-    ) -> anyhow::Result<Vec<Suppression>> {
+    ) -> StoreResult<Vec<Suppression>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM suppressions \
              WHERE tenant_id = $1 AND address > $2 ORDER BY address LIMIT $3"
@@ -110,7 +111,7 @@ impl SuppressionStore for PgDb {
         Ok(rows.into_iter().map(Suppression::dated).collect())
     }
 
-    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> StoreResult<bool> {
         const REMOVE: &str = "DELETE FROM suppressions WHERE tenant_id = $1 AND address = $2";
         let removed = sqlx::query(REMOVE)
             .bind(tenant_id)

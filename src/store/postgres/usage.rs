@@ -2,6 +2,7 @@
 //! `usage_deltas` (no two instances contend for one `usage` row), reads
 //! add both tables, and a roll-up folds the deltas into `usage`.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{PgDb, locks, try_lock};
@@ -18,7 +19,7 @@ impl UsageStore for PgDb {
         whose: Whose<'_>,
         from_day: i64,
         to_day: i64,
-    ) -> anyhow::Result<Vec<UsageRow>> {
+    ) -> StoreResult<Vec<UsageRow>> {
         let (tenant_id, test) = whose.bounds();
         let columns = COUNTERS.join(", ");
         let sql = format!(
@@ -39,7 +40,7 @@ impl UsageStore for PgDb {
             .await?)
     }
 
-    async fn roll_up_usage(&self) -> anyhow::Result<Option<u64>> {
+    async fn roll_up_usage(&self) -> StoreResult<Option<u64>> {
         let columns = COUNTERS.join(", ");
         let sums: Vec<String> = COUNTERS.iter().map(|c| format!("SUM({c})")).collect();
         let adds: Vec<String> = COUNTERS

@@ -6,6 +6,7 @@
 //! rest of [`WebhookStore`] on PostgreSQL: the endpoints' rows, their
 //! counts, and the record of a failed call.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
@@ -399,7 +400,7 @@ fn stream_backlog(whose: &str) -> String {
 
 #[async_trait]
 impl WebhookStore for PgDb {
-    async fn webhook(&self, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
+    async fn webhook(&self, tenant_id: &str) -> StoreResult<Option<Webhook>> {
         Ok(sqlx::query_as::<_, Webhook>(WEBHOOK_OF)
             .bind(tenant_id)
             .fetch_optional(&self.pool)
@@ -410,7 +411,7 @@ impl WebhookStore for PgDb {
         &self,
         tenant_id: &str,
         now: i64,
-    ) -> anyhow::Result<Vec<DeliveryCount>> {
+    ) -> StoreResult<Vec<DeliveryCount>> {
         let rows: Vec<StateRow> = sqlx::query_as(
             "SELECT state, COUNT(*) AS count, \
              COALESCE(SUM(CASE WHEN next_attempt_at <= $2 THEN 1 ELSE 0 END), 0) AS due, \
@@ -431,7 +432,7 @@ impl WebhookStore for PgDb {
         Ok(counts_by_state(rows, stream))
     }
 
-    async fn webhook_calls_due(&self, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
+    async fn webhook_calls_due(&self, now: i64) -> StoreResult<(i64, Option<i64>)> {
         let rows: (i64, Option<i64>) = sqlx::query_as(
             "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
              WHERE state = 'pending' AND next_attempt_at <= $1",
@@ -457,7 +458,7 @@ impl WebhookStore for PgDb {
         url: &str,
         events: &str,
         secret: String,
-    ) -> anyhow::Result<(Webhook, Option<String>)> {
+    ) -> StoreResult<(Webhook, Option<String>)> {
         const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = $1";
         const CHANGE: &str = "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, \
              last_error = NULL, disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4";
@@ -510,7 +511,7 @@ impl WebhookStore for PgDb {
         tenant_id: &str,
         secret: String,
         grace_ms: i64,
-    ) -> anyhow::Result<Option<(Webhook, String)>> {
+    ) -> StoreResult<Option<(Webhook, String)>> {
         const ROTATE: &str = "UPDATE webhooks SET previous_secret = secret, previous_until = $1, \
              secret = $2, updated_at = $3 WHERE tenant_id = $4";
         let now = now_ms();
@@ -531,7 +532,7 @@ impl WebhookStore for PgDb {
             .map(|webhook| (webhook, secret)))
     }
 
-    async fn delete_webhook(&self, tenant_id: &str) -> anyhow::Result<bool> {
+    async fn delete_webhook(&self, tenant_id: &str) -> StoreResult<bool> {
         const CALLS: &str = "DELETE FROM webhook_deliveries WHERE tenant_id = $1";
         const ENDPOINT: &str = "DELETE FROM webhooks WHERE tenant_id = $1";
         let mut tx = self.pool.begin().await?;
@@ -544,7 +545,7 @@ impl WebhookStore for PgDb {
         Ok(removed.rows_affected() == 1)
     }
 
-    async fn redrive_webhook(&self, tenant_id: &str) -> anyhow::Result<Option<u64>> {
+    async fn redrive_webhook(&self, tenant_id: &str) -> StoreResult<Option<u64>> {
         const ENABLE: &str = "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, \
              updated_at = $1 WHERE tenant_id = $2";
         let now = now_ms();
@@ -574,7 +575,7 @@ impl WebhookStore for PgDb {
         Ok(Some(rows + kept_count(kept)))
     }
 
-    async fn failing_webhooks(&self) -> anyhow::Result<Vec<Webhook>> {
+    async fn failing_webhooks(&self) -> StoreResult<Vec<Webhook>> {
         const FAILING: &str = concat!(
             "SELECT ",
             webhook_columns!(),
@@ -586,14 +587,14 @@ impl WebhookStore for PgDb {
             .await?)
     }
 
-    async fn tenants_with_pending_calls(&self) -> anyhow::Result<Vec<String>> {
+    async fn tenants_with_pending_calls(&self) -> StoreResult<Vec<String>> {
         let tenants: Vec<(Option<String>,)> = sqlx::query_as(PENDING_TENANTS)
             .fetch_all(&self.pool)
             .await?;
         Ok(tenants.into_iter().filter_map(|(tenant,)| tenant).collect())
     }
 
-    async fn release_webhook_lease(&self, event_id: i64) -> anyhow::Result<()> {
+    async fn release_webhook_lease(&self, event_id: i64) -> StoreResult<()> {
         const RELEASE: &str =
             "UPDATE webhook_deliveries SET next_attempt_at = $1 WHERE event_id = $2";
         sqlx::query(RELEASE)
@@ -604,7 +605,7 @@ impl WebhookStore for PgDb {
         Ok(())
     }
 
-    async fn forget_webhook_call(&self, event_id: i64) -> anyhow::Result<()> {
+    async fn forget_webhook_call(&self, event_id: i64) -> StoreResult<()> {
         const FORGET: &str = "DELETE FROM webhook_deliveries WHERE event_id = $1";
         sqlx::query(FORGET)
             .bind(event_id)
@@ -621,7 +622,7 @@ impl WebhookStore for PgDb {
         gave_up: bool,
         now: i64,
         limit: i64,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         // A call from the stream gets its row now; a retry's row counts one
         // more attempt. Given up, or its endpoint disabled meanwhile: kept
         // failed, for a redrive.

@@ -1,5 +1,6 @@
 //! Remembered answers for `Idempotency-Key` on SQLite.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args, tuple};
@@ -41,7 +42,7 @@ impl IdempotencyStore for SqliteDb {
         scope: &Scope,
         key: &str,
         now_ms: i64,
-    ) -> anyhow::Result<Option<StoredResponse>> {
+    ) -> StoreResult<Option<StoredResponse>> {
         const LOOKUP: &str = "SELECT request_hash, status_code, response_body, message_id, \
              created_at FROM idempotency_keys \
              WHERE tenant_id = ?1 AND key = ?2 AND created_at > ?3 AND test = ?4";
@@ -55,7 +56,7 @@ impl IdempotencyStore for SqliteDb {
         Ok(row.map(|row| StoredResponse::from_row(scope, key, row)))
     }
 
-    async fn purge_idempotency_keys(&self, now_ms: i64) -> anyhow::Result<Option<u64>> {
+    async fn purge_idempotency_keys(&self, now_ms: i64) -> StoreResult<Option<u64>> {
         const PURGE: &str = "DELETE FROM idempotency_keys WHERE created_at <= ?1";
         let done = self.execute(PURGE, args![now_ms - RETENTION_MS]).await?;
         Ok(Some(done as u64))

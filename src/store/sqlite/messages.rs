@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{Args, IDS_PER_STATEMENT, SqliteDb, args, id_list, tuple};
@@ -56,44 +57,45 @@ fn list_args(scope: &Scope, binds: &[ListValue]) -> Args {
 
 #[async_trait]
 impl MessageStore for SqliteDb {
-    async fn message_in(&self, scope: &Scope, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>> {
         const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
         let args = args![id.to_owned(), scope.tenant().to_owned(), scope.is_test()];
         let row = self.row(IN_SCOPE, args, message_row).await?;
-        row.map(from_row).transpose()
+        Ok(row.map(from_row).transpose()?)
     }
 
-    async fn message(&self, id: &str) -> anyhow::Result<Option<MessageRecord>> {
+    async fn message(&self, id: &str) -> StoreResult<Option<MessageRecord>> {
         const BY_ID: &str = select_message!("WHERE id = ?1");
         let row = self.row(BY_ID, args![id.to_owned()], message_row).await?;
-        row.map(from_row).transpose()
+        Ok(row.map(from_row).transpose()?)
     }
 
-    async fn message_events(&self, id: &str) -> anyhow::Result<Vec<EventRecord>> {
+    async fn message_events(&self, id: &str) -> StoreResult<Vec<EventRecord>> {
         const LIST: &str = "SELECT id, at, event, status, attempts, detail, provider_message_id \
              FROM message_events WHERE message_id = ?1 ORDER BY id LIMIT ?2";
-        self.rows(LIST, args![id.to_owned(), MAX_EVENTS], |row| {
-            Ok(EventRecord {
-                id: row.get(0)?,
-                at: row.get(1)?,
-                event: row.get(2)?,
-                status: row.get(3)?,
-                attempts: row.get(4)?,
-                detail: row.get(5)?,
-                provider_message_id: row.get(6)?,
+        Ok(self
+            .rows(LIST, args![id.to_owned(), MAX_EVENTS], |row| {
+                Ok(EventRecord {
+                    id: row.get(0)?,
+                    at: row.get(1)?,
+                    event: row.get(2)?,
+                    status: row.get(3)?,
+                    attempts: row.get(4)?,
+                    detail: row.get(5)?,
+                    provider_message_id: row.get(6)?,
+                })
             })
-        })
-        .await
+            .await?)
     }
 
-    async fn last_provider(&self, id: &str) -> anyhow::Result<Option<(String, bool)>> {
+    async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>> {
         const LAST: &str = "SELECT provider, provider_pinned FROM messages WHERE id = ?1";
         let row: Option<(Option<String>, bool)> =
             self.row(LAST, args![id.to_owned()], tuple).await?;
         Ok(row.and_then(|(provider, pinned)| provider.map(|provider| (provider, pinned))))
     }
 
-    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> anyhow::Result<u64> {
+    async fn live_count_since(&self, tenant_id: &str, since_ms: i64) -> StoreResult<u64> {
         const COUNT: &str = "SELECT COUNT(*) FROM messages \
              WHERE tenant_id = ?1 AND test = FALSE AND created_at >= ?2";
         let args = args![tenant_id.to_owned(), since_ms];
@@ -101,35 +103,34 @@ impl MessageStore for SqliteDb {
         Ok(count.max(0) as u64)
     }
 
-    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> anyhow::Result<()> {
+    async fn mark_requeued(&self, ids: &[String], redrive_started: i64) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
         let (ids, now) = (ids.to_vec(), now_ms());
-        self.transact(move |tx| {
-            for id in &ids {
-                super::lifecycle::redrive(tx, id, redrive_started, now)?;
-            }
-            Ok(())
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                for id in &ids {
+                    super::lifecycle::redrive(tx, id, redrive_started, now)?;
+                }
+                Ok(())
+            })
+            .await?)
     }
 
-    async fn restore_dead_lettered(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn restore_dead_lettered(&self, ids: &[String]) -> StoreResult<()> {
         let (ids, now) = (ids.to_vec(), now_ms());
-        self.transact(move |tx| {
-            for id in &ids {
-                super::lifecycle::restore(tx, id, now)?;
-            }
-            Ok(())
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                for id in &ids {
+                    super::lifecycle::restore(tx, id, now)?;
+                }
+                Ok(())
+            })
+            .await?)
     }
 
-    async fn messages_by_id(
-        &self,
-        ids: &[String],
-    ) -> anyhow::Result<HashMap<String, MessageRecord>> {
+    async fn messages_by_id(&self, ids: &[String]) -> StoreResult<HashMap<String, MessageRecord>> {
         let mut found = HashMap::new();
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let sql = format!(
@@ -155,7 +156,7 @@ impl MessageStore for SqliteDb {
         scope: &Scope,
         reference: &str,
         limit: i64,
-    ) -> anyhow::Result<(Vec<String>, usize)> {
+    ) -> StoreResult<(Vec<String>, usize)> {
         const PENDING: &str = "SELECT id FROM messages \
              WHERE tenant_id = ?1 AND test = ?2 AND reference = ?3 \
              AND status IN ('scheduled', 'queued', 'retrying') ORDER BY id LIMIT ?4";
@@ -175,18 +176,14 @@ impl MessageStore for SqliteDb {
 
     /// Its WHERE clause must match [`MessageStore::oldest_pending`]'s word
     /// for word for SQLite to use it.
-    async fn index_pending(&self) -> anyhow::Result<()> {
+    async fn index_pending(&self) -> StoreResult<()> {
         const INDEX: &str = "CREATE INDEX IF NOT EXISTS messages_pending \
              ON messages(lane, created_at) WHERE status IN ('queued', 'sending', 'retrying')";
         self.execute(INDEX, vec![]).await?;
         Ok(())
     }
 
-    async fn oldest_pending(
-        &self,
-        lane: Lane,
-        tenant: Option<&str>,
-    ) -> anyhow::Result<Option<i64>> {
+    async fn oldest_pending(&self, lane: Lane, tenant: Option<&str>) -> StoreResult<Option<i64>> {
         const OLDEST: &str = "SELECT MIN(created_at) FROM messages \
              WHERE lane = ?1 AND status IN ('queued', 'sending', 'retrying')";
         const OLDEST_OF: &str = "SELECT MIN(created_at) FROM messages \
@@ -199,10 +196,11 @@ impl MessageStore for SqliteDb {
         Ok(self.row(sql, args, |row| row.get(0)).await?.flatten())
     }
 
-    async fn release_interrupted_sends(&self) -> anyhow::Result<u64> {
+    async fn release_interrupted_sends(&self) -> StoreResult<u64> {
         let now = now_ms();
-        self.transact(move |tx| Ok(super::lifecycle::release_all(tx, now)?))
-            .await
+        Ok(self
+            .transact(move |tx| Ok(super::lifecycle::release_all(tx, now)?))
+            .await?)
     }
 
     async fn list_messages(
@@ -211,7 +209,7 @@ impl MessageStore for SqliteDb {
         filter: &ListFilter,
         limit: i64,
         scan_rows: i64,
-    ) -> anyhow::Result<ListPage> {
+    ) -> StoreResult<ListPage> {
         let ListQuery {
             window,
             checked,

@@ -1,5 +1,6 @@
 //! The outbox on SQLite (a SQLite store with SQS lanes).
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args, tuple};
@@ -65,7 +66,7 @@ impl OutboxStore for SqliteDb {
         cutoff: i64,
         page: i64,
         send: &mut SendRows<'_>,
-    ) -> anyhow::Result<usize> {
+    ) -> StoreResult<usize> {
         const DUE: &str = "SELECT message_id, lane, tenant_id, channel, priority, body FROM outbox \
              WHERE ((due_at IS NULL AND created_at <= ?1) OR due_at <= ?2) \
              AND message_id > ?3 ORDER BY message_id LIMIT ?4";
@@ -90,29 +91,31 @@ impl OutboxStore for SqliteDb {
         }
     }
 
-    async fn outbox_by_lane(&self) -> anyhow::Result<[u64; 2]> {
+    async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]> {
         const COUNT: &str = "SELECT lane, COUNT(*) FROM outbox GROUP BY lane";
         Ok(counts_by_lane(self.rows(COUNT, vec![], tuple).await?))
     }
 
-    async fn forget_outbox_rows(&self, ids: &[String]) -> anyhow::Result<()> {
+    async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
-        self.execute_for_ids(ids, "DELETE FROM outbox WHERE message_id IN (")
-            .await
+        Ok(self
+            .execute_for_ids(ids, "DELETE FROM outbox WHERE message_id IN (")
+            .await?)
     }
 
     async fn outbox_waiting_of_tenant(
         &self,
         tenant_id: &str,
         limit: i64,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> StoreResult<Vec<String>> {
         const WAITING: &str = "SELECT message_id FROM outbox \
              WHERE tenant_id = ?1 AND due_at IS NULL ORDER BY message_id LIMIT ?2";
-        self.rows(WAITING, args![tenant_id.to_owned(), limit], |row| {
-            row.get(0)
-        })
-        .await
+        Ok(self
+            .rows(WAITING, args![tenant_id.to_owned(), limit], |row| {
+                row.get(0)
+            })
+            .await?)
     }
 }

@@ -1,6 +1,7 @@
 //! Receipts on SQLite: applying one in the store writer's transaction, and
 //! the receipts kept for a later match.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args, tuple};
@@ -94,7 +95,7 @@ impl ReceiptStore for SqliteDb {
         receipt: &Receipt,
         json: &str,
         next_try_at: i64,
-    ) -> anyhow::Result<()> {
+    ) -> StoreResult<()> {
         const KEEP: &str = "INSERT INTO pending_receipts \
              (provider, provider_message_id, receipt, received_at, next_try_at, tries) \
              VALUES (?1, ?2, ?3, ?4, ?5, 0)";
@@ -109,13 +110,13 @@ impl ReceiptStore for SqliteDb {
         Ok(())
     }
 
-    async fn kept_receipts_due(&self, now: i64, limit: i64) -> anyhow::Result<Vec<KeptReceipt>> {
+    async fn kept_receipts_due(&self, now: i64, limit: i64) -> StoreResult<Vec<KeptReceipt>> {
         const DUE: &str = "SELECT id, receipt, received_at, tries FROM pending_receipts \
              WHERE next_try_at <= ?1 ORDER BY next_try_at LIMIT ?2";
-        self.rows(DUE, args![now, limit], tuple).await
+        Ok(self.rows(DUE, args![now, limit], tuple).await?)
     }
 
-    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> anyhow::Result<()> {
+    async fn settle_kept_receipt(&self, row: i64, done: bool, next: i64) -> StoreResult<()> {
         if done {
             self.execute("DELETE FROM pending_receipts WHERE id = ?1", args![row])
                 .await?;

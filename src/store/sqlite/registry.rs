@@ -1,6 +1,7 @@
 //! The registry's rows on SQLite: plans, tenants, API keys and sender
 //! identities. One instance owns the file, so nothing is announced.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 use rusqlite::OptionalExtension;
 
@@ -52,34 +53,35 @@ fn sender_row(row: &rusqlite::Row) -> rusqlite::Result<SenderRow> {
 
 #[async_trait]
 impl RegistryStore for SqliteDb {
-    async fn read_registry(&self) -> anyhow::Result<RegistryRows> {
+    async fn read_registry(&self) -> StoreResult<RegistryRows> {
         let tenants = format!("SELECT {TENANT_COLUMNS} FROM tenants");
         let senders =
             format!("SELECT {SENDER_COLUMNS} FROM sender_identities ORDER BY tenant_id, id");
-        self.read(move |conn| {
-            let snapshot = conn.unchecked_transaction()?;
-            let all = |sql: &str| prepare(&snapshot, sql);
-            let rows = RegistryRows {
-                plans: all(PLANS)?
-                    .query_map([], tuple)?
-                    .collect::<Result<_, _>>()?,
-                tenants: all(&tenants)?
-                    .query_map([], tenant_row)?
-                    .collect::<Result<_, _>>()?,
-                keys: all(ACTIVE_KEYS)?
-                    .query_map([], tuple)?
-                    .collect::<Result<_, _>>()?,
-                senders: all(&senders)?
-                    .query_map([], sender_row)?
-                    .collect::<Result<_, _>>()?,
-            };
-            snapshot.finish()?;
-            Ok(rows)
-        })
-        .await
+        Ok(self
+            .read(move |conn| {
+                let snapshot = conn.unchecked_transaction()?;
+                let all = |sql: &str| prepare(&snapshot, sql);
+                let rows = RegistryRows {
+                    plans: all(PLANS)?
+                        .query_map([], tuple)?
+                        .collect::<Result<_, _>>()?,
+                    tenants: all(&tenants)?
+                        .query_map([], tenant_row)?
+                        .collect::<Result<_, _>>()?,
+                    keys: all(ACTIVE_KEYS)?
+                        .query_map([], tuple)?
+                        .collect::<Result<_, _>>()?,
+                    senders: all(&senders)?
+                        .query_map([], sender_row)?
+                        .collect::<Result<_, _>>()?,
+                };
+                snapshot.finish()?;
+                Ok(rows)
+            })
+            .await?)
     }
 
-    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> anyhow::Result<()> {
+    async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
         let sql = match source {
             PlanSource::Config => {
                 "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
@@ -109,7 +111,7 @@ impl RegistryStore for SqliteDb {
         Ok(())
     }
 
-    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> anyhow::Result<bool> {
+    async fn insert_tenant(&self, tenant: &TenantInsert<'_>) -> StoreResult<bool> {
         const INSERT: &str = "INSERT INTO tenants (id, name, plan, status, isolation, \
              max_concurrent_consumers, created_at, updated_at, retention_days) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) ON CONFLICT (id) DO NOTHING";
@@ -131,7 +133,7 @@ impl RegistryStore for SqliteDb {
         id: &str,
         change: &TenantUpdate<'_>,
         now: i64,
-    ) -> anyhow::Result<Option<StoredTenant>> {
+    ) -> StoreResult<Option<StoredTenant>> {
         let sql = format!(
             "UPDATE tenants SET plan = COALESCE(?1, plan), status = COALESCE(?2, status), \
              isolation = COALESCE(?5, isolation), \
@@ -154,15 +156,16 @@ impl RegistryStore for SqliteDb {
             change.retention_days.is_some(),
             change.retention_days.flatten().map(i64::from)
         ];
-        self.transact(move |tx| {
-            Ok(prepare(tx, &sql)?
-                .query_row(rusqlite::params_from_iter(args), tenant_row)
-                .optional()?)
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                Ok(prepare(tx, &sql)?
+                    .query_row(rusqlite::params_from_iter(args), tenant_row)
+                    .optional()?)
+            })
+            .await?)
     }
 
-    async fn delete_tenant(&self, id: &str) -> anyhow::Result<TenantDeletion> {
+    async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion> {
         const PENDING: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = ?1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
         const ERASE: [&str; 11] = [
@@ -187,25 +190,26 @@ impl RegistryStore for SqliteDb {
             "DELETE FROM outbox WHERE tenant_id = ?1",
         ];
         let id = id.to_owned();
-        self.transact(move |tx| {
-            let pending: i64 = tx.query_row(PENDING, [&id], |row| row.get(0))?;
-            if pending > 0 {
-                return Ok(TenantDeletion::Undelivered(pending));
-            }
-            for statement in ERASE {
-                tx.execute(statement, [&id])?;
-            }
-            Ok(
-                match tx.execute("DELETE FROM tenants WHERE id = ?1", [&id])? {
-                    0 => TenantDeletion::NotFound,
-                    _ => TenantDeletion::Deleted,
-                },
-            )
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                let pending: i64 = tx.query_row(PENDING, [&id], |row| row.get(0))?;
+                if pending > 0 {
+                    return Ok(TenantDeletion::Undelivered(pending));
+                }
+                for statement in ERASE {
+                    tx.execute(statement, [&id])?;
+                }
+                Ok(
+                    match tx.execute("DELETE FROM tenants WHERE id = ?1", [&id])? {
+                        0 => TenantDeletion::NotFound,
+                        _ => TenantDeletion::Deleted,
+                    },
+                )
+            })
+            .await?)
     }
 
-    async fn insert_key(&self, key: &KeyInsert<'_>) -> anyhow::Result<()> {
+    async fn insert_key(&self, key: &KeyInsert<'_>) -> StoreResult<()> {
         const INSERT: &str = "INSERT INTO api_keys (id, tenant_id, secret_hash, created_at, kind) \
              VALUES (?1, ?2, ?3, ?4, ?5)";
         let args = args![
@@ -219,48 +223,49 @@ impl RegistryStore for SqliteDb {
         Ok(())
     }
 
-    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> anyhow::Result<u64> {
+    async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> StoreResult<u64> {
         const REVOKE: &str = "UPDATE api_keys SET revoked_at = ?1 \
              WHERE id = ?2 AND tenant_id = ?3 AND revoked_at IS NULL";
         let args = args![now, key_id.to_owned(), tenant_id.to_owned()];
         Ok(self.execute(REVOKE, args).await? as u64)
     }
 
-    async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyListed>> {
+    async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>> {
         const KEYS: &str = "SELECT id, created_at, revoked_at, kind FROM api_keys \
              WHERE tenant_id = ?1 ORDER BY created_at, id";
-        self.rows(KEYS, args![tenant_id.to_owned()], tuple).await
+        Ok(self.rows(KEYS, args![tenant_id.to_owned()], tuple).await?)
     }
 
-    async fn insert_sender(&self, row: &SenderRow) -> anyhow::Result<()> {
+    async fn insert_sender(&self, row: &SenderRow) -> StoreResult<()> {
         const UNSET: &str = "UPDATE sender_identities SET is_default = FALSE \
              WHERE tenant_id = ?1 AND channel = ?2 AND is_default";
         const INSERT: &str = "INSERT INTO sender_identities (id, tenant_id, channel, sender, \
              display_name, reply_to, configuration_set, messaging_service_sid, is_default, \
              created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
         let row = row.clone();
-        self.transact(move |tx| {
-            if row.is_default {
-                tx.execute(UNSET, rusqlite::params![row.tenant_id, row.channel])?;
-            }
-            tx.execute(
-                INSERT,
-                rusqlite::params![
-                    row.id,
-                    row.tenant_id,
-                    row.channel,
-                    row.sender,
-                    row.display_name,
-                    row.reply_to,
-                    row.configuration_set,
-                    row.messaging_service_sid,
-                    row.is_default,
-                    row.created_at
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                if row.is_default {
+                    tx.execute(UNSET, rusqlite::params![row.tenant_id, row.channel])?;
+                }
+                tx.execute(
+                    INSERT,
+                    rusqlite::params![
+                        row.id,
+                        row.tenant_id,
+                        row.channel,
+                        row.sender,
+                        row.display_name,
+                        row.reply_to,
+                        row.configuration_set,
+                        row.messaging_service_sid,
+                        row.is_default,
+                        row.created_at
+                    ],
+                )?;
+                Ok(())
+            })
+            .await?)
     }
 
     async fn set_default_sender(
@@ -268,48 +273,50 @@ impl RegistryStore for SqliteDb {
         tenant_id: &str,
         id: &str,
         default: bool,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         const CHANNEL: &str =
             "SELECT channel FROM sender_identities WHERE tenant_id = ?1 AND id = ?2";
         const UNSET_OTHERS: &str = "UPDATE sender_identities SET is_default = FALSE \
              WHERE tenant_id = ?1 AND channel = ?2 AND is_default AND id <> ?3";
         const SET: &str = "UPDATE sender_identities SET is_default = ?1 WHERE id = ?2";
         let (tenant_id, id) = (tenant_id.to_owned(), id.to_owned());
-        self.transact(move |tx| {
-            let channel: Option<String> = tx
-                .query_row(CHANNEL, [&tenant_id, &id], |row| row.get(0))
-                .optional()?;
-            let Some(channel) = channel else {
-                return Ok(false);
-            };
-            if default {
-                tx.execute(UNSET_OTHERS, [&tenant_id, &channel, &id])?;
-            }
-            tx.execute(SET, rusqlite::params![default, id])?;
-            Ok(true)
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                let channel: Option<String> = tx
+                    .query_row(CHANNEL, [&tenant_id, &id], |row| row.get(0))
+                    .optional()?;
+                let Some(channel) = channel else {
+                    return Ok(false);
+                };
+                if default {
+                    tx.execute(UNSET_OTHERS, [&tenant_id, &channel, &id])?;
+                }
+                tx.execute(SET, rusqlite::params![default, id])?;
+                Ok(true)
+            })
+            .await?)
     }
 
-    async fn delete_sender(&self, tenant_id: &str, id: &str) -> anyhow::Result<bool> {
+    async fn delete_sender(&self, tenant_id: &str, id: &str) -> StoreResult<bool> {
         const REMOVE: &str = "DELETE FROM sender_identities WHERE tenant_id = ?1 AND id = ?2";
         let args = args![tenant_id.to_owned(), id.to_owned()];
         Ok(self.execute(REMOVE, args).await? > 0)
     }
 
-    async fn senders_of(&self, tenant_id: &str) -> anyhow::Result<Vec<SenderRow>> {
+    async fn senders_of(&self, tenant_id: &str) -> StoreResult<Vec<SenderRow>> {
         let sql = format!(
             "SELECT {SENDER_COLUMNS} FROM sender_identities WHERE tenant_id = ?1 ORDER BY id"
         );
-        self.rows(sql, args![tenant_id.to_owned()], sender_row)
-            .await
+        Ok(self
+            .rows(sql, args![tenant_id.to_owned()], sender_row)
+            .await?)
     }
 
-    async fn announce_registry(&self, _what: &str) -> anyhow::Result<()> {
+    async fn announce_registry(&self, _what: &str) -> StoreResult<()> {
         Ok(())
     }
 
-    async fn listen_registry(&self) -> anyhow::Result<RegistryListener> {
-        anyhow::bail!("a SQLite store has no other instances to hear from")
+    async fn listen_registry(&self) -> StoreResult<RegistryListener> {
+        Err(anyhow::anyhow!("a SQLite store has no other instances to hear from").into())
     }
 }

@@ -1,6 +1,7 @@
 //! Retention on SQLite: finding and erasing settled messages' personal
 //! data, and scrubbing the file so no old copy of it stays on disk.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args, id_list};
@@ -18,7 +19,7 @@ impl RetentionStore for SqliteDb {
         tenant_id: &str,
         cutoff: i64,
         limit: usize,
-    ) -> anyhow::Result<Vec<Due>> {
+    ) -> StoreResult<Vec<Due>> {
         let sql = format!(
             "SELECT id, status FROM messages \
              WHERE tenant_id = ?1 AND erased_at IS NULL AND created_at < ?2 \
@@ -26,16 +27,17 @@ impl RetentionStore for SqliteDb {
             settled_list()
         );
         let args = args![tenant_id.to_owned(), cutoff, limit as i64];
-        self.rows(sql, args, |row| {
-            Ok(Due {
-                id: row.get(0)?,
-                status: row.get(1)?,
+        Ok(self
+            .rows(sql, args, |row| {
+                Ok(Due {
+                    id: row.get(0)?,
+                    status: row.get(1)?,
+                })
             })
-        })
-        .await
+            .await?)
     }
 
-    async fn erase_messages(&self, ids: &[String], now: i64) -> anyhow::Result<u64> {
+    async fn erase_messages(&self, ids: &[String], now: i64) -> StoreResult<u64> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -49,29 +51,30 @@ impl RetentionStore for SqliteDb {
              WHERE detail IS NOT NULL AND message_id IN (";
         const OUTBOX: &str = "DELETE FROM outbox WHERE message_id IN (";
         let ids = ids.to_vec();
-        self.transact(move |tx| {
-            let mut args = args![now];
-            args.extend(ids.into_iter().map(rusqlite::types::Value::from));
-            let erased: Vec<String> = tx
-                .prepare(&messages)?
-                .query_map(rusqlite::params_from_iter(args), |row| row.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            if !erased.is_empty() {
-                for head in [EVENTS, OUTBOX] {
-                    let sql = format!("{head}{}", id_list(erased.len()));
-                    tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
+        Ok(self
+            .transact(move |tx| {
+                let mut args = args![now];
+                args.extend(ids.into_iter().map(rusqlite::types::Value::from));
+                let erased: Vec<String> = tx
+                    .prepare(&messages)?
+                    .query_map(rusqlite::params_from_iter(args), |row| row.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                if !erased.is_empty() {
+                    for head in [EVENTS, OUTBOX] {
+                        let sql = format!("{head}{}", id_list(erased.len()));
+                        tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
+                    }
                 }
-            }
-            Ok(erased.len() as u64)
-        })
-        .await
+                Ok(erased.len() as u64)
+            })
+            .await?)
     }
 
-    async fn lock_retention_run(&self) -> anyhow::Result<Option<RunLock>> {
+    async fn lock_retention_run(&self) -> StoreResult<Option<RunLock>> {
         Ok(Some(RunLock::alone()))
     }
 
-    async fn undelivered(&self, tenant_id: &str) -> anyhow::Result<i64> {
+    async fn undelivered(&self, tenant_id: &str) -> StoreResult<i64> {
         const UNDELIVERED: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = ?1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
         let args = args![tenant_id.to_owned()];
@@ -81,7 +84,7 @@ impl RetentionStore for SqliteDb {
             .unwrap_or(0))
     }
 
-    async fn scrub_file(&self, vacuum: bool) -> anyhow::Result<Scrubbed> {
+    async fn scrub_file(&self, vacuum: bool) -> StoreResult<Scrubbed> {
         let _turn = self.write_turn().await;
         if vacuum {
             self.on_rare_connection(|conn| Ok(conn.execute_batch("VACUUM")?))

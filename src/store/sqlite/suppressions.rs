@@ -1,5 +1,6 @@
 //! The suppression lists on SQLite.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args};
@@ -37,28 +38,29 @@ impl SuppressionStore for SqliteDb {
         address: &str,
         message_id: &str,
         now: i64,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         let (tenant_id, address, message_id) = (
             tenant_id.to_owned(),
             address.to_owned(),
             message_id.to_owned(),
         );
-        self.transact(move |tx| {
-            let added = tx.prepare_cached(INSERT)?.execute(rusqlite::params![
-                tenant_id,
-                address,
-                channel.as_str(),
-                "unsubscribe",
-                None::<String>,
-                message_id,
-                now
-            ])? > 0;
-            if added {
-                super::lifecycle::note(tx, &message_id, &tenant_id, "unsubscribed", now)?;
-            }
-            Ok(added)
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                let added = tx.prepare_cached(INSERT)?.execute(rusqlite::params![
+                    tenant_id,
+                    address,
+                    channel.as_str(),
+                    "unsubscribe",
+                    None::<String>,
+                    message_id,
+                    now
+                ])? > 0;
+                if added {
+                    super::lifecycle::note(tx, &message_id, &tenant_id, "unsubscribed", now)?;
+                }
+                Ok(added)
+            })
+            .await?)
     }
 
     async fn add_suppression(
@@ -67,7 +69,7 @@ impl SuppressionStore for SqliteDb {
         channel: Channel,
         address: &str,
         detail: Option<&str>,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         let args = args![
             tenant_id.to_owned(),
             address.to_owned(),
@@ -84,7 +86,7 @@ impl SuppressionStore for SqliteDb {
         &self,
         tenant_id: &str,
         address: &str,
-    ) -> anyhow::Result<Option<Suppression>> {
+    ) -> StoreResult<Option<Suppression>> {
         let sql =
             format!("SELECT {COLUMNS} FROM suppressions WHERE tenant_id = ?1 AND address = ?2");
         let args = args![tenant_id.to_owned(), address.to_owned()];
@@ -92,7 +94,7 @@ impl SuppressionStore for SqliteDb {
         Ok(row.map(Suppression::dated))
     }
 
-    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    async fn is_suppressed(&self, tenant_id: &str, address: &str) -> StoreResult<bool> {
         const LISTED: &str = "SELECT 1 FROM suppressions WHERE tenant_id = ?1 AND address = ?2";
         let args = args![tenant_id.to_owned(), address.to_owned()];
         Ok(self.row(LISTED, args, |_| Ok(())).await?.is_some())
@@ -103,7 +105,7 @@ impl SuppressionStore for SqliteDb {
         tenant_id: &str,
         after: Option<&str>,
         limit: i64,
-    ) -> anyhow::Result<Vec<Suppression>> {
+    ) -> StoreResult<Vec<Suppression>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM suppressions \
              WHERE tenant_id = ?1 AND address > ?2 ORDER BY address LIMIT ?3"
@@ -113,7 +115,7 @@ impl SuppressionStore for SqliteDb {
         Ok(rows.into_iter().map(Suppression::dated).collect())
     }
 
-    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
+    async fn remove_suppression(&self, tenant_id: &str, address: &str) -> StoreResult<bool> {
         const REMOVE: &str = "DELETE FROM suppressions WHERE tenant_id = ?1 AND address = ?2";
         let args = args![tenant_id.to_owned(), address.to_owned()];
         Ok(self.execute(REMOVE, args).await? == 1)

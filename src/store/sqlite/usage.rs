@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 
 use super::{SqliteDb, args};
@@ -121,7 +122,7 @@ impl UsageStore for SqliteDb {
         whose: Whose<'_>,
         from_day: i64,
         to_day: i64,
-    ) -> anyhow::Result<Vec<UsageRow>> {
+    ) -> StoreResult<Vec<UsageRow>> {
         let (tenant_id, test) = whose.bounds();
         let sql = format!(
             "SELECT tenant_id, day, channel, test, {sums} FROM usage \
@@ -131,29 +132,30 @@ impl UsageStore for SqliteDb {
             sums = summed_counters()
         );
         let args = args![from_day, to_day, tenant_id.map(str::to_owned), test];
-        self.rows(sql, args, |row| {
-            Ok(UsageRow {
-                tenant_id: row.get(0)?,
-                day: row.get(1)?,
-                channel: row.get(2)?,
-                test: row.get(3)?,
-                accepted: row.get(4)?,
-                sent: row.get(5)?,
-                delivered: row.get(6)?,
-                bounced: row.get(7)?,
-                complained: row.get(8)?,
-                failed: row.get(9)?,
-                dead_lettered: row.get(10)?,
-                suppressed: row.get(11)?,
-                cancelled: row.get(12)?,
-                rejected: row.get(13)?,
-                fragments: row.get(14)?,
+        Ok(self
+            .rows(sql, args, |row| {
+                Ok(UsageRow {
+                    tenant_id: row.get(0)?,
+                    day: row.get(1)?,
+                    channel: row.get(2)?,
+                    test: row.get(3)?,
+                    accepted: row.get(4)?,
+                    sent: row.get(5)?,
+                    delivered: row.get(6)?,
+                    bounced: row.get(7)?,
+                    complained: row.get(8)?,
+                    failed: row.get(9)?,
+                    dead_lettered: row.get(10)?,
+                    suppressed: row.get(11)?,
+                    cancelled: row.get(12)?,
+                    rejected: row.get(13)?,
+                    fragments: row.get(14)?,
+                })
             })
-        })
-        .await
+            .await?)
     }
 
-    async fn roll_up_usage(&self) -> anyhow::Result<Option<u64>> {
+    async fn roll_up_usage(&self) -> StoreResult<Option<u64>> {
         Ok(None)
     }
 }

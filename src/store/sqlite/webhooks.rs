@@ -7,6 +7,7 @@
 //! `store::webhooks`. And the rest of [`WebhookStore`] on SQLite: the
 //! endpoints' rows, their counts, and the record of a failed call.
 
+use crate::store::StoreResult;
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Transaction};
 
@@ -412,16 +413,17 @@ fn stream_backlog(whose: &str) -> String {
 
 #[async_trait]
 impl WebhookStore for SqliteDb {
-    async fn webhook(&self, tenant_id: &str) -> anyhow::Result<Option<Webhook>> {
-        self.row(WEBHOOK_OF, args![tenant_id.to_owned()], webhook_row)
-            .await
+    async fn webhook(&self, tenant_id: &str) -> StoreResult<Option<Webhook>> {
+        Ok(self
+            .row(WEBHOOK_OF, args![tenant_id.to_owned()], webhook_row)
+            .await?)
     }
 
     async fn webhook_delivery_counts(
         &self,
         tenant_id: &str,
         now: i64,
-    ) -> anyhow::Result<Vec<DeliveryCount>> {
+    ) -> StoreResult<Vec<DeliveryCount>> {
         let rows: Vec<StateRow> = self
             .rows(
                 "SELECT state, COUNT(*) AS count, \
@@ -443,7 +445,7 @@ impl WebhookStore for SqliteDb {
         Ok(counts_by_state(rows, stream))
     }
 
-    async fn webhook_calls_due(&self, now: i64) -> anyhow::Result<(i64, Option<i64>)> {
+    async fn webhook_calls_due(&self, now: i64) -> StoreResult<(i64, Option<i64>)> {
         let rows: (i64, Option<i64>) = self
             .rows(
                 "SELECT COUNT(*), MIN(created_at) FROM webhook_deliveries \
@@ -470,7 +472,7 @@ impl WebhookStore for SqliteDb {
         url: &str,
         events: &str,
         secret: String,
-    ) -> anyhow::Result<(Webhook, Option<String>)> {
+    ) -> StoreResult<(Webhook, Option<String>)> {
         const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = ?1";
         const CHANGE: &str = "UPDATE webhooks SET url = ?1, events = ?2, failing_since = NULL, \
              last_error = NULL, disabled_at = NULL, updated_at = ?3 WHERE tenant_id = ?4";
@@ -516,7 +518,7 @@ impl WebhookStore for SqliteDb {
         tenant_id: &str,
         secret: String,
         grace_ms: i64,
-    ) -> anyhow::Result<Option<(Webhook, String)>> {
+    ) -> StoreResult<Option<(Webhook, String)>> {
         const ROTATE: &str = "UPDATE webhooks SET previous_secret = secret, previous_until = ?1, \
              secret = ?2, updated_at = ?3 WHERE tenant_id = ?4";
         let now = now_ms();
@@ -530,7 +532,7 @@ impl WebhookStore for SqliteDb {
             .map(|webhook| (webhook, secret)))
     }
 
-    async fn delete_webhook(&self, tenant_id: &str) -> anyhow::Result<bool> {
+    async fn delete_webhook(&self, tenant_id: &str) -> StoreResult<bool> {
         const CALLS: &str = "DELETE FROM webhook_deliveries WHERE tenant_id = ?1";
         const ENDPOINT: &str = "DELETE FROM webhooks WHERE tenant_id = ?1";
         let tenant_id = tenant_id.to_owned();
@@ -543,48 +545,49 @@ impl WebhookStore for SqliteDb {
         Ok(removed == 1)
     }
 
-    async fn redrive_webhook(&self, tenant_id: &str) -> anyhow::Result<Option<u64>> {
+    async fn redrive_webhook(&self, tenant_id: &str) -> StoreResult<Option<u64>> {
         const ENABLE: &str = "UPDATE webhooks SET disabled_at = NULL, failing_since = NULL, \
              updated_at = ?1 WHERE tenant_id = ?2";
         let now = now_ms();
         let backlog = stream_backlog("w.tenant_id = ?1");
         let tenant_id = tenant_id.to_owned();
-        self.transact(move |tx| {
-            if prepare(tx, ENABLE)?.execute(rusqlite::params![now, tenant_id])? == 0 {
-                return Ok(None);
-            }
-            let rows = prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
-            let kept = prepare(tx, &backlog)?
-                .query_row(rusqlite::params![tenant_id, now], tuple)
-                .optional()?;
-            Ok(Some(rows as u64 + kept_count(kept)))
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                if prepare(tx, ENABLE)?.execute(rusqlite::params![now, tenant_id])? == 0 {
+                    return Ok(None);
+                }
+                let rows = prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
+                let kept = prepare(tx, &backlog)?
+                    .query_row(rusqlite::params![tenant_id, now], tuple)
+                    .optional()?;
+                Ok(Some(rows as u64 + kept_count(kept)))
+            })
+            .await?)
     }
 
-    async fn failing_webhooks(&self) -> anyhow::Result<Vec<Webhook>> {
+    async fn failing_webhooks(&self) -> StoreResult<Vec<Webhook>> {
         const FAILING: &str = concat!(
             "SELECT ",
             webhook_columns!(),
             " FROM webhooks WHERE failing_since IS NOT NULL OR disabled_at IS NOT NULL \
              ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
         );
-        self.rows(FAILING, vec![], webhook_row).await
+        Ok(self.rows(FAILING, vec![], webhook_row).await?)
     }
 
-    async fn tenants_with_pending_calls(&self) -> anyhow::Result<Vec<String>> {
+    async fn tenants_with_pending_calls(&self) -> StoreResult<Vec<String>> {
         let tenants: Vec<(Option<String>,)> = self.rows(PENDING_TENANTS, vec![], tuple).await?;
         Ok(tenants.into_iter().filter_map(|(tenant,)| tenant).collect())
     }
 
-    async fn release_webhook_lease(&self, event_id: i64) -> anyhow::Result<()> {
+    async fn release_webhook_lease(&self, event_id: i64) -> StoreResult<()> {
         const RELEASE: &str =
             "UPDATE webhook_deliveries SET next_attempt_at = ?1 WHERE event_id = ?2";
         self.execute(RELEASE, args![now_ms(), event_id]).await?;
         Ok(())
     }
 
-    async fn forget_webhook_call(&self, event_id: i64) -> anyhow::Result<()> {
+    async fn forget_webhook_call(&self, event_id: i64) -> StoreResult<()> {
         const FORGET: &str = "DELETE FROM webhook_deliveries WHERE event_id = ?1";
         self.execute(FORGET, args![event_id]).await?;
         Ok(())
@@ -598,7 +601,7 @@ impl WebhookStore for SqliteDb {
         gave_up: bool,
         now: i64,
         limit: i64,
-    ) -> anyhow::Result<bool> {
+    ) -> StoreResult<bool> {
         // A call from the stream gets its row now; a retry's row counts one
         // more attempt. Given up, or its endpoint disabled meanwhile: kept
         // failed, for a redrive.
@@ -622,30 +625,35 @@ impl WebhookStore for SqliteDb {
         const GIVE_UP: &str = "UPDATE webhook_deliveries SET state = 'failed' \
              WHERE tenant_id = ?1 AND state = 'pending'";
         let (due, error) = (due.clone(), error.to_owned());
-        self.transact(move |tx| {
-            prepare(tx, UPSERT)?.execute(rusqlite::params![
-                due.event_id,
-                due.tenant_id,
-                due.message_id,
-                due.kind,
-                due.created_at,
-                next,
-                i32::from(gave_up),
-                error
-            ])?;
-            prepare(tx, LATER)?.execute(rusqlite::params![next, due.message_id, due.event_id])?;
-            let failing_since = prepare(tx, FAILING)?
-                .query_row(rusqlite::params![now, error, due.tenant_id], |row| {
-                    row.get(0)
-                })
-                .optional()?;
-            let disabled = to_disable(failing_since, now, limit);
-            if disabled {
-                prepare(tx, DISABLE)?.execute(rusqlite::params![now, due.tenant_id])?;
-                prepare(tx, GIVE_UP)?.execute([&due.tenant_id])?;
-            }
-            Ok(disabled)
-        })
-        .await
+        Ok(self
+            .transact(move |tx| {
+                prepare(tx, UPSERT)?.execute(rusqlite::params![
+                    due.event_id,
+                    due.tenant_id,
+                    due.message_id,
+                    due.kind,
+                    due.created_at,
+                    next,
+                    i32::from(gave_up),
+                    error
+                ])?;
+                prepare(tx, LATER)?.execute(rusqlite::params![
+                    next,
+                    due.message_id,
+                    due.event_id
+                ])?;
+                let failing_since = prepare(tx, FAILING)?
+                    .query_row(rusqlite::params![now, error, due.tenant_id], |row| {
+                        row.get(0)
+                    })
+                    .optional()?;
+                let disabled = to_disable(failing_since, now, limit);
+                if disabled {
+                    prepare(tx, DISABLE)?.execute(rusqlite::params![now, due.tenant_id])?;
+                    prepare(tx, GIVE_UP)?.execute([&due.tenant_id])?;
+                }
+                Ok(disabled)
+            })
+            .await?)
     }
 }
