@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
@@ -241,6 +241,19 @@ async fn an_unreachable_postgres_answers_503_with_retry_after_and_recovers_by_it
             // A read finds the store away too: 503 with Retry-After, not 500.
             let read = app.get_message(&key, &before).await;
             let (headers, problem) = expect_problem(read, StatusCode::SERVICE_UNAVAILABLE).await;
+            let retry_after = header_u64(&headers, "retry-after");
+            assert!(
+                (1..=30).contains(&retry_after),
+                "Retry-After {retry_after}: {problem}"
+            );
+            // So does an admin change: the store's typed error reaches the
+            // API whole through the registry, a 503 with Retry-After.
+            let issue = app
+                .admin(Method::POST, "/v1/admin/tenants/acme/keys")
+                .send()
+                .await
+                .unwrap();
+            let (headers, problem) = expect_problem(issue, StatusCode::SERVICE_UNAVAILABLE).await;
             let retry_after = header_u64(&headers, "retry-after");
             assert!(
                 (1..=30).contains(&retry_after),
