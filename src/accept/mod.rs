@@ -127,22 +127,12 @@ pub enum Refused {
         detail: String,
         retry_after: Duration,
     },
+    /// The store failed; the API maps its typed error (a store away or
+    /// full is a 503 with Retry-After).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
-}
-
-/// A store that is away or full is a 503 with its Retry-After; anything
-/// else is internal.
-impl From<crate::store::StoreError> for Refused {
-    fn from(err: crate::store::StoreError) -> Self {
-        match err.retry_after() {
-            Some(retry_after) => Refused::Unavailable {
-                detail: err.to_string(),
-                retry_after,
-            },
-            None => Refused::Internal(err.into()),
-        }
-    }
 }
 
 impl Refused {
@@ -532,8 +522,14 @@ enum Admitted {
 
 /// A refused batch item; an internal failure is logged here, once.
 fn refused_item(refused: Refused) -> BatchItem {
-    if let Refused::Internal(err) = &refused {
-        tracing::error!(error = %format!("{err:#}"), "A batch item failed with an internal error.");
+    match &refused {
+        Refused::Internal(err) => {
+            tracing::error!(error = %format!("{err:#}"), "A batch item failed with an internal error.");
+        }
+        Refused::Store(err) => {
+            tracing::error!(error = %format!("{err:#}"), "A batch item failed in the store.");
+        }
+        _ => {}
     }
     BatchItem::Refused(refused)
 }

@@ -156,10 +156,21 @@ impl From<anyhow::Error> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Other(err) => ApiError::Internal(err),
+            classified => ApiError::of_store(&classified),
+        }
+    }
+}
+
+impl ApiError {
+    /// The one mapping of a store failure: not found, a conflict, or a
+    /// store away or full (503 with Retry-After, its internals not shown).
+    fn of_store(err: &StoreError) -> ApiError {
         let retry_after = err.retry_after().unwrap_or(Duration::from_secs(1));
         match err {
-            StoreError::NotFound(detail) => ApiError::NotFound(detail),
-            StoreError::Conflict(detail) => ApiError::Conflict(detail),
+            StoreError::NotFound(detail) => ApiError::NotFound(detail.clone()),
+            StoreError::Conflict(detail) => ApiError::Conflict(detail.clone()),
             StoreError::Unavailable(_) => ApiError::Unavailable {
                 detail: "The store did not answer; nothing was changed. Try again after Retry-After.".into(),
                 retry_after,
@@ -168,7 +179,7 @@ impl From<StoreError> for ApiError {
                 detail: "The store has no room for this change; nothing was changed. Try again after Retry-After.".into(),
                 retry_after,
             },
-            StoreError::Other(err) => ApiError::Internal(err),
+            StoreError::Other(err) => ApiError::Internal(anyhow::anyhow!("{err:#}")),
         }
     }
 }
@@ -364,6 +375,7 @@ impl From<&crate::accept::Refused> for ApiError {
                 detail: detail.clone(),
                 retry_after: *retry_after,
             },
+            Refused::Store(err) => ApiError::of_store(err),
             Refused::Internal(err) => ApiError::Internal(anyhow::anyhow!("{err:#}")),
         }
     }

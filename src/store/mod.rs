@@ -64,40 +64,32 @@ pub enum Db {
     Postgres(postgres::PgDb),
 }
 
-/// Everything the service asks of its store, in the domain's words: one
-/// trait per topic, declared beside its types, and implemented once per
-/// engine in [`sqlite`] and [`postgres`], which hold all of its SQL.
-pub trait Backend:
-    RegistryStore
-    + MessageStore
-    + WebhookStore
-    + SuppressionStore
-    + OutboxStore
-    + IdempotencyStore
-    + RetentionStore
-    + ReceiptStore
-    + UsageStore
-    + SettingsStore
-    + Send
-    + Sync
-{
+/// Declares [`Backend`] as the sum of the topics' traits, and every type
+/// that implements them all as one.
+macro_rules! backend {
+    ($($topic:ident),+ $(,)?) => {
+        /// Everything the service asks of its store, in the domain's words:
+        /// one trait per topic, declared beside its types, and implemented
+        /// once per engine in [`sqlite`] and [`postgres`], which hold all of
+        /// its SQL.
+        pub trait Backend: $($topic +)+ Send + Sync {}
+
+        impl<T> Backend for T where T: $($topic +)+ Send + Sync {}
+    };
 }
 
-impl<T> Backend for T where
-    T: RegistryStore
-        + MessageStore
-        + WebhookStore
-        + SuppressionStore
-        + OutboxStore
-        + IdempotencyStore
-        + RetentionStore
-        + ReceiptStore
-        + UsageStore
-        + SettingsStore
-        + Send
-        + Sync
-{
-}
+backend!(
+    RegistryStore,
+    MessageStore,
+    WebhookStore,
+    SuppressionStore,
+    OutboxStore,
+    IdempotencyStore,
+    RetentionStore,
+    ReceiptStore,
+    UsageStore,
+    SettingsStore,
+);
 
 impl std::ops::Deref for Db {
     type Target = dyn Backend;
