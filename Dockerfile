@@ -1,4 +1,5 @@
-# fairlane in a container: README.md, "Running in a container".
+# fairlane in a container: the book's "Running in a container"
+# (docs/src/deployment/container.md).
 #
 #   docker build -t fairlane .
 #   docker run -d --name fairlane -p 8080:8080 -v fairlane-data:/data fairlane

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the layering rules of README.md ("Layers, and the rules that keep
-them") against the code: every `crate::X` path in non-test code of `src/`
+"""Checks the layering rules of the book's "Layers, and the rules that keep
+them" (docs/src/internals/layers.md) against the code: every `crate::X` path in non-test code of `src/`
 is an edge from the file's top-level module to X. Fails on an import cycle
 between top-level modules, on an edge a rule forbids, on SQL outside the
 store's two backends (src/store/sqlite/, src/store/postgres/) and

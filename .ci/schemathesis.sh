@@ -11,7 +11,7 @@
 #   bash .ci/schemathesis.sh [max-examples]       (built by `cargo build`)
 #
 # CHECKS (default below) leaves out two checks whose findings are by design
-# (README, "Testing the OpenAPI document"): positive_data_acceptance (a plan
+# (the book's "Testing the OpenAPI document"): positive_data_acceptance (a plan
 # that must exist, an Idempotency-Key reused with another body) and
 # use_after_free (DELETE /v1/messages/{id} cancels: the message stays
 # readable as `cancelled`); the batch also runs without

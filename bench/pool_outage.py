@@ -17,9 +17,9 @@ Prints, per bin of BIN_SECS seconds, the messages each provider took and
 alpha's share, then:
 - whether every message was taken exactly once (none lost, none twice);
 - alpha's largest share in any bin from the end of the outage on (the
-  README: never more than its weight, here 0.5);
+  book's "Provider pools": never more than its weight, here 0.5);
 - when alpha took its first message after the outage, and its share in
-  the first bins after that (the README: from a tenth, back to its weight
+  the first bins after that (the book: from a tenth, back to its weight
   over `recover_secs`, 20 s).
 Exits 1 when a message was lost or taken twice.
 """

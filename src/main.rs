@@ -13,15 +13,15 @@ use utoipa::OpenApi;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The environment `serve` and `admin-token` read, shown under `--help`.
-/// README.md ("Environment variables") lists the same names; a test keeps
-/// the two in step.
+/// The book's "Configuration" (docs/src/configuration.md, "Environment
+/// variables") lists the same names; a test keeps the two in step.
 const ENVIRONMENT: &str = "\
 Environment:
   FAIRLANE_CONFIG          the configuration file, when --config is not given
   FAIRLANE__SECTION__KEY   overrides one setting over the file and the built-in
                            defaults: double underscores between levels, e.g.
                            FAIRLANE__SERVER__LISTEN=0.0.0.0:8080 sets
-                           server.listen (README: \"Configuration reference\")
+                           server.listen (docs/src/reference/configuration.md)
   RUST_LOG                 serve: log filter, default \"info\" (e.g. \"fairlane=debug\")
   FAIRLANE_LOG_FORMAT      serve: \"json\" writes the log as JSON lines
   OTEL_RESOURCE_ATTRIBUTES serve, with telemetry.otlp_endpoint: attributes of

@@ -1,7 +1,8 @@
 //! Prometheus metrics: every name in one place, the recorder installed once
 //! per process, and the text rendered at `/metrics`.
 //!
-//! Names and labels are documented in README.md ("Metrics").
+//! Names and labels are documented in the book
+//! (docs/src/operations/metrics.md); a test keeps the two in step.
 
 use std::sync::OnceLock;
 

@@ -2,9 +2,10 @@
 //!
 //! Logging: `tracing` to stderr, filtered by `RUST_LOG` (default `info`),
 //! as text or, with `FAIRLANE_LOG_FORMAT=json`, as JSON lines. Levels and
-//! the lines an operator follows are described in README.md ("Logging").
+//! the lines an operator follows are described in the book
+//! (docs/src/operations/logging.md).
 //!
-//! Traces (README "Traces"): with `telemetry.otlp_endpoint` set, the spans
+//! Traces (docs/src/operations/traces.md): with `telemetry.otlp_endpoint` set, the spans
 //! made with [`span!`] (target [`TARGET`]) go to an OpenTelemetry exporter
 //! (OTLP over HTTP, batched on the SDK's own thread) and never to the log;
 //! JSON log lines written inside one carry its `trace_id` and `span_id`.

@@ -5,8 +5,8 @@
    variable DS_PROMETHEUS, unique panel ids, gridPos inside Grafana's 24
    columns without overlaps, every query panel with targets that have a
    refId, an expr and the templated datasource, and every metric an expr
-   names is a metric of fairlane (src/metrics.rs) listed in README.md's
-   "Metrics" table.
+   names is a metric of fairlane (src/metrics.rs) listed in the book's
+   "Metrics" table (docs/src/operations/metrics.md).
 
 2. With --live: starts fairlane (--fairlane BINARY) on a fresh SQLite file
    with an HTTP SMS provider played by this script and the log provider for
@@ -79,9 +79,8 @@ def metric_constants():
 
 
 def documented_metrics():
-    """Metric name -> type from README.md's Metrics table."""
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    """Metric name -> type from the book's Metrics table."""
+    table = (ROOT / "docs" / "src" / "operations" / "metrics.md").read_text()
     found = {}
     for line in table.splitlines():
         match = re.match(r"\| `(fairlane_[a-z_]+)` \| (\w+) \|", line)
@@ -168,7 +167,7 @@ def check_model(dashboard, failures):
                 if metric not in constants:
                     failures.add(f"{name}: {metric} is not defined in src/metrics.rs")
                 if metric not in documented:
-                    failures.add(f"{name}: {metric} is not in README.md's Metrics table")
+                    failures.add(f"{name}: {metric} is not in the book's Metrics table (docs/src/operations/metrics.md)")
 
 
 # 2. Live ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
-//! README.md against what the service says about itself: the API summary
-//! against the OpenAPI document (every operation listed, nothing listed
-//! that is not there), and the environment variables the README lists
-//! against those `fairlane --help` names. (The metrics table is checked
-//! against the first scrape in `ops.rs`.)
+//! The book (docs/src/) and README.md against what the service says about
+//! itself: the API summary against the OpenAPI document (every operation
+//! listed, nothing listed that is not there, and an example of each), the
+//! environment variables the book lists against those `fairlane --help`
+//! names, and README's two commands against what CI runs.
+//! (The metrics table is checked against the first scrape in `ops.rs`.)
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -10,14 +11,17 @@ use std::process::Command;
 use serde_json::Value;
 
 const README: &str = include_str!("../../README.md");
+const CI_RUN: &str = include_str!("../../.ci/run");
+const API: &str = include_str!("../../docs/src/api/index.md");
+const ENDPOINTS: &str = include_str!("../../docs/src/api/endpoints.md");
+const CONFIGURATION: &str = include_str!("../../docs/src/configuration.md");
 const OPENAPI: &str = include_str!("../../openapi/openapi.json");
 
-/// The text of README's level-2 section `heading`, up to the next one.
-fn section(heading: &str) -> &'static str {
-    README
-        .split(&format!("\n## {heading}\n"))
+/// The text of `page`'s level-2 section `heading`, up to the next one.
+fn section(page: &'static str, heading: &str) -> &'static str {
+    page.split(&format!("\n## {heading}\n"))
         .nth(1)
-        .unwrap_or_else(|| panic!("README has no \"## {heading}\" section"))
+        .unwrap_or_else(|| panic!("no \"## {heading}\" section"))
         .split("\n## ")
         .next()
         .unwrap()
@@ -31,8 +35,7 @@ fn cells(line: &str) -> Option<Vec<&str>> {
 
 /// `(METHOD, /path)` of every row of the API summary table.
 fn summarised_operations() -> BTreeSet<(String, String)> {
-    section("API summary")
-        .lines()
+    API.lines()
         .filter_map(cells)
         .filter(|row| row.len() >= 2)
         .filter(|row| {
@@ -42,8 +45,8 @@ fn summarised_operations() -> BTreeSet<(String, String)> {
         .collect()
 }
 
-#[test]
-fn the_readme_api_summary_lists_exactly_the_operations_of_the_openapi_document() {
+/// `(METHOD, /path)` of every operation of the OpenAPI document.
+fn documented_operations() -> BTreeSet<(String, String)> {
     let document: Value = serde_json::from_str(OPENAPI).unwrap();
     let mut operations = BTreeSet::new();
     for (path, item) in document["paths"].as_object().unwrap() {
@@ -53,6 +56,12 @@ fn the_readme_api_summary_lists_exactly_the_operations_of_the_openapi_document()
             }
         }
     }
+    operations
+}
+
+#[test]
+fn the_api_summary_lists_exactly_the_operations_of_the_openapi_document() {
+    let operations = documented_operations();
     let summarised = summarised_operations();
     for wanted in [
         ("GET", "/v1/admin/queues"),
@@ -70,7 +79,7 @@ fn the_readme_api_summary_lists_exactly_the_operations_of_the_openapi_document()
     let unknown: Vec<_> = summarised.difference(&operations).collect();
     assert!(
         missing.is_empty() && unknown.is_empty(),
-        "README's API summary lacks {missing:?} and lists {unknown:?}, which the OpenAPI document does not have"
+        "the API summary (docs/src/api/index.md) lacks {missing:?} and lists {unknown:?}, which the OpenAPI document does not have"
     );
 }
 
@@ -103,8 +112,31 @@ fn variable_names(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Every operation of the OpenAPI document has a heading `### METHOD `/path``
+/// in "Endpoints by example", with an example under it, and no other.
 #[test]
-fn the_readme_lists_every_environment_variable_help_shows_and_no_other() {
+fn every_operation_has_an_example() {
+    let mut shown = BTreeSet::new();
+    for part in ENDPOINTS.split("\n### ").skip(1) {
+        let (heading, body) = part.split_once('\n').unwrap();
+        let (method, path) = heading.split_once(' ').unwrap();
+        assert!(
+            body.trim_start().starts_with("```sh\ncurl") || body.contains("\ncurl "),
+            "{heading} has no curl example"
+        );
+        shown.insert((method.to_owned(), path.trim_matches('`').to_owned()));
+    }
+    let operations = documented_operations();
+    let missing: Vec<_> = operations.difference(&shown).collect();
+    let unknown: Vec<_> = shown.difference(&operations).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "docs/src/api/endpoints.md has no example of {missing:?} and shows {unknown:?}, which the OpenAPI document does not have"
+    );
+}
+
+#[test]
+fn the_book_lists_every_environment_variable_help_shows_and_no_other() {
     let mut shown = BTreeSet::new();
     for args in [&[][..], &["serve"], &["admin-token"], &["openapi"]] {
         shown.extend(variable_names(&help(args)));
@@ -116,13 +148,7 @@ fn the_readme_lists_every_environment_variable_help_shows_and_no_other() {
         );
     }
 
-    let table = section("Configuration reference")
-        .split("\n### Environment variables\n")
-        .nth(1)
-        .expect("README has \"### Environment variables\" under \"## Configuration reference\"")
-        .split("\n#")
-        .next()
-        .unwrap();
+    let table = section(CONFIGURATION, "Environment variables");
     let documented: BTreeSet<String> = table
         .lines()
         .filter_map(cells)
@@ -131,7 +157,7 @@ fn the_readme_lists_every_environment_variable_help_shows_and_no_other() {
         .collect();
     assert_eq!(
         shown, documented,
-        "environment variables in --help (left) and in README's table (right) differ"
+        "environment variables in --help (left) and in the table of docs/src/configuration.md (right) differ"
     );
 }
 
@@ -144,5 +170,31 @@ fn every_option_of_serve_and_admin_token_has_help_text() {
     assert!(
         config[..config.len().min(200)].contains("The configuration file"),
         "admin-token --config has no help text:\n{admin}"
+    );
+}
+
+/// README's quickstart keeps the two commands, and the test command is the
+/// one `.ci/run` runs.
+#[test]
+fn the_readme_shows_the_quickstart_and_the_test_command_ci_runs() {
+    let quickstart = section(README, "Quickstart");
+    let commands: Vec<&str> = quickstart
+        .split("```sh\n")
+        .nth(1)
+        .expect("README's quickstart has a sh block")
+        .split("```")
+        .next()
+        .unwrap()
+        .lines()
+        .map(|line| line.split('#').next().unwrap().trim())
+        .collect();
+    assert_eq!(
+        commands,
+        ["cargo run -- serve", "cargo test --locked"],
+        "README's quickstart"
+    );
+    assert!(
+        CI_RUN.lines().any(|line| line.trim() == "cargo test --locked"),
+        ".ci/run does not run README's test command"
     );
 }

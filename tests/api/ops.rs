@@ -105,16 +105,10 @@ async fn a_wrong_method_on_a_known_route_is_a_405_problem() {
     expect_problem(response, StatusCode::METHOD_NOT_ALLOWED).await;
 }
 
-/// Every metric name in README.md's "Metrics" table, read from the table.
+/// Every metric name in the book's "Metrics" table
+/// (docs/src/operations/metrics.md), read from the table.
 fn documented_metrics() -> Vec<String> {
-    let readme = include_str!("../../README.md");
-    let table = readme
-        .split("\n## Metrics\n")
-        .nth(1)
-        .expect("README has a Metrics section")
-        .split("\n## ")
-        .next()
-        .unwrap();
+    let table = include_str!("../../docs/src/operations/metrics.md");
     table
         .lines()
         .filter_map(|line| line.strip_prefix("| `fairlane_"))
@@ -130,7 +124,7 @@ async fn every_documented_metric_is_in_the_first_scrape_with_its_help() {
     let documented = documented_metrics();
     assert!(
         documented.len() >= 15,
-        "read {documented:?} from the README"
+        "read {documented:?} from docs/src/operations/metrics.md"
     );
     for name in &documented {
         assert!(
