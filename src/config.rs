@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use figment::Figment;
 use figment::providers::{Format, Toml};
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -36,15 +37,24 @@ pub const MAX_PROVIDER_REFILL_SECS: f64 = 365.0 * 24.0 * 3600.0;
 /// every tenant for longer than this, nor overflow a clock.
 pub const MAX_PROVIDER_PAUSE: std::time::Duration = std::time::Duration::from_secs(3600);
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
+    /// The HTTP server: address, admin token, body sizes, timeouts and
+    /// connection limits.
     pub server: ServerSettings,
+    /// Where state lives: the SQLite file or a PostgreSQL database.
     pub storage: StorageSettings,
+    /// Which queue carries the lanes: the embedded one or Amazon SQS.
     pub queue: QueueSettings,
+    /// The two lanes, `fast` (paid plans) and `slow` (free plans).
     pub lanes: LanesSettings,
+    /// Retries of failed provider calls.
     pub retry: RetrySettings,
+    /// The lane consumers and the workers of dedicated tenant queues.
     pub consumers: ConsumerSettings,
+    /// Email and SMS providers: kinds, credentials, rates, circuit
+    /// breakers, pools and their health.
     pub providers: ProvidersSettings,
     /// Where tenant limits and provider rates are counted: in this process,
     /// or in Redis for every instance together.
@@ -74,20 +84,23 @@ pub struct Settings {
     pub plans: BTreeMap<String, PlanSettings>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address the API binds; port 0 picks a free port.
     pub listen: SocketAddr,
-    /// Admin bearer token. When absent, one is generated on first start.
+    /// Admin bearer token (at least 16 characters). When absent, one is
+    /// generated on first start, printed once in the log, and only its
+    /// SHA-256 hash is stored.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub admin_token: Option<SecretString>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
     /// Largest body of a batch send (up to 1,000 messages; 413 beyond).
     pub max_batch_body_bytes: usize,
     /// Upper bound on the time a request may take (reading its body
-    /// included).
+    /// included); a longer one is answered 503.
     pub request_timeout_secs: u64,
     /// A connection must send a whole request head within this many seconds
     /// of opening or of going idle after a response, or it is closed
@@ -100,7 +113,9 @@ pub struct ServerSettings {
     /// a new one gets 503.
     #[serde(default)]
     pub max_connections: usize,
-    /// Most requests in progress at once on one HTTP/2 connection. Default 16.
+    /// Most requests in progress at once on one HTTP/2 connection, so
+    /// `max_connections × http2_max_streams` bounds the requests in
+    /// progress (hyper alone would allow 200 per connection). Default 16.
     #[serde(default = "default_http2_max_streams")]
     pub http2_max_streams: u32,
     /// Most batch sends one tenant may have in progress at once; one more
@@ -118,7 +133,7 @@ pub struct ServerSettings {
     #[serde(default)]
     pub public_url: Option<String>,
     /// Days an email's one-click unsubscribe link is honoured after it was
-    /// sent. Default 90; at least 30 (CAN-SPAM asks that an opt-out work
+    /// sent. Default 90; 30 to 3650 (CAN-SPAM asks that an opt-out work
     /// for 30 days after the mail).
     #[serde(default = "default_unsubscribe_link_days")]
     pub unsubscribe_link_days: u32,
@@ -140,17 +155,21 @@ fn default_max_batches_per_tenant() -> usize {
     2
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSettings {
     /// `sqlite://PATH` (relative paths are relative to the working
-    /// directory; one instance) or `postgres://…` (state shared by several
-    /// instances; needs `queue.backend = "sqs"`).
+    /// directory; one instance; created and migrated on first start) or
+    /// `postgres://user:password@host:port/database` (state shared by
+    /// several instances, migrated at start-up; needs
+    /// `queue.backend = "sqs"`).
     pub url: String,
     /// fsync every commit group (power-loss durability) instead of relying on
-    /// the OS to write the WAL out (crash durability).
+    /// the OS to write the WAL out (crash durability); see the book's
+    /// "Durability".
     pub fsync: bool,
-    /// Most accept requests grouped into one transaction.
+    /// Most pieces of work (accepts, receives, status changes, deletes)
+    /// committed in one transaction by the store writer.
     pub max_group: usize,
     /// SQLite: the largest the file may grow, in MiB (0: no cap, the disk
     /// is the limit). Past it, writes fail as on a full disk: sends answer
@@ -160,26 +179,30 @@ pub struct StorageSettings {
     pub max_size_mb: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueBackend {
     Embedded,
     Sqs,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
+    /// `embedded` (a durable queue in the SQLite file) or `sqs` (Amazon
+    /// SQS, or an SQS-compatible server).
     pub backend: QueueBackend,
+    /// Amazon SQS, used with `backend = "sqs"`.
     pub sqs: SqsSettings,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SqsSettings {
     /// Endpoint override (a local SQS-compatible server); omit for AWS.
     #[serde(default)]
     pub endpoint_url: Option<String>,
+    /// Region of the queues.
     pub region: String,
     /// Queue names are `{prefix}-{lane}-high`, `{prefix}-{lane}` (normal),
     /// `{prefix}-{lane}-low` and their shared `{prefix}-{lane}-dlq`.
@@ -192,21 +215,24 @@ pub struct SqsSettings {
     pub access_key_id: Option<String>,
     /// The secret belonging to `access_key_id`.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub secret_access_key: Option<SecretString>,
     /// How long the outbox relay and the consumers' deleter wait for more
     /// entries before a batch call (SendMessageBatch, DeleteMessageBatch)
-    /// goes out with fewer than ten.
+    /// goes out with fewer than ten (at most 1000).
     pub batch_window_ms: u64,
     /// Outbox rows older than this that no relay of this instance holds (an
     /// instance died before its relay sent them, or its relay was full) are
     /// sent by the sweeper; at start-up every row is on SQLite.
     pub outbox_sweep_secs: u64,
-    /// Queue depths (GetQueueAttributes) are refreshed this often.
+    /// Queue depths (GetQueueAttributes, four calls per lane) are refreshed
+    /// this often.
     pub stats_interval_secs: u64,
     /// How many received messages a lane's consumer may hold (invisible in
     /// SQS) while it looks past the messages of tenants at their
     /// `max_in_flight` for another tenant's; also bounded by 16 MiB of
-    /// message bodies.
+    /// message bodies. 10 to 100000 (see the book's "Priority and
+    /// fairness").
     #[serde(default = "default_look_ahead_messages")]
     pub look_ahead_messages: usize,
 }
@@ -215,10 +241,12 @@ fn default_look_ahead_messages() -> usize {
     5_000
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LanesSettings {
+    /// The fast lane, for paid plans.
     pub fast: LaneSettings,
+    /// The slow lane, for free plans.
     pub slow: LaneSettings,
 }
 
@@ -231,7 +259,7 @@ impl LanesSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaneSettings {
     /// Messages processed at once by this lane's consumer.
@@ -255,15 +283,20 @@ fn default_low_priority_share() -> f64 {
     0.1
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySettings {
+    /// Provider calls before a message is dead-lettered.
     pub max_attempts: u32,
+    /// First wait before a retry; the full-jitter backoff doubles it with
+    /// each attempt.
     pub base_delay_ms: u64,
+    /// Longest wait between two attempts (at most 900, the SQS delay
+    /// limit).
     pub max_delay_secs: u64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerSettings {
     /// Run the lane consumers in `fairlane serve` (false: accept only).
@@ -314,7 +347,7 @@ fn default_slice_max_secs() -> u64 {
     5
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProvidersSettings {
     /// The first email provider (a pool of one unless `email_pool` names
@@ -398,18 +431,27 @@ impl ProvidersSettings {
 /// weight back in a straight line over `recover_secs`. Its window starts
 /// empty when it is marked down, so one bad spell is not judged twice;
 /// failing again while it recovers marks it down again.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProviderHealthSettings {
+    /// The span of recent calls (and, apart, SMS receipts) a provider is
+    /// judged by.
     pub window_secs: u64,
+    /// Calls (or receipts) in the window before it is judged at all.
     pub min_calls: u32,
+    /// Share of failed calls in the window past which it is marked down.
     pub max_failure_rate: f64,
+    /// Mean time of the calls that worked past which it is marked down.
     pub max_latency_ms: u64,
     /// Receipts (SMS status callbacks) coming longer than this after their
     /// sends on average, over at least `min_calls` of them, mark the
     /// provider down too.
     pub max_receipt_delay_ms: u64,
+    /// How long a provider marked down gets no new messages while another
+    /// provider of its channel can take them.
     pub down_secs: u64,
+    /// How long it then takes to win its weight back, in a straight line
+    /// from a tenth.
     pub recover_secs: u64,
 }
 
@@ -427,7 +469,7 @@ impl Default for ProviderHealthSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// Writes each delivery as a JSON line (development default).
@@ -440,19 +482,26 @@ pub enum ProviderKind {
 
 /// One provider's connection and rate settings. Fields that only one kind
 /// uses are optional here and checked in [`Settings::validate`].
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderSettings {
+    /// `log` (development), `ses` (email) or `http` (SMS).
     pub kind: ProviderKind,
     /// The first provider of a channel only: its name (default the
-    /// channel's, `email` or `sms`). Pool entries are named by their key.
+    /// channel's, `email` or `sms`; 1-32 of `a-z 0-9 - _`), used as the
+    /// metrics label, the Redis gate key, the message's `provider` and in
+    /// the admin view. Pool entries are named by their key.
     #[serde(default)]
     pub name: Option<String>,
     /// Its share of the channel's messages beside the pool's other
     /// providers (1 to 1000; default 1).
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// Sends per second the provider allows.
+    /// Sends per second the provider allows: with `burst`, the provider's
+    /// contract of at most `burst + rate × t` calls in any window t. From
+    /// 0.001 to 1000000, and `burst / rate_per_second` (the time an empty
+    /// bucket takes to fill) at most a year. The gate starts empty at every
+    /// start.
     pub rate_per_second: f64,
     /// Sends allowed at once after idle.
     pub burst: u32,
@@ -471,6 +520,7 @@ pub struct ProviderSettings {
     pub access_key_id: Option<String>,
     /// ses: the secret belonging to `access_key_id`.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub secret_access_key: Option<SecretString>,
     /// http: base URL of the Twilio-compatible API.
     #[serde(default)]
@@ -480,6 +530,7 @@ pub struct ProviderSettings {
     pub account_sid: Option<String>,
     /// http: auth token (basic-auth password).
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub auth_token: Option<SecretString>,
     /// http and ses: timeout of one provider call (default 10 s).
     #[serde(default)]
@@ -497,7 +548,7 @@ pub struct ProviderSettings {
     pub events_queue_url: Option<String>,
     /// ses: send each email with `TenantName` = the fairlane tenant's id,
     /// so SES keeps each tenant's reputation apart (the SES tenants must
-    /// exist; see the README).
+    /// exist; see the book's "Sender identities").
     #[serde(default)]
     pub ses_tenants: bool,
     /// Failed calls in a row (5xx, timeouts, refused connections) that open
@@ -505,9 +556,11 @@ pub struct ProviderSettings {
     #[serde(default = "default_breaker_failures")]
     pub breaker_failures: u32,
     /// How long the breaker stays open the first time, in milliseconds; it
-    /// doubles each time the failures go on, up to `breaker_max_open_secs`.
+    /// doubles each time the failures go on, up to `breaker_max_open_secs`
+    /// (each at most an hour, as a provider's `Retry-After`).
     #[serde(default = "default_breaker_open_ms")]
     pub breaker_open_ms: u64,
+    /// The longest the breaker stays open, in seconds (at most an hour).
     #[serde(default = "default_breaker_max_open_secs")]
     pub breaker_max_open_secs: u64,
 }
@@ -529,7 +582,7 @@ fn default_breaker_max_open_secs() -> u64 {
 }
 
 /// `[receipts]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReceiptSettings {
     /// A receipt for a provider id fairlane has not recorded yet (the
@@ -547,7 +600,7 @@ impl Default for ReceiptSettings {
 }
 
 /// `[webhooks]`: calls to tenants' webhook endpoints.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookSettings {
     /// Bound on one call, connection included. Default 10000.
@@ -587,6 +640,7 @@ pub struct WebhookSettings {
     /// refused, when a URL is set and again when it is called, so a tenant
     /// cannot make fairlane call services inside its network. Default none.
     #[serde(deserialize_with = "ip_ranges")]
+    #[schemars(with = "Vec<String>")]
     pub allow_private: Vec<IpNet>,
     /// A PEM file of certificate authorities that endpoints' certificates
     /// may also chain to, besides the system's: for endpoints inside your
@@ -634,7 +688,7 @@ impl Default for WebhookSettings {
 }
 
 /// `[logging]`: personal data in log lines.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoggingSettings {
     /// Put recipients' addresses (email addresses, phone numbers) into the
@@ -647,9 +701,9 @@ pub struct LoggingSettings {
 }
 
 /// `[telemetry]`: OpenTelemetry traces of a message's way through the
-/// service (README "Traces"). Spans carry ids, tenants, lanes, providers
+/// service (the book's "Traces"). Spans carry ids, tenants, lanes, providers
 /// and outcomes; never a message body or a recipient's address.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetrySettings {
     /// The collector's OTLP/HTTP base address (`http://collector:4318`);
@@ -681,7 +735,7 @@ pub struct TelemetrySettings {
 }
 
 /// Whose incoming `traceparent` is continued (`telemetry.traceparent`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TraceparentTrust {
     /// Callers with a valid API key or the admin token.
@@ -727,7 +781,7 @@ impl Default for TelemetrySettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitsBackend {
     /// Each instance counts on its own (one instance, or tests).
@@ -741,17 +795,17 @@ pub enum LimitsBackend {
 /// `[retention]`: once a message is settled (sent, delivered, failed,
 /// cancelled, …) and older than its tenant's retention, its body,
 /// recipient, reference, metadata and error details are erased.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
     /// Retention of tenants that set none, in days (1-90). Default 7.
     #[serde(default = "default_retention_days")]
     pub default_days: u16,
     /// Seconds between runs of the retention job (one instance runs it at
-    /// a time). Default 3600.
+    /// a time; also once at start-up). 1 to 86400; default 3600.
     #[serde(default = "default_retention_interval_secs")]
     pub interval_secs: u64,
-    /// Messages erased per transaction. Default 500.
+    /// Messages erased per transaction (1-500). Default 500.
     #[serde(default = "default_retention_batch")]
     pub batch: usize,
     /// SQLite: rewrite the file (`VACUUM`) after a run that erased
@@ -793,7 +847,7 @@ impl Default for RetentionSettings {
 
 /// `[limits]`: where tenant rates, daily quotas and provider token buckets
 /// are kept.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSettings {
     /// `local` (default) or `redis`.
@@ -802,6 +856,7 @@ pub struct LimitsSettings {
     /// `redis://[:password@]host:port[/db]`; required with `backend = "redis"`.
     /// Kept secret because the URL may carry a password.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub redis_url: Option<SecretString>,
     /// Every key fairlane writes starts with `{key_prefix}:`, so several
     /// deployments (or tests) can share one Redis.
@@ -812,20 +867,28 @@ pub struct LimitsSettings {
     #[serde(default = "default_redis_timeout_ms")]
     pub timeout_ms: u64,
     /// A tenant's changes other than sends (webhook and suppression
-    /// changes, cancels) per second, in this process. Default 10.
+    /// changes, cancels) per second, in this process, or for every instance
+    /// together in Redis with `backend = "redis"`. Over it: 429
+    /// (`urn:fairlane:problem:too-many-changes`) with `Retry-After`. A
+    /// disabled tenant's changes are refused 403. Default 10.
     #[serde(default = "default_tenant_writes_per_second")]
     pub tenant_writes_per_second: f64,
     /// Changes a tenant may make at once after a quiet spell. Default 50.
     #[serde(default = "default_tenant_writes_burst")]
     pub tenant_writes_burst: u32,
     /// Message list reads one tenant may have in progress at once, in
-    /// this process (see `crate::limits::reads`). Default 2.
+    /// this process (see `crate::limits::reads`); more wait their turn, at
+    /// most half of `server.request_timeout_secs`, then 429
+    /// (`urn:fairlane:problem:too-many-reads`). A scan holds one of the
+    /// store's readers while it runs: this keeps one tenant's scans from
+    /// taking every reader. Default 2.
     #[serde(default = "default_tenant_list_reads")]
     pub tenant_list_reads: usize,
     /// Most messages one page of a list filtered by status or channel
     /// (without a reference) reads; a page that reads them all without
-    /// filling up answers what it found and a `next` to go on from.
-    /// Default 20,000.
+    /// filling up answers what it found and a `next` to go on from (the
+    /// book's "Message status and the message list"). At least 1; default
+    /// 20,000.
     #[serde(default = "default_list_scan_rows")]
     pub list_scan_rows: i64,
 }
@@ -869,13 +932,21 @@ fn default_redis_timeout_ms() -> u64 {
     250
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSettings {
+    /// `fast` or `slow`: the lane the plan's messages go to.
+    #[schemars(with = "String")]
     pub lane: Lane,
+    /// Sends per second a tenant on the plan may make (its token bucket's
+    /// rate).
     pub rate_per_second: f64,
+    /// Sends a tenant may make at once after a quiet spell.
     pub burst: u32,
+    /// Sends a tenant may make per UTC day.
     pub daily_quota: u64,
+    /// Messages of one tenant in progress at once (waiting for a provider
+    /// token or being sent); further ones are parked.
     pub max_in_flight: u32,
 }
 

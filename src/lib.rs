@@ -1,11 +1,12 @@
-//! fairlane: a multi-tenant notification gateway. See README.md for the
-//! architecture; `app` builds and runs the whole service.
+//! fairlane: a multi-tenant notification gateway. See the book (`docs/`,
+//! "Internals") for the architecture; `app` builds and runs the whole service.
 
 pub mod accept;
 pub mod api;
 pub mod app;
 pub mod aws;
 pub mod config;
+pub mod config_reference;
 pub mod consumer;
 pub mod limits;
 pub mod message;

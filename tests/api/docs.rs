@@ -2,7 +2,8 @@
 //! itself: the API summary against the OpenAPI document (every operation
 //! listed, nothing listed that is not there, and an example of each), the
 //! environment variables the book lists against those `fairlane --help`
-//! names, and README's two commands against what CI runs.
+//! names, the configuration reference against the config structs and
+//! `config/default.toml`, and README's two commands against what CI runs.
 //! (The metrics table is checked against the first scrape in `ops.rs`.)
 
 use std::collections::BTreeSet;
@@ -15,6 +16,7 @@ const CI_RUN: &str = include_str!("../../.ci/run");
 const API: &str = include_str!("../../docs/src/api/index.md");
 const ENDPOINTS: &str = include_str!("../../docs/src/api/endpoints.md");
 const CONFIGURATION: &str = include_str!("../../docs/src/configuration.md");
+const REFERENCE: &str = include_str!("../../docs/src/reference/configuration.md");
 const OPENAPI: &str = include_str!("../../openapi/openapi.json");
 
 /// The text of `page`'s level-2 section `heading`, up to the next one.
@@ -194,7 +196,61 @@ fn the_readme_shows_the_quickstart_and_the_test_command_ci_runs() {
         "README's quickstart"
     );
     assert!(
-        CI_RUN.lines().any(|line| line.trim() == "cargo test --locked"),
+        CI_RUN
+            .lines()
+            .any(|line| line.trim() == "cargo test --locked"),
         ".ci/run does not run README's test command"
+    );
+}
+
+/// `docs/src/reference/configuration.md` is what
+/// `cargo run --example config_reference` prints: regenerate it with that
+/// command (redirected into the file) when this fails.
+#[test]
+fn the_configuration_reference_is_generated_from_the_config_structs() {
+    let generated = fairlane::config_reference::render();
+    if generated != REFERENCE {
+        let first = generated
+            .lines()
+            .zip(REFERENCE.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| generated.lines().count().min(REFERENCE.lines().count()));
+        panic!(
+            "docs/src/reference/configuration.md is stale (first difference at line {}); run\n  \
+             cargo run --example config_reference > docs/src/reference/configuration.md",
+            first + 1
+        );
+    }
+}
+
+/// Every key of the reference is in `config/default.toml` (set, or shown
+/// in a comment), and every key of that file is in the reference.
+#[test]
+fn the_configuration_reference_and_default_toml_have_the_same_keys() {
+    let keys = fairlane::config_reference::keys();
+    let in_file = fairlane::config_reference::default_toml_keys();
+    assert!(in_file.len() > 50, "read only {in_file:?}");
+    let not_in_file: Vec<String> = keys
+        .iter()
+        .filter(|key| {
+            !in_file
+                .iter()
+                .any(|name| key.pattern.covers(name, key.whole_table))
+        })
+        .map(|key| key.pattern.dotted())
+        .collect();
+    let not_in_reference: Vec<&String> = in_file
+        .iter()
+        .filter(|name| {
+            !keys
+                .iter()
+                .any(|key| key.pattern.covers(name, key.whole_table))
+        })
+        .collect();
+    assert!(
+        not_in_file.is_empty() && not_in_reference.is_empty(),
+        "keys of the reference missing from config/default.toml (set them, or show them in a \
+         comment): {not_in_file:?}; keys of config/default.toml the config structs do not read: \
+         {not_in_reference:?}"
     );
 }
