@@ -187,7 +187,9 @@ impl Walker<'_> {
             let own = if siblings.len() > 1 {
                 let lines: Vec<String> = siblings
                     .iter()
-                    .map(|sibling| format!("- `{sibling}`: {}", describe(&properties[sibling.as_str()])))
+                    .map(|sibling| {
+                        format!("- `{sibling}`: {}", describe(&properties[sibling.as_str()]))
+                    })
                     .collect();
                 lines.join("\n")
             } else {
