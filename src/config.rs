@@ -816,6 +816,13 @@ pub struct RetentionSettings {
     /// those copies until their pages are rewritten by later writes.
     #[serde(default = "default_true")]
     pub vacuum: bool,
+    /// Days the audit log keeps an admin change (1-3650). Default 365.
+    #[serde(default = "default_audit_days")]
+    pub audit_days: u16,
+}
+
+fn default_audit_days() -> u16 {
+    365
 }
 
 fn default_retention_days() -> u16 {
@@ -841,6 +848,7 @@ impl Default for RetentionSettings {
             interval_secs: default_retention_interval_secs(),
             batch: default_retention_batch(),
             vacuum: true,
+            audit_days: default_audit_days(),
         }
     }
 }
@@ -1106,6 +1114,9 @@ impl Settings {
         }
         if retention.batch == 0 || retention.batch > 500 {
             bail!("retention.batch must be between 1 and 500");
+        }
+        if !(1..=3650).contains(&retention.audit_days) {
+            bail!("retention.audit_days must be between 1 and 3650");
         }
         if self.storage.max_group == 0 {
             bail!("storage.max_group must be at least 1");

@@ -11,6 +11,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 /// Retention runs, by `outcome`: `done`, `skipped` (another instance was
 /// running one), `failed`.
 pub const RETENTION_RUNS_TOTAL: &str = "fairlane_retention_runs_total";
+/// Admin changes made whose audit entry could not be written.
+pub const AUDIT_WRITE_FAILURES_TOTAL: &str = "fairlane_audit_write_failures_total";
 /// Messages whose personal data retention erased.
 pub const RETENTION_ERASED_TOTAL: &str = "fairlane_retention_erased_total";
 /// Queue copies (dead letters, set-aside and delayed rows) retention removed.
@@ -366,6 +368,11 @@ fn describe_around_the_pipeline() {
         "Rows the SQLite store's committed transactions inserted, updated or deleted."
     );
     describe_counter!(
+        AUDIT_WRITE_FAILURES_TOTAL,
+        Unit::Count,
+        "Admin changes that were made but whose audit log entry could not be written."
+    );
+    describe_counter!(
         RETENTION_RUNS_TOTAL,
         Unit::Count,
         "Retention runs by outcome: done, skipped (another instance was running one), failed."
@@ -539,6 +546,7 @@ fn register_known_labels() {
         metrics::counter!(RETENTION_RUNS_TOTAL, "outcome" => outcome).increment(0);
     }
     metrics::counter!(RETENTION_ERASED_TOTAL).increment(0);
+    metrics::counter!(AUDIT_WRITE_FAILURES_TOTAL).increment(0);
     metrics::counter!(STORE_COMMITS_TOTAL).increment(0);
     metrics::counter!(STORE_ROWS_WRITTEN_TOTAL).increment(0);
     metrics::counter!(RETENTION_QUEUE_ERASED_TOTAL).increment(0);

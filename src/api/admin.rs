@@ -19,6 +19,7 @@ use super::error::{
     AdminForbidden, AdminUnauthorized, ApiError, PayloadTooLarge, Problem, UnsupportedMediaType,
 };
 use super::{ApiPath, AppState, json_typed};
+use crate::api::audit::AuditBefore;
 use crate::api::auth::AdminOnly;
 use crate::model::{Isolation, Lane, TenantStatus};
 use crate::tenants::{KeyInfo, KeyKind, Plan, Tenant, TenantChange, TenantOptions};
@@ -273,12 +274,14 @@ pub async fn put_plan(
         daily_quota: input.daily_quota,
         max_in_flight: input.max_in_flight,
     };
+    let before = state.registry.plan(&name).map(|old| AuditBefore::of(&*old));
     let was_created = state.registry.put_plan(plan.clone()).await?;
-    Ok(if was_created {
+    let answer = if was_created {
         created(format!("/v1/admin/plans/{name}"), plan)
     } else {
         Json(plan).into_response()
-    })
+    };
+    Ok((before, answer).into_response())
 }
 
 /// List plans.
@@ -448,7 +451,7 @@ pub async fn patch_tenant(
     ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Tenant>, ApiError> {
+) -> Result<(Option<AuditBefore>, Json<Tenant>), ApiError> {
     let input: PatchTenant = json_typed(&headers, body)?;
     check_isolation(&state, input.isolation)?;
     if input.unsubscribe_default == Some(true) && state.unsubscribe.is_none() {
@@ -466,25 +469,38 @@ pub async fn patch_tenant(
         unsubscribe_mailto: input.unsubscribe_mailto,
         retention_days: input.retention_days,
     };
-    let tenant = state.registry.update_tenant(&id, &change).await?;
+    let before = tenant_before(&state, &id);
+    let tenant = change_tenant(&state, &id, &change).await?;
+    Ok((before, Json(tenant)))
+}
+
+/// Applies `change` to tenant `id` and what follows from it: the queue of
+/// its isolation, its queued messages held or released, its own queues
+/// signalled. The API's `PATCH` and the console's pause and resume.
+pub(crate) async fn change_tenant(
+    state: &AppState,
+    id: &str,
+    change: &TenantChange,
+) -> Result<Tenant, ApiError> {
+    let tenant = state.registry.update_tenant(id, change).await?;
     // New messages go to the queue of the isolation now in force; those
     // already queued are delivered from where they wait.
     state
         .tenant_queues
-        .set_tenant_dedicated(&id, tenant.isolation == Isolation::Dedicated);
+        .set_tenant_dedicated(id, tenant.isolation == Isolation::Dedicated);
     // A paused or disabled tenant's queued messages are set aside until it
     // is active again (embedded queue); consumers hold any they still see.
     let held = tenant.status != TenantStatus::Active;
-    if let Err(err) = state.queue.set_tenant_held(&id, held).await {
+    if let Err(err) = state.queue.set_tenant_held(id, held).await {
         warn!(tenant = %id, held, error = %err, "Could not move the tenant's queued messages; consumers hold them until it is done at the next start.");
     }
     // Resumed: its own queues are signalled again (signals met while it
     // was held were dropped).
     if !held {
-        match state.tenant_queues.dedicated_lanes(&id).await {
+        match state.tenant_queues.dedicated_lanes(id).await {
             Ok(lanes) => {
                 for lane in lanes {
-                    if let Err(err) = state.tenant_queues.settle_attention(lane, &id).await {
+                    if let Err(err) = state.tenant_queues.settle_attention(lane, id).await {
                         warn!(tenant = %id, error = %format!("{err:#}"), "Could not signal the tenant's own queue; the next start reconciles it.");
                     }
                 }
@@ -494,7 +510,16 @@ pub async fn patch_tenant(
             }
         }
     }
-    Ok(Json(tenant))
+    Ok(tenant)
+}
+
+/// A tenant as it is before a change, for the audit log.
+pub(crate) fn tenant_before(state: &AppState, id: &str) -> Option<AuditBefore> {
+    let retention = state.registry.retention_default();
+    state
+        .registry
+        .tenant(id)
+        .map(|tenant| AuditBefore::of(&tenant.view(retention)))
 }
 
 /// Delete a tenant with its keys and message history.
@@ -519,9 +544,10 @@ pub async fn delete_tenant(
     State(state): State<AppState>,
     _admin: AdminOnly,
     ApiPath(id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(Option<AuditBefore>, StatusCode), ApiError> {
+    let before = tenant_before(&state, &id);
     state.registry.delete_tenant(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok((before, StatusCode::NO_CONTENT))
 }
 
 /// Issue an API key for a tenant. The key is shown only in this answer.

@@ -3,6 +3,7 @@
 //! memory; no secret is stored in clear.
 
 use axum::extract::FromRequestParts;
+use axum::http::Method;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use secrecy::ExposeSecret;
@@ -192,8 +193,137 @@ impl FromRequestParts<AppState> for LiveWrite {
     }
 }
 
-/// A request authenticated with the admin token.
-pub struct AdminOnly;
+/// What an admin may do: a `viewer` reads the admin API, an `operator`
+/// also changes tenants, plans, keys, webhooks, suppressions and queues,
+/// and an `owner` also manages the admins. The root token
+/// (`server.admin_token`, or the generated one) is an owner.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Owner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Owner => "owner",
+        }
+    }
+
+    pub fn parse(role: &str) -> Option<Role> {
+        match role {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            "owner" => Some(Role::Owner),
+            _ => None,
+        }
+    }
+}
+
+/// The admin a request was made by, as the audit log names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// `root` for the root token, the admin's id otherwise.
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+}
+
+impl Actor {
+    fn root() -> Actor {
+        Actor {
+            id: "root".into(),
+            name: "root".into(),
+            role: Role::Owner,
+        }
+    }
+}
+
+impl AdminAuth {
+    /// The admin `token` belongs to: the root admin, or an active named
+    /// admin (looked up in the store on every request, so a revocation
+    /// holds at once on every instance); `None` when it is neither.
+    pub async fn actor(&self, db: &Db, token: &str) -> Result<Option<Actor>, ApiError> {
+        let hash = hash_secret(token);
+        if hash != self.hash && !token.starts_with(ADMIN_TOKEN_PREFIX) {
+            return Ok(None);
+        }
+        self.actor_by_hash(db, &hash).await
+    }
+
+    /// The admin whose token hashes to `hash` (see [`AdminAuth::actor`]);
+    /// the console's session keeps only this hash.
+    pub async fn actor_by_hash(&self, db: &Db, hash: &[u8; 32]) -> Result<Option<Actor>, ApiError> {
+        if *hash == self.hash {
+            return Ok(Some(Actor::root()));
+        }
+        let Some(row) = db.admin_by_token(&hex::encode(hash)).await? else {
+            return Ok(None);
+        };
+        // A role the store holds and this build does not know reads only.
+        let role = Role::parse(&row.role).unwrap_or(Role::Viewer);
+        Ok(Some(Actor {
+            id: row.id,
+            name: row.name,
+            role,
+        }))
+    }
+}
+
+/// Where the admin a request was authenticated as is left for the audit
+/// log ([`crate::api::audit`]), which puts the slot in the request before
+/// the handler runs and reads it once the answer is ready.
+#[derive(Clone, Default)]
+pub struct ActorSlot(std::sync::Arc<std::sync::OnceLock<Actor>>);
+
+impl ActorSlot {
+    pub fn actor(&self) -> Option<&Actor> {
+        self.0.get()
+    }
+
+    /// Leaves `actor` in the request's slot, if the request has one.
+    pub fn fill(parts: &Parts, actor: &Actor) {
+        if let Some(slot) = parts.extensions.get::<ActorSlot>() {
+            let _ = slot.0.set(actor.clone());
+        }
+    }
+}
+
+/// The admin of a request, whatever its role; [`ApiError`]s for a missing,
+/// invalid or tenant's token.
+async fn admin_of(parts: &Parts, state: &AppState) -> Result<Actor, ApiError> {
+    let token = bearer(parts)?;
+    if let Some(actor) = state.admin.actor(&state.db, token).await? {
+        ActorSlot::fill(parts, &actor);
+        return Ok(actor);
+    }
+    if state.registry.authenticate(token).is_some() {
+        return Err(ApiError::Forbidden(
+            "Tenant API keys cannot use admin routes.".into(),
+        ));
+    }
+    Err(ApiError::Unauthorized("Invalid admin token.".into()))
+}
+
+/// A request authenticated as an admin. Any role may read (`GET`,
+/// `HEAD`); a change needs an operator or an owner, so a viewer's change
+/// is refused 403 before the handler runs.
+pub struct AdminOnly(pub Actor);
 
 impl FromRequestParts<AppState> for AdminOnly {
     type Rejection = ApiError;
@@ -202,15 +332,41 @@ impl FromRequestParts<AppState> for AdminOnly {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts)?;
-        if state.admin.matches(token) {
-            return Ok(AdminOnly);
+        let actor = admin_of(parts, state).await?;
+        let reads = matches!(parts.method, Method::GET | Method::HEAD);
+        if !reads && actor.role < Role::Operator {
+            return Err(ApiError::Forbidden(format!(
+                "Admin {:?} has the viewer role: it may read the admin API but not change anything.",
+                actor.name
+            )));
         }
-        if state.registry.authenticate(token).is_some() {
-            return Err(ApiError::Forbidden(
-                "Tenant API keys cannot use admin routes.".into(),
-            ));
+        Ok(AdminOnly(actor))
+    }
+}
+
+/// A request authenticated as an owner: the admins' own routes.
+pub struct OwnerOnly(pub Actor);
+
+impl FromRequestParts<AppState> for OwnerOnly {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let actor = admin_of(parts, state).await?;
+        if actor.role < Role::Owner {
+            return Err(ApiError::Forbidden(format!(
+                "Only an owner may manage admins; {:?} is {} {}.",
+                actor.name,
+                if actor.role == Role::Operator {
+                    "an"
+                } else {
+                    "a"
+                },
+                actor.role.as_str()
+            )));
         }
-        Err(ApiError::Unauthorized("Invalid admin token.".into()))
+        Ok(OwnerOnly(actor))
     }
 }

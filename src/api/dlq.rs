@@ -187,7 +187,7 @@ pub async fn list_dlq(
 }
 
 /// Dead letters of `lane` with what the status store knows of each.
-pub(super) async fn dead_letter_views(
+pub(crate) async fn dead_letter_views(
     state: &AppState,
     lane: Lane,
     letters: Vec<crate::queue::DeadLetter>,
@@ -259,9 +259,21 @@ pub async fn redrive(
         tenant_id: request.tenant.clone(),
         message_ids: request.ids.clone(),
     };
+    let redriven = redrive_lanes(&state, lanes_of(request.lane), filter).await?;
+    Ok(Json(RedriveResult { redriven }))
+}
+
+/// Moves the dead letters of `lanes` that `filter` matches back to their
+/// lane and marks them `queued`; how many. The API's redrive and the
+/// console's.
+pub(crate) async fn redrive_lanes(
+    state: &AppState,
+    lanes: Vec<Lane>,
+    filter: RedriveFilter,
+) -> Result<usize, ApiError> {
+    let state = state.clone();
     // In a task of its own: if the request times out during a long walk of
     // an SQS DLQ, the messages already moved are still marked `queued`.
-    let lanes = lanes_of(request.lane);
     let work = tokio::spawn(async move {
         let mut redriven = 0;
         for lane in lanes {
@@ -275,8 +287,7 @@ pub async fn redrive(
         }
         anyhow::Ok(redriven)
     });
-    let redriven = work.await.map_err(anyhow::Error::from)??;
-    Ok(Json(RedriveResult { redriven }))
+    Ok(work.await.map_err(anyhow::Error::from)??)
 }
 
 /// One INFO line per redriven message, as for the other state changes an

@@ -90,7 +90,9 @@ pub struct IdempotencyInFlight(pub Problem);
 #[response(content_type = "application/problem+json")]
 pub struct Malformed(pub Problem);
 
-/// A tenant API key was sent: admin routes take only the admin token.
+/// A tenant API key was sent (admin routes take only an admin token), or
+/// the admin's role does not allow this: a `viewer` only reads, and only
+/// an `owner` manages admins.
 #[derive(ToResponse)]
 #[response(content_type = "application/problem+json")]
 pub struct AdminForbidden(pub Problem);

@@ -3,7 +3,10 @@
 //! document is [`ApiDoc`].
 
 pub mod admin;
+pub mod admins;
+pub mod audit;
 pub mod auth;
+pub mod console;
 pub mod dlq;
 pub mod error;
 pub mod health;
@@ -69,6 +72,8 @@ pub struct AppInner {
     /// The tenants' turns of message list reads (`limits.tenant_list_reads`).
     pub reads: crate::limits::reads::TenantReads,
     pub admin: AdminAuth,
+    /// Signs the console's sessions and CSRF tokens.
+    pub console_key: console::SessionKey,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Checks one-click unsubscribe links (none without a public URL).
@@ -103,6 +108,9 @@ pub fn app(state: AppState) -> Router {
     let timed = Router::new()
         .merge(messages::status_router())
         .merge(admin::router())
+        .merge(admins::router())
+        .merge(audit::router())
+        .merge(console::router())
         .merge(receipts::router())
         .merge(webhooks::router())
         .merge(suppressions::router())
@@ -115,6 +123,12 @@ pub fn app(state: AppState) -> Router {
         .merge(tenant_queue::router())
         .merge(health::router())
         .merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+        // Inside the routes, so it sees the matched route; it records only
+        // admin changes (`audit`).
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::record_changes,
+        ))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             timeout,
@@ -689,6 +703,10 @@ impl Modify for SecurityAddon {
         admin::delete_tenant,
         admin::issue_key,
         admin::revoke_key,
+        admins::create_admin,
+        admins::list_admins,
+        admins::revoke_admin,
+        audit::list_audit,
         webhooks::put_tenant_webhook,
         webhooks::get_tenant_webhook,
         webhooks::delete_tenant_webhook,
@@ -748,7 +766,7 @@ impl Modify for SecurityAddon {
         (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
         (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),
         (name = "unsubscribe", description = "One-click unsubscribe links in emails (signed token, no key)."),
-        (name = "admin", description = "Plans, tenants, keys, webhooks, suppressions, queues and dead letters (admin token)."),
+        (name = "admin", description = "Plans, tenants, keys, webhooks, suppressions, queues, dead letters, admins and the audit log (an admin token: any role reads, an operator or owner changes, an owner manages admins)."),
         (name = "ops", description = "Health, readiness and metrics."),
     )
 )]

@@ -33,6 +33,8 @@ pub struct RetentionRun {
     pub vacuumed: bool,
     /// SQLite: whether the log was truncated after erasing.
     pub log_truncated: bool,
+    /// Audit log entries past `retention.audit_days` removed.
+    pub audit_pruned: u64,
 }
 
 /// The job's parts.
@@ -45,6 +47,8 @@ pub struct Retention {
     /// SQLite: rewrite the file after a run that erased something
     /// (`retention.vacuum`).
     pub vacuum: bool,
+    /// Days the audit log keeps an entry (`retention.audit_days`).
+    pub audit_days: u16,
 }
 
 impl Retention {
@@ -53,7 +57,13 @@ impl Retention {
         let Some(_lock) = self.db.lock_retention_run().await? else {
             return Ok(None);
         };
-        let mut run = RetentionRun::default();
+        let mut run = RetentionRun {
+            audit_pruned: self
+                .db
+                .prune_audit(now - i64::from(self.audit_days) * 86_400_000)
+                .await?,
+            ..RetentionRun::default()
+        };
         for (tenant, days) in self.registry.retention_by_tenant() {
             run.tenants += 1;
             let cutoff = now - i64::from(days) * 86_400_000;
@@ -112,6 +122,7 @@ pub async fn run_retention(
                             queue_copies = run.queue_copies,
                             vacuumed = run.vacuumed,
                             log_truncated = run.log_truncated,
+                            audit_pruned = run.audit_pruned,
                             elapsed_ms = started.elapsed().as_millis() as u64,
                             "Retention run finished: personal data of settled messages past their tenant's retention erased."
                         );

@@ -20,6 +20,7 @@
 //! The embedded queue keeps its own tables in the SQLite file and runs its
 //! work on the SQLite writer ([`sqlite::writer`]).
 
+pub mod admins;
 mod delivery;
 mod error;
 pub mod events;
@@ -79,6 +80,7 @@ macro_rules! backend {
 }
 
 backend!(
+    AdminStore,
     RegistryStore,
     MessageStore,
     WebhookStore,
@@ -105,6 +107,7 @@ impl std::ops::Deref for Db {
 /// The store's traits, for `use crate::store::prelude::*` where its
 /// operations are called.
 pub mod prelude {
+    pub use super::admins::AdminStore;
     pub use super::idempotency::IdempotencyStore;
     pub use super::messages::MessageStore;
     pub use super::outbox::OutboxStore;

@@ -2,12 +2,14 @@
 //! with its own temporary SQLite file and talks to it over real HTTP.
 
 mod admin;
+mod audit;
 mod auth;
 mod aws_policy;
 #[macro_use]
 mod backends;
 mod batch;
 mod cancel;
+mod console;
 mod crash;
 mod dedicated;
 mod delivery;

@@ -119,7 +119,11 @@ fn documented_metrics() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_metric_is_in_the_first_scrape_with_its_help() {
-    let app = TestApp::start("").await;
+    // Consumers on: the providers' series (pauses, breaker, receipts) are
+    // registered with the providers, which an app without consumers has
+    // none of; without them this test passed only after another test of
+    // the process had set a provider up.
+    let app = TestApp::start("[consumers]\nenabled = true\n").await;
     let text = app.metrics_text().await;
     let documented = documented_metrics();
     assert!(

@@ -70,6 +70,7 @@ async fn run_retention(app: &TestApp) -> RetentionRun {
         queues: app.state.tenant_queues.clone(),
         batch: 2,
         vacuum: true,
+        audit_days: 365,
     };
     for _ in 0..100 {
         if let Some(run) = job.run_once(now_ms()).await.expect("a retention run") {

@@ -19,6 +19,10 @@
 //! `$XDG_CACHE_HOME/fairlane-test-venv` (or `$HOME/.cache/…`) and is made,
 //! under a file lock, when missing or at other versions.
 //!
+//! - ChromeDriver, for the console's browser tests: `FAIRLANE_TEST_WEBDRIVER_URL`
+//!   when set; otherwise Debian's `chromedriver` (package `chromium-driver`,
+//!   driving the `chromium` package headless) on a free 127.0.0.1 port.
+//!
 //! `FAIRLANE_TEST_START_OWN` (a comma-separated list of `moto`, `redis`,
 //! `postgres`, or `all`) starts our own server even where a variable or
 //! the default names one that answers: a way to exercise the start-up paths.
@@ -100,6 +104,34 @@ pub fn pg_url() -> String {
             return Ok(DEFAULT_PG_URL.to_owned());
         }
         start_postgres()
+    })
+}
+
+/// What to run when the browser tests find no Chromium.
+pub const CHROMIUM_INSTALL: &str = "apt-get install -y chromium chromium-driver";
+
+/// A WebDriver server driving a headless Chromium.
+pub fn webdriver_url() -> String {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    shared(&URL, || {
+        if let Some(url) = nonempty_var("FAIRLANE_TEST_WEBDRIVER_URL") {
+            return Ok(url);
+        }
+        let missing = |what: &str| {
+            format!(
+                "the console's browser tests need {what}, which is not on PATH: run `{CHROMIUM_INSTALL}` (Debian's packages; .ci/run does it)"
+            )
+        };
+        find_program("chromium").ok_or_else(|| missing("chromium"))?;
+        let driver = find_program("chromedriver").ok_or_else(|| missing("chromedriver"))?;
+        let port = start_server(
+            "chromedriver",
+            &driver,
+            |port, _| vec![format!("--port={port}"), "--allowed-ips=127.0.0.1".into()],
+            Duration::from_secs(30),
+            |port| TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        )?;
+        Ok(format!("http://127.0.0.1:{port}"))
     })
 }
 

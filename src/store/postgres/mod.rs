@@ -136,6 +136,7 @@ pub mod locks {
     pub const USAGE_ROLL_UP: i64 = 0x6661_6972_0004;
 }
 
+mod admins;
 mod idempotency;
 pub(crate) mod lifecycle;
 mod messages;

@@ -15,6 +15,7 @@
 //! `SQLITE_BUSY`. Reads run on reader threads with read-only connections
 //! ([`SqliteDb::read`]) and, in WAL mode, never wait for a writer.
 
+mod admins;
 pub(crate) mod hot;
 mod idempotency;
 pub(crate) mod lifecycle;

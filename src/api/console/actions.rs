@@ -1,0 +1,150 @@
+//! The console's changes: signing in and out, a tenant's pause and
+//! resume, a redrive. Each change is a form `POST` whose CSRF token must
+//! be the session's; a viewer's is refused 403 as the API refuses it.
+
+use axum::Form;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::html;
+use serde::Deserialize;
+
+use super::page;
+use super::session::{SESSION_MS, Session, cookie_headers};
+use crate::api::admin::{change_tenant, tenant_before};
+use crate::api::audit::AuditAfter;
+use crate::api::error::ApiError;
+use crate::api::{ApiPath, AppState};
+use crate::model::{Lane, TenantStatus, now_ms};
+use crate::queue::RedriveFilter;
+use crate::tenants::{TenantChange, hash_secret};
+
+/// The sign-in page, with `problem` above the form after a failed try.
+fn sign_in(problem: Option<&str>) -> maud::Markup {
+    let body = html! {
+        @if let Some(problem) = problem { p.warn role="alert" { (problem) } }
+        form method="post" action="/console/login" {
+            label for="token" { "Admin token" }
+            input id="token" name="token" type="password" autocomplete="current-password" required;
+            p { button type="submit" { "Sign in" } }
+        }
+        p.note { "The root token (server.admin_token) or a named admin's token (POST /v1/admin/admins)." }
+    };
+    page("Sign in", None, body)
+}
+
+pub async fn login_page() -> maud::Markup {
+    sign_in(None)
+}
+
+#[derive(Deserialize)]
+pub struct SignIn {
+    token: String,
+}
+
+/// Signs in with an admin token: a session cookie, and on to the
+/// overview.
+pub async fn login(
+    State(state): State<AppState>,
+    Form(form): Form<SignIn>,
+) -> Result<Response, ApiError> {
+    let token = form.token.trim();
+    if state.admin.actor(&state.db, token).await?.is_none() {
+        let page = sign_in(Some("That is not an admin token."));
+        return Ok((StatusCode::UNAUTHORIZED, page).into_response());
+    }
+    let value = state
+        .console_key
+        .session(&hash_secret(token), now_ms() + SESSION_MS);
+    Ok((cookie_headers(&value, &state), Redirect::to("/console")).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct Csrf {
+    csrf: String,
+}
+
+/// Refuses a change whose form does not carry the session's CSRF token,
+/// or that a viewer makes.
+fn admit(session: &Session, csrf: &str) -> Result<(), ApiError> {
+    if csrf != session.csrf {
+        return Err(ApiError::Forbidden(
+            "The form's CSRF token is not this session's; reload the page and try again.".into(),
+        ));
+    }
+    if !session.may_change() {
+        return Err(ApiError::Forbidden(format!(
+            "Admin {:?} has the viewer role: it may read the console but not change anything.",
+            session.actor.name
+        )));
+    }
+    Ok(())
+}
+
+/// Signs out: the cookie is removed.
+pub async fn logout(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<Csrf>,
+) -> Result<Response, ApiError> {
+    if form.csrf != session.csrf {
+        return Err(ApiError::Forbidden(
+            "The form's CSRF token is not this session's.".into(),
+        ));
+    }
+    Ok((cookie_headers("", &state), Redirect::to("/console/login")).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct StatusForm {
+    csrf: String,
+    status: TenantStatus,
+}
+
+/// Pauses or resumes a tenant, as `PATCH /v1/admin/tenants/{id}` does.
+pub async fn set_status(
+    State(state): State<AppState>,
+    session: Session,
+    ApiPath(id): ApiPath<String>,
+    Form(form): Form<StatusForm>,
+) -> Result<Response, ApiError> {
+    admit(&session, &form.csrf)?;
+    let before = tenant_before(&state, &id);
+    let change = TenantChange {
+        status: Some(form.status),
+        ..TenantChange::default()
+    };
+    let tenant = change_tenant(&state, &id, &change).await?;
+    Ok((
+        before,
+        AuditAfter::of(&tenant),
+        Redirect::to("/console/tenants"),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+pub struct RedriveForm {
+    csrf: String,
+    lane: Lane,
+    #[serde(default)]
+    tenant: String,
+}
+
+/// Redrives a lane's dead letters (of one tenant, when named), as `POST
+/// /v1/admin/dlq/redrive` does.
+pub async fn redrive(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<RedriveForm>,
+) -> Result<Response, ApiError> {
+    admit(&session, &form.csrf)?;
+    let tenant = Some(form.tenant.trim().to_owned()).filter(|t| !t.is_empty());
+    let filter = RedriveFilter {
+        tenant_id: tenant.clone(),
+        message_ids: None,
+    };
+    let redriven = crate::api::dlq::redrive_lanes(&state, vec![form.lane], filter).await?;
+    let after = serde_json::json!({"lane": form.lane, "tenant": tenant, "redriven": redriven});
+    Ok((AuditAfter::of(&after), Redirect::to("/console/dlq")).into_response())
+}

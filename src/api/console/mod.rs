@@ -1,0 +1,122 @@
+//! The operator console at `/console`: pages rendered on the server
+//! (maud), on the same store and queue calls the admin API makes, with no
+//! script. An admin signs in with its token ([`session`]); a viewer sees
+//! every page and no button that changes anything, and a change it forges
+//! is refused as the API refuses it. Every change made here is recorded in
+//! the audit log with the admin's name, as the API's are
+//! ([`crate::api::audit`]).
+//!
+//! Pages, by file: `pages.rs` the overview, tenants, message search, one
+//! message's timeline, dead letters and the audit log; `actions.rs` the
+//! changes (sign-in and out, pause and resume, redrive); this file the
+//! routes and the frame every page shares.
+
+mod actions;
+mod pages;
+pub mod session;
+
+use axum::Router;
+use axum::routing::{get, post};
+use maud::{DOCTYPE, Markup, html};
+
+use crate::api::AppState;
+use session::Session;
+
+pub use session::SessionKey;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(pages::overview))
+        .route(
+            "/console/login",
+            get(actions::login_page).post(actions::login),
+        )
+        .route("/console/logout", post(actions::logout))
+        .route("/console/tenants", get(pages::tenants))
+        .route("/console/tenants/{id}/status", post(actions::set_status))
+        .route("/console/messages", get(pages::messages))
+        .route("/console/messages/{id}", get(pages::message))
+        .route("/console/dlq", get(pages::dead_letters))
+        .route("/console/dlq/redrive", post(actions::redrive))
+        .route("/console/audit", get(pages::audit))
+        .route("/console/style.css", get(style))
+}
+
+/// The console's one style sheet: readable at 375 px wide (tables scroll
+/// inside their box), visible focus for keyboard users.
+const STYLE: &str = "\
+body{font:16px/1.45 system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}\
+a{color:#0b4fa8}a:focus,button:focus,input:focus,select:focus{outline:3px solid #f4b400;outline-offset:1px}\
+.skip{position:absolute;left:-999px}.skip:focus{left:8px;top:8px;background:#fff;padding:4px}\
+header{background:#1d2b3a;color:#fff;padding:8px 12px;display:flex;flex-wrap:wrap;gap:12px;align-items:center}\
+header a{color:#fff}header nav ul{list-style:none;display:flex;flex-wrap:wrap;gap:12px;margin:0;padding:0}\
+main{padding:12px;max-width:1200px;margin:auto}.box{overflow-x:auto}\
+table{border-collapse:collapse;width:100%;background:#fff}th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;white-space:nowrap}\
+th{background:#eef1f4}.num{text-align:right}.warn{color:#a40000;font-weight:600}\
+form.inline{display:inline}label{display:block;margin:6px 0 2px}\
+.bar{background:#ddd;height:10px;width:120px;display:inline-block;vertical-align:middle}\
+.bar span{display:block;height:10px;background:#0b7a3e}.bar span.high{background:#a40000}\
+.note{color:#555}";
+
+async fn style() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "text/css")], STYLE)
+}
+
+/// A whole page: the frame (skip link, navigation, the admin and the
+/// sign-out button) around `body`.
+fn page(title: &str, session: Option<&Session>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · fairlane console" }
+                link rel="stylesheet" href="/console/style.css";
+            }
+            body {
+                a.skip href="#main" { "Skip to content" }
+                header {
+                    strong { "fairlane" }
+                    @if let Some(session) = session {
+                        nav aria-label="Console" {
+                            ul {
+                                li { a href="/console" { "Overview" } }
+                                li { a href="/console/tenants" { "Tenants" } }
+                                li { a href="/console/messages" { "Messages" } }
+                                li { a href="/console/dlq" { "Dead letters" } }
+                                li { a href="/console/audit" { "Audit log" } }
+                            }
+                        }
+                        span { (session.actor.name) " (" (session.actor.role.as_str()) ")" }
+                        form.inline method="post" action="/console/logout" {
+                            input type="hidden" name="csrf" value=(session.csrf);
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main id="main" {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// A bar of `used` against `limit`, with the figures as text beside it
+/// for screen readers and for a reader who prefers numbers.
+fn bar(used: u64, limit: u64) -> Markup {
+    let share = if limit == 0 {
+        0.0
+    } else {
+        (used as f64 / limit as f64).min(1.0)
+    };
+    let width = format!("width:{:.0}%", share * 100.0);
+    html! {
+        span.bar role="img" aria-label=(format!("{used} of {limit}")) {
+            span class=(if share >= 0.8 { "high" } else { "" }) style=(width) {}
+        }
+        " " (used) " / " (limit)
+    }
+}

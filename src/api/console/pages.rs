@@ -1,0 +1,326 @@
+//! The console's pages: each reads what the admin API's route of the same
+//! view reads, and renders it.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::session::Session;
+use super::{bar, page};
+use crate::api::error::ApiError;
+use crate::api::{ApiPath, AppState};
+use crate::model::{Lane, MessageStatus, Scope, TenantStatus, World, ms_to_rfc3339, now_ms};
+use crate::store::admins::AuditQuery;
+use crate::store::messages::ListFilter;
+use crate::store::usage::{UsageRow, Whose};
+
+/// Rows of a message search page.
+const SEARCH_ROWS: i64 = 50;
+/// Audit entries on its page.
+const AUDIT_ROWS: u32 = 100;
+/// Dead letters listed per lane.
+const DEAD_LETTER_ROWS: usize = 100;
+
+/// What a tenant's live messages reached over some days.
+#[derive(Default)]
+struct Outcomes {
+    accepted: i64,
+    sent: i64,
+    delivered: i64,
+    failed: i64,
+    bounced: i64,
+    complained: i64,
+}
+
+impl Outcomes {
+    fn add(&mut self, row: &UsageRow) {
+        self.accepted += row.accepted;
+        self.sent += row.sent;
+        self.delivered += row.delivered;
+        self.failed += row.failed + row.dead_lettered;
+        self.bounced += row.bounced;
+        self.complained += row.complained;
+    }
+
+    fn cells(&self) -> Markup {
+        html! {
+            td.num { (self.sent) } td.num { (self.delivered) } td.num { (self.failed) }
+            td.num { (self.bounced) } td.num { (self.complained) }
+        }
+    }
+}
+
+/// The overview: each tenant's outcomes today and over 7 days with its
+/// quota, and each lane's backlog against its high-water mark.
+pub async fn overview(
+    State(state): State<AppState>,
+    session: Session,
+) -> Result<Response, ApiError> {
+    let today = now_ms() / 86_400_000;
+    let rows = state.db.usage(Whose::Everyone, today - 6, today).await?;
+    let mut week: BTreeMap<String, (Outcomes, Outcomes)> = BTreeMap::new();
+    for row in rows.iter().filter(|row| !row.test) {
+        let (day, days) = week.entry(row.tenant_id.clone()).or_default();
+        days.add(row);
+        if row.day == today {
+            day.add(row);
+        }
+    }
+    let mut lanes = Vec::new();
+    for lane in Lane::ALL {
+        let stats = state.queue.stats(*lane).await?;
+        let mark = state.settings.lanes.get(*lane).high_water_mark;
+        lanes.push((*lane, stats, mark));
+    }
+    let tenants = state.registry.tenants();
+    let body = html! {
+        p.note { "Live messages by UTC day; the page refreshes itself every 30 s." }
+        h2 { "Lanes" }
+        div.box { table {
+            caption.skip { "Each lane's backlog against its high-water mark" }
+            thead { tr { th scope="col" { "Lane" } th scope="col" { "Backlog / high-water mark" }
+                th scope="col" { "In flight" } th scope="col" { "Delayed" } th scope="col" { "Held" }
+                th scope="col" { "Oldest (s)" } th scope="col" { "Dead letters" } } }
+            tbody { @for (lane, stats, mark) in &lanes { tr {
+                th scope="row" { (lane.as_str()) }
+                td { (bar(stats.backlog(), *mark)) }
+                td.num { (stats.in_flight) } td.num { (stats.delayed) } td.num { (stats.held) }
+                td.num { (stats.oldest_age_secs.map_or("–".to_owned(), |age| format!("{age:.0}"))) }
+                td.num class=(if stats.dlq_depth > 0 { "num warn" } else { "num" }) {
+                    a href="/console/dlq" { (stats.dlq_depth) } }
+            } } }
+        } }
+        h2 { "Tenants" }
+        div.box { table {
+            thead {
+                tr { th scope="col" rowspan="2" { "Tenant" } th scope="col" rowspan="2" { "Status" }
+                    th scope="col" rowspan="2" { "Quota today" }
+                    th scope="colgroup" colspan="5" { "Today" } th scope="colgroup" colspan="5" { "7 days" } }
+                tr { @for _ in 0..2 { th scope="col" { "Sent" } th scope="col" { "Delivered" }
+                    th scope="col" { "Failed" } th scope="col" { "Bounced" } th scope="col" { "Complaints" } } }
+            }
+            tbody { @for tenant in &tenants {
+                @let empty = (Outcomes::default(), Outcomes::default());
+                @let (day, days) = week.get(&tenant.id).unwrap_or(&empty);
+                @let quota = state.registry.plan(&tenant.plan).map_or(0, |plan| plan.daily_quota);
+                tr {
+                    th scope="row" { a href=(format!("/console/messages?tenant={}", tenant.id)) { (tenant.id) } }
+                    td class=(if tenant.status == TenantStatus::Active { "" } else { "warn" }) { (tenant.status.as_str()) }
+                    td { (bar(day.accepted.max(0) as u64, quota)) }
+                    (day.cells()) (days.cells())
+                }
+            } }
+        } }
+    };
+    let refresh = [(axum::http::header::REFRESH, "30")];
+    Ok((refresh, page("Overview", Some(&session), body)).into_response())
+}
+
+/// Every tenant, with pause and resume for an operator.
+pub async fn tenants(State(state): State<AppState>, session: Session) -> Markup {
+    let tenants = state.registry.tenants();
+    let body = html! {
+        div.box { table {
+            thead { tr { th scope="col" { "Tenant" } th scope="col" { "Name" } th scope="col" { "Plan" }
+                th scope="col" { "Status" } @if session.may_change() { th scope="col" { "Change" } } } }
+            tbody { @for tenant in &tenants { tr {
+                th scope="row" { a href=(format!("/console/messages?tenant={}", tenant.id)) { (tenant.id) } }
+                td { (tenant.name) } td { (tenant.plan) } td { (tenant.status.as_str()) }
+                @if session.may_change() { td {
+                    @let (to, label) = if tenant.status == TenantStatus::Active { ("paused", "Pause") } else { ("active", "Resume") };
+                    form.inline method="post" action=(format!("/console/tenants/{}/status", tenant.id)) {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        input type="hidden" name="status" value=(to);
+                        button type="submit" aria-label=(format!("{label} {}", tenant.id)) { (label) }
+                    }
+                } }
+            } } }
+        } }
+    };
+    page("Tenants", Some(&session), body)
+}
+
+/// What the message search asks.
+#[derive(Debug, Default, Deserialize)]
+pub struct Search {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    tenant: String,
+    #[serde(default)]
+    reference: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    test: Option<String>,
+}
+
+/// Message search: by id (any tenant), or a tenant's messages by
+/// reference and status, newest first.
+pub async fn messages(
+    State(state): State<AppState>,
+    session: Session,
+    Query(search): Query<Search>,
+) -> Result<Response, ApiError> {
+    let id = search.id.trim();
+    if !id.is_empty() && state.db.message(id).await?.is_some() {
+        return Ok(Redirect::to(&format!("/console/messages/{id}")).into_response());
+    }
+    let status = match search.status.as_str() {
+        "" => None,
+        word => Some(
+            word.parse::<MessageStatus>()
+                .map_err(|_| ApiError::field("status", "is not a message status"))?,
+        ),
+    };
+    let tenant = search.tenant.trim();
+    let found = if tenant.is_empty() {
+        None
+    } else {
+        let scope = Scope::new(tenant, World::of_test(search.test.is_some()));
+        let filter = ListFilter {
+            reference: Some(search.reference.trim().to_owned()).filter(|r| !r.is_empty()),
+            status,
+            ..ListFilter::default()
+        };
+        let scan = state.settings.limits.list_scan_rows;
+        Some(
+            state
+                .db
+                .list_messages(&scope, &filter, SEARCH_ROWS, scan)
+                .await?
+                .rows,
+        )
+    };
+    let body = html! {
+        form method="get" action="/console/messages" role="search" {
+            label for="id" { "Message id" } input id="id" name="id" value=(search.id);
+            p.note { "or a tenant's messages:" }
+            label for="tenant" { "Tenant" } input id="tenant" name="tenant" value=(search.tenant);
+            label for="reference" { "Reference" } input id="reference" name="reference" value=(search.reference);
+            label for="status" { "Status" } input id="status" name="status" value=(search.status) placeholder="e.g. sent, dead_lettered";
+            label { input type="checkbox" name="test" value="1" checked[search.test.is_some()]; " Test messages" }
+            p { button type="submit" { "Search" } }
+        }
+        @if !id.is_empty() { p.warn role="status" { "No message has the id " (id) "." } }
+        @if let Some(rows) = &found {
+            p role="status" { (rows.len()) " messages" @if rows.len() as i64 == SEARCH_ROWS { " (the newest " (SEARCH_ROWS) ")" } "." }
+            div.box { table {
+                thead { tr { th scope="col" { "Id" } th scope="col" { "Created" } th scope="col" { "Channel" }
+                    th scope="col" { "Status" } th scope="col" { "Attempts" } th scope="col" { "Reference" } } }
+                tbody { @for message in rows { tr {
+                    td { a href=(format!("/console/messages/{}", message.id)) { (message.id) } }
+                    td { (ms_to_rfc3339(message.created_at)) } td { (message.channel.as_str()) }
+                    td { (message.status.as_str()) } td.num { (message.attempts) }
+                    td { (message.reference.as_deref().unwrap_or("")) }
+                } } }
+            } }
+        }
+    };
+    Ok(page("Messages", Some(&session), body).into_response())
+}
+
+/// One message and its timeline: every event from acceptance on.
+pub async fn message(
+    State(state): State<AppState>,
+    session: Session,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Markup, ApiError> {
+    let message = state
+        .db
+        .message(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("No message {id:?}.")))?;
+    let events = state.db.message_events(&id).await?;
+    let body = html! {
+        dl {
+            dt { "Tenant" } dd { (message.tenant_id) @if message.test { " (test)" } }
+            dt { "Channel, priority, lane" } dd { (message.channel.as_str()) ", " (message.priority.as_str()) ", " (message.lane.as_str()) }
+            dt { "Status" } dd { (message.status.as_str()) }
+            dt { "Attempts" } dd { (message.attempts) }
+            dt { "Provider" } dd { (message.provider.as_deref().unwrap_or("–")) " " (message.provider_message_id.as_deref().unwrap_or("")) }
+            @if let Some(error) = &message.last_error { dt { "Last error" } dd.warn { (error) } }
+        }
+        h2 { "Timeline" }
+        div.box { table {
+            thead { tr { th scope="col" { "At" } th scope="col" { "Event" } th scope="col" { "Status after" }
+                th scope="col" { "Attempts" } th scope="col" { "Detail" } } }
+            tbody {
+                tr { td { (ms_to_rfc3339(message.created_at)) } td { "accepted" } td { "queued" } td.num { "0" }
+                    td { "on the " (message.lane.as_str()) " lane" @if let Some(at) = message.send_at { ", to send at " (ms_to_rfc3339(at)) } } }
+                @for event in &events { tr {
+                td { (ms_to_rfc3339(event.at)) } td { (event.event) } td { (event.status) }
+                td.num { (event.attempts) } td { (event.detail.as_deref().unwrap_or("")) }
+            } } }
+        } }
+    };
+    Ok(page(&format!("Message {id}"), Some(&session), body))
+}
+
+/// Dead letters lane by lane, with redrive for an operator.
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    session: Session,
+) -> Result<Markup, ApiError> {
+    let mut lanes = Vec::new();
+    for lane in Lane::ALL {
+        let letters = state
+            .queue
+            .list_dead_letters(*lane, DEAD_LETTER_ROWS)
+            .await?;
+        lanes.push((
+            *lane,
+            crate::api::dlq::dead_letter_views(&state, *lane, letters).await?,
+        ));
+    }
+    let body = html! {
+        @for (lane, letters) in &lanes {
+            h2 { "Lane " (lane.as_str()) }
+            @if letters.is_empty() { p { "No dead letters." } } @else {
+                @if session.may_change() {
+                    form method="post" action="/console/dlq/redrive" {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        input type="hidden" name="lane" value=(lane.as_str());
+                        label for=(format!("tenant-{}", lane.as_str())) { "Only this tenant (empty: every tenant)" }
+                        input id=(format!("tenant-{}", lane.as_str())) name="tenant";
+                        p { button type="submit" { "Redrive the " (lane.as_str()) " lane's dead letters" } }
+                    }
+                }
+                div.box { table {
+                    thead { tr { th scope="col" { "Message" } th scope="col" { "Tenant" } th scope="col" { "Attempts" }
+                        th scope="col" { "Last error" } th scope="col" { "Since" } } }
+                    tbody { @for letter in letters { tr {
+                        td { a href=(format!("/console/messages/{}", letter.id)) { (letter.id) } }
+                        td { (letter.tenant) } td.num { (letter.attempts) }
+                        td { (letter.last_error.as_deref().unwrap_or("")) } td { (letter.enqueued_at) }
+                    } } }
+                } }
+            }
+        }
+    };
+    Ok(page("Dead letters", Some(&session), body))
+}
+
+/// The newest entries of the audit log.
+pub async fn audit(State(state): State<AppState>, session: Session) -> Result<Markup, ApiError> {
+    let query = AuditQuery {
+        limit: AUDIT_ROWS,
+        ..AuditQuery::default()
+    };
+    let entries = state.db.audit_page(&query).await?;
+    let body = html! {
+        p.note { "The newest " (AUDIT_ROWS) " changes; all of them: GET /v1/admin/audit." }
+        div.box { table {
+            thead { tr { th scope="col" { "At" } th scope="col" { "Admin" } th scope="col" { "Action" }
+                th scope="col" { "Target" } th scope="col" { "Status" } } }
+            tbody { @for entry in &entries { tr {
+                td { (ms_to_rfc3339(entry.at)) } td { (entry.actor_name) " (" (entry.actor_role) ")" }
+                td { (entry.action) } td { (entry.target) } td.num { (entry.status) }
+            } } }
+        } }
+    };
+    Ok(page("Audit log", Some(&session), body))
+}
