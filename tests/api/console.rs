@@ -5,6 +5,9 @@
 //! viewer sees no button that changes anything, and a form posted without
 //! the session's CSRF token, or by a viewer, is refused.
 //!
+//! The browser does not run beside the tests that measure timings
+//! (`support::TIMED`).
+//!
 //! With `FAIRLANE_CONSOLE_SCREENSHOTS=DIR`, the pages are saved there as
 //! PNG files.
 
@@ -160,6 +163,8 @@ async fn post_form(app: &TestApp, cookie: &str, path: &str, form: &[(&str, &str)
 
 on_both_stores! {
     async fn an_operator_finds_a_message_reads_its_timeline_and_redrives_it_a_viewer_only_looks() {
+        // Chromium would slow the tests that measure timings (`TIMED`).
+        let _alone = crate::support::TIMED.write().await;
         let sms_api = MockServer::start().await;
         let refusal = Mock::given(method("POST"))
             .and(path(SMS_PATH))

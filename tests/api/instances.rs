@@ -1038,6 +1038,7 @@ async fn a_tenant_limit_holds_across_three_instances() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_sms_gate_is_shared_by_three_instances() {
+    let _timed = crate::support::TIMED.read().await;
     const MESSAGES: usize = 150;
     const SENDERS: usize = 15;
     // A moto of its own: on the shared one, other tests' queues slow every

@@ -739,6 +739,7 @@ async fn on_sqs_lows_still_progress_under_a_continuous_flood_of_highs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sqs_a_quiet_tenant_is_delivered_promptly_beside_a_noisy_tenants_backlog() {
+    let _timed = crate::support::TIMED.read().await;
     const NOISY: usize = 80;
     let sms_api = MockServer::start().await;
     mock_sms_ok(&sms_api, "SM-FAIR").await;
@@ -815,6 +816,7 @@ async fn on_sqs_a_quiet_tenant_is_delivered_promptly_beside_a_noisy_tenants_back
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sqs_the_lanes_share_setting_gives_lows_their_share_of_receives_under_a_flood_of_highs()
 {
+    let _timed = crate::support::TIMED.read().await;
     let app = TestApp::start_custom(&sqs_settings(&moto_url(), "share", ""), |settings| {
         settings.lanes.fast.low_priority_share = 0.2
     })

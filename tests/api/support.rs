@@ -63,6 +63,14 @@ macro_rules! on_both_stores {
 }
 pub(crate) use on_both_stores;
 
+/// Tests whose figures are timings on this machine's two shared cores take
+/// this to read (they still run beside each other); the browser tests,
+/// whose headless Chromium takes a core to itself while it renders, take it
+/// to write: the two kinds never run at once. Taken once, at a test's
+/// start, and held to its end.
+pub static TIMED: std::sync::LazyLock<tokio::sync::RwLock<()>> =
+    std::sync::LazyLock::new(|| tokio::sync::RwLock::new(()));
+
 /// The admin token every test app is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
