@@ -1201,11 +1201,13 @@ async fn an_sms_gate_is_shared_by_three_instances() {
     // Alone this test measures 0.975 – 0.998 (with 300 messages 0.70 –
     // 0.94, moto-bound, see above). On the one moto server the full suite
     // shares, 0.72 was seen; with a moto of its own, 0.871 inside the full
-    // suite (the other tests still share the two cores). A gate each
-    // instance keeps to itself fails the excess above; one the instances
-    // take turns at (one at a time) would be near 1/3.
+    // suite (the other tests still share the two cores), and since the
+    // suite grew (2026-11-28) 0.745 and 0.748 in two fresh-clone runs. A
+    // gate each instance keeps to itself fails the excess above; one the
+    // instances take turns at (one at a time) would be near 1/3: the bound
+    // sits between that and what a busy suite measures.
     assert!(
-        utilisation >= 0.75,
+        utilisation >= 0.6,
         "{MESSAGES} calls took {span_all:.2} s: {:.0}% of what {SMS_RATE}/s allows",
         utilisation * 100.0
     );
