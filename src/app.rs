@@ -35,6 +35,10 @@ use crate::tenants::Registry;
 /// Longest wait for the accept writer to commit what is left at shutdown.
 const WRITER_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often the API keys' last uses noted in memory are written to the
+/// store.
+const KEY_USE_WRITES: Duration = Duration::from_secs(60);
+
 pub struct Application {
     listener: TcpListener,
     state: AppState,
@@ -311,7 +315,7 @@ impl PendingCounts for OutboxRows {
 /// Starts the jobs that run beside the API and the consumers: unmatched
 /// receipts tried again, the SES events queues read, webhooks dispatched,
 /// retention, the usage roll-up (PostgreSQL) and expired idempotency keys
-/// forgotten.
+/// forgotten, the API keys' last uses written.
 async fn spawn_jobs(
     settings: &Settings,
     db: &Db,
@@ -321,6 +325,11 @@ async fn spawn_jobs(
     background: &mut Vec<JoinHandle<()>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    background.push(tokio::spawn(
+        registry
+            .clone()
+            .keep_key_uses(KEY_USE_WRITES, shutdown_rx.clone()),
+    ));
     background.push(tokio::spawn(crate::receipts::retry_unmatched(
         db.clone(),
         store_writer.clone(),

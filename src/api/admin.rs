@@ -349,7 +349,17 @@ pub async fn create_tenant(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let input: CreateTenant = json_typed(&headers, body)?;
-    check_isolation(&state, input.isolation)?;
+    let tenant = create_tenant_with(&state, input).await?;
+    Ok(created(format!("/v1/admin/tenants/{}", tenant.id), tenant))
+}
+
+/// Creates the tenant `input` describes and routes its sends: the API's
+/// and the console's.
+pub(crate) async fn create_tenant_with(
+    state: &AppState,
+    input: CreateTenant,
+) -> Result<Tenant, ApiError> {
+    check_isolation(state, input.isolation)?;
     let defaults = TenantOptions::default();
     let options = TenantOptions {
         isolation: input.isolation.unwrap_or(defaults.isolation),
@@ -365,7 +375,7 @@ pub async fn create_tenant(
     state
         .tenant_queues
         .set_tenant_dedicated(&tenant.id, tenant.isolation == Isolation::Dedicated);
-    Ok(created(format!("/v1/admin/tenants/{}", tenant.id), tenant))
+    Ok(tenant)
 }
 
 /// Dedicated queues need a backend that has them.
@@ -453,7 +463,18 @@ pub async fn patch_tenant(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(Option<AuditBefore>, Json<Tenant>), ApiError> {
     let input: PatchTenant = json_typed(&headers, body)?;
-    check_isolation(&state, input.isolation)?;
+    let before = tenant_before(&state, &id);
+    Ok((before, Json(patch_tenant_with(&state, &id, input).await?)))
+}
+
+/// Applies the change `input` describes to tenant `id`: the API's and
+/// the console's.
+pub(crate) async fn patch_tenant_with(
+    state: &AppState,
+    id: &str,
+    input: PatchTenant,
+) -> Result<Tenant, ApiError> {
+    check_isolation(state, input.isolation)?;
     if input.unsubscribe_default == Some(true) && state.unsubscribe.is_none() {
         return Err(ApiError::field(
             "unsubscribe_default",
@@ -469,15 +490,13 @@ pub async fn patch_tenant(
         unsubscribe_mailto: input.unsubscribe_mailto,
         retention_days: input.retention_days,
     };
-    let before = tenant_before(&state, &id);
-    let tenant = change_tenant(&state, &id, &change).await?;
-    Ok((before, Json(tenant)))
+    change_tenant(state, id, &change).await
 }
 
 /// Applies `change` to tenant `id` and what follows from it: the queue of
 /// its isolation, its queued messages held or released, its own queues
 /// signalled. The API's `PATCH` and the console's pause and resume.
-pub(crate) async fn change_tenant(
+async fn change_tenant(
     state: &AppState,
     id: &str,
     change: &TenantChange,

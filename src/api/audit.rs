@@ -107,10 +107,10 @@ pub async fn record_changes(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let path = request.uri().path().to_owned();
-    if !is_admin_change(request.method(), &path) {
+    if !is_admin_change(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
+    let path = request.uri().path().to_owned();
     let action = format!(
         "{} {}",
         request.method(),

@@ -401,7 +401,13 @@ pub fn json_typed<T: DeserializeOwned>(
             return Err(ApiError::field("body", "must be a JSON object"));
         }
     }
-    let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
+    typed_from_slice(&bytes)
+}
+
+/// Deserializes JSON `bytes` into `T`, a failure naming the field: the
+/// API's bodies, and the console's forms turned into JSON.
+pub(crate) fn typed_from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();

@@ -153,6 +153,21 @@ async fn add_for(
     if by_admin {
         known_tenant(state, tenant)?;
     }
+    let (added, entry) = add_entry(state, tenant, &input).await?;
+    if added {
+        Ok((StatusCode::CREATED, Json(entry)).into_response())
+    } else {
+        Ok(Json(entry).into_response())
+    }
+}
+
+/// Puts `input`'s address on `tenant`'s list: whether it was added (not
+/// there before), and the entry. The API's and the console's.
+pub(crate) async fn add_entry(
+    state: &AppState,
+    tenant: &str,
+    input: &SuppressionInput,
+) -> Result<(bool, Suppression), ApiError> {
     let Some((channel, address)) = suppressions::normalize(&input.address) else {
         return Err(ApiError::field(
             "address",
@@ -177,10 +192,8 @@ async fn add_for(
         .ok_or_else(|| anyhow::anyhow!("the suppression just written is gone"))?;
     if added {
         tracing::info!(%tenant, channel = channel.as_str(), "Address suppressed by hand.");
-        Ok((StatusCode::CREATED, Json(entry)).into_response())
-    } else {
-        Ok(Json(entry).into_response())
     }
+    Ok((added, entry))
 }
 
 async fn get_for(state: &AppState, tenant: &str, raw: &str) -> Result<Json<Suppression>, ApiError> {
@@ -193,7 +206,11 @@ async fn get_for(state: &AppState, tenant: &str, raw: &str) -> Result<Json<Suppr
         .ok_or_else(|| ApiError::NotFound("This address is not on the list.".into()))
 }
 
-async fn remove_for(state: &AppState, tenant: &str, raw: &str) -> Result<StatusCode, ApiError> {
+pub(crate) async fn remove_for(
+    state: &AppState,
+    tenant: &str,
+    raw: &str,
+) -> Result<StatusCode, ApiError> {
     let address = address_of(raw)?;
     if !state.db.remove_suppression(tenant, &address).await? {
         return Err(ApiError::NotFound(

@@ -141,8 +141,13 @@ pub trait RegistryStore: Send + Sync {
     /// Revokes an active key of `tenant_id`; returns how many (0 or 1).
     async fn revoke_key(&self, tenant_id: &str, key_id: &str, now: i64) -> StoreResult<u64>;
 
-    /// A tenant's keys, revoked ones too: id, created, revoked (ms), kind.
+    /// A tenant's keys, revoked ones too: id, created, revoked, kind,
+    /// last used (ms).
     async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>>;
+
+    /// Notes when keys were last used, `(key id, ms)`; a time earlier than
+    /// the one stored leaves it as it is.
+    async fn note_key_uses(&self, uses: &[(String, i64)]) -> StoreResult<()>;
 
     /// Stores a sender identity; when it is a default, the tenant's previous
     /// default for its channel stops being one in the same transaction.
@@ -185,8 +190,8 @@ pub struct KeyInsert<'a> {
     pub created_at: i64,
 }
 
-/// A key as listed: id, created, revoked (ms), kind.
-pub type KeyListed = (String, i64, Option<i64>, String);
+/// A key as listed: id, created, revoked (ms), kind, last used (ms).
+pub type KeyListed = (String, i64, Option<i64>, String, Option<i64>);
 
 /// Hears the registry's announcements, on a connection of its own.
 pub struct RegistryListener(pub(super) PgListener);

@@ -99,6 +99,10 @@ pub struct KeyInfo {
     pub kind: KeyKind,
     pub created_at: String,
     pub revoked_at: Option<String>,
+    /// When the key last authenticated a request, to about a minute
+    /// (instances write their uses to the store once a minute); `null` if
+    /// never.
+    pub last_used_at: Option<String>,
 }
 
 /// Why a registry change was refused.
@@ -276,6 +280,9 @@ pub struct Registry {
     /// before a change committed never replaces the cache after the change
     /// updated it.
     changing: tokio::sync::Mutex<()>,
+    /// Keys used since the last [`Registry::flush_key_uses`]: id → when
+    /// (ms). Only this instance's; the store holds everyone's.
+    key_uses: std::sync::Mutex<HashMap<String, i64>>,
     /// The queue told each tenant's isolation after every reload, so sends
     /// on this instance follow a change made on another one.
     isolation_sink: std::sync::OnceLock<Arc<dyn crate::queue::TenantQueues>>,
@@ -451,6 +458,7 @@ impl Registry {
             keys: RwLock::new(keys),
             senders: RwLock::new(senders),
             changing: tokio::sync::Mutex::new(()),
+            key_uses: std::sync::Mutex::new(HashMap::new()),
             isolation_sink: std::sync::OnceLock::new(),
             retention_default: std::sync::atomic::AtomicU16::new(DEFAULT_RETENTION_DAYS),
         })
@@ -989,21 +997,82 @@ impl Registry {
         Ok(())
     }
 
+    /// A tenant's keys, revoked ones too, each with its last use as the
+    /// store has it or, if later, as this instance noted it since.
     pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
         let rows = self.db.keys_of(tenant_id).await?;
+        let noted = self.key_uses.lock().expect("key uses lock").clone();
         Ok(rows
             .into_iter()
-            .map(|(id, created, revoked, kind)| KeyInfo {
-                id,
-                kind: if kind == KeyKind::Test.as_str() {
-                    KeyKind::Test
-                } else {
-                    KeyKind::Live
-                },
-                created_at: crate::model::ms_to_rfc3339(created),
-                revoked_at: revoked.map(crate::model::ms_to_rfc3339),
+            .map(|(id, created, revoked, kind, used)| {
+                let used = used.max(noted.get(&id).copied());
+                KeyInfo {
+                    kind: if kind == KeyKind::Test.as_str() {
+                        KeyKind::Test
+                    } else {
+                        KeyKind::Live
+                    },
+                    created_at: crate::model::ms_to_rfc3339(created),
+                    revoked_at: revoked.map(crate::model::ms_to_rfc3339),
+                    last_used_at: used.map(crate::model::ms_to_rfc3339),
+                    id,
+                }
             })
             .collect())
+    }
+
+    /// Notes that key `key_id` authenticated a request now.
+    fn note_key_use(&self, key_id: &str) {
+        let now = now_ms();
+        let mut uses = self.key_uses.lock().expect("key uses lock");
+        match uses.get_mut(key_id) {
+            Some(at) => *at = now,
+            None => {
+                uses.insert(key_id.to_owned(), now);
+            }
+        }
+    }
+
+    /// Writes the key uses noted since the last call to the store. A
+    /// failed write puts them back for the next call.
+    pub async fn flush_key_uses(&self) -> anyhow::Result<()> {
+        let uses: Vec<(String, i64)> =
+            std::mem::take(&mut *self.key_uses.lock().expect("key uses lock"))
+                .into_iter()
+                .collect();
+        if uses.is_empty() {
+            return Ok(());
+        }
+        if let Err(err) = self.db.note_key_uses(&uses).await {
+            let mut pending = self.key_uses.lock().expect("key uses lock");
+            for (id, at) in uses {
+                let slot = pending.entry(id).or_insert(at);
+                *slot = (*slot).max(at);
+            }
+            return Err(err.into());
+        }
+        Ok(())
+    }
+
+    /// Writes key uses to the store every `every` until `shutdown`, and
+    /// once more then.
+    pub async fn keep_key_uses(
+        self: Arc<Self>,
+        every: Duration,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        loop {
+            let stopping = tokio::select! {
+                _ = tokio::time::sleep(every) => false,
+                _ = shutdown.changed() => true,
+            };
+            if let Err(err) = self.flush_key_uses().await {
+                tracing::warn!(error = %format!("{err:#}"), "Could not write the API keys' last uses; they are kept for the next try.");
+            }
+            if stopping {
+                return;
+            }
+        }
     }
 
     /// The tenant and plan behind a bearer key, if the key is valid and not
@@ -1023,6 +1092,7 @@ impl Registry {
             }
             entry.tenant_id.clone()
         };
+        self.note_key_use(key_id);
         let tenant = self.tenant(&tenant_id)?;
         let plan = self.plan(&tenant.plan)?;
         let senders = self.senders_cached(&tenant_id);

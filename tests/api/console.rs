@@ -172,12 +172,45 @@ on_both_stores! {
             .mount_as_scoped(&sms_api)
             .await;
         let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
-        let key = app.tenant_with_key("acme", "pro").await;
-        let id = app.send_accepted(&key, &with(sms(), "reference", json!("order-42"))).await;
-        wait_for(&app, &key, &id, status_is("dead_lettered")).await;
 
+        // The operator makes a plan, a tenant on it and a live key, all in
+        // the console.
         let operator = browser(1280).await;
         sign_in(&operator, &app, ADMIN_TOKEN).await;
+        operator.goto(&app.url("/console/plans")).await.unwrap();
+        for (field, value) in [("plan-name", "console"), ("plan-rate", "50"), ("plan-burst", "10"),
+            ("plan-quota", "1000"), ("plan-in-flight", "4")] {
+            operator.find(Locator::Id(field)).await.unwrap().send_keys(value).await.unwrap();
+        }
+        operator.find(Locator::Css("form[action='/console/plans'] button")).await.unwrap().click().await.unwrap();
+        arrive(&operator, "/console/plans").await;
+        operator.goto(&app.url("/console/tenants")).await.unwrap();
+        operator.find(Locator::Id("new-id")).await.unwrap().send_keys("acme").await.unwrap();
+        operator.find(Locator::Id("new-name")).await.unwrap().send_keys("Acme Ltd").await.unwrap();
+        operator.find(Locator::Css("#new-plan option[value='console']")).await.unwrap().click().await.unwrap();
+        operator.find(Locator::Css("form[action='/console/tenants'] button")).await.unwrap().click().await.unwrap();
+        arrive(&operator, "/console/tenants/acme").await;
+        operator.find(Locator::Css("form[action='/console/tenants/acme/keys'] button")).await.unwrap().click().await.unwrap();
+        let key = operator
+            .wait()
+            .for_element(Locator::Id("issued-key"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap()
+            .expect("the issued key is shown");
+        assert!(key.starts_with("fl_"), "{key}");
+
+        let id = app.send_accepted(&key, &with(sms(), "reference", json!("order-42"))).await;
+        wait_for(&app, &key, &id, status_is("dead_lettered")).await;
+        // The key's page shows its use.
+        operator.goto(&app.url("/console/tenants/acme")).await.unwrap();
+        let tenant_page = text(&operator).await;
+        assert!(tenant_page.contains("console") && tenant_page.contains("Acme Ltd"), "{tenant_page}");
+        assert!(!tenant_page.contains("never"), "the key was used: {tenant_page}");
+
+        operator.goto(&app.url("/console")).await.unwrap();
         let overview = text(&operator).await;
         assert!(overview.contains("acme") && overview.contains("Lanes"), "{overview}");
         screenshot(&operator, "overview").await;
@@ -214,10 +247,16 @@ on_both_stores! {
         )
         .await;
         let entries = log["entries"].as_array().unwrap();
-        assert_eq!(entries.len(), 1, "{log}");
-        assert_eq!(entries[0]["action"], "POST /console/dlq/redrive");
-        assert_eq!(entries[0]["actor"]["name"], "root");
+        let actions: Vec<&str> = entries.iter().map(|entry| entry["action"].as_str().unwrap()).collect();
+        // Newest first.
+        assert_eq!(actions, ["POST /console/dlq/redrive", "POST /console/tenants/{id}/keys",
+            "POST /console/tenants", "POST /console/plans"], "{log}");
+        assert!(entries.iter().all(|entry| entry["actor"]["name"] == "root"), "{log}");
         assert_eq!(entries[0]["after"]["redriven"], 1);
+        assert_eq!(entries[1]["after"]["kind"], "live");
+        assert!(!log.to_string().contains(&key), "the key is not in the log");
+        assert_eq!(entries[2]["after"]["plan"], "console");
+        assert_eq!(entries[3]["after"]["burst"], 10);
         operator.close().await.unwrap();
 
         // A viewer: the pages, no button that changes anything.
@@ -250,15 +289,15 @@ on_both_stores! {
         // the operator's without one.
         let (viewer_cookie, viewer_csrf) = session_of(&app, &viewer_token).await;
         let pause = [("csrf", viewer_csrf.as_str()), ("status", "paused")];
-        assert_eq!(post_form(&app, &viewer_cookie, "/console/tenants/acme/status", &pause).await, StatusCode::FORBIDDEN);
+        assert_eq!(post_form(&app, &viewer_cookie, "/console/tenants/acme", &pause).await, StatusCode::FORBIDDEN);
         let (root_cookie, root_csrf) = session_of(&app, ADMIN_TOKEN).await;
         let forged = [("csrf", "0000"), ("status", "paused")];
-        assert_eq!(post_form(&app, &root_cookie, "/console/tenants/acme/status", &forged).await, StatusCode::FORBIDDEN);
+        assert_eq!(post_form(&app, &root_cookie, "/console/tenants/acme", &forged).await, StatusCode::FORBIDDEN);
         let tenant = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme").send().await.unwrap(), StatusCode::OK).await;
         assert_eq!(tenant["status"], "active", "no forged change was made");
         // With the session's token, the operator's change is made.
         let pause = [("csrf", root_csrf.as_str()), ("status", "paused")];
-        assert_eq!(post_form(&app, &root_cookie, "/console/tenants/acme/status", &pause).await, StatusCode::SEE_OTHER);
+        assert_eq!(post_form(&app, &root_cookie, "/console/tenants/acme", &pause).await, StatusCode::SEE_OTHER);
         let tenant = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme").send().await.unwrap(), StatusCode::OK).await;
         assert_eq!(tenant["status"], "paused");
         // A wrong token does not sign in.
@@ -269,5 +308,132 @@ on_both_stores! {
             .await
             .unwrap();
         assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+    }
+}
+
+/// The body of a console answer.
+async fn form_answer(
+    app: &TestApp,
+    cookie: &str,
+    path: &str,
+    form: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(app.url(path))
+        .header("cookie", cookie)
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    (answer.status(), answer.text().await.unwrap())
+}
+
+on_both_stores! {
+    async fn an_operator_manages_a_tenants_keys_identities_and_suppressions_in_the_console() {
+        let app = TestApp::start("").await;
+        app.tenant_with_key("acme", "basic").await;
+        let (cookie, csrf) = session_of(&app, ADMIN_TOKEN).await;
+        let csrf = csrf.as_str();
+        let tenant = "/console/tenants/acme";
+
+        // A change of plan and retention, checked as the API checks it.
+        let (status, page) = form_answer(&app, &cookie, tenant, &[("csrf", csrf), ("retention_days", "900")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(page.contains("retention_days") && page.contains("<html"), "a page naming the field: {page}");
+        let (status, page) = form_answer(&app, &cookie, tenant, &[("csrf", csrf), ("plan", "no-such-plan")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{page}");
+        assert!(page.contains("plan"), "{page}");
+        let change = [("csrf", csrf), ("plan", "pro"), ("retention_days", "30"), ("max_concurrent_consumers", "3")];
+        assert_eq!(post_form(&app, &cookie, tenant, &change).await, StatusCode::SEE_OTHER);
+        let detail = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme").send().await.unwrap(), StatusCode::OK).await;
+        assert_eq!((detail["plan"].as_str(), detail["retention_days"].as_u64()), (Some("pro"), Some(30)), "{detail}");
+        assert_eq!(detail["max_concurrent_consumers"], 3);
+
+        // A test key, then revoked.
+        let (status, page) = form_answer(&app, &cookie, &format!("{tenant}/keys"), &[("csrf", csrf), ("kind", "test")]).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let key = page.split("id=\"issued-key\"").nth(1).and_then(|rest| rest.split("value=\"").nth(1))
+            .and_then(|rest| rest.split('"').next()).expect("the key on the page").to_owned();
+        assert!(key.starts_with("fl_test_"), "{key}");
+        let key_id = key.trim_start_matches("fl_test_").split('_').next().unwrap().to_owned();
+        let revoke = format!("{tenant}/keys/{key_id}/revoke");
+        assert_eq!(post_form(&app, &cookie, &revoke, &[("csrf", csrf)]).await, StatusCode::SEE_OTHER);
+        let detail = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme").send().await.unwrap(), StatusCode::OK).await;
+        let revoked = detail["keys"].as_array().unwrap().iter().find(|k| k["id"] == key_id.as_str()).unwrap();
+        assert!(revoked["revoked_at"].is_string(), "{detail}");
+        let (status, _) = form_answer(&app, &cookie, &revoke, &[("csrf", csrf)]).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "a revoked key cannot be revoked again");
+        let (status, page) = form_answer(&app, &cookie, &format!("{tenant}/keys"), &[("csrf", csrf), ("kind", "gold")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(page.contains("kind"), "{page}");
+
+        // A sender identity: refused without its from, added, removed.
+        let senders = format!("{tenant}/senders");
+        let (status, page) = form_answer(&app, &cookie, &senders, &[("csrf", csrf), ("channel", "email")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{page}");
+        assert!(page.contains("from"), "{page}");
+        let add = [("csrf", csrf), ("channel", "email"), ("from", "news@acme.example"), ("display_name", "Acme"), ("default", "on")];
+        assert_eq!(post_form(&app, &cookie, &senders, &add).await, StatusCode::SEE_OTHER);
+        let listed = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme/senders").send().await.unwrap(), StatusCode::OK).await;
+        let sender = &listed["senders"][0];
+        assert_eq!((sender["from"].as_str(), sender["default"].as_bool()), (Some("news@acme.example"), Some(true)), "{listed}");
+        let remove = format!("{senders}/{}/remove", sender["id"].as_str().unwrap());
+        assert_eq!(post_form(&app, &cookie, &remove, &[("csrf", csrf)]).await, StatusCode::SEE_OTHER);
+        let listed = expect_json(app.admin(Method::GET, "/v1/admin/tenants/acme/senders").send().await.unwrap(), StatusCode::OK).await;
+        assert_eq!(listed["senders"], json!([]));
+
+        // A suppression: a bad address refused, a good one added and shown,
+        // then removed.
+        let suppress = format!("{tenant}/suppressions");
+        let (status, page) = form_answer(&app, &cookie, &suppress, &[("csrf", csrf), ("address", "not an address")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(page.contains("address"), "{page}");
+        let add = [("csrf", csrf), ("address", "Someone@Example.com"), ("detail", "asked by phone")];
+        assert_eq!(post_form(&app, &cookie, &suppress, &add).await, StatusCode::SEE_OTHER);
+        let page = reqwest::Client::new().get(app.url(tenant)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+        assert!(page.contains("someone@example.com") && page.contains("asked by phone"), "{page}");
+        let unsuppress = format!("{suppress}/remove");
+        let remove = [("csrf", csrf), ("address", "someone@example.com")];
+        assert_eq!(post_form(&app, &cookie, &unsuppress, &remove).await, StatusCode::SEE_OTHER);
+        let answer = app.admin(Method::GET, "/v1/admin/tenants/acme/suppressions/someone@example.com").send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+
+        // Every change is in the log, by action.
+        let log = expect_json(app.admin(Method::GET, "/v1/admin/audit?target=/console/&limit=50").send().await.unwrap(), StatusCode::OK).await;
+        let mut actions: Vec<&str> = log["entries"].as_array().unwrap().iter().map(|entry| entry["action"].as_str().unwrap()).collect();
+        actions.sort_unstable();
+        assert_eq!(actions, [
+            "POST /console/tenants/{id}",
+            "POST /console/tenants/{id}/keys",
+            "POST /console/tenants/{id}/keys/{key_id}/revoke",
+            "POST /console/tenants/{id}/senders",
+            "POST /console/tenants/{id}/senders/{sender_id}/remove",
+            "POST /console/tenants/{id}/suppressions",
+            "POST /console/tenants/{id}/suppressions/remove",
+        ], "only the changes that were made: {log}");
+        let changed = log["entries"].as_array().unwrap().iter().find(|entry| entry["action"] == "POST /console/tenants/{id}").unwrap();
+        assert_eq!((changed["before"]["plan"].as_str(), changed["after"]["plan"].as_str()), (Some("basic"), Some("pro")), "{changed}");
+
+        // A viewer changes nothing here either.
+        let added = app.admin(Method::POST, "/v1/admin/admins").json(&json!({"name": "desk", "role": "viewer"})).send().await.unwrap();
+        let viewer = expect_json(added, StatusCode::CREATED).await["token"].as_str().unwrap().to_owned();
+        let (viewer_cookie, viewer_csrf) = session_of(&app, &viewer).await;
+        for (path, form) in [
+            (tenant.to_owned(), vec![("plan", "basic")]),
+            (format!("{tenant}/keys"), vec![("kind", "live")]),
+            ("/console/tenants".to_owned(), vec![("id", "other"), ("name", "Other"), ("plan", "pro")]),
+            ("/console/plans".to_owned(), vec![("name", "x"), ("lane", "fast"), ("rate_per_second", "1"), ("burst", "1"), ("daily_quota", "1"), ("max_in_flight", "1")]),
+            (suppress.clone(), vec![("address", "a@example.com")]),
+        ] {
+            let mut form = form;
+            form.push(("csrf", viewer_csrf.as_str()));
+            assert_eq!(post_form(&app, &viewer_cookie, &path, &form).await, StatusCode::FORBIDDEN, "{path}");
+        }
+        let page = reqwest::Client::new().get(app.url(tenant)).header("cookie", &viewer_cookie).send().await.unwrap().text().await.unwrap();
+        assert!(page.contains("API keys") && !page.contains("<button type=\"submit\">Issue key"), "a viewer's page has no forms: {page}");
+        assert!(!page.contains("method=\"post\" action=\"/console/tenants/acme"), "{page}");
     }
 }

@@ -113,6 +113,19 @@ async fn admin_changes_survive_a_restart() {
     for _ in 0..2 {
         assert_eq!(app.send(&key, &sms()).await.status(), StatusCode::ACCEPTED);
     }
+    let last_use = |tenant: &serde_json::Value| tenant["keys"][0]["last_used_at"].clone();
+    let before = expect_json(
+        app.admin(reqwest::Method::GET, "/v1/admin/tenants/acme")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    assert!(
+        last_use(&before).is_string(),
+        "the key's use is shown at once: {before}"
+    );
 
     let dir = app.stop().await;
     let app = TestApp::start_in(dir, "", |_| {}).await;
@@ -124,6 +137,8 @@ async fn admin_changes_survive_a_restart() {
     let tenant = expect_json(tenant, StatusCode::OK).await;
     assert_eq!(tenant["plan"], "starter");
     assert_eq!(tenant["status"], "paused");
+    // The key's last use was written to the store as the process stopped.
+    assert_eq!(last_use(&tenant), last_use(&before), "{tenant}");
     // The quota of 2 was used before the restart; it still is.
     let response = app.send(&key, &sms()).await;
     expect_problem_kind(response, StatusCode::TOO_MANY_REQUESTS, "quota").await;

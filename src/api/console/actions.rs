@@ -1,5 +1,5 @@
-//! The console's changes: signing in and out, a tenant's pause and
-//! resume, a redrive. Each change is a form `POST` whose CSRF token must
+//! The console's changes other than the registry's (those are in
+//! `tenants.rs`): signing in and out, a redrive. Each change is a form `POST` whose CSRF token must
 //! be the session's; a viewer's is refused 403 as the API refuses it.
 
 use axum::Form;
@@ -11,13 +11,12 @@ use serde::Deserialize;
 
 use super::page;
 use super::session::{SESSION_MS, Session, cookie_headers};
-use crate::api::admin::{change_tenant, tenant_before};
+use crate::api::AppState;
 use crate::api::audit::AuditAfter;
 use crate::api::error::ApiError;
-use crate::api::{ApiPath, AppState};
-use crate::model::{Lane, TenantStatus, now_ms};
+use crate::model::{Lane, now_ms};
 use crate::queue::RedriveFilter;
-use crate::tenants::{TenantChange, hash_secret};
+use crate::tenants::hash_secret;
 
 /// The sign-in page, with `problem` above the form after a failed try.
 fn sign_in(problem: Option<&str>) -> maud::Markup {
@@ -66,7 +65,7 @@ pub struct Csrf {
 
 /// Refuses a change whose form does not carry the session's CSRF token,
 /// or that a viewer makes.
-fn admit(session: &Session, csrf: &str) -> Result<(), ApiError> {
+pub(super) fn admit(session: &Session, csrf: &str) -> Result<(), ApiError> {
     if csrf != session.csrf {
         return Err(ApiError::Forbidden(
             "The form's CSRF token is not this session's; reload the page and try again.".into(),
@@ -93,34 +92,6 @@ pub async fn logout(
         ));
     }
     Ok((cookie_headers("", &state), Redirect::to("/console/login")).into_response())
-}
-
-#[derive(Deserialize)]
-pub struct StatusForm {
-    csrf: String,
-    status: TenantStatus,
-}
-
-/// Pauses or resumes a tenant, as `PATCH /v1/admin/tenants/{id}` does.
-pub async fn set_status(
-    State(state): State<AppState>,
-    session: Session,
-    ApiPath(id): ApiPath<String>,
-    Form(form): Form<StatusForm>,
-) -> Result<Response, ApiError> {
-    admit(&session, &form.csrf)?;
-    let before = tenant_before(&state, &id);
-    let change = TenantChange {
-        status: Some(form.status),
-        ..TenantChange::default()
-    };
-    let tenant = change_tenant(&state, &id, &change).await?;
-    Ok((
-        before,
-        AuditAfter::of(&tenant),
-        Redirect::to("/console/tenants"),
-    )
-        .into_response())
 }
 
 #[derive(Deserialize)]

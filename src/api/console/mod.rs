@@ -6,20 +6,27 @@
 //! the audit log with the admin's name, as the API's are
 //! ([`crate::api::audit`]).
 //!
-//! Pages, by file: `pages.rs` the overview, tenants, message search, one
-//! message's timeline, dead letters and the audit log; `actions.rs` the
-//! changes (sign-in and out, pause and resume, redrive); this file the
-//! routes and the frame every page shares.
+//! Pages, by file: `pages.rs` the overview, message search, one
+//! message's timeline, dead letters and the audit log; `tenants.rs`
+//! tenants, plans, keys, sender identities and suppressions with their
+//! changes; `actions.rs` the other changes (sign-in and out, redrive);
+//! `forms.rs` a form read as the API's JSON body; this file the routes,
+//! the frame every page shares and refusals as pages.
 
 mod actions;
+mod forms;
 mod pages;
 pub mod session;
+mod tenants;
 
 use axum::Router;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use maud::{DOCTYPE, Markup, html};
 
 use crate::api::AppState;
+use crate::api::error::ApiError;
 use session::Session;
 
 pub use session::SessionKey;
@@ -32,8 +39,33 @@ pub fn router() -> Router<AppState> {
             get(actions::login_page).post(actions::login),
         )
         .route("/console/logout", post(actions::logout))
-        .route("/console/tenants", get(pages::tenants))
-        .route("/console/tenants/{id}/status", post(actions::set_status))
+        .route("/console/tenants", get(tenants::list).post(tenants::create))
+        .route(
+            "/console/tenants/{id}",
+            get(tenants::detail).post(tenants::change),
+        )
+        .route("/console/tenants/{id}/keys", post(tenants::issue_key))
+        .route(
+            "/console/tenants/{id}/keys/{key_id}/revoke",
+            post(tenants::revoke_key),
+        )
+        .route("/console/tenants/{id}/senders", post(tenants::add_sender))
+        .route(
+            "/console/tenants/{id}/senders/{sender_id}/remove",
+            post(tenants::remove_sender),
+        )
+        .route(
+            "/console/tenants/{id}/suppressions",
+            post(tenants::suppress),
+        )
+        .route(
+            "/console/tenants/{id}/suppressions/remove",
+            post(tenants::unsuppress),
+        )
+        .route(
+            "/console/plans",
+            get(tenants::plans).post(tenants::put_plan),
+        )
         .route("/console/messages", get(pages::messages))
         .route("/console/messages/{id}", get(pages::message))
         .route("/console/dlq", get(pages::dead_letters))
@@ -83,6 +115,7 @@ fn page(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                             ul {
                                 li { a href="/console" { "Overview" } }
                                 li { a href="/console/tenants" { "Tenants" } }
+                                li { a href="/console/plans" { "Plans" } }
                                 li { a href="/console/messages" { "Messages" } }
                                 li { a href="/console/dlq" { "Dead letters" } }
                                 li { a href="/console/audit" { "Audit log" } }
@@ -119,4 +152,43 @@ fn bar(used: u64, limit: u64) -> Markup {
         }
         " " (used) " / " (limit)
     }
+}
+
+/// A console request refused: the API's problem (status, headers such as
+/// Retry-After, the fields at fault) as a page a person reads.
+pub struct Refused(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for Refused {
+    fn from(err: E) -> Self {
+        Refused(err.into())
+    }
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let problem = self.0.problem();
+        let body = html! {
+            p.warn role="alert" { (problem.detail) }
+            @if let Some(errors) = &problem.errors {
+                ul { @for (field, message) in errors { li { strong { (field) } ": " (message) } } }
+            }
+            p { "Go back, correct it and try again, or return to the " a href="/console" { "overview" } "." }
+        };
+        let page = page(&problem.title, None, body).into_string();
+        // The API's answer keeps its status and headers (and logs an
+        // internal error); only its body becomes the page.
+        let mut response = self.0.into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        *response.body_mut() = axum::body::Body::from(page);
+        response
+    }
+}
+
+/// The hidden field that carries a session's CSRF token in every form.
+fn csrf_field(session: &Session) -> Markup {
+    html! { input type="hidden" name="csrf" value=(session.csrf); }
 }

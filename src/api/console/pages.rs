@@ -107,7 +107,7 @@ pub async fn overview(
                 @let (day, days) = week.get(&tenant.id).unwrap_or(&empty);
                 @let quota = state.registry.plan(&tenant.plan).map_or(0, |plan| plan.daily_quota);
                 tr {
-                    th scope="row" { a href=(format!("/console/messages?tenant={}", tenant.id)) { (tenant.id) } }
+                    th scope="row" { a href=(format!("/console/tenants/{}", tenant.id)) { (tenant.id) } }
                     td class=(if tenant.status == TenantStatus::Active { "" } else { "warn" }) { (tenant.status.as_str()) }
                     td { (bar(day.accepted.max(0) as u64, quota)) }
                     (day.cells()) (days.cells())
@@ -117,30 +117,6 @@ pub async fn overview(
     };
     let refresh = [(axum::http::header::REFRESH, "30")];
     Ok((refresh, page("Overview", Some(&session), body)).into_response())
-}
-
-/// Every tenant, with pause and resume for an operator.
-pub async fn tenants(State(state): State<AppState>, session: Session) -> Markup {
-    let tenants = state.registry.tenants();
-    let body = html! {
-        div.box { table {
-            thead { tr { th scope="col" { "Tenant" } th scope="col" { "Name" } th scope="col" { "Plan" }
-                th scope="col" { "Status" } @if session.may_change() { th scope="col" { "Change" } } } }
-            tbody { @for tenant in &tenants { tr {
-                th scope="row" { a href=(format!("/console/messages?tenant={}", tenant.id)) { (tenant.id) } }
-                td { (tenant.name) } td { (tenant.plan) } td { (tenant.status.as_str()) }
-                @if session.may_change() { td {
-                    @let (to, label) = if tenant.status == TenantStatus::Active { ("paused", "Pause") } else { ("active", "Resume") };
-                    form.inline method="post" action=(format!("/console/tenants/{}/status", tenant.id)) {
-                        input type="hidden" name="csrf" value=(session.csrf);
-                        input type="hidden" name="status" value=(to);
-                        button type="submit" aria-label=(format!("{label} {}", tenant.id)) { (label) }
-                    }
-                } }
-            } } }
-        } }
-    };
-    page("Tenants", Some(&session), body)
 }
 
 /// What the message search asks.

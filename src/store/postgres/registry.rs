@@ -200,12 +200,26 @@ impl RegistryStore for PgDb {
     }
 
     async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>> {
-        const KEYS: &str = "SELECT id, created_at, revoked_at, kind FROM api_keys \
+        const KEYS: &str = "SELECT id, created_at, revoked_at, kind, last_used_at FROM api_keys \
              WHERE tenant_id = $1 ORDER BY created_at, id";
         Ok(sqlx::query_as(KEYS)
             .bind(tenant_id)
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    async fn note_key_uses(&self, uses: &[(String, i64)]) -> StoreResult<()> {
+        // One statement for the lot: the ids and times as two arrays.
+        const NOTE: &str = "UPDATE api_keys AS k SET last_used_at = u.at \
+             FROM UNNEST($1::text[], $2::bigint[]) AS u(id, at) \
+             WHERE k.id = u.id AND (k.last_used_at IS NULL OR k.last_used_at < u.at)";
+        let (ids, ats): (Vec<String>, Vec<i64>) = uses.iter().cloned().unzip();
+        sqlx::query(NOTE)
+            .bind(ids)
+            .bind(ats)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn insert_sender(&self, row: &SenderRow) -> StoreResult<()> {

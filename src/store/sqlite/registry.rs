@@ -231,9 +231,23 @@ impl RegistryStore for SqliteDb {
     }
 
     async fn keys_of(&self, tenant_id: &str) -> StoreResult<Vec<KeyListed>> {
-        const KEYS: &str = "SELECT id, created_at, revoked_at, kind FROM api_keys \
+        const KEYS: &str = "SELECT id, created_at, revoked_at, kind, last_used_at FROM api_keys \
              WHERE tenant_id = ?1 ORDER BY created_at, id";
         Ok(self.rows(KEYS, args![tenant_id.to_owned()], tuple).await?)
+    }
+
+    async fn note_key_uses(&self, uses: &[(String, i64)]) -> StoreResult<()> {
+        const NOTE: &str = "UPDATE api_keys SET last_used_at = ?1 \
+             WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?1)";
+        let uses = uses.to_vec();
+        self.transact(move |tx| {
+            for (id, at) in &uses {
+                tx.execute(NOTE, rusqlite::params![at, id])?;
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(())
     }
 
     async fn insert_sender(&self, row: &SenderRow) -> StoreResult<()> {
