@@ -193,6 +193,14 @@ pub struct Acceptor {
     links: Option<Arc<crate::unsubscribe::Links>>,
 }
 
+impl Acceptor {
+    /// Each tenant's admitted sends in the last hour, by minute (this
+    /// instance's).
+    pub fn last_hour(&self) -> &crate::limits::last_hour::LastHour {
+        self.limits.last_hour()
+    }
+}
+
 /// Whose bucket and day count a caller's sends are taken from: the
 /// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
 /// test sends neither use the daily quota nor the live sends' rate.

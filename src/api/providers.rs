@@ -83,6 +83,12 @@ pub struct ProviderView {
     security(("admin_token" = []))
 )]
 pub async fn list_providers(State(state): State<AppState>, _admin: AdminOnly) -> Json<Providers> {
+    Json(provider_views(&state).await)
+}
+
+/// Every provider as this instance routes to it: the API's answer and
+/// the console's page.
+pub(crate) async fn provider_views(state: &AppState) -> Providers {
     let mut providers = Vec::new();
     for (channel, pool) in state.providers.iter() {
         let views = pool.gate.view();
@@ -119,8 +125,8 @@ pub async fn list_providers(State(state): State<AppState>, _admin: AdminOnly) ->
             });
         }
     }
-    Json(Providers {
+    Providers {
         consumers: state.settings.consumers.enabled,
         providers,
-    })
+    }
 }

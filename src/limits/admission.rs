@@ -13,6 +13,8 @@ use crate::tenants::Plan;
 /// Admission limits of every tenant, in the configured backend.
 pub struct TenantLimits {
     backend: Backend,
+    /// Each tenant's admitted sends in the last hour, by minute.
+    last_hour: super::last_hour::LastHour,
 }
 
 enum Backend {
@@ -25,6 +27,7 @@ impl TenantLimits {
     pub fn new(counts: Arc<dyn SentCounts>) -> Self {
         TenantLimits {
             backend: Backend::Local(LocalLimits::new(counts)),
+            last_hour: Default::default(),
         }
     }
 
@@ -33,6 +36,7 @@ impl TenantLimits {
     pub fn with_redis(counts: Arc<dyn SentCounts>, redis: Arc<RedisLimits>) -> Self {
         TenantLimits {
             backend: Backend::Redis(RedisTenantLimits::start(counts, redis)),
+            last_hour: Default::default(),
         }
     }
 
@@ -44,10 +48,20 @@ impl TenantLimits {
         tenant_id: &str,
         plan: &Plan,
     ) -> anyhow::Result<Result<Grant, Refusal>> {
-        match &self.backend {
+        let admitted = match &self.backend {
             Backend::Local(local) => local.admit(tenant_id, plan, |_| None).await,
             Backend::Redis(redis) => redis.admit(tenant_id, plan).await,
+        };
+        // A test key's bucket is `{tenant}#test`: not the tenant's sends.
+        if matches!(admitted, Ok(Ok(_))) && !tenant_id.ends_with("#test") {
+            self.last_hour.record(tenant_id, crate::model::now_ms());
         }
+        admitted
+    }
+
+    /// Each tenant's admitted sends in the last hour, by minute.
+    pub fn last_hour(&self) -> &super::last_hour::LastHour {
+        &self.last_hour
     }
 
     /// Gives back the quota of a grant whose send was not accepted.

@@ -11,6 +11,7 @@ pub mod backpressure;
 pub mod breaker;
 pub mod gate;
 pub mod health;
+pub mod last_hour;
 pub mod reads;
 pub mod redis;
 pub mod tenant;

@@ -228,6 +228,15 @@ pub trait LaneQueue: Send + Sync {
         Ok(())
     }
 
+    /// Per tenant, both lanes together: messages delayed (scheduled for
+    /// later, or waiting for a retry) and messages set aside because the
+    /// tenant is paused or disabled, as `(tenant, delayed, held)`; `None`
+    /// where the backend cannot tell (SQS: its delays are SQS's, and
+    /// consumers put a held tenant's messages back instead).
+    async fn waiting_by_tenant(&self) -> anyhow::Result<Option<Vec<(String, i64, i64)>>> {
+        Ok(None)
+    }
+
     /// Gives back at once any messages of `lane` the backend received ahead
     /// of demand and has not handed out yet; the consumer calls it at
     /// shutdown once it has stopped receiving.

@@ -45,6 +45,10 @@ pub trait OutboxStore: Send + Sync {
     /// marks).
     async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]>;
 
+    /// Scheduled messages (waiting in the outbox for their time) per
+    /// tenant, by the index of scheduled rows: the console's overview.
+    async fn scheduled_by_tenant(&self) -> StoreResult<Vec<(String, i64)>>;
+
     /// Removes the outbox rows of `ids` (sent messages).
     async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()>;
 

@@ -184,6 +184,18 @@ pub struct DueCall {
     pub cursor: Option<Cursor>,
 }
 
+/// Whose failed calls [`WebhookStore::failed_webhook_calls`] lists.
+#[derive(Debug, Clone, Copy)]
+pub enum CallsOf<'a> {
+    Tenant(&'a str),
+    Message(&'a str),
+}
+
+/// A call that failed at least once: its event id, message, event type,
+/// the event's time, when it is due again, attempts made, `pending` or
+/// `failed` (given up), and the last error.
+pub type FailedCall = (i64, String, String, i64, i64, i64, String, Option<String>);
+
 /// Tenants' endpoints and their calls, on either backend.
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
@@ -235,6 +247,16 @@ pub trait WebhookStore: Send + Sync {
 
     /// Endpoints that are failing or disabled, oldest failure first.
     async fn failing_webhooks(&self) -> StoreResult<Vec<Webhook>>;
+
+    /// The calls that failed at least once (retrying, or given up) of a
+    /// tenant or of one message, oldest event first, at most `limit`: the
+    /// attempt log the console shows. A call taken at the first try has no
+    /// row.
+    async fn failed_webhook_calls(
+        &self,
+        of: CallsOf<'_>,
+        limit: i64,
+    ) -> StoreResult<Vec<FailedCall>>;
 
     /// The tenants with calls pending, by one index probe per such tenant (a
     /// "loose index scan"), not a pass over every pending row: a dead

@@ -10,10 +10,12 @@
 //! message's timeline, dead letters and the audit log; `tenants.rs`
 //! tenants, plans, keys, sender identities and suppressions with their
 //! changes; `actions.rs` the other changes (sign-in and out, redrive);
-//! `forms.rs` a form read as the API's JSON body; this file the routes,
+//! `delivery.rs` the providers and the failing webhooks with their
+//! replay; `forms.rs` a form read as the API's JSON body; this file the routes,
 //! the frame every page shares and refusals as pages.
 
 mod actions;
+mod delivery;
 mod forms;
 mod pages;
 pub mod session;
@@ -70,6 +72,9 @@ pub fn router() -> Router<AppState> {
         .route("/console/messages/{id}", get(pages::message))
         .route("/console/dlq", get(pages::dead_letters))
         .route("/console/dlq/redrive", post(actions::redrive))
+        .route("/console/providers", get(delivery::providers))
+        .route("/console/webhooks", get(delivery::webhooks))
+        .route("/console/webhooks/{tenant}/replay", post(delivery::replay))
         .route("/console/audit", get(pages::audit))
         .route("/console/style.css", get(style))
 }
@@ -88,7 +93,8 @@ th{background:#eef1f4}.num{text-align:right}.warn{color:#a40000;font-weight:600}
 form.inline{display:inline}label{display:block;margin:6px 0 2px}\
 .bar{background:#ddd;height:10px;width:120px;display:inline-block;vertical-align:middle}\
 .bar span{display:block;height:10px;background:#0b7a3e}.bar span.high{background:#a40000}\
-.note{color:#555}";
+.note{color:#555}\
+svg.spark rect{fill:#0b7a3e}svg.spark rect.high{fill:#a40000}svg.spark line{stroke:#1b1b1b;stroke-dasharray:2 2}";
 
 async fn style() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "text/css")], STYLE)
@@ -118,6 +124,8 @@ fn page(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                                 li { a href="/console/plans" { "Plans" } }
                                 li { a href="/console/messages" { "Messages" } }
                                 li { a href="/console/dlq" { "Dead letters" } }
+                                li { a href="/console/webhooks" { "Webhooks" } }
+                                li { a href="/console/providers" { "Providers" } }
                                 li { a href="/console/audit" { "Audit log" } }
                             }
                         }

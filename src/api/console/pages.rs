@@ -1,7 +1,7 @@
 //! The console's pages: each reads what the admin API's route of the same
 //! view reads, and renders it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -16,11 +16,14 @@ use crate::model::{Lane, MessageStatus, Scope, TenantStatus, World, ms_to_rfc333
 use crate::store::admins::AuditQuery;
 use crate::store::messages::ListFilter;
 use crate::store::usage::{UsageRow, Whose};
+use crate::store::webhooks::CallsOf;
 
 /// Rows of a message search page.
 const SEARCH_ROWS: i64 = 50;
 /// Audit entries on its page.
 const AUDIT_ROWS: u32 = 100;
+/// Failed webhook calls on a message's timeline.
+const TIMELINE_CALL_ROWS: i64 = 100;
 /// Dead letters listed per lane.
 const DEAD_LETTER_ROWS: usize = 100;
 
@@ -76,6 +79,8 @@ pub async fn overview(
         lanes.push((*lane, stats, mark));
     }
     let tenants = state.registry.tenants();
+    let counts = TenantCounts::read(&state).await?;
+    let now = now_ms();
     let body = html! {
         p.note { "Live messages by UTC day; the page refreshes itself every 30 s." }
         h2 { "Lanes" }
@@ -98,6 +103,9 @@ pub async fn overview(
             thead {
                 tr { th scope="col" rowspan="2" { "Tenant" } th scope="col" rowspan="2" { "Status" }
                     th scope="col" rowspan="2" { "Quota today" }
+                    th scope="col" rowspan="2" { "Last hour against the plan's rate" }
+                    th scope="col" rowspan="2" { "Scheduled or retrying" } th scope="col" rowspan="2" { "Held" }
+                    th scope="col" rowspan="2" { "At the gate" }
                     th scope="colgroup" colspan="5" { "Today" } th scope="colgroup" colspan="5" { "7 days" } }
                 tr { @for _ in 0..2 { th scope="col" { "Sent" } th scope="col" { "Delivered" }
                     th scope="col" { "Failed" } th scope="col" { "Bounced" } th scope="col" { "Complaints" } } }
@@ -105,11 +113,17 @@ pub async fn overview(
             tbody { @for tenant in &tenants {
                 @let empty = (Outcomes::default(), Outcomes::default());
                 @let (day, days) = week.get(&tenant.id).unwrap_or(&empty);
-                @let quota = state.registry.plan(&tenant.plan).map_or(0, |plan| plan.daily_quota);
+                @let plan = state.registry.plan(&tenant.plan);
+                @let quota = plan.as_ref().map_or(0, |plan| plan.daily_quota);
+                @let per_minute = plan.as_ref().map_or(0.0, |plan| plan.rate_per_second * 60.0);
                 tr {
                     th scope="row" { a href=(format!("/console/tenants/{}", tenant.id)) { (tenant.id) } }
                     td class=(if tenant.status == TenantStatus::Active { "" } else { "warn" }) { (tenant.status.as_str()) }
                     td { (bar(day.accepted.max(0) as u64, quota)) }
+                    td { (last_hour(&state.accept.last_hour().of(&tenant.id, now), per_minute)) }
+                    td.num { (counts.delayed(&tenant.id)) }
+                    td.num { (counts.held(&tenant.id)) }
+                    td.num { (counts.at_gate(&tenant.id)) }
                     (day.cells()) (days.cells())
                 }
             } }
@@ -117,6 +131,83 @@ pub async fn overview(
     };
     let refresh = [(axum::http::header::REFRESH, "30")];
     Ok((refresh, page("Overview", Some(&session), body)).into_response())
+}
+
+/// Per tenant: messages delayed (scheduled, or waiting for a retry),
+/// held (set aside while it is paused), and waiting at the providers'
+/// gates now.
+struct TenantCounts {
+    delayed: HashMap<String, i64>,
+    /// `None`: the queue does not set messages aside (SQS).
+    held: Option<HashMap<String, i64>>,
+    at_gate: HashMap<std::sync::Arc<str>, usize>,
+}
+
+impl TenantCounts {
+    async fn read(state: &AppState) -> Result<TenantCounts, ApiError> {
+        // Scheduled messages wait in the outbox in SQS mode, in the queue
+        // itself on the embedded one.
+        let mut delayed: HashMap<String, i64> =
+            state.db.scheduled_by_tenant().await?.into_iter().collect();
+        let mut held = None;
+        if let Some(waiting) = state.queue.waiting_by_tenant().await? {
+            let mut by_tenant = HashMap::new();
+            for (tenant, later, set_aside) in waiting {
+                *delayed.entry(tenant.clone()).or_default() += later;
+                by_tenant.insert(tenant, set_aside);
+            }
+            held = Some(by_tenant);
+        }
+        let mut at_gate: HashMap<std::sync::Arc<str>, usize> = HashMap::new();
+        for (_, pool) in &state.providers {
+            for (tenant, waiting) in pool.gate.waiting_by_tenant() {
+                *at_gate.entry(tenant).or_default() += waiting;
+            }
+        }
+        Ok(TenantCounts {
+            delayed,
+            held,
+            at_gate,
+        })
+    }
+
+    fn delayed(&self, tenant: &str) -> i64 {
+        self.delayed.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn held(&self, tenant: &str) -> String {
+        self.held.as_ref().map_or("–".to_owned(), |held| {
+            held.get(tenant).copied().unwrap_or(0).to_string()
+        })
+    }
+
+    fn at_gate(&self, tenant: &str) -> usize {
+        self.at_gate.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+/// The last hour's sends by minute as a small bar chart, against the
+/// plan's rate (a line at `per_minute`), with the figures as text for a
+/// screen reader.
+fn last_hour(minutes: &[u32; crate::limits::last_hour::MINUTES], per_minute: f64) -> Markup {
+    let total: u64 = minutes.iter().map(|n| u64::from(*n)).sum();
+    let busiest = minutes.iter().copied().max().unwrap_or(0);
+    let top = per_minute.max(f64::from(busiest)).max(1.0);
+    let height = |n: f64| (n / top * 24.0).round();
+    let limit_y = 24.0 - height(per_minute);
+    let label = format!(
+        "{total} sends in the last hour; the busiest minute {busiest}, against a limit of {per_minute:.0} a minute"
+    );
+    html! {
+        svg.spark width="120" height="24" viewBox="0 0 120 24" role="img" aria-label=(label) {
+            @for (age, n) in minutes.iter().enumerate() {
+                @let h = height(f64::from(*n));
+                rect x=(age * 2) y=(24.0 - h) width="2" height=(h) class=(if f64::from(*n) >= per_minute && *n > 0 { "high" } else { "" }) {}
+            }
+            line x1="0" x2="120" y1=(limit_y) y2=(limit_y) {}
+        }
+        " " (total)
+    }
 }
 
 /// What the message search asks.
@@ -211,6 +302,14 @@ pub async fn message(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?}.")))?;
     let events = state.db.message_events(&id).await?;
+    let calls = state
+        .db
+        .failed_webhook_calls(CallsOf::Message(&id), TIMELINE_CALL_ROWS)
+        .await?;
+    let webhook = state.db.webhook(&message.tenant_id).await?;
+    // `sent` is an event only for a tenant with a webhook; the row keeps
+    // its time and provider for everyone.
+    let sent_event = events.iter().any(|event| event.event == "sent");
     let body = html! {
         dl {
             dt { "Tenant" } dd { (message.tenant_id) @if message.test { " (test)" } }
@@ -230,8 +329,24 @@ pub async fn message(
                 @for event in &events { tr {
                 td { (ms_to_rfc3339(event.at)) } td { (event.event) } td { (event.status) }
                 td.num { (event.attempts) } td { (event.detail.as_deref().unwrap_or("")) }
-            } } }
+                } }
+                @if let (Some(at), false) = (message.sent_at, sent_event) { tr {
+                    td { (ms_to_rfc3339(at)) } td { "sent" } td { "sent" } td.num { (message.attempts) }
+                    td { "by " (message.provider.as_deref().unwrap_or("the provider")) " " (message.provider_message_id.as_deref().unwrap_or("")) }
+                } }
+            }
         } }
+        p.note { "Time waited at a provider's gate is in each message's trace (span \"wait for a provider token\") and, for all messages, in fairlane_provider_gate_wait_seconds." }
+        h2 { "Webhook calls" }
+        @match &webhook {
+            None => p { "The tenant has no webhook." },
+            Some(webhook) => {
+                p { "Endpoint " (webhook.url) ". "
+                    @if calls.is_empty() { "Every call of this message was taken at its first try, or is on its way." }
+                    @else { "Calls not listed were taken at their first try, or are on their way." } }
+                (super::delivery::failed_calls(&calls))
+            }
+        }
     };
     Ok(page(&format!("Message {id}"), Some(&session), body))
 }

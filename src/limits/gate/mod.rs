@@ -226,6 +226,18 @@ impl ProviderGate {
         std::array::from_fn(|rank| line.waiting(rank))
     }
 
+    /// Callers waiting right now by tenant, all priorities together: how
+    /// much of the gate's line each tenant holds (the console's gate
+    /// saturation). One short lock.
+    pub fn waiting_by_tenant(&self) -> HashMap<Arc<str>, usize> {
+        let line = self.line();
+        let mut by_tenant: HashMap<Arc<str>, usize> = HashMap::new();
+        for turn in line.tiers.iter().flatten() {
+            *by_tenant.entry(turn.tenant.clone()).or_default() += turn.waiters.len();
+        }
+        by_tenant
+    }
+
     /// Waits until the caller may make one provider call and returns how long
     /// it waited.
     ///

@@ -687,6 +687,22 @@ async fn a_pause_of_any_length_holds_the_gate_without_overflowing() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_line_tells_how_many_callers_each_tenant_has_waiting() {
+    let run = Run::new();
+    let gate = empty_gate();
+    gate.pause_for(Duration::MAX);
+    let log = Log::default();
+    for (name, tenant) in [("a1", "a"), ("a2", "a"), ("b1", "b")] {
+        queue_for(&run, &gate, &log, name, tenant).await;
+    }
+    queue(&run, &gate, &log, "high", Priority::High).await;
+    run.run_until(SECOND).await;
+    let waiting = gate.waiting_by_tenant();
+    let count = |tenant: &str| waiting.get(tenant).copied().unwrap_or(0);
+    assert_eq!((count("a"), count("b"), count("")), (2, 1, 1), "{waiting:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn after_an_idle_spell_only_burst_callers_pass_at_once_then_the_rate_resumes() {
     let run = Run::new();
     let gate = new_gate(20.0, 5);

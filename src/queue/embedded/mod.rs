@@ -366,6 +366,25 @@ impl LaneQueue for EmbeddedQueue {
         self.set_held(tenant_id, held).await
     }
 
+    async fn waiting_by_tenant(&self) -> anyhow::Result<Option<Vec<(String, i64, i64)>>> {
+        // One pass over the queue's rows: the backlog, not the history.
+        let held: Vec<String> = Lane::ALL
+            .iter()
+            .map(|lane| self.state(*lane).names.held.clone())
+            .collect();
+        let waiting = self
+            .db
+            .rows(
+                "SELECT tenant_id, \
+                 SUM(queue NOT IN (?1, ?2) AND visible_at > ?3), SUM(queue IN (?1, ?2)) \
+                 FROM queue_messages WHERE queue NOT LIKE '%dlq' GROUP BY tenant_id",
+                crate::store::sqlite::args![held[0].clone(), held[1].clone(), now_ms()],
+                crate::store::sqlite::tuple,
+            )
+            .await?;
+        Ok(Some(waiting))
+    }
+
     fn deleted_total(&self, lane: Lane) -> u64 {
         self.state(lane).deleted.load(Ordering::Relaxed)
     }

@@ -51,6 +51,12 @@ impl OutboxStore for PgDb {
         ))
     }
 
+    async fn scheduled_by_tenant(&self) -> StoreResult<Vec<(String, i64)>> {
+        const COUNT: &str =
+            "SELECT tenant_id, COUNT(*) FROM outbox WHERE due_at IS NOT NULL GROUP BY tenant_id";
+        Ok(sqlx::query_as(COUNT).fetch_all(&self.pool).await?)
+    }
+
     async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());

@@ -17,8 +17,9 @@ use crate::store::delivery::{
 };
 use crate::store::messages::MessageRecord;
 use crate::store::webhooks::{
-    Cursor, DeliveryCount, DueCall, SnapshotRow, StateRow, StreamBacklog, Webhook, WebhookStore,
-    counts_by_state, due_of, kept_count, record_at_event, to_disable, webhook_columns,
+    CallsOf, Cursor, DeliveryCount, DueCall, FailedCall, SnapshotRow, StateRow, StreamBacklog,
+    Webhook, WebhookStore, counts_by_state, due_of, kept_count, record_at_event, to_disable,
+    webhook_columns,
 };
 
 /// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
@@ -583,6 +584,28 @@ impl WebhookStore for PgDb {
              ORDER BY COALESCE(failing_since, disabled_at) LIMIT 1000"
         );
         Ok(sqlx::query_as::<_, Webhook>(FAILING)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn failed_webhook_calls(
+        &self,
+        of: CallsOf<'_>,
+        limit: i64,
+    ) -> StoreResult<Vec<FailedCall>> {
+        const OF_TENANT: &str = "SELECT event_id, message_id, type, created_at, \
+             next_attempt_at, attempts, state, last_error FROM webhook_deliveries \
+             WHERE tenant_id = $1 ORDER BY event_id LIMIT $2";
+        const OF_MESSAGE: &str = "SELECT event_id, message_id, type, created_at, \
+             next_attempt_at, attempts, state, last_error FROM webhook_deliveries \
+             WHERE message_id = $1 ORDER BY event_id LIMIT $2";
+        let (sql, who) = match of {
+            CallsOf::Tenant(tenant) => (OF_TENANT, tenant),
+            CallsOf::Message(message) => (OF_MESSAGE, message),
+        };
+        Ok(sqlx::query_as(sql)
+            .bind(who)
+            .bind(limit)
             .fetch_all(&self.pool)
             .await?)
     }

@@ -96,6 +96,12 @@ impl OutboxStore for SqliteDb {
         Ok(counts_by_lane(self.rows(COUNT, vec![], tuple).await?))
     }
 
+    async fn scheduled_by_tenant(&self) -> StoreResult<Vec<(String, i64)>> {
+        const COUNT: &str = "SELECT tenant_id, COUNT(*) FROM outbox INDEXED BY outbox_due \
+             WHERE due_at IS NOT NULL GROUP BY tenant_id";
+        Ok(self.rows(COUNT, vec![], tuple).await?)
+    }
+
     async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
