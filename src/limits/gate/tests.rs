@@ -699,7 +699,11 @@ async fn the_line_tells_how_many_callers_each_tenant_has_waiting() {
     run.run_until(SECOND).await;
     let waiting = gate.waiting_by_tenant();
     let count = |tenant: &str| waiting.get(tenant).copied().unwrap_or(0);
-    assert_eq!((count("a"), count("b"), count("")), (2, 1, 1), "{waiting:?}");
+    assert_eq!(
+        (count("a"), count("b"), count("")),
+        (2, 1, 1),
+        "{waiting:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

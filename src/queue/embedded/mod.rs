@@ -75,6 +75,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -367,22 +368,61 @@ impl LaneQueue for EmbeddedQueue {
     }
 
     async fn waiting_by_tenant(&self) -> anyhow::Result<Option<Vec<(String, i64, i64)>>> {
-        // One pass over the queue's rows: the backlog, not the history.
-        let held: Vec<String> = Lane::ALL
-            .iter()
-            .map(|lane| self.state(*lane).names.held.clone())
-            .collect();
-        let waiting = self
-            .db
-            .rows(
-                "SELECT tenant_id, \
-                 SUM(queue NOT IN (?1, ?2) AND visible_at > ?3), SUM(queue IN (?1, ?2)) \
-                 FROM queue_messages WHERE queue NOT LIKE '%dlq' GROUP BY tenant_id",
-                crate::store::sqlite::args![held[0].clone(), held[1].clone(), now_ms()],
-                crate::store::sqlite::tuple,
-            )
-            .await?;
-        Ok(Some(waiting))
+        let now = now_ms();
+        let mut delayed = Vec::new();
+        let mut held = Vec::new();
+        for lane in Lane::ALL {
+            let state = self.state(*lane);
+            let (later, set_aside) = {
+                let mut book = state.book();
+                (book.delayed_now(now), book.held)
+            };
+            // The book knows whether a lane has any: most often it has
+            // none, and the rows are not read at all.
+            if later > 0 {
+                delayed.push(state.names.main.clone());
+            }
+            if set_aside > 0 {
+                held.push(state.names.held.clone());
+            }
+        }
+        let mut waiting: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for (queues, is_held) in [(delayed, false), (held, true)] {
+            if queues.is_empty() {
+                continue;
+            }
+            // Delayed rows are found among the lane's rows (a pass over its
+            // backlog); held rows by the `(queue)` index alone.
+            let sql = format!(
+                "SELECT tenant_id, COUNT(*) FROM queue_messages INDEXED BY queue_messages_queue \
+                 WHERE queue IN ({}){} GROUP BY tenant_id",
+                vec!["?"; queues.len()].join(", "),
+                if is_held { "" } else { " AND visible_at > ?" },
+            );
+            let mut args: Vec<rusqlite::types::Value> = queues
+                .into_iter()
+                .map(rusqlite::types::Value::from)
+                .collect();
+            if !is_held {
+                args.push(now.into());
+            }
+            let counts: Vec<(String, i64)> =
+                self.db.rows(sql, args, crate::store::sqlite::tuple).await?;
+            for (tenant, count) in counts {
+                let entry = waiting.entry(tenant).or_default();
+                if is_held {
+                    entry.1 += count;
+                } else {
+                    entry.0 += count;
+                }
+            }
+        }
+        Ok(Some(
+            waiting
+                .into_iter()
+                .map(|(tenant, (later, set_aside))| (tenant, later, set_aside))
+                .collect(),
+        ))
     }
 
     fn deleted_total(&self, lane: Lane) -> u64 {
