@@ -55,6 +55,7 @@ fn entry(n: u64) -> AcceptEntry {
             fragments: None,
             erased_at: None,
             provider: None,
+            recipient: Some("+15550100".to_owned()),
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -766,6 +766,9 @@ pub struct MessageRecord {
     /// The name of the provider last called for it (the one that sent it,
     /// once sent).
     pub provider: Option<String>,
+    /// Its recipient, normalised (a lower-case email address or an E.164
+    /// number); `None` once retention erased it.
+    pub recipient: Option<String>,
 }
 
 /// A message's delivery status.

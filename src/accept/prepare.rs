@@ -128,6 +128,7 @@ pub(crate) fn prepare(
     }
     let fragments =
         (message.channel == Channel::Sms).then(|| crate::sms::fragments(&message.text).1);
+    let recipient = crate::store::suppressions::normalize(&message.to).map(|(_, to)| to);
     // The message's producer span: its context travels in the payload, and
     // the consumer's span (on whichever instance) continues it.
     let created = crate::telemetry::span!(
@@ -203,6 +204,7 @@ pub(crate) fn prepare(
             fragments,
             erased_at: None,
             provider: None,
+            recipient,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

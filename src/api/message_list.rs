@@ -130,6 +130,7 @@ fn filter_of(query: ListQuery) -> Result<(ListFilter, i64), ApiError> {
     Ok((
         ListFilter {
             reference: query.reference,
+            recipient: None,
             status,
             channel,
             since: query

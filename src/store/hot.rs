@@ -514,6 +514,7 @@ pub(crate) mod tests {
             fragments: None,
             erased_at: None,
             provider: None,
+            recipient: None,
         }
     }
 

@@ -33,13 +33,14 @@ pub(super) struct MessageRow {
     pub(super) fragments: Option<i64>,
     pub(super) erased_at: Option<i64>,
     pub(super) provider: Option<String>,
+    pub(super) recipient: Option<String>,
 }
 
 macro_rules! message_columns {
     () => {
         concat!(
             "id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider"
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient"
         )
     };
 }
@@ -88,6 +89,7 @@ pub(super) fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
             .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
         erased_at: row.erased_at,
         provider: row.provider,
+        recipient: row.recipient,
     })
 }
 
@@ -181,6 +183,8 @@ pub trait MessageStore: Send + Sync {
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub reference: Option<String>,
+    /// Normalised as [`crate::store::suppressions::normalize`] does.
+    pub recipient: Option<String>,
     pub status: Option<crate::model::MessageStatus>,
     pub channel: Option<crate::model::Channel>,
     /// Created at or after (ms).
@@ -269,6 +273,7 @@ impl ListQuery {
         let window_binds = binds.len();
         let equal_to = [
             ("reference", filter.reference.clone()),
+            ("recipient", filter.recipient.clone()),
             ("status", filter.status.map(|s| s.as_str().to_owned())),
             ("channel", filter.channel.map(|c| c.as_str().to_owned())),
         ];

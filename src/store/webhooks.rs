@@ -362,6 +362,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         fragments: fragments.map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
         erased_at: None,
         provider: None,
+        recipient: None,
     })
 }
 

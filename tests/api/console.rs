@@ -334,9 +334,27 @@ async fn form_answer(
 on_both_stores! {
     async fn an_operator_manages_a_tenants_keys_identities_and_suppressions_in_the_console() {
         let app = TestApp::start("").await;
-        app.tenant_with_key("acme", "basic").await;
+        let key = app.tenant_with_key("acme", "basic").await;
         let (cookie, csrf) = session_of(&app, ADMIN_TOKEN).await;
         let csrf = csrf.as_str();
+
+        // Search by recipient, however the address is written.
+        let to_ann = app.send_accepted(&key, &with(crate::support::email(), "to", json!("Ann@Example.com"))).await;
+        let to_bob = app.send_accepted(&key, &with(sms(), "to", json!("+15550001111"))).await;
+        let found = console_page(&app, &cookie, "/console/messages?tenant=acme&recipient=ann%40EXAMPLE.com").await;
+        assert!(found.contains(&to_ann) && !found.contains(&to_bob) && found.contains("1 messages"), "{found}");
+        let found = console_page(&app, &cookie, "/console/messages?tenant=acme&recipient=%2B15550001111").await;
+        assert!(found.contains(&to_bob) && !found.contains(&to_ann), "{found}");
+        let timeline = console_page(&app, &cookie, &format!("/console/messages/{to_ann}")).await;
+        assert!(timeline.contains("ann@example.com"), "the timeline names the recipient: {timeline}");
+        let answer = reqwest::Client::new()
+            .get(app.url("/console/messages?tenant=acme&recipient=nobody"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(answer.text().await.unwrap().contains("recipient"));
         let tenant = "/console/tenants/acme";
 
         // A change of plan and retention, checked as the API checks it.

@@ -220,13 +220,17 @@ pub struct Search {
     #[serde(default)]
     reference: String,
     #[serde(default)]
+    recipient: String,
+    #[serde(default)]
     status: String,
     #[serde(default)]
     test: Option<String>,
 }
 
 /// Message search: by id (any tenant), or a tenant's messages by
-/// reference and status, newest first.
+/// reference, recipient and status, newest first. A filter no index
+/// serves reads at most `limits.list_scan_rows` of the tenant's newest
+/// messages, as the API's list does.
 pub async fn messages(
     State(state): State<AppState>,
     session: Session,
@@ -243,6 +247,16 @@ pub async fn messages(
                 .map_err(|_| ApiError::field("status", "is not a message status"))?,
         ),
     };
+    let recipient = match search.recipient.trim() {
+        "" => None,
+        address => Some(
+            crate::store::suppressions::normalize(address)
+                .map(|(_, address)| address)
+                .ok_or_else(|| {
+                    ApiError::field("recipient", "is not an email address or an E.164 number")
+                })?,
+        ),
+    };
     let tenant = search.tenant.trim();
     let found = if tenant.is_empty() {
         None
@@ -250,6 +264,7 @@ pub async fn messages(
         let scope = Scope::new(tenant, World::of_test(search.test.is_some()));
         let filter = ListFilter {
             reference: Some(search.reference.trim().to_owned()).filter(|r| !r.is_empty()),
+            recipient,
             status,
             ..ListFilter::default()
         };
@@ -258,8 +273,7 @@ pub async fn messages(
             state
                 .db
                 .list_messages(&scope, &filter, SEARCH_ROWS, scan)
-                .await?
-                .rows,
+                .await?,
         )
     };
     let body = html! {
@@ -268,13 +282,16 @@ pub async fn messages(
             p.note { "or a tenant's messages:" }
             label for="tenant" { "Tenant" } input id="tenant" name="tenant" value=(search.tenant);
             label for="reference" { "Reference" } input id="reference" name="reference" value=(search.reference);
+            label for="recipient" { "Recipient (an email address or +E.164 number)" } input id="recipient" name="recipient" value=(search.recipient);
             label for="status" { "Status" } input id="status" name="status" value=(search.status) placeholder="e.g. sent, dead_lettered";
             label { input type="checkbox" name="test" value="1" checked[search.test.is_some()]; " Test messages" }
             p { button type="submit" { "Search" } }
         }
         @if !id.is_empty() { p.warn role="status" { "No message has the id " (id) "." } }
-        @if let Some(rows) = &found {
-            p role="status" { (rows.len()) " messages" @if rows.len() as i64 == SEARCH_ROWS { " (the newest " (SEARCH_ROWS) ")" } "." }
+        @if let Some(page) = &found {
+            @let rows = &page.rows;
+            p role="status" { (rows.len()) " messages" @if rows.len() as i64 == SEARCH_ROWS { " (the newest " (SEARCH_ROWS) ")" } "."
+                @if page.scanned_to.is_some() { " The search read the tenant's newest " (state.settings.limits.list_scan_rows) " messages (limits.list_scan_rows); older ones were not searched." } }
             div.box { table {
                 thead { tr { th scope="col" { "Id" } th scope="col" { "Created" } th scope="col" { "Channel" }
                     th scope="col" { "Status" } th scope="col" { "Attempts" } th scope="col" { "Reference" } } }
@@ -313,6 +330,7 @@ pub async fn message(
     let body = html! {
         dl {
             dt { "Tenant" } dd { (message.tenant_id) @if message.test { " (test)" } }
+            dt { "Recipient" } dd { (message.recipient.as_deref().unwrap_or(if message.erased_at.is_some() { "erased by retention" } else { "–" })) }
             dt { "Channel, priority, lane" } dd { (message.channel.as_str()) ", " (message.priority.as_str()) ", " (message.lane.as_str()) }
             dt { "Status" } dd { (message.status.as_str()) }
             dt { "Attempts" } dd { (message.attempts) }

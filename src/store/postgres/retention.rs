@@ -34,7 +34,7 @@ impl RetentionStore for PgDb {
             return Ok(0);
         }
         let messages = format!(
-            "UPDATE messages SET reference = NULL, metadata = NULL, last_error = NULL, \
+            "UPDATE messages SET reference = NULL, metadata = NULL, last_error = NULL, recipient = NULL, \
              erased_at = $1 WHERE erased_at IS NULL AND status IN {} AND id = ANY($2) \
              RETURNING id",
             settled_list()

@@ -97,6 +97,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             fragments: None,
             erased_at: None,
             provider: None,
+            recipient: Some(format!("+1555{id}")),
         },
         outbound: OutboundMessage {
             message_id: id.into(),

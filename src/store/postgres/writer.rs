@@ -458,6 +458,7 @@ struct AcceptColumns {
     send_at: Vec<Option<i64>>,
     test: Vec<bool>,
     fragments: Vec<Option<i64>>,
+    recipient: Vec<Option<String>>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -488,6 +489,7 @@ impl AcceptColumns {
             columns.send_at.push(record.send_at);
             columns.test.push(record.test);
             columns.fragments.push(record.fragments.map(i64::from));
+            columns.recipient.push(record.recipient.clone());
             columns.body.push(entry.outbound.body.clone());
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
@@ -620,6 +622,7 @@ async fn insert_accepts(
         .bind(&rows.send_at)
         .bind(&rows.test)
         .bind(&rows.fragments)
+        .bind(&rows.recipient)
         .execute(&mut **tx)
         .await
         .context("inserting status rows")?;

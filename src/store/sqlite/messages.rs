@@ -42,6 +42,7 @@ fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
         fragments: row.get(16)?,
         erased_at: row.get(17)?,
         provider: row.get(18)?,
+        recipient: row.get(19)?,
     })
 }
 

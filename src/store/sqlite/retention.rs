@@ -42,7 +42,7 @@ impl RetentionStore for SqliteDb {
             return Ok(0);
         }
         let messages = format!(
-            "UPDATE messages SET reference = NULL, metadata = NULL, last_error = NULL, \
+            "UPDATE messages SET reference = NULL, metadata = NULL, last_error = NULL, recipient = NULL, \
              erased_at = ? WHERE erased_at IS NULL AND status IN {} AND id IN ({} RETURNING id",
             settled_list(),
             id_list(ids.len())
