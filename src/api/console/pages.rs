@@ -103,7 +103,7 @@ pub async fn overview(
             thead {
                 tr { th scope="col" rowspan="2" { "Tenant" } th scope="col" rowspan="2" { "Status" }
                     th scope="col" rowspan="2" { "Quota today" }
-                    th scope="col" rowspan="2" { "Last hour against the plan's rate" }
+                    th scope="col" rowspan="2" { "Last hour (dotted: the plan's rate)" }
                     th scope="col" rowspan="2" { "Scheduled or retrying" } th scope="col" rowspan="2" { "Held" }
                     th scope="col" rowspan="2" { "At the gate" }
                     th scope="colgroup" colspan="5" { "Today" } th scope="colgroup" colspan="5" { "7 days" } }
