@@ -64,6 +64,20 @@ pub struct PlanInput {
     pub max_in_flight: u32,
 }
 
+impl PlanInput {
+    /// The plan of this name with these figures.
+    pub fn named(&self, name: &str) -> Plan {
+        Plan {
+            name: name.to_owned(),
+            lane: self.lane,
+            rate_per_second: self.rate_per_second,
+            burst: self.burst,
+            daily_quota: self.daily_quota,
+            max_in_flight: self.max_in_flight,
+        }
+    }
+}
+
 /// Whole numbers from JSON that may be written with a fraction of zero
 /// (`10.0`), held to a range; anything else is refused naming the range.
 mod whole {
@@ -266,14 +280,7 @@ pub async fn put_plan(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let input: PlanInput = json_typed(&headers, body)?;
-    let plan = Plan {
-        name: name.clone(),
-        lane: input.lane,
-        rate_per_second: input.rate_per_second,
-        burst: input.burst,
-        daily_quota: input.daily_quota,
-        max_in_flight: input.max_in_flight,
-    };
+    let plan = input.named(&name);
     let before = state.registry.plan(&name).map(|old| AuditBefore::of(&*old));
     let was_created = state.registry.put_plan(plan.clone()).await?;
     let answer = if was_created {

@@ -7,7 +7,7 @@
 use axum::Form;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, IntoResponseParts, Redirect, Response};
 use maud::{Markup, html};
 
 use super::forms::{Kind, field, typed};
@@ -33,6 +33,12 @@ type Fields = Form<Vec<(String, String)>>;
 /// or that a viewer makes.
 pub(super) fn admit(session: &Session, fields: &[(String, String)]) -> Result<(), ApiError> {
     super::actions::admit(session, field(fields, "csrf"))
+}
+
+/// The answer to a change made on tenant `id`'s page: the audit log's
+/// `parts` (before, after), and back to the page.
+fn back_to_tenant(id: &str, parts: impl IntoResponseParts) -> Result<Response, Refused> {
+    Ok((parts, Redirect::to(&format!("/console/tenants/{id}"))).into_response())
 }
 
 /// A `<select>` of the plans, `chosen` selected.
@@ -105,8 +111,7 @@ pub async fn create(
     ];
     let input: CreateTenant = typed(&fields, &kinds)?;
     let tenant = create_tenant_with(&state, input).await?;
-    let to = format!("/console/tenants/{}", tenant.id);
-    Ok((AuditAfter::of(&tenant), Redirect::to(&to)).into_response())
+    back_to_tenant(&tenant.id, AuditAfter::of(&tenant))
 }
 
 /// Changes a tenant (plan, consumers, retention, status), as `PATCH
@@ -329,8 +334,7 @@ pub async fn revoke_key(
     admit(&session, &fields)?;
     state.registry.revoke_key(&id, &key_id).await?;
     let after = serde_json::json!({"tenant": id, "key_id": key_id, "revoked": true});
-    let to = format!("/console/tenants/{id}");
-    Ok((AuditAfter::of(&after), Redirect::to(&to)).into_response())
+    back_to_tenant(&id, AuditAfter::of(&after))
 }
 
 /// Adds a sender identity, as `POST /v1/admin/tenants/{id}/senders` does.
@@ -343,8 +347,7 @@ pub async fn add_sender(
     admit(&session, &fields)?;
     let input: NewSender = typed(&fields, &[("default", Kind::Checkbox)])?;
     let sender = state.registry.add_sender(&id, &input).await?;
-    let to = format!("/console/tenants/{id}");
-    Ok((AuditAfter::of(&sender), Redirect::to(&to)).into_response())
+    back_to_tenant(&id, AuditAfter::of(&sender))
 }
 
 /// Removes a sender identity, as `DELETE
@@ -364,8 +367,7 @@ pub async fn remove_sender(
         .find(|sender| sender.id == sender_id)
         .map(|sender| AuditBefore::of(&sender));
     state.registry.remove_sender(&id, &sender_id).await?;
-    let to = format!("/console/tenants/{id}");
-    Ok((before, Redirect::to(&to)).into_response())
+    back_to_tenant(&id, before)
 }
 
 /// Suppresses an address, as `POST /v1/admin/tenants/{id}/suppressions`
@@ -380,8 +382,7 @@ pub async fn suppress(
     let input: SuppressionInput = typed(&fields, &[])?;
     crate::api::known_tenant(&state, &id)?;
     let (_, entry) = add_entry(&state, &id, &input).await?;
-    let to = format!("/console/tenants/{id}");
-    Ok((AuditAfter::of(&entry), Redirect::to(&to)).into_response())
+    back_to_tenant(&id, AuditAfter::of(&entry))
 }
 
 /// Takes an address off the list, as `DELETE
@@ -397,8 +398,7 @@ pub async fn unsuppress(
     crate::api::known_tenant(&state, &id)?;
     remove_for(&state, &id, address).await?;
     let after = serde_json::json!({"tenant": id, "address": address, "removed": true});
-    let to = format!("/console/tenants/{id}");
-    Ok((AuditAfter::of(&after), Redirect::to(&to)).into_response())
+    back_to_tenant(&id, AuditAfter::of(&after))
 }
 
 /// The plans, with a form that creates or replaces one.
@@ -447,15 +447,7 @@ pub async fn put_plan(
         ("daily_quota", Kind::Number),
         ("max_in_flight", Kind::Number),
     ];
-    let input: PlanInput = typed(&fields, &kinds)?;
-    let plan = Plan {
-        name: name.clone(),
-        lane: input.lane,
-        rate_per_second: input.rate_per_second,
-        burst: input.burst,
-        daily_quota: input.daily_quota,
-        max_in_flight: input.max_in_flight,
-    };
+    let plan = typed::<PlanInput>(&fields, &kinds)?.named(&name);
     let before = state.registry.plan(&name).map(|old| AuditBefore::of(&*old));
     state.registry.put_plan(plan.clone()).await?;
     Ok((
