@@ -38,6 +38,12 @@ pub struct ListQuery {
     /// Only messages with this `reference` (1-255 characters).
     #[param(min_length = 1, max_length = 255)]
     pub reference: Option<String>,
+    /// Only messages to this recipient: an email address (any case) or an
+    /// E.164 number. Retention erases it from settled messages, which no
+    /// longer match. Without `reference`, a page reads at most
+    /// `limits.list_scan_rows` messages, as with `status`.
+    #[param(max_length = 320)]
+    pub recipient: Option<String>,
     /// Only messages in this status.
     #[param(value_type = Option<MessageStatus>)]
     pub status: Option<String>,
@@ -78,7 +84,7 @@ pub struct WorldQuery {
 pub struct MessageList {
     pub messages: Vec<MessageView>,
     /// Pass as `cursor` for the next page; absent on the last. A page
-    /// filtered by `status` or `channel` (without `reference`) may hold
+    /// filtered by `recipient`, `status` or `channel` (without `reference`) may hold
     /// fewer than `limit` messages, or none, and still have a `next`: it
     /// read `limits.list_scan_rows` messages, and the next page goes on
     /// below them.
@@ -130,7 +136,20 @@ fn filter_of(query: ListQuery) -> Result<(ListFilter, i64), ApiError> {
     Ok((
         ListFilter {
             reference: query.reference,
-            recipient: None,
+            recipient: query
+                .recipient
+                .as_deref()
+                .map(|to| {
+                    crate::store::suppressions::normalize(to)
+                        .map(|(_, to)| to)
+                        .ok_or_else(|| {
+                            ApiError::field(
+                                "recipient",
+                                "must be an email address or an E.164 number like +15551234567",
+                            )
+                        })
+                })
+                .transpose()?,
             status,
             channel,
             since: query

@@ -324,3 +324,23 @@ async fn a_tenants_list_reads_wait_for_its_own_turns_and_no_other_tenants() {
     let page = list(&app, &key, "").await;
     assert!(ids(&page).is_empty(), "{page}");
 }
+
+on_both_stores! {
+    async fn the_list_finds_a_recipients_messages_however_the_address_is_written() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let ann = app.send_accepted(&key, &with(crate::support::email(), "to", json!("Ann@Example.com"))).await;
+        let bob = app.send_accepted(&key, &with(sms(), "to", json!("+15550002222"))).await;
+        for (query, expected) in [("ann%40example.COM", &ann), ("%2B15550002222", &bob)] {
+            let listed = expect_json(
+                app.tenant(&key, Method::GET, &format!("/v1/messages?recipient={query}")).send().await.unwrap(),
+                StatusCode::OK,
+            )
+            .await;
+            let ids: Vec<&str> = listed["messages"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+            assert_eq!(ids, [expected.as_str()], "{query}: {listed}");
+        }
+        let refused = app.tenant(&key, Method::GET, "/v1/messages?recipient=nobody").send().await.unwrap();
+        expect_field_error(refused, "recipient").await;
+    }
+}
