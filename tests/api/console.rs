@@ -231,9 +231,10 @@ on_both_stores! {
         // The provider recovers; the operator redrives the dead letter.
         drop(refusal);
         mock_sms_ok(&sms_api, "SM-console").await;
-        operator.goto(&app.url("/console/dlq")).await.unwrap();
+        operator.goto(&app.url("/console/dlq?tenant=acme")).await.unwrap();
+        operator.find(Locator::Css(&format!("input[type=checkbox][value='{id}']"))).await.unwrap().click().await.unwrap();
         operator
-            .find(Locator::Css("main form[action='/console/dlq/redrive'] button"))
+            .find(Locator::Css("main form[action='/console/dlq/redrive'] button[value=selected]"))
             .await
             .unwrap()
             .click()
@@ -253,6 +254,7 @@ on_both_stores! {
             "POST /console/tenants", "POST /console/plans"], "{log}");
         assert!(entries.iter().all(|entry| entry["actor"]["name"] == "root"), "{log}");
         assert_eq!(entries[0]["after"]["redriven"], 1);
+        assert_eq!(entries[0]["after"]["ids"], json!([id]), "the selected dead letter");
         assert_eq!(entries[1]["after"]["kind"], "live");
         assert!(!log.to_string().contains(&key), "the key is not in the log");
         assert_eq!(entries[2]["after"]["plan"], "console");
@@ -418,6 +420,15 @@ on_both_stores! {
         assert_eq!(post_form(&app, &cookie, &unsuppress, &remove).await, StatusCode::SEE_OTHER);
         let answer = app.admin(Method::GET, "/v1/admin/tenants/acme/suppressions/someone@example.com").send().await.unwrap();
         assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+
+        // A redrive of a selection needs one; a lane must be one.
+        let (status, page) = form_answer(&app, &cookie, "/console/dlq/redrive", &[("csrf", csrf), ("lane", "fast"), ("what", "selected")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(page.contains("select at least one"), "{page}");
+        let (status, _) = form_answer(&app, &cookie, "/console/dlq/redrive", &[("csrf", csrf), ("lane", "medium"), ("what", "all")]).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        let (status, _) = form_answer(&app, &cookie, "/console/dlq/redrive", &[("csrf", csrf), ("lane", "fast"), ("tenant", "nobody")]).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
 
         // Every change is in the log, by action.
         let log = expect_json(app.admin(Method::GET, "/v1/admin/audit?target=/console/&limit=50").send().await.unwrap(), StatusCode::OK).await;

@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 
-use super::page;
 use super::session::{SESSION_MS, Session, cookie_headers};
+use super::{Refused, page};
 use crate::api::AppState;
 use crate::api::audit::AuditAfter;
 use crate::api::error::ApiError;
@@ -94,28 +94,41 @@ pub async fn logout(
     Ok((cookie_headers("", &state), Redirect::to("/console/login")).into_response())
 }
 
-#[derive(Deserialize)]
-pub struct RedriveForm {
-    csrf: String,
-    lane: Lane,
-    #[serde(default)]
-    tenant: String,
-}
-
-/// Redrives a lane's dead letters (of one tenant, when named), as `POST
-/// /v1/admin/dlq/redrive` does.
+/// Redrives a lane's dead letters, as `POST /v1/admin/dlq/redrive` does:
+/// the selected ones (`what` = `selected`, an `id` each), or all of the
+/// lane's, of one tenant when the form names it.
 pub async fn redrive(
     State(state): State<AppState>,
     session: Session,
-    Form(form): Form<RedriveForm>,
-) -> Result<Response, ApiError> {
-    admit(&session, &form.csrf)?;
-    let tenant = Some(form.tenant.trim().to_owned()).filter(|t| !t.is_empty());
+    Form(fields): Form<Vec<(String, String)>>,
+) -> Result<Response, Refused> {
+    let field = |name: &str| super::forms::field(&fields, name);
+    admit(&session, field("csrf"))?;
+    let lane: Lane = field("lane")
+        .parse()
+        .map_err(|_| ApiError::field("lane", "must be fast or slow"))?;
+    let tenant = Some(field("tenant").to_owned()).filter(|t| !t.is_empty());
+    if let Some(tenant) = &tenant {
+        crate::api::known_tenant(&state, tenant)?;
+    }
+    let ids: Vec<String> = fields
+        .iter()
+        .filter(|(name, _)| name == "id")
+        .map(|(_, id)| id.clone())
+        .collect();
+    let selected = field("what") == "selected";
+    if selected && ids.is_empty() {
+        return Err(ApiError::field("id", "select at least one dead letter").into());
+    }
     let filter = RedriveFilter {
         tenant_id: tenant.clone(),
-        message_ids: None,
+        message_ids: selected.then(|| ids.clone()),
     };
-    let redriven = crate::api::dlq::redrive_lanes(&state, vec![form.lane], filter).await?;
-    let after = serde_json::json!({"lane": form.lane, "tenant": tenant, "redriven": redriven});
-    Ok((AuditAfter::of(&after), Redirect::to("/console/dlq")).into_response())
+    let redriven = crate::api::dlq::redrive_lanes(&state, vec![lane], filter).await?;
+    let after = serde_json::json!({"lane": lane, "tenant": tenant, "ids": selected.then_some(ids), "redriven": redriven});
+    let back = match &tenant {
+        Some(tenant) => format!("/console/dlq?tenant={tenant}"),
+        None => "/console/dlq".to_owned(),
+    };
+    Ok((AuditAfter::of(&after), Redirect::to(&back)).into_response())
 }

@@ -369,44 +369,66 @@ pub async fn message(
     Ok(page(&format!("Message {id}"), Some(&session), body))
 }
 
-/// Dead letters lane by lane, with redrive for an operator.
+/// Which tenant's dead letters the page shows (empty: everyone's).
+#[derive(Debug, Default, Deserialize)]
+pub struct DeadLetterQuery {
+    #[serde(default)]
+    tenant: String,
+}
+
+/// Dead letters lane by lane (of one tenant, when asked), with redrive of
+/// the selected ones, of the tenant's or of the whole lane for an
+/// operator.
 pub async fn dead_letters(
     State(state): State<AppState>,
     session: Session,
+    Query(query): Query<DeadLetterQuery>,
 ) -> Result<Markup, ApiError> {
+    let tenant = query.tenant.trim();
     let mut lanes = Vec::new();
     for lane in Lane::ALL {
         let letters = state
             .queue
             .list_dead_letters(*lane, DEAD_LETTER_ROWS)
             .await?;
-        lanes.push((
-            *lane,
-            crate::api::dlq::dead_letter_views(&state, *lane, letters).await?,
-        ));
+        let mut views = crate::api::dlq::dead_letter_views(&state, *lane, letters).await?;
+        views.retain(|letter| tenant.is_empty() || letter.tenant == tenant);
+        lanes.push((*lane, views));
     }
     let body = html! {
+        form method="get" action="/console/dlq" {
+            label for="dlq-tenant" { "Tenant (empty: every tenant)" }
+            input id="dlq-tenant" name="tenant" value=(tenant);
+            button type="submit" { "Show" }
+        }
         @for (lane, letters) in &lanes {
             h2 { "Lane " (lane.as_str()) }
             @if letters.is_empty() { p { "No dead letters." } } @else {
-                @if session.may_change() {
-                    form method="post" action="/console/dlq/redrive" {
+                form method="post" action="/console/dlq/redrive" {
+                    @if session.may_change() {
                         input type="hidden" name="csrf" value=(session.csrf);
                         input type="hidden" name="lane" value=(lane.as_str());
-                        label for=(format!("tenant-{}", lane.as_str())) { "Only this tenant (empty: every tenant)" }
-                        input id=(format!("tenant-{}", lane.as_str())) name="tenant";
-                        p { button type="submit" { "Redrive the " (lane.as_str()) " lane's dead letters" } }
+                        input type="hidden" name="tenant" value=(tenant);
                     }
+                    div.box { table {
+                        thead { tr { @if session.may_change() { th scope="col" { "Select" } }
+                            th scope="col" { "Message" } th scope="col" { "Tenant" } th scope="col" { "Attempts" }
+                            th scope="col" { "Last error" } th scope="col" { "Since" } } }
+                        tbody { @for letter in letters { tr {
+                            @if session.may_change() { td { input type="checkbox" name="id" value=(letter.id) aria-label=(format!("Select {}", letter.id)); } }
+                            td { a href=(format!("/console/messages/{}", letter.id)) { (letter.id) } }
+                            td { (letter.tenant) } td.num { (letter.attempts) }
+                            td { (letter.last_error.as_deref().unwrap_or("")) } td { (letter.enqueued_at) }
+                        } } }
+                    } }
+                    @if session.may_change() { p {
+                        button type="submit" name="what" value="selected" { "Redrive the selected" } " "
+                        button type="submit" name="what" value="all" {
+                            "Redrive all of the " (lane.as_str()) " lane's dead letters"
+                            @if !tenant.is_empty() { " of " (tenant) }
+                        }
+                    } }
                 }
-                div.box { table {
-                    thead { tr { th scope="col" { "Message" } th scope="col" { "Tenant" } th scope="col" { "Attempts" }
-                        th scope="col" { "Last error" } th scope="col" { "Since" } } }
-                    tbody { @for letter in letters { tr {
-                        td { a href=(format!("/console/messages/{}", letter.id)) { (letter.id) } }
-                        td { (letter.tenant) } td.num { (letter.attempts) }
-                        td { (letter.last_error.as_deref().unwrap_or("")) } td { (letter.enqueued_at) }
-                    } } }
-                } }
             }
         }
     };
