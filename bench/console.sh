@@ -14,6 +14,8 @@
 #    the product as it runs, draining a backlog of a million messages
 #    while the overview is read. Messages it accepted in this run (none)
 #    would draw the last hour's chart; the bench sends 1,000 more first.
+#    With SCHEDULED=1 it also schedules one for tomorrow: the case where the
+#    overview reads the lane's rows for each tenant's delayed count.
 # 4. curl signs in to the console with the admin token (a session cookie);
 #    wrk (one connection, 10 s, --latency) reads GET /console with it. It
 #    prints the page's size, latency p50 / p99, requests a second, and
@@ -64,6 +66,13 @@ echo "filled: $rows messages of $tenants tenants in $(( $(date +%s) - started ))
 kill "$pid"; wait "$pid" || true
 start true
 python3 bench/fill_list.py "http://127.0.0.1:$port" "$key" 1000 >/dev/null
+if [ -n "${SCHEDULED:-}" ]; then
+  # One message scheduled for tomorrow: a lane with a delayed message, whose
+  # tenants' delayed counts the overview finds among the lane's rows.
+  curl -sf -H "Authorization: Bearer $key" -H 'Content-Type: application/json' "http://127.0.0.1:$port/v1/messages" \
+    -d "{\"channel\":\"sms\",\"to\":\"+15550100\",\"text\":\"later\",\"send_at\":\"$(date -u -d tomorrow +%Y-%m-%dT%H:%M:%SZ)\"}" >/dev/null
+  echo "one message scheduled for tomorrow"
+fi
 
 cookie=$(curl -s -o /dev/null -D - -X POST --data-urlencode "token=$admin" "http://127.0.0.1:$port/console/login" \
   | awk -F'[:;]' 'tolower($1)=="set-cookie"{gsub(/^ /,"",$2); print $2}')

@@ -391,13 +391,22 @@ impl LaneQueue for EmbeddedQueue {
             if queues.is_empty() {
                 continue;
             }
-            // Delayed rows are found among the lane's rows (a pass over its
-            // backlog); held rows by the `(queue)` index alone.
+            // Each by an index of its own rows alone: the delayed rows'
+            // partial index, the `(queue)` index of the held queues.
             let sql = format!(
-                "SELECT tenant_id, COUNT(*) FROM queue_messages INDEXED BY queue_messages_queue \
+                "SELECT tenant_id, COUNT(*) FROM queue_messages INDEXED BY {} \
                  WHERE queue IN ({}){} GROUP BY tenant_id",
+                if is_held {
+                    "queue_messages_queue"
+                } else {
+                    "queue_messages_delayed"
+                },
                 vec!["?"; queues.len()].join(", "),
-                if is_held { "" } else { " AND visible_at > ?" },
+                if is_held {
+                    ""
+                } else {
+                    " AND visible_at > enqueued_at AND visible_at > ?"
+                },
             );
             let mut args: Vec<rusqlite::types::Value> = queues
                 .into_iter()
