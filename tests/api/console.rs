@@ -209,6 +209,7 @@ on_both_stores! {
         let tenant_page = text(&operator).await;
         assert!(tenant_page.contains("console") && tenant_page.contains("Acme Ltd"), "{tenant_page}");
         assert!(!tenant_page.contains("never"), "the key was used: {tenant_page}");
+        screenshot(&operator, "tenant").await;
 
         operator.goto(&app.url("/console")).await.unwrap();
         let overview = text(&operator).await;
