@@ -56,6 +56,7 @@ fn entry(n: u64) -> AcceptEntry {
             erased_at: None,
             provider: None,
             recipient: Some("+15550100".to_owned()),
+            gate_wait_ms: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -769,6 +769,8 @@ pub struct MessageRecord {
     /// Its recipient, normalised (a lower-case email address or an E.164
     /// number); `None` once retention erased it.
     pub recipient: Option<String>,
+    /// Sent: how long its last attempt waited for the provider's token (ms).
+    pub gate_wait_ms: Option<i64>,
 }
 
 /// A message's delivery status.

@@ -205,6 +205,7 @@ pub(crate) fn prepare(
             erased_at: None,
             provider: None,
             recipient,
+            gate_wait_ms: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -456,13 +456,17 @@ struct Turn<'a> {
     member: usize,
     worker: tokio::sync::OwnedSemaphorePermit,
     beat: tokio::task::JoinHandle<()>,
+    /// How long the call waited for its token.
+    waited: Duration,
 }
 
-/// Which pool member answered a call, and how long it took.
+/// Which pool member answered a call, how long it took, and how long it
+/// waited for its token before.
 struct CallDone {
     provider: &'static str,
     member: usize,
     took: Duration,
+    waited: Duration,
 }
 
 /// The look-up before a provider call: the tenant may send, no other
@@ -674,6 +678,7 @@ async fn take_turn<'a>(
         member,
         worker,
         beat,
+        waited,
     })
 }
 
@@ -726,6 +731,7 @@ async fn call_provider(
             provider: pool.name,
             member: turn.member,
             took: call_time,
+            waited: turn.waited,
         },
     )
 }
@@ -783,7 +789,12 @@ async fn settle_sent(
     let recorded = context
         .delivery
         .status
-        .sent_by(&payload.id, &delivered.provider_message_id, Some(pool_name))
+        .sent_after_wait(
+            &payload.id,
+            &delivered.provider_message_id,
+            Some(pool_name),
+            Some(i64::try_from(done.waited.as_millis()).unwrap_or(i64::MAX)),
+        )
         .await;
     note_store_write(context, recorded.as_ref().map(|_| ()));
     if let Err(err) = recorded {

@@ -295,11 +295,28 @@ impl Writer {
         provider_message_id: &str,
         provider: Option<&str>,
     ) -> anyhow::Result<()> {
+        self.sent_after_wait(id, provider_message_id, provider, None)
+            .await
+    }
+
+    /// [`Writer::sent_by`], noting how long the call waited for its
+    /// provider's token (ms).
+    pub async fn sent_after_wait(
+        &self,
+        id: &str,
+        provider_message_id: &str,
+        provider: Option<&str>,
+        gate_wait_ms: Option<i64>,
+    ) -> anyhow::Result<()> {
         let recorded = match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                hot::sent(writer, id, provider_message_id, provider).await
+                hot::sent(writer, id, provider_message_id, provider, gate_wait_ms).await
             }
-            Backend::Postgres(writer) => writer.sent(id, provider_message_id, provider).await,
+            Backend::Postgres(writer) => {
+                writer
+                    .sent(id, provider_message_id, provider, gate_wait_ms)
+                    .await
+            }
         };
         if recorded.is_ok() {
             self.changed.notify_one();
@@ -515,6 +532,7 @@ pub(crate) mod tests {
             erased_at: None,
             provider: None,
             recipient: None,
+            gate_wait_ms: None,
         }
     }
 

@@ -34,13 +34,14 @@ pub(super) struct MessageRow {
     pub(super) erased_at: Option<i64>,
     pub(super) provider: Option<String>,
     pub(super) recipient: Option<String>,
+    pub(super) gate_wait_ms: Option<i64>,
 }
 
 macro_rules! message_columns {
     () => {
         concat!(
             "id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient"
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient, gate_wait_ms"
         )
     };
 }
@@ -90,6 +91,7 @@ pub(super) fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         erased_at: row.erased_at,
         provider: row.provider,
         recipient: row.recipient,
+        gate_wait_ms: row.gate_wait_ms,
     })
 }
 

@@ -363,6 +363,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         erased_at: None,
         provider: None,
         recipient: None,
+        gate_wait_ms: None,
     })
 }
 

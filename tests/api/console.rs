@@ -514,6 +514,7 @@ on_both_stores! {
         let timeline = console_page(&app, &cookie, &format!("/console/messages/{sent}")).await;
         assert!(timeline.contains("Webhook calls") && timeline.contains("HTTP 500"), "{timeline}");
         assert!(timeline.contains("SM-hook"), "sent, with the provider's id: {timeline}");
+        assert!(timeline.contains("Accepted to sent") && timeline.contains("ms at the provider"), "the gate's wait: {timeline}");
 
         // The overview: 3 sends in the last hour, 1 scheduled, 1 held.
         let overview = console_page(&app, &cookie, "/console").await;

@@ -334,6 +334,9 @@ pub async fn message(
             dt { "Channel, priority, lane" } dd { (message.channel.as_str()) ", " (message.priority.as_str()) ", " (message.lane.as_str()) }
             dt { "Status" } dd { (message.status.as_str()) }
             dt { "Attempts" } dd { (message.attempts) }
+            @if let (Some(sent), Some(ms)) = (message.sent_at, message.gate_wait_ms) {
+                dt { "Accepted to sent" } dd { (sent - message.created_at) " ms, of which " (ms) " ms at the provider's gate (its last attempt)" }
+            }
             dt { "Provider" } dd { (message.provider.as_deref().unwrap_or("–")) " " (message.provider_message_id.as_deref().unwrap_or("")) }
             @if let Some(error) = &message.last_error { dt { "Last error" } dd.warn { (error) } }
         }
@@ -350,11 +353,12 @@ pub async fn message(
                 } }
                 @if let (Some(at), false) = (message.sent_at, sent_event) { tr {
                     td { (ms_to_rfc3339(at)) } td { "sent" } td { "sent" } td.num { (message.attempts) }
-                    td { "by " (message.provider.as_deref().unwrap_or("the provider")) " " (message.provider_message_id.as_deref().unwrap_or("")) }
+                    td { "by " (message.provider.as_deref().unwrap_or("the provider")) " " (message.provider_message_id.as_deref().unwrap_or(""))
+                        @if let Some(ms) = message.gate_wait_ms { ", after " (ms) " ms waiting for its token" } }
                 } }
             }
         } }
-        p.note { "Time waited at a provider's gate is in each message's trace (span \"wait for a provider token\") and, for all messages, in fairlane_provider_gate_wait_seconds." }
+        p.note { "The wait of each attempt at its provider's gate is in the message's trace (span \"wait for a provider token\"); the time above is its last attempt's." }
         h2 { "Webhook calls" }
         @match &webhook {
             None => p { "The tenant has no webhook." },

@@ -117,13 +117,14 @@ pub(super) async fn sent(
     ids: &[String],
     provider_ids: &[String],
     by: &[Option<String>],
+    waits: &[Option<i64>],
     now: i64,
 ) -> anyhow::Result<()> {
     const SET: &str = ", attempts = m.attempts + 1, last_error = NULL, sent_at = $1, \
          provider_message_id = u.provider_id, provider = COALESCE(u.provider, m.provider), \
-         provider_pinned = FALSE";
-    const FROM: &str =
-        " FROM UNNEST($2::text[], $3::text[], $4::text[]) AS u(id, provider_id, provider)";
+         provider_pinned = FALSE, gate_wait_ms = u.gate_wait_ms";
+    const FROM: &str = " FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[]) \
+         AS u(id, provider_id, provider, gate_wait_ms)";
     static SENT: LazyLock<String> = LazyLock::new(|| {
         with_effects(
             Move::Sent,
@@ -135,6 +136,7 @@ pub(super) async fn sent(
         .bind(ids)
         .bind(provider_ids)
         .bind(by)
+        .bind(waits)
         .fetch_all(&mut *tx)
         .await?;
     if moved.len() < ids.len() {
@@ -146,6 +148,7 @@ pub(super) async fn sent(
             again.iter().map(|&i| column[i].clone()).collect()
         };
         let again_by: Vec<Option<String>> = again.iter().map(|&i| by[i].clone()).collect();
+        let again_waits: Vec<Option<i64>> = again.iter().map(|&i| waits[i]).collect();
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE messages AS m SET updated_at = $1{SET}{FROM} WHERE m.id = u.id AND m.status = 'sent'"
         )))
@@ -153,6 +156,7 @@ pub(super) async fn sent(
         .bind(pick(ids))
         .bind(pick(provider_ids))
         .bind(again_by)
+        .bind(again_waits)
         .execute(&mut *tx)
         .await?;
     }

@@ -98,6 +98,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             erased_at: None,
             provider: None,
             recipient: Some(format!("+1555{id}")),
+            gate_wait_ms: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),
@@ -366,7 +367,7 @@ async fn of_two_instances_claiming_one_message_exactly_one_gets_it() {
     }
     // A sent message is claimed by nobody; a claim older than
     // `stale_before` (its sender died) is taken over.
-    first.sent("m0", "SM0", None).await.unwrap();
+    first.sent("m0", "SM0", None, Some(12)).await.unwrap();
     assert!(!second.claim("m0", now_ms() + 1).await.unwrap());
     assert!(!second.claim("m1", now_ms() - 60_000).await.unwrap());
     assert!(second.claim("m1", now_ms() + 1).await.unwrap());

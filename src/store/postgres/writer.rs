@@ -37,6 +37,7 @@ enum Piece {
         id: String,
         provider_message_id: String,
         provider: Option<String>,
+        gate_wait_ms: Option<i64>,
         reply: oneshot::Sender<bool>,
     },
     Failure {
@@ -159,12 +160,14 @@ impl PgWriter {
         id: &str,
         provider_message_id: &str,
         provider: Option<&str>,
+        gate_wait_ms: Option<i64>,
     ) -> anyhow::Result<()> {
         let (reply, answer) = oneshot::channel();
         self.submit(Piece::Sent {
             id: id.to_owned(),
             provider_message_id: provider_message_id.to_owned(),
             provider: provider.map(str::to_owned),
+            gate_wait_ms,
             reply,
         })
         .await;
@@ -512,6 +515,7 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
     let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
     let mut sent_by: Vec<Option<String>> = Vec::new();
+    let mut sent_waits: Vec<Option<i64>> = Vec::new();
     for piece in group {
         match piece {
             Piece::Accept { entries, .. } => accepted.extend(entries),
@@ -519,11 +523,13 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
                 id,
                 provider_message_id,
                 provider,
+                gate_wait_ms,
                 ..
             } => {
                 sent_ids.push(id.clone());
                 sent_provider_ids.push(provider_message_id.clone());
                 sent_by.push(provider.clone());
+                sent_waits.push(*gate_wait_ms);
             }
             Piece::Claim {
                 id, stale_before, ..
@@ -553,12 +559,13 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         let taken = super::lifecycle::claim(&mut tx, ids, stale, now).await?;
         claimed.extend(taken);
     }
-    for ((ids, provider_ids), by) in sent_ids
+    for (((ids, provider_ids), by), waits) in sent_ids
         .chunks(STATUS_ROWS)
         .zip(sent_provider_ids.chunks(STATUS_ROWS))
         .zip(sent_by.chunks(STATUS_ROWS))
+        .zip(sent_waits.chunks(STATUS_ROWS))
     {
-        super::lifecycle::sent(&mut tx, ids, provider_ids, by, now).await?;
+        super::lifecycle::sent(&mut tx, ids, provider_ids, by, waits, now).await?;
     }
     let mut attempts = Vec::new();
     for piece in group {

@@ -195,6 +195,7 @@ pub(crate) async fn sent(
     id: &str,
     provider_message_id: &str,
     provider: Option<&str>,
+    gate_wait_ms: Option<i64>,
 ) -> anyhow::Result<()> {
     let (done, committed) = oneshot::channel();
     writer
@@ -202,6 +203,7 @@ pub(crate) async fn sent(
             id: id.to_owned(),
             provider_message_id: provider_message_id.to_owned(),
             provider: provider.map(str::to_owned),
+            gate_wait_ms,
             done: Some(done),
         }))
         .await;
@@ -242,6 +244,7 @@ struct Sent {
     id: String,
     provider_message_id: String,
     provider: Option<String>,
+    gate_wait_ms: Option<i64>,
     done: Option<oneshot::Sender<bool>>,
 }
 
@@ -252,6 +255,7 @@ impl Work for Sent {
             &self.id,
             &self.provider_message_id,
             self.provider.as_deref(),
+            self.gate_wait_ms,
             now_ms(),
         )?)
     }

@@ -247,13 +247,15 @@ pub(crate) fn sent(
     id: &str,
     provider_message_id: &str,
     provider: Option<&str>,
+    gate_wait_ms: Option<i64>,
     now: i64,
 ) -> rusqlite::Result<()> {
     const SET: &str = ", attempts = attempts + 1, last_error = NULL, sent_at = ?1, \
-         provider_message_id = ?3, provider = COALESCE(?4, provider), provider_pinned = 0";
+         provider_message_id = ?3, provider = COALESCE(?4, provider), provider_pinned = 0, \
+         gate_wait_ms = ?5";
     static SENT: LazyLock<String> =
         LazyLock::new(|| statement(Move::Sent, SET, " AND status <> 'sent'"));
-    let values = params![now, id, provider_message_id, provider];
+    let values = params![now, id, provider_message_id, provider, gate_wait_ms];
     let changed = tx
         .prepare_cached(&SENT)?
         .query_row(values, moved)

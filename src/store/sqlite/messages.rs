@@ -43,6 +43,7 @@ fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
         erased_at: row.get(17)?,
         provider: row.get(18)?,
         recipient: row.get(19)?,
+        gate_wait_ms: row.get(20)?,
     })
 }
 
