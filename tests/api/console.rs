@@ -148,17 +148,7 @@ async fn session_of(app: &TestApp, token: &str) -> (String, String) {
 
 /// Posts the console form `path` with `cookie`; the status.
 async fn post_form(app: &TestApp, cookie: &str, path: &str, form: &[(&str, &str)]) -> StatusCode {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .post(app.url(path))
-        .header("cookie", cookie)
-        .form(form)
-        .send()
-        .await
-        .unwrap()
-        .status()
+    form_answer(app, cookie, path, form).await.0
 }
 
 on_both_stores! {

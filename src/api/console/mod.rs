@@ -200,3 +200,22 @@ impl IntoResponse for Refused {
 fn csrf_field(session: &Session) -> Markup {
     html! { input type="hidden" name="csrf" value=(session.csrf); }
 }
+
+/// A one-button form posting `fields` (and the CSRF token) to `action`:
+/// a change in a table's row. `label` is the button's text, `name` what a
+/// screen reader hears with it.
+fn row_button(
+    session: &Session,
+    action: &str,
+    fields: &[(&str, &str)],
+    label: &str,
+    name: &str,
+) -> Markup {
+    html! {
+        form.inline method="post" action=(action) {
+            (csrf_field(session))
+            @for (field, value) in fields { input type="hidden" name=(field) value=(value); }
+            button type="submit" aria-label=(name) { (label) }
+        }
+    }
+}

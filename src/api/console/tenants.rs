@@ -12,7 +12,7 @@ use maud::{Markup, html};
 
 use super::forms::{Kind, field, typed};
 use super::session::Session;
-use super::{Refused, csrf_field, page};
+use super::{Refused, csrf_field, page, row_button};
 use crate::api::admin::{
     CreateTenant, PatchTenant, PlanInput, create_tenant_with, patch_tenant_with, tenant_before,
 };
@@ -88,14 +88,9 @@ fn status_button(session: &Session, id: &str, status: TenantStatus, from: &str) 
     } else {
         ("active", "Resume")
     };
-    html! {
-        form.inline method="post" action=(format!("/console/tenants/{id}")) {
-            (csrf_field(session))
-            input type="hidden" name="status" value=(to);
-            input type="hidden" name="from" value=(from);
-            button type="submit" aria-label=(format!("{label} {id}")) { (label) }
-        }
-    }
+    let fields = [("status", to), ("from", from)];
+    let action = format!("/console/tenants/{id}");
+    row_button(session, &action, &fields, label, &format!("{label} {id}"))
 }
 
 /// Creates a tenant, as `POST /v1/admin/tenants` does; on to its page.
@@ -202,10 +197,7 @@ fn keys_section(session: &Session, id: &str, keys: &[crate::tenants::KeyInfo]) -
                 td { (key.last_used_at.as_deref().unwrap_or("never")) }
                 td { (key.revoked_at.as_deref().unwrap_or("")) }
                 @if session.may_change() { td { @if key.revoked_at.is_none() {
-                    form.inline method="post" action=(format!("/console/tenants/{id}/keys/{}/revoke", key.id)) {
-                        (csrf_field(session))
-                        button type="submit" aria-label=(format!("Revoke key {}", key.id)) { "Revoke" }
-                    }
+                    (row_button(session, &format!("/console/tenants/{id}/keys/{}/revoke", key.id), &[], "Revoke", &format!("Revoke key {}", key.id)))
                 } } }
             } } }
         } }
@@ -239,10 +231,7 @@ fn senders_section(
                     td { (sender.from.as_deref().or(sender.messaging_service_sid.as_deref()).unwrap_or("")) }
                     td { (sender.display_name.as_deref().unwrap_or("")) } td { @if sender.default { "yes" } }
                     @if session.may_change() { td {
-                        form.inline method="post" action=(format!("/console/tenants/{id}/senders/{}/remove", sender.id)) {
-                            (csrf_field(session))
-                            button type="submit" aria-label=(format!("Remove identity {}", sender.id)) { "Remove" }
-                        }
+                        (row_button(session, &format!("/console/tenants/{id}/senders/{}/remove", sender.id), &[], "Remove", &format!("Remove identity {}", sender.id)))
                     } }
                 } } }
             } }
@@ -278,11 +267,7 @@ fn suppressions_section(
                     td { (entry.address) } td { (entry.channel) } td { (entry.reason) }
                     td { (entry.detail.as_deref().unwrap_or("")) } td { (entry.created_at) }
                     @if session.may_change() { td {
-                        form.inline method="post" action=(format!("/console/tenants/{id}/suppressions/remove")) {
-                            (csrf_field(session))
-                            input type="hidden" name="address" value=(entry.address);
-                            button type="submit" aria-label=(format!("Remove {}", entry.address)) { "Remove" }
-                        }
+                        (row_button(session, &format!("/console/tenants/{id}/suppressions/remove"), &[("address", &entry.address)], "Remove", &format!("Remove {}", entry.address)))
                     } }
                 } } }
             } }
