@@ -50,45 +50,46 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/admin/audit", get(list_audit))
 }
 
-/// The state of a changed thing before the change, as a handler knows it;
-/// put in its answer (`(AuditBefore::of(&old), Json(new))`) for the log.
-#[derive(Clone, Debug)]
-pub struct AuditBefore(serde_json::Value);
+/// A state a handler hands the log in its answer's extensions: `of` any
+/// serializable value, and a response part.
+macro_rules! audit_part {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name(serde_json::Value);
 
-impl AuditBefore {
-    pub fn of<T: Serialize>(state: &T) -> AuditBefore {
-        AuditBefore(serde_json::to_value(state).unwrap_or(serde_json::Value::Null))
-    }
+        impl $name {
+            pub fn of<T: Serialize>(state: &T) -> $name {
+                $name(serde_json::to_value(state).unwrap_or(serde_json::Value::Null))
+            }
+        }
+
+        impl IntoResponseParts for $name {
+            type Error = std::convert::Infallible;
+
+            fn into_response_parts(
+                self,
+                mut res: ResponseParts,
+            ) -> Result<ResponseParts, Self::Error> {
+                res.extensions_mut().insert(self);
+                Ok(res)
+            }
+        }
+    };
 }
 
-impl IntoResponseParts for AuditBefore {
-    type Error = std::convert::Infallible;
+audit_part!(
+    /// The state of a changed thing before the change, as a handler knows
+    /// it; put in its answer (`(AuditBefore::of(&old), Json(new))`) for the
+    /// log.
+    AuditBefore
+);
 
-    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        res.extensions_mut().insert(self);
-        Ok(res)
-    }
-}
-
-/// The state after a change whose answer is not its JSON (a console
-/// page): put in the answer as [`AuditBefore`] is.
-#[derive(Clone, Debug)]
-pub struct AuditAfter(serde_json::Value);
-
-impl AuditAfter {
-    pub fn of<T: Serialize>(state: &T) -> AuditAfter {
-        AuditAfter(serde_json::to_value(state).unwrap_or(serde_json::Value::Null))
-    }
-}
-
-impl IntoResponseParts for AuditAfter {
-    type Error = std::convert::Infallible;
-
-    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        res.extensions_mut().insert(self);
-        Ok(res)
-    }
-}
+audit_part!(
+    /// The state after a change whose answer is not its JSON (a console
+    /// page): put in the answer as [`AuditBefore`] is.
+    AuditAfter
+);
 
 /// Whether a request is an admin change the log records: one on the
 /// admin API, or one made in the console (signing in and out change
@@ -126,24 +127,25 @@ pub async fn record_changes(
     if !(response.status().is_success() || response.status().is_redirection()) {
         return response;
     }
-    let (parts, body) = response.into_parts();
-    let given = parts
-        .extensions
-        .get::<AuditAfter>()
-        .map(|after| redacted(after.0.clone()));
-    let (body, after) = match axum::body::to_bytes(body, AFTER_LIMIT).await {
-        Ok(bytes) => {
-            let after = serde_json::from_slice(&bytes).ok().map(redacted);
-            (Body::from(bytes), after)
-        }
-        // Only a body longer than the limit or one that failed midway gets
-        // here; admin answers are built whole in memory.
-        Err(_) => (Body::empty(), None),
+    let (mut parts, body) = response.into_parts();
+    // A state the handler gave is the one logged; only without one is the
+    // answer's body read (and kept to be sent on).
+    let (body, after) = match parts.extensions.remove::<AuditAfter>() {
+        Some(given) => (body, Some(redacted(given.0))),
+        None => match axum::body::to_bytes(body, AFTER_LIMIT).await {
+            Ok(bytes) => {
+                let after = serde_json::from_slice(&bytes).ok().map(redacted);
+                (Body::from(bytes), after)
+            }
+            // Only a body longer than the limit or one that failed midway
+            // gets here; admin answers are built whole in memory.
+            Err(_) => (Body::empty(), None),
+        },
     };
     let before = parts
         .extensions
-        .get::<AuditBefore>()
-        .map(|before| redacted(before.0.clone()));
+        .remove::<AuditBefore>()
+        .map(|before| redacted(before.0));
     let entry = AuditRow {
         id: 0,
         at: now_ms(),
@@ -154,7 +156,7 @@ pub async fn record_changes(
         target: path,
         status: i64::from(parts.status.as_u16()),
         before: before.map(|value| value.to_string()),
-        after: given.or(after).map(|value| value.to_string()),
+        after: after.map(|value| value.to_string()),
     };
     if let Err(err) = state.db.record_audit(&entry).await {
         metrics::counter!(AUDIT_WRITE_FAILURES_TOTAL).increment(1);

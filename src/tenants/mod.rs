@@ -1001,7 +1001,7 @@ impl Registry {
     /// store has it or, if later, as this instance noted it since.
     pub async fn keys_of(&self, tenant_id: &str) -> anyhow::Result<Vec<KeyInfo>> {
         let rows = self.db.keys_of(tenant_id).await?;
-        let noted = self.key_uses.lock().expect("key uses lock").clone();
+        let noted = self.key_uses.lock().expect("key uses lock");
         Ok(rows
             .into_iter()
             .map(|(id, created, revoked, kind, used)| {
