@@ -57,6 +57,8 @@ fn entry(n: u64) -> AcceptEntry {
             provider: None,
             recipient: Some("+15550100".to_owned()),
             gate_wait_ms: None,
+            template_id: None,
+            template_version: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -434,6 +434,7 @@ async fn delivery(
         delivering: Arc::default(),
         log_addresses: settings.logging.log_addresses,
         store_trouble: Default::default(),
+        templates: Arc::new(crate::templates::Templates::new(db.clone())),
     })
 }
 

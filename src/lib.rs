@@ -20,6 +20,7 @@ pub mod serve;
 pub mod sms;
 pub mod store;
 pub mod telemetry;
+pub mod templates;
 pub mod tenants;
 pub mod unsubscribe;
 pub mod webhooks;

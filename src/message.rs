@@ -64,6 +64,10 @@ const EMAIL_FIELDS: &[&str] = &[
     "sender_id",
     "unsubscribe",
     "headers",
+    "template_id",
+    "template_version",
+    "personalisation",
+    "locale",
 ];
 const SMS_FIELDS: &[&str] = &[
     "channel",
@@ -74,6 +78,10 @@ const SMS_FIELDS: &[&str] = &[
     "metadata",
     "send_at",
     "sender_id",
+    "template_id",
+    "template_version",
+    "personalisation",
+    "locale",
 ];
 
 /// Most custom headers on one email.
@@ -162,6 +170,58 @@ pub struct NewMessage {
     pub unsubscribe: Option<bool>,
     /// Email: the caller's own headers, from the allowed ones.
     pub headers: Vec<EmailHeader>,
+    /// Sent by template: which, and its personalisation. The content
+    /// fields are then empty until the template is rendered.
+    pub template: Option<TemplateSend>,
+    /// The lane the template names (none: the plan's).
+    pub lane: Option<Lane>,
+}
+
+/// A send by template, as asked: its version and locale are resolved
+/// against the tenant's templates where the tenant is known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateSend {
+    pub id: String,
+    /// None: the newest; once resolved, the version used.
+    pub version: Option<u32>,
+    /// The locale asked for; once resolved, the variant used (none: the
+    /// default).
+    pub locale: Option<String>,
+    pub personalisation: BTreeMap<String, String>,
+}
+
+/// The template a queued message is rendered from at delivery: the
+/// version it was accepted with, the variant chosen then, and the values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateOnMessage {
+    pub id: String,
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locale: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub personalisation: BTreeMap<String, String>,
+}
+
+/// Longest template id a send may name.
+pub const MAX_TEMPLATE_ID_CHARS: usize = 64;
+/// Most personalisation values in one send.
+pub const MAX_PERSONALISATION_KEYS: usize = 100;
+/// Longest personalisation value, in characters.
+pub const MAX_PERSONALISATION_VALUE_CHARS: usize = 10_000;
+/// Largest personalisation object, as JSON.
+pub const MAX_PERSONALISATION_BYTES: usize = 64 * 1024;
+
+/// True for a locale name: a 2-3 letter language, then `-` subtags of
+/// 2-8 letters or digits (`fr`, `fr-CA`, `zh-Hant-TW`), at most 35 bytes.
+pub fn is_locale(locale: &str) -> bool {
+    let mut parts = locale.split('-');
+    let language = parts.next().unwrap_or("");
+    locale.len() <= 35
+        && (2..=3).contains(&language.len())
+        && language.bytes().all(|b| b.is_ascii_alphabetic())
+        && parts.all(|part| {
+            (2..=8).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
 }
 
 /// What a consumer needs to deliver a message; the queue entry's body.
@@ -173,6 +233,8 @@ pub struct DeliveryPayload {
     pub to: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// Empty for a send by template until it is rendered at delivery.
+    #[serde(default)]
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub html: Option<String>,
@@ -194,6 +256,10 @@ pub struct DeliveryPayload {
     /// it, so every instance answers the same attempt alike.
     #[serde(skip)]
     pub retrying: bool,
+    /// Sent by template: rendered into `subject`, `text` and `html` just
+    /// before the provider call, so the queue holds no rendered body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateOnMessage>,
     /// With traces on: the W3C `traceparent` of the span that queued it,
     /// which the consumer's span continues. Kept last: see
     /// `telemetry::traceparent_in`.
@@ -435,14 +501,21 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
     refuse_unknown_fields(object, channel, &mut errors);
 
     let to = required_string(object, "to", &mut errors);
-    let text = required_string(object, "text", &mut errors);
-    let (subject, html) = match channel {
-        Some(Channel::Email) => email_content(object, to, text, &mut errors),
-        Some(Channel::Sms) => {
-            check_sms_content(to, text, &mut errors);
+    if let (Some(channel), Some(to)) = (channel, to) {
+        check_to(channel, to, &mut errors);
+    }
+    let template = template_of(object, &mut errors);
+    let text = match template {
+        Some(_) => Some(""),
+        None => required_string(object, "text", &mut errors),
+    };
+    let (subject, html) = match (channel, &template) {
+        (Some(Channel::Email), None) => email_content(object, text, &mut errors),
+        (Some(Channel::Sms), None) => {
+            check_sms_content(text, &mut errors);
             (None, None)
         }
-        None => (None, None),
+        _ => (None, None),
     };
 
     let priority = match optional_string(object, "priority", &mut errors) {
@@ -500,6 +573,8 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             sender_id: sender_id.map(str::to_owned),
             unsubscribe,
             headers,
+            template,
+            lane: None,
         }),
         _ => Err(errors),
     }
@@ -547,18 +622,9 @@ fn refuse_unknown_fields(
 /// HTML as given.
 fn email_content<'a>(
     object: &'a Map<String, Value>,
-    to: Option<&str>,
     text: Option<&str>,
     errors: &mut Errors,
 ) -> (Option<&'a str>, Option<&'a str>) {
-    if let Some(to) = to
-        && !is_email_address(to)
-    {
-        errors.insert(
-            "to".into(),
-            "must be an email address like name@example.com (at most 254 characters, no display name)".into(),
-        );
-    }
     let subject = required_string(object, "subject", errors);
     if let Some(s) = subject {
         if s.trim().is_empty() {
@@ -599,16 +665,131 @@ fn email_content<'a>(
     (subject, html)
 }
 
-/// An SMS's recipient and text checked.
-fn check_sms_content(to: Option<&str>, text: Option<&str>, errors: &mut Errors) {
-    if let Some(to) = to
-        && !is_e164(to)
-    {
+/// The recipient checked for its channel.
+fn check_to(channel: Channel, to: &str, errors: &mut Errors) {
+    let refused = match channel {
+        Channel::Email if !is_email_address(to) => {
+            "must be an email address like name@example.com (at most 254 characters, no display name)"
+        }
+        Channel::Sms if !is_e164(to) => "must be a phone number in E.164 form, like +15551234567",
+        _ => return,
+    };
+    errors.insert("to".into(), refused.into());
+}
+
+/// A send by template: its id, version, locale and personalisation, each
+/// checked; content fields beside `template_id` are refused, as are the
+/// template's fields without it.
+fn template_of(object: &Map<String, Value>, errors: &mut Errors) -> Option<TemplateSend> {
+    const ITS_FIELDS: [&str; 3] = ["template_version", "personalisation", "locale"];
+    let Some(id) = optional_string(object, "template_id", errors) else {
+        for field in ITS_FIELDS {
+            if !matches!(object.get(field), None | Some(Value::Null)) {
+                errors.insert(field.into(), "is only allowed with template_id".into());
+            }
+        }
+        return None;
+    };
+    if id.is_empty() || id.chars().count() > MAX_TEMPLATE_ID_CHARS {
         errors.insert(
-            "to".into(),
-            "must be a phone number in E.164 form, like +15551234567".into(),
+            "template_id".into(),
+            format!("must be 1-{MAX_TEMPLATE_ID_CHARS} characters"),
         );
     }
+    for field in ["subject", "text", "html"] {
+        if object.contains_key(field) {
+            errors.insert(
+                field.into(),
+                "is not allowed with template_id: the template gives it".into(),
+            );
+        }
+    }
+    let version = match object.get("template_version") {
+        None | Some(Value::Null) => None,
+        Some(value) => match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n >= 1 => Some(n),
+            _ => {
+                errors.insert(
+                    "template_version".into(),
+                    "must be a whole number from 1".into(),
+                );
+                None
+            }
+        },
+    };
+    let locale = optional_string(object, "locale", errors);
+    if let Some(locale) = locale
+        && !is_locale(locale)
+    {
+        errors.insert("locale".into(), "must be a locale like fr or fr-CA".into());
+    }
+    Some(TemplateSend {
+        id: id.to_owned(),
+        version,
+        locale: locale.map(str::to_owned),
+        personalisation: personalisation_of(object.get("personalisation"), errors),
+    })
+}
+
+/// The `personalisation` object: names to text (numbers and true/false
+/// are written as text), bounded in keys, value length and size.
+pub fn personalisation_of(value: Option<&Value>, errors: &mut Errors) -> BTreeMap<String, String> {
+    let map = match value {
+        None | Some(Value::Null) => return BTreeMap::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            errors.insert(
+                "personalisation".into(),
+                "must be an object of placeholder names to values".into(),
+            );
+            return BTreeMap::new();
+        }
+    };
+    if map.len() > MAX_PERSONALISATION_KEYS {
+        errors.insert(
+            "personalisation".into(),
+            format!("must have at most {MAX_PERSONALISATION_KEYS} values"),
+        );
+        return BTreeMap::new();
+    }
+    if serde_json::to_string(map).map_or(usize::MAX, |s| s.len()) > MAX_PERSONALISATION_BYTES {
+        errors.insert(
+            "personalisation".into(),
+            format!("must be at most {MAX_PERSONALISATION_BYTES} bytes as JSON"),
+        );
+        return BTreeMap::new();
+    }
+    let mut values = BTreeMap::new();
+    for (name, value) in map {
+        let field = format!("personalisation.{}", field_name(name));
+        let text = match value {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => {
+                errors.insert(field, "must be a string, a number or true/false".into());
+                continue;
+            }
+        };
+        if text.contains(['\u{FFFE}', '\u{FFFF}']) {
+            errors.insert(
+                field,
+                "must not contain the noncharacters U+FFFE or U+FFFF".into(),
+            );
+        } else if text.chars().count() > MAX_PERSONALISATION_VALUE_CHARS {
+            errors.insert(
+                field,
+                format!("must be at most {MAX_PERSONALISATION_VALUE_CHARS} characters"),
+            );
+        } else {
+            values.insert(name.clone(), text);
+        }
+    }
+    values
+}
+
+/// An SMS's text checked.
+fn check_sms_content(text: Option<&str>, errors: &mut Errors) {
     if let Some(t) = text {
         if t.trim().is_empty() {
             errors.insert("text".into(), "must not be empty".into());
@@ -771,6 +952,9 @@ pub struct MessageRecord {
     pub recipient: Option<String>,
     /// Sent: how long its last attempt waited for the provider's token (ms).
     pub gate_wait_ms: Option<i64>,
+    /// Sent by template: its id and the version rendered.
+    pub template_id: Option<String>,
+    pub template_version: Option<u32>,
 }
 
 /// A message's delivery status.
@@ -826,6 +1010,12 @@ pub struct MessageView {
     /// provider call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Sent by template: the template's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_id: Option<String>,
+    /// Sent by template: the version it was rendered from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_version: Option<u32>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -858,6 +1048,8 @@ impl From<MessageRecord> for MessageView {
             fragments: record.fragments,
             erased_at: record.erased_at.map(ms_to_rfc3339),
             provider: record.provider,
+            template_id: record.template_id,
+            template_version: record.template_version,
         }
     }
 }
@@ -878,6 +1070,47 @@ mod tests {
         assert_eq!(message.channel, Channel::Email);
         assert_eq!(message.priority, Priority::High);
         assert_eq!(message.subject.as_deref(), Some("Hi"));
+    }
+
+    #[test]
+    fn a_send_by_template_takes_no_content_and_checks_its_personalisation() {
+        let message = validate(&json!({
+            "channel": "sms", "to": "+15551234567", "template_id": "tpl_1",
+            "template_version": 2, "locale": "fr-CA",
+            "personalisation": {"name": "Ann", "count": 3, "vip": true}
+        }))
+        .unwrap();
+        let asked = message.template.unwrap();
+        assert_eq!(asked.version, Some(2));
+        assert_eq!(asked.locale.as_deref(), Some("fr-CA"));
+        assert_eq!(asked.personalisation["count"], "3");
+        assert_eq!(asked.personalisation["vip"], "true");
+
+        let errors = validate(&json!({
+            "channel": "email", "to": "a@example.com", "template_id": "tpl_1",
+            "subject": "Hi", "text": "Hello", "template_version": 0, "locale": "french",
+            "personalisation": {"list": [1], "long": "x".repeat(MAX_PERSONALISATION_VALUE_CHARS + 1)}
+        }))
+        .unwrap_err();
+        for field in [
+            "subject",
+            "text",
+            "template_version",
+            "locale",
+            "personalisation.list",
+            "personalisation.long",
+        ] {
+            assert!(errors.contains_key(field), "{field}: {errors:?}");
+        }
+        let errors = validate(&json!({
+            "channel": "email", "to": "a@example.com", "subject": "Hi", "text": "Hello",
+            "personalisation": {"a": "b"}
+        }))
+        .unwrap_err();
+        assert_eq!(
+            errors["personalisation"],
+            "is only allowed with template_id"
+        );
     }
 
     #[test]

@@ -54,6 +54,16 @@ pub enum Encoding {
     Ucs2,
 }
 
+impl Encoding {
+    /// `gsm7` or `ucs2`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Gsm7 => "gsm7",
+            Encoding::Ucs2 => "ucs2",
+        }
+    }
+}
+
 /// The encoding and the number of fragments of `text` (at least one).
 pub fn fragments(text: &str) -> (Encoding, u32) {
     let septets: Option<Vec<u32>> = text.chars().map(gsm_septets).collect();

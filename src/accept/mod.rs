@@ -37,7 +37,7 @@ use self::prepare::{Handed, Prepared, prepare};
 use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::LaneBackpressure;
 use crate::limits::tenant::{Grant, RateInfo, Refusal};
-use crate::message::validate;
+use crate::message::{NewMessage, validate};
 use crate::metrics as names;
 use crate::model::{Channel, Lane, MessageStatus, Priority, TenantStatus, now_ms};
 pub use crate::store::{AcceptEntry, FailureStreak, NotDurable};
@@ -59,6 +59,10 @@ pub struct SendAccepted {
     /// RFC 3339: when a scheduled message is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_at: Option<String>,
+    /// SMS: the fragments its text is sent in (for a send by template, its
+    /// rendered text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<u32>,
 }
 
 /// Why a limit refused a send.
@@ -191,6 +195,8 @@ pub struct Acceptor {
     batches: BatchSlots,
     /// Signs one-click unsubscribe links (none without a public URL).
     links: Option<Arc<crate::unsubscribe::Links>>,
+    /// The tenants' templates, for sends by template.
+    templates: Arc<crate::templates::Templates>,
 }
 
 impl Acceptor {
@@ -235,6 +241,7 @@ impl Acceptor {
         max_batches_per_tenant: usize,
     ) -> Self {
         Acceptor {
+            templates: Arc::new(crate::templates::Templates::new(db.clone())),
             db,
             writer,
             outbox,
@@ -244,6 +251,12 @@ impl Acceptor {
             batches: BatchSlots::new(max_batches_per_tenant),
             links: None,
         }
+    }
+
+    /// The templates this acceptor reads, to share with the API and the
+    /// consumers (one cache per instance).
+    pub fn templates(&self) -> &Arc<crate::templates::Templates> {
+        &self.templates
     }
 
     /// Gives emails that ask for it a one-click unsubscribe link.
@@ -290,6 +303,7 @@ impl Acceptor {
                 Some(guard)
             }
         };
+        let message = self.with_template(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
@@ -446,9 +460,59 @@ impl Acceptor {
             }
         };
         drop(item);
+        let message = self.with_template(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         Ok(Admitted::Ready(Box::new(prepared), grant, guard))
+    }
+
+    /// A send by template resolved against the tenant's templates: the
+    /// version (the newest unless named), the locale's variant, the
+    /// personalisation checked by rendering it once (the rendered text
+    /// kept for an SMS's fragment count, not queued), and the template's
+    /// priority and lane applied. Any other send as it is.
+    async fn with_template(
+        &self,
+        caller: &Caller,
+        mut message: NewMessage,
+    ) -> Result<NewMessage, Refused> {
+        let Some(asked) = message.template.as_mut() else {
+            return Ok(message);
+        };
+        let found = self
+            .templates
+            .for_send(&caller.tenant.id, &asked.id, asked.version)
+            .await?;
+        let Some(version) = found else {
+            return Err(match asked.version {
+                Some(n) => Refused::field(
+                    "template_version",
+                    format!("template {:?} has no version {n}", asked.id),
+                ),
+                None => Refused::field("template_id", "no template of the tenant has this id"),
+            });
+        };
+        let content = &version.content;
+        if content.channel != message.channel {
+            return Err(Refused::field(
+                "template_id",
+                format!(
+                    "is an {} template; the send's channel is {}",
+                    content.channel, message.channel
+                ),
+            ));
+        }
+        let rendered = content
+            .render(asked.locale.as_deref(), &asked.personalisation)
+            .map_err(Refused::Invalid)?;
+        asked.version = Some(version.number);
+        asked.locale = rendered.locale;
+        message.text = rendered.text;
+        if let Some(priority) = content.priority {
+            message.priority = priority;
+        }
+        message.lane = content.lane;
+        Ok(message)
     }
 
     /// The lane's high-water mark and the tenant's rate and daily quota, in

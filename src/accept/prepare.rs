@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::{Refused, SendAccepted};
 use crate::message::{
     DeliveryPayload, EmailHeader, MAX_PAYLOAD_BYTES, NewMessage, OutboundMessage,
+    TemplateOnMessage, TemplateSend,
 };
 use crate::model::{Channel, Lane, MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::AcceptEntry;
@@ -100,6 +101,28 @@ fn unsubscribe_headers(
     ])
 }
 
+/// What a message queues of its content: a send by template its template
+/// and personalisation, not what they render to (checked by rendering
+/// them once before this; delivery renders them again from the same
+/// version), any other its text.
+fn queued_content(
+    template: Option<TemplateSend>,
+    text: String,
+) -> (Option<TemplateOnMessage>, String) {
+    match template {
+        Some(asked) => {
+            let queued = TemplateOnMessage {
+                id: asked.id,
+                version: asked.version.unwrap_or(1),
+                locale: asked.locale,
+                personalisation: asked.personalisation,
+            };
+            (Some(queued), String::new())
+        }
+        None => (None, text),
+    }
+}
+
 /// Builds the store entry and the answer of a validated message;
 /// `remembered` is its `(Idempotency-Key, request hash)`.
 pub(crate) fn prepare(
@@ -109,7 +132,7 @@ pub(crate) fn prepare(
     links: Option<&Links>,
 ) -> Result<Prepared, Refused> {
     let tenant_id = caller.tenant.id.as_str();
-    let lane = caller.plan.lane;
+    let lane = message.lane.unwrap_or(caller.plan.lane);
     let sender = crate::tenants::senders::choose(
         &caller.senders,
         message.sender_id.as_deref(),
@@ -144,13 +167,16 @@ pub(crate) fn prepare(
         fairlane.channel = message.channel.as_str(),
         fairlane.priority = message.priority.as_str(),
     );
+    let (template, text) = queued_content(message.template, message.text);
+    let (template_id, template_version) =
+        template.as_ref().map(|t| (t.id.clone(), t.version)).unzip();
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
         channel: message.channel,
         to: message.to,
         subject: message.subject,
-        text: message.text,
+        text,
         html: message.html,
         priority: message.priority,
         reference: message.reference.clone(),
@@ -158,6 +184,7 @@ pub(crate) fn prepare(
         headers,
         test: caller.test,
         retrying: false,
+        template,
         traceparent: crate::telemetry::traceparent_of(&created),
     };
     drop(created);
@@ -179,6 +206,7 @@ pub(crate) fn prepare(
         lane,
         priority: message.priority,
         send_at: message.send_at.map(ms_to_rfc3339),
+        fragments,
     };
     let answer_body = serde_json::to_string(&answer).map_err(anyhow::Error::from)?;
     let delay = message.send_at.map_or(0, |at| (at - now).max(0) as u64);
@@ -206,6 +234,8 @@ pub(crate) fn prepare(
             provider: None,
             recipient,
             gate_wait_ms: None,
+            template_id,
+            template_version,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -16,6 +16,7 @@ pub mod providers;
 pub mod receipts;
 pub mod senders;
 pub mod suppressions;
+pub mod templates;
 pub mod tenant_queue;
 pub mod unsubscribe;
 pub mod usage;
@@ -115,6 +116,7 @@ pub fn app(state: AppState) -> Router {
         .merge(webhooks::router())
         .merge(suppressions::router())
         .merge(senders::router())
+        .merge(templates::router())
         .merge(message_list::router())
         .merge(usage::router())
         .merge(providers::router())
@@ -732,6 +734,17 @@ impl Modify for SecurityAddon {
         senders::add_sender,
         senders::patch_sender,
         senders::remove_sender,
+        templates::list_own,
+        templates::create_own,
+        templates::get_own,
+        templates::replace_own,
+        templates::delete_own,
+        templates::preview,
+        templates::list_tenant_templates,
+        templates::create_tenant_template,
+        templates::get_tenant_template,
+        templates::replace_tenant_template,
+        templates::delete_tenant_template,
         tenant_queue::tenant_queue,
         tenant_queue::purge_tenant_queue,
         tenant_queue::tenant_dlq,
@@ -768,6 +781,7 @@ impl Modify for SecurityAddon {
     modifiers(&SecurityAddon, &CommonResponses, &BatchItems, &OptionalBodies),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
+        (name = "templates", description = "The tenant's templates, their versions and previews (tenant API key; changes need a live key)."),
         (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),
         (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
         (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),

@@ -128,6 +128,8 @@ pub struct Delivery {
     /// claim, a `sent`): while any did, the pollers wait before receiving
     /// more, so a broken store is not met by a spin through the queue.
     pub store_trouble: crate::store::FailureStreak,
+    /// The template versions sends by template are rendered from.
+    pub templates: Arc<crate::templates::Templates>,
 }
 
 /// The ids of messages this process is delivering right now. A queue may

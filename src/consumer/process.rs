@@ -159,6 +159,17 @@ struct Known<'a> {
     detail: Option<&'a str>,
 }
 
+impl<'a> Known<'a> {
+    /// A message whose payload was read, before any provider call.
+    fn unsent(payload: &'a DeliveryPayload) -> Self {
+        Known {
+            payload: Some(payload),
+            provider: None,
+            detail: None,
+        }
+    }
+}
+
 async fn dead_letter(
     context: &Context,
     message: &ReceivedMessage,
@@ -433,12 +444,64 @@ async fn deliver_payload(
         return;
     };
     payload.retrying = cleared.retrying;
+    if payload.template.is_some() && !render_template(context, &message, &mut payload).await {
+        return;
+    }
     let Some(turn) = take_turn(context, &message, &payload, cleared.retrying).await else {
         return;
     };
     let gated = turn.gated;
     let (outcome, done) = call_provider(&payload, turn).await;
     settle(context, message, &payload, gated, outcome, done).await;
+}
+
+/// A send by template rendered into the payload's subject, text and HTML
+/// from the version it was accepted with; false when it could not be
+/// (deferred while the store is away, dead-lettered when the version is
+/// gone or no longer renders), and then it is settled here.
+async fn render_template(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &mut DeliveryPayload,
+) -> bool {
+    let Some(template) = payload.template.take() else {
+        return true;
+    };
+    let found = context
+        .delivery
+        .templates
+        .version(&payload.tenant_id, &template.id, template.version)
+        .await;
+    let content = match found {
+        Ok(Some(content)) => content,
+        Ok(None) => {
+            let reason = format!(
+                "template {:?} version {} is not in the store",
+                template.id, template.version
+            );
+            dead_letter(context, message, Known::unsent(payload), &reason, false).await;
+            return false;
+        }
+        Err(err) => {
+            warn!(message_id = %payload.id, error = %err, "Could not read the message's template; trying again soon.");
+            let pause = context.delivery.store_trouble.retry_after();
+            defer(context, message, pause, "store").await;
+            return false;
+        }
+    };
+    match content.render(template.locale.as_deref(), &template.personalisation) {
+        Ok(rendered) => {
+            payload.subject = rendered.subject;
+            payload.text = rendered.text;
+            payload.html = rendered.html;
+            true
+        }
+        Err(errors) => {
+            let reason = format!("the template no longer renders: {errors:?}");
+            dead_letter(context, message, Known::unsent(payload), &reason, false).await;
+            false
+        }
+    }
 }
 
 /// What [`preflight`] found: the message may take its turn at the provider.

@@ -502,6 +502,7 @@ mod tests {
             headers: Vec::new(),
             test: false,
             retrying: false,
+            template: None,
             traceparent: None,
         }
     }

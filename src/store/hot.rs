@@ -533,6 +533,8 @@ pub(crate) mod tests {
             provider: None,
             recipient: None,
             gate_wait_ms: None,
+            template_id: None,
+            template_version: None,
         }
     }
 

@@ -35,13 +35,16 @@ pub(super) struct MessageRow {
     pub(super) provider: Option<String>,
     pub(super) recipient: Option<String>,
     pub(super) gate_wait_ms: Option<i64>,
+    pub(super) template_id: Option<String>,
+    pub(super) template_version: Option<i64>,
 }
 
 macro_rules! message_columns {
     () => {
         concat!(
             "id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
-            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient, gate_wait_ms"
+            "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient, gate_wait_ms, ",
+            "template_id, template_version"
         )
     };
 }
@@ -92,6 +95,8 @@ pub(super) fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         provider: row.provider,
         recipient: row.recipient,
         gate_wait_ms: row.gate_wait_ms,
+        template_id: row.template_id,
+        template_version: row.template_version.and_then(|n| u32::try_from(n).ok()),
     })
 }
 

@@ -38,6 +38,7 @@ pub mod sqlite;
 mod staging;
 mod streak;
 pub mod suppressions;
+pub mod templates;
 pub mod usage;
 mod usage_counters;
 pub mod webhooks;
@@ -91,6 +92,7 @@ backend!(
     ReceiptStore,
     UsageStore,
     SettingsStore,
+    TemplateStore,
 );
 
 impl std::ops::Deref for Db {
@@ -116,6 +118,7 @@ pub mod prelude {
     pub use super::retention::RetentionStore;
     pub use super::settings::SettingsStore;
     pub use super::suppressions::SuppressionStore;
+    pub use super::templates::TemplateStore;
     pub use super::usage::UsageStore;
     pub use super::webhooks::WebhookStore;
 }

@@ -364,6 +364,8 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         provider: None,
         recipient: None,
         gate_wait_ms: None,
+        template_id: None,
+        template_version: None,
     })
 }
 

@@ -40,6 +40,7 @@ mod slow_clients;
 mod sqs;
 mod storms;
 mod support;
+mod templates;
 mod test_keys;
 mod traces;
 mod unsubscribe;

@@ -146,6 +146,7 @@ mod registry;
 mod retention;
 mod settings;
 mod suppressions;
+mod templates;
 mod usage;
 pub(crate) mod webhooks;
 mod writer;

@@ -99,6 +99,8 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             provider: None,
             recipient: Some(format!("+1555{id}")),
             gate_wait_ms: None,
+            template_id: None,
+            template_version: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),

@@ -462,6 +462,8 @@ struct AcceptColumns {
     test: Vec<bool>,
     fragments: Vec<Option<i64>>,
     recipient: Vec<Option<String>>,
+    template_id: Vec<Option<String>>,
+    template_version: Vec<Option<i64>>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -493,6 +495,10 @@ impl AcceptColumns {
             columns.test.push(record.test);
             columns.fragments.push(record.fragments.map(i64::from));
             columns.recipient.push(record.recipient.clone());
+            columns.template_id.push(record.template_id.clone());
+            columns
+                .template_version
+                .push(record.template_version.map(i64::from));
             columns.body.push(entry.outbound.body.clone());
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
@@ -630,6 +636,8 @@ async fn insert_accepts(
         .bind(&rows.test)
         .bind(&rows.fragments)
         .bind(&rows.recipient)
+        .bind(&rows.template_id)
+        .bind(&rows.template_version)
         .execute(&mut **tx)
         .await
         .context("inserting status rows")?;

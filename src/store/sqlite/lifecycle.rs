@@ -181,8 +181,8 @@ pub(crate) fn note(
 }
 
 /// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, recipient) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)";
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, recipient, template_id, template_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
 
 /// Accepted messages (`queued` or `scheduled`): their rows, counted
 /// `accepted`. The accept is no event: the row's `created_at` is.
@@ -214,6 +214,8 @@ pub(crate) fn accept(tx: &Connection, rows: &[&MessageRecord]) -> rusqlite::Resu
             record.test,
             record.fragments,
             record.recipient,
+            record.template_id,
+            record.template_version,
         ])?;
     }
     Ok(())

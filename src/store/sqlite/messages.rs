@@ -44,6 +44,8 @@ fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
         provider: row.get(18)?,
         recipient: row.get(19)?,
         gate_wait_ms: row.get(20)?,
+        template_id: row.get(21)?,
+        template_version: row.get(22)?,
     })
 }
 

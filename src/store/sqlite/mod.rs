@@ -28,6 +28,7 @@ mod registry;
 mod retention;
 mod settings;
 pub(crate) mod suppressions;
+mod templates;
 pub(crate) mod usage;
 pub(crate) mod webhooks;
 pub mod writer;
