@@ -10,6 +10,7 @@ import sys
 
 from fairlane_client import AuthenticatedClient
 from fairlane_client.api.admin import add_sender, create_tenant, get_tenant, issue_key, put_plan, queues
+from fairlane_client.api.templates import create_own, preview
 from fairlane_client.api.messages import (
     cancel_by_reference,
     cancel_message,
@@ -18,6 +19,14 @@ from fairlane_client.api.messages import (
     send_message,
 )
 from fairlane_client.models import (
+    Channel,
+    Preview,
+    PreviewRequest,
+    PreviewRequestPersonalisationType0,
+    SendEmailRequestPersonalisationType0,
+    TemplateContent,
+    TemplateContentLocales,
+    TemplateView,
     BatchSmsItem,
     IssueKey,
     KeyKind,
@@ -152,6 +161,67 @@ foreign = expect(
     "an unknown sender identity is refused",
 )
 assert foreign.status == 422 and "sender_id" in foreign.errors.additional_properties, foreign
+
+# A template with a French variant, previewed, then sent by id with
+# personalisation: the send takes the template's priority, and its status
+# names the template and the version it was rendered from.
+template = expect(
+    create_own.sync(
+        client=tenant,
+        body=TemplateContent(
+            name="receipt",
+            channel=Channel.EMAIL,
+            priority=Priority.HIGH,
+            subject="Your receipt, ((name))",
+            text="Thanks for order ((order)).",
+            html="<p>Thanks for order <b>((order))</b>, ((name)).</p>",
+            locales=TemplateContentLocales.from_dict(
+                {"fr": {"subject": "Votre reçu, ((name))", "text": "Merci pour la commande ((order))."}}
+            ),
+        ),
+    ),
+    TemplateView,
+    "create a template",
+)
+assert template.version == 1 and template.placeholders == ["name", "order"], template
+values = {"name": "Ann", "order": "A-1"}
+shown = expect(
+    preview.sync(
+        template.id,
+        client=tenant,
+        body=PreviewRequest(locale="fr-CA", personalisation=PreviewRequestPersonalisationType0.from_dict(values)),
+    ),
+    Preview,
+    "preview a template",
+)
+assert (shown.locale, shown.subject) == ("fr", "Votre reçu, Ann"), shown
+by_template = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendEmailRequest(
+            channel=SendEmailRequestChannel.EMAIL,
+            to="someone@example.com",
+            template_id=template.id,
+            personalisation=SendEmailRequestPersonalisationType0.from_dict(values),
+        ),
+    ),
+    SendAccepted,
+    "send by template",
+)
+assert by_template.priority == Priority.HIGH, by_template
+sent_by_template = get_message.sync(by_template.id, client=tenant)
+assert (sent_by_template.template_id, sent_by_template.template_version) == (template.id, 1), sent_by_template
+missing = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendEmailRequest(
+            channel=SendEmailRequestChannel.EMAIL, to="someone@example.com", template_id=template.id
+        ),
+    ),
+    Problem,
+    "a send missing a placeholder is refused",
+)
+assert missing.status == 422 and "personalisation.name" in missing.errors.additional_properties, missing
 
 assert get_tenant.sync("walk", client=admin).id == "walk"
 assert queues.sync(client=admin) is not None

@@ -69,7 +69,7 @@ fuzz() {
   # From the scratch directory: schemathesis keeps a cache where it runs.
   (cd "$work" && "$venv/bin/st" run "$base/openapi.json" -c "$run_checks" "$@" \
     -H "Authorization: Bearer $token" --max-examples "$examples" --seed "$seed" --no-color) \
-    | tail -n 25 || status=1
+    | tail -n "${ST_LINES:-25}" || status=1
 }
 fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages --exclude-path /v1/messages/batch
 # A batch is admitted message by message: an invalid message gets its own
@@ -77,6 +77,7 @@ fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages -
 # the item schema is, by design, not refused whole. Every other check runs.
 fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1/messages/batch
 fuzz "the tenant's webhook and suppression list" "$key" "$checks" --include-tag webhooks --include-tag suppressions
+fuzz "the tenant's templates" "$key" "$checks" --include-tag templates
 fuzz "SMS receipts (unsigned: each answers 403 or 404)" "$key" "$checks" --include-tag receipts
 fuzz "unsubscribe links (forged: each answers 404)" "$key" "$checks" --include-tag unsubscribe
 fuzz "ops" "$key" "$checks" --include-tag ops

@@ -13,6 +13,7 @@
 #    (default 100,000) are accepted; meanwhile the script samples RSS and the
 #    delivered counter. Then it waits until every accepted message is sent.
 # PAUSED_BACKLOG=N first gives a paused tenant N messages (see below).
+# TEMPLATE=1 sends by template (bench/send_template.lua) instead (issue 48).
 # MAX_IN_FLIGHT (default 100000), EMAIL_RATE (1000000) and EMAIL_BURST
 # (100000) set the tenant's max_in_flight and the provider's gate: e.g.
 # MAX_IN_FLIGHT=8 EMAIL_RATE=3000 EMAIL_BURST=100 keeps the tenant at its cap
@@ -93,6 +94,16 @@ if [ "$webhook" != 0 ]; then
   api -X PUT "http://127.0.0.1:$port/v1/admin/tenants/bench/webhook" \
     -d "{\"url\":\"$scheme://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"]}" >/dev/null
 fi
+# TEMPLATE=1: every send names a template (subject and text with two
+# placeholders) instead of carrying its content; otherwise the same email.
+script=bench/send_email.lua
+if [ "${TEMPLATE:-0}" != 0 ]; then
+  TEMPLATE_ID=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/templates" \
+    -d '{"name":"receipt","channel":"email","subject":"Your receipt, ((name))","text":"Thank you for your order ((order)), ((name))."}' \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  export TEMPLATE_ID
+  script=bench/send_template.lua
+fi
 counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "^"name"(\\{|$)" {s += $NF} END {printf "%d\n", s}'; }
 rss_max=0
 # CPU time (user + system, seconds) fairlane has used so far: per message,
@@ -125,7 +136,7 @@ cpu0=$(cpu_secs)
 hook_cpu0=0
 [ -n "$hook" ] && hook_cpu0=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
 t0=$(date +%s.%N)
-wrk -t2 -c"$connections" -d600s --latency -s bench/send_email.lua \
+wrk -t2 -c"$connections" -d600s --latency -s "$script" \
   "http://127.0.0.1:$port/v1/messages" >"$work/wrk.txt" &
 wrk_pid=$!
 while [ "$(counter fairlane_messages_accepted_total)" -lt "$messages" ]; do

@@ -64,6 +64,8 @@ const EMAIL_FIELDS: &[&str] = &[
     "sender_id",
     "unsubscribe",
     "headers",
+    "cc",
+    "bcc",
     "template_id",
     "template_version",
     "personalisation",
@@ -170,6 +172,13 @@ pub struct NewMessage {
     pub unsubscribe: Option<bool>,
     /// Email: the caller's own headers, from the allowed ones.
     pub headers: Vec<EmailHeader>,
+    /// Email: copies to these addresses, named in the message.
+    pub cc: Vec<String>,
+    /// Email: copies to these addresses, named in no header.
+    pub bcc: Vec<String>,
+    /// Copies left out because the address is suppressed (found where the
+    /// tenant is known).
+    pub suppressed: Vec<String>,
     /// Sent by template: which, and its personalisation. The content
     /// fields are then empty until the template is rendered.
     pub template: Option<TemplateSend>,
@@ -200,6 +209,23 @@ pub struct TemplateOnMessage {
     pub locale: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub personalisation: BTreeMap<String, String>,
+}
+
+/// Most recipients of one email, `to`, `cc` and `bcc` together (SES's
+/// limit per message).
+pub const MAX_RECIPIENTS: usize = 50;
+
+/// Width the text derived from an email's HTML is wrapped at.
+const DERIVED_TEXT_WIDTH: usize = 78;
+
+/// The plain-text alternative of an HTML part: its text, wrapped, with
+/// links listed as footnotes (html2text's plain rendering).
+pub fn text_of_html(html: &str) -> String {
+    html2text::config::plain()
+        .string_from_read(html.as_bytes(), DERIVED_TEXT_WIDTH)
+        .unwrap_or_default()
+        .trim_end()
+        .to_owned()
 }
 
 /// Longest template id a send may name.
@@ -241,6 +267,12 @@ pub struct DeliveryPayload {
     pub priority: Priority,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// Email: copies, named in the message's Cc.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cc: Vec<String>,
+    /// Email: blind copies, in the provider call's destination only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bcc: Vec<String>,
     /// The tenant's identity it goes out with; none: the configured sender.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender: Option<SenderOnMessage>,
@@ -304,23 +336,50 @@ pub struct SendEmailRequest {
     /// Recipient address, e.g. `a@example.com` (at most 254 characters).
     #[schema(format = Email, min_length = 3, max_length = 254)]
     to: String,
-    /// Subject line: 1-998 characters, not blank, no line breaks.
+    /// Subject line: 1-998 characters, not blank, no line breaks. Required
+    /// unless the send names a `template_id`, and then not allowed.
     #[schema(
         min_length = 1,
         max_length = 998,
         pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
     )]
-    subject: String,
-    /// Plain-text body, not blank, at most 100 KiB.
+    subject: Option<String>,
+    /// Plain-text body, not blank, at most 100 KiB. Required unless `html`
+    /// is given (the text is then derived from the HTML) or the send names
+    /// a `template_id` (then not allowed).
     #[schema(
         min_length = 1,
         max_length = 102400,
         pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
     )]
-    text: String,
-    /// HTML body, at most 100 KiB (text + html at most 160 KiB).
+    text: Option<String>,
+    /// HTML body, at most 100 KiB (text + html at most 160 KiB); sent with
+    /// the text as `multipart/alternative`. Not allowed with `template_id`.
     #[schema(max_length = 102400, pattern = r"^[^\uFFFE\uFFFF]*$")]
     html: Option<String>,
+    /// Copies, named in the message (`to`, `cc` and `bcc` at most 50
+    /// addresses together, none repeated). An address on the tenant's
+    /// suppression list is left out and named in the answer's `suppressed`.
+    #[schema(max_items = 49)]
+    cc: Option<Vec<String>>,
+    /// Blind copies, named in no header; as `cc` otherwise.
+    #[schema(max_items = 49)]
+    bcc: Option<Vec<String>>,
+    /// Send by template (`tpl_…`): the template gives the subject, text
+    /// and HTML, filled from `personalisation`.
+    #[schema(min_length = 1, max_length = 64)]
+    template_id: Option<String>,
+    /// The template's version (default: the newest).
+    #[schema(minimum = 1)]
+    template_version: Option<u32>,
+    /// Placeholder names to values (strings, numbers or true/false), at
+    /// most 100 values of at most 10,000 characters, 64 KiB in all.
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    personalisation: Option<Value>,
+    /// The template variant's locale (`fr-CA` falls back to `fr`, then to
+    /// the default).
+    #[schema(max_length = 35)]
+    locale: Option<String>,
     priority: Option<Priority>,
     /// Caller's own reference, at most 255 characters; returned by the status endpoint.
     #[schema(max_length = 255, pattern = r"^[^\uFFFE\uFFFF]*$")]
@@ -361,13 +420,14 @@ pub struct SendSmsRequest {
     /// Recipient in E.164 form, e.g. `+15551234567`.
     #[schema(pattern = r"^\+[1-9][0-9]{7,14}$")]
     to: String,
-    /// Message text, 1-1600 characters, not blank.
+    /// Message text, 1-1600 characters, not blank. Required unless the
+    /// send names a `template_id`, and then not allowed.
     #[schema(
         min_length = 1,
         max_length = 1600,
         pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
     )]
-    text: String,
+    text: Option<String>,
     priority: Option<Priority>,
     /// Caller's own reference, at most 255 characters.
     #[schema(max_length = 255, pattern = r"^[^\uFFFE\uFFFF]*$")]
@@ -381,6 +441,18 @@ pub struct SendSmsRequest {
     /// tenant's default SMS identity, then the configured sender.
     #[schema(min_length = 1, max_length = 64)]
     sender_id: Option<String>,
+    /// Send by template (`tpl_…`), as for email.
+    #[schema(min_length = 1, max_length = 64)]
+    template_id: Option<String>,
+    /// The template's version (default: the newest).
+    #[schema(minimum = 1)]
+    template_version: Option<u32>,
+    /// Placeholder names to values, as for email.
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    personalisation: Option<Value>,
+    /// The template variant's locale, as for email.
+    #[schema(max_length = 35)]
+    locale: Option<String>,
 }
 
 /// A send request: an email or an SMS, told apart by `channel`.
@@ -505,10 +577,15 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         check_to(channel, to, &mut errors);
     }
     let template = template_of(object, &mut errors);
+    let html_given =
+        channel == Some(Channel::Email) && matches!(object.get("html"), Some(Value::String(_)));
     let text = match template {
         Some(_) => Some(""),
+        // An email's text may be left to be derived from its HTML.
+        None if html_given && matches!(object.get("text"), None | Some(Value::Null)) => Some(""),
         None => required_string(object, "text", &mut errors),
     };
+    let (cc, bcc) = copies(object, to, &mut errors);
     let (subject, html) = match (channel, &template) {
         (Some(Channel::Email), None) => email_content(object, text, &mut errors),
         (Some(Channel::Sms), None) => {
@@ -564,7 +641,10 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             channel,
             to: to.to_owned(),
             subject: subject.map(str::to_owned),
-            text: text.to_owned(),
+            text: match (text.is_empty(), html) {
+                (true, Some(html)) => text_of_html(html),
+                _ => text.to_owned(),
+            },
             html: html.map(str::to_owned),
             priority,
             reference: reference.map(str::to_owned),
@@ -573,6 +653,9 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             sender_id: sender_id.map(str::to_owned),
             unsubscribe,
             headers,
+            cc,
+            bcc,
+            suppressed: Vec::new(),
             template,
             lane: None,
         }),
@@ -648,7 +731,7 @@ fn email_content<'a>(
         );
     }
     if let Some(t) = text {
-        if t.trim().is_empty() {
+        if t.trim().is_empty() && !(t.is_empty() && html.is_some_and(|h| !h.trim().is_empty())) {
             errors.insert("text".into(), "must not be empty".into());
         } else if t.len() > MAX_EMAIL_PART_BYTES {
             errors.insert(
@@ -663,6 +746,57 @@ fn email_content<'a>(
         }
     }
     (subject, html)
+}
+
+/// An email's `cc` and `bcc`: arrays of addresses, each valid, none
+/// repeating another recipient, at most [`MAX_RECIPIENTS`] with `to`.
+fn copies(
+    object: &Map<String, Value>,
+    to: Option<&str>,
+    errors: &mut Errors,
+) -> (Vec<String>, Vec<String>) {
+    let mut seen: Vec<String> = to.map(str::to_lowercase).into_iter().collect();
+    let mut lists = [Vec::new(), Vec::new()];
+    for (field, list) in ["cc", "bcc"].into_iter().zip(lists.iter_mut()) {
+        let items = match object.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(items)) => items,
+            Some(_) => {
+                errors.insert(field.into(), "must be an array of email addresses".into());
+                continue;
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            let name = format!("{field}[{i}]");
+            match item.as_str() {
+                Some(address) if !is_email_address(address) => {
+                    errors.insert(
+                        name,
+                        "must be an email address like name@example.com".into(),
+                    );
+                }
+                Some(address) if seen.contains(&address.to_lowercase()) => {
+                    errors.insert(name, "repeats another recipient of the message".into());
+                }
+                Some(address) => {
+                    seen.push(address.to_lowercase());
+                    list.push(address.to_owned());
+                }
+                None => {
+                    errors.insert(name, "must be a string".into());
+                }
+            }
+            if seen.len() > MAX_RECIPIENTS {
+                errors.insert(
+                    field.into(),
+                    format!("to, cc and bcc together must be at most {MAX_RECIPIENTS} addresses"),
+                );
+                break;
+            }
+        }
+    }
+    let [cc, bcc] = lists;
+    (cc, bcc)
 }
 
 /// The recipient checked for its channel.

@@ -63,6 +63,10 @@ pub struct SendAccepted {
     /// rendered text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragments: Option<u32>,
+    /// Email: `cc` and `bcc` addresses on the tenant's suppression list,
+    /// left out of the message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suppressed: Vec<String>,
 }
 
 /// Why a limit refused a send.
@@ -303,7 +307,7 @@ impl Acceptor {
                 Some(guard)
             }
         };
-        let message = self.with_template(caller, message).await?;
+        let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
@@ -460,10 +464,46 @@ impl Acceptor {
             }
         };
         drop(item);
-        let message = self.with_template(caller, message).await?;
+        let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
         let grant = self.admit(caller, prepared.lane).await?;
         Ok(Admitted::Ready(Box::new(prepared), grant, guard))
+    }
+
+    /// A validated send made ready for [`prepare`]: rendered once if it is
+    /// by template, and its copies to suppressed addresses dropped.
+    async fn resolve(&self, caller: &Caller, message: NewMessage) -> Result<NewMessage, Refused> {
+        let mut message = self.with_template(caller, message).await?;
+        self.drop_suppressed_copies(caller, &mut message).await?;
+        Ok(message)
+    }
+
+    /// Drops the `cc` and `bcc` addresses on the tenant's suppression
+    /// list, noting them for the answer; the `to` address is checked at
+    /// delivery, as for any send.
+    async fn drop_suppressed_copies(
+        &self,
+        caller: &Caller,
+        message: &mut NewMessage,
+    ) -> Result<(), Refused> {
+        for list in [&mut message.cc, &mut message.bcc] {
+            let mut kept = Vec::with_capacity(list.len());
+            for address in list.drain(..) {
+                let normalized = crate::store::suppressions::normalize(&address)
+                    .map_or_else(|| address.to_lowercase(), |(_, to)| to);
+                if self
+                    .db
+                    .is_suppressed(&caller.tenant.id, &normalized)
+                    .await?
+                {
+                    message.suppressed.push(address);
+                } else {
+                    kept.push(address);
+                }
+            }
+            *list = kept;
+        }
+        Ok(())
     }
 
     /// A send by template resolved against the tenant's templates: the

@@ -178,6 +178,8 @@ pub(crate) fn prepare(
         subject: message.subject,
         text,
         html: message.html,
+        cc: message.cc,
+        bcc: message.bcc,
         priority: message.priority,
         reference: message.reference.clone(),
         sender: sender.map(crate::tenants::SenderIdentity::on_message),
@@ -207,6 +209,7 @@ pub(crate) fn prepare(
         priority: message.priority,
         send_at: message.send_at.map(ms_to_rfc3339),
         fragments,
+        suppressed: message.suppressed,
     };
     let answer_body = serde_json::to_string(&answer).map_err(anyhow::Error::from)?;
     let delay = message.send_at.map_or(0, |at| (at - now).max(0) as u64);

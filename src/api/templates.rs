@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -130,6 +130,13 @@ pub struct Preview {
     /// SMS: `gsm7` or `ucs2`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encoding: Option<&'static str>,
+}
+
+/// `?version=`, or a 400 problem for a query that is not one.
+fn version_of(query: Result<Query<VersionQuery>, QueryRejection>) -> Result<Option<u32>, ApiError> {
+    let Query(query) = query
+        .map_err(|err| ApiError::BadRequest(format!("Invalid query: {}.", err.body_text())))?;
+    Ok(query.version)
 }
 
 fn no_template(id: &str) -> ApiError {
@@ -341,10 +348,10 @@ pub async fn get_own(
     State(state): State<AppState>,
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
-    Query(query): Query<VersionQuery>,
+    query: Result<Query<VersionQuery>, QueryRejection>,
 ) -> Result<Json<TemplateView>, ApiError> {
     Ok(Json(
-        template_view(&state, &caller.tenant.id, &id, query.version).await?,
+        template_view(&state, &caller.tenant.id, &id, version_of(query)?).await?,
     ))
 }
 
@@ -533,11 +540,11 @@ pub async fn get_tenant_template(
     State(state): State<AppState>,
     _admin: AdminOnly,
     ApiPath((tenant, id)): ApiPath<(String, String)>,
-    Query(query): Query<VersionQuery>,
+    query: Result<Query<VersionQuery>, QueryRejection>,
 ) -> Result<Json<TemplateView>, ApiError> {
     known_tenant(&state, &tenant).await?;
     Ok(Json(
-        template_view(&state, &tenant, &id, query.version).await?,
+        template_view(&state, &tenant, &id, version_of(query)?).await?,
     ))
 }
 

@@ -17,6 +17,7 @@
 //! A provider's `Retry-After` is bounded by [`MAX_PROVIDER_PAUSE`].
 
 pub mod log;
+mod mime;
 pub mod ses;
 pub mod simulated;
 pub mod sms_http;
@@ -496,6 +497,8 @@ mod tests {
             subject: (channel == Channel::Email).then(|| "Your code".into()),
             text: "Your code is 123456".into(),
             html: None,
+            cc: Vec::new(),
+            bcc: Vec::new(),
             priority: Priority::High,
             reference: None,
             sender: None,

@@ -1,5 +1,8 @@
-//! Email through Amazon SES v2 `SendEmail` with simple content: subject,
-//! text and optional HTML, all UTF-8, from the configured sender address.
+//! Email through Amazon SES v2 `SendEmail` with raw content: the message
+//! built as MIME by [`super::mime`] (text, or text and HTML as
+//! `multipart/alternative`; To, Cc, Reply-To and the tenant's headers),
+//! its recipients (Bcc too) in the call's destination, from the tenant's
+//! identity or the configured sender address.
 //!
 //! Credentials and region come from the standard AWS chain (environment,
 //! profile, web identity, IMDS); `region` and `endpoint_url` in the settings
@@ -23,9 +26,8 @@ use aws_sdk_sesv2::config::retry::RetryConfig;
 use aws_sdk_sesv2::config::timeout::TimeoutConfig;
 use aws_sdk_sesv2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sesv2::operation::send_email::SendEmailError;
-use aws_sdk_sesv2::types::{
-    Body, Content, Destination, EmailContent, Message, MessageHeader, MessageTag,
-};
+use aws_sdk_sesv2::primitives::Blob;
+use aws_sdk_sesv2::types::{Destination, EmailContent, MessageTag, RawMessage};
 use tracing::debug;
 
 use super::{
@@ -33,14 +35,11 @@ use super::{
     without_aws_ids,
 };
 use crate::config::ProviderSettings;
-use crate::message::{DeliveryPayload, EmailHeader};
+use crate::message::DeliveryPayload;
 use crate::model::Channel;
 
 /// Longest piece of an SES error message kept in an error.
 const MAX_ANSWER_CHARS: usize = 300;
-
-/// Character set declared for subject and bodies.
-const CHARSET: &str = "UTF-8";
 
 /// SES error codes that mean "slow down", whatever the status says.
 const THROTTLING_CODES: &[&str] = &[
@@ -142,38 +141,58 @@ impl Provider for SesProvider {
                 message.channel
             ))));
         }
-        let Some(subject) = message.subject.as_deref() else {
+        if message.subject.is_none() {
             return Err(ProviderError::Permanent(Failure::plain(
                 "an email needs a subject",
             )));
-        };
-        let content = EmailContent::builder().simple(simple_message(
-            subject,
-            &message.text,
-            message.html.as_deref(),
-            &message.headers,
-        )?);
+        }
         let sender = message.sender.as_ref();
-        let from = match sender.and_then(|s| s.from.as_deref()) {
-            Some(address) => from_header(address, sender.and_then(|s| s.display_name.as_deref())),
-            None => self.from.clone(),
+        let (address, display_name) = match sender.and_then(|s| s.from.as_deref()) {
+            Some(address) => (address, sender.and_then(|s| s.display_name.as_deref())),
+            None => (self.from.as_str(), None),
         };
+        let from = from_header(address, display_name);
+        let raw = super::mime::raw_email(
+            message,
+            &super::mime::Sender {
+                address,
+                display_name,
+                reply_to: sender.map_or(&[][..], |s| s.reply_to.as_slice()),
+            },
+        )
+        .map_err(|err| {
+            ProviderError::Permanent(Failure::new(
+                "the email could not be built",
+                format!("cannot write the MIME message: {err}"),
+            ))
+        })?;
+        let raw = RawMessage::builder()
+            .data(Blob::new(raw))
+            .build()
+            .map_err(|err| {
+                ProviderError::Permanent(Failure::new(
+                    "the email could not be built",
+                    format!("cannot build the SES raw message: {err}"),
+                ))
+            })?;
+        let content = EmailContent::builder().raw(raw);
         let configuration_set = sender
             .and_then(|s| s.configuration_set.clone())
             .or_else(|| self.configuration_set.clone());
-        let reply_to = sender
-            .map(|s| s.reply_to.clone())
-            .filter(|list| !list.is_empty());
+        let destination = Destination::builder()
+            .to_addresses(&message.to)
+            .set_cc_addresses(Some(message.cc.clone()).filter(|list| !list.is_empty()))
+            .set_bcc_addresses(Some(message.bcc.clone()).filter(|list| !list.is_empty()))
+            .build();
         let output = self
             .client
             .send_email()
             .from_email_address(from)
-            .set_reply_to_addresses(reply_to)
             .set_configuration_set_name(configuration_set)
             .set_tenant_name(self.ses_tenants.then(|| message.tenant_id.clone()))
             .email_tags(tag("tenant", &message.tenant_id)?)
             .email_tags(tag("message_id", &message.id)?)
-            .destination(Destination::builder().to_addresses(&message.to).build())
+            .destination(destination)
             .content(content.build())
             .send()
             .await
@@ -227,48 +246,6 @@ fn tag(name: &str, value: &str) -> Result<MessageTag, ProviderError> {
                 format!("cannot build the SES message tag {name}: {err}"),
             ))
         })
-}
-
-fn simple_message(
-    subject: &str,
-    text: &str,
-    html: Option<&str>,
-    headers: &[EmailHeader],
-) -> Result<Message, ProviderError> {
-    let content = |data: &str| {
-        Content::builder()
-            .data(data)
-            .charset(CHARSET)
-            .build()
-            .map_err(|err| {
-                ProviderError::Permanent(Failure::new(
-                    "the email could not be built",
-                    format!("cannot build SES content: {err}"),
-                ))
-            })
-    };
-    let mut body = Body::builder().text(content(text)?);
-    if let Some(html) = html {
-        body = body.html(content(html)?);
-    }
-    let mut message = Message::builder()
-        .subject(content(subject)?)
-        .body(body.build());
-    for header in headers {
-        message = message.headers(
-            MessageHeader::builder()
-                .name(&header.name)
-                .value(&header.value)
-                .build()
-                .map_err(|err| {
-                    ProviderError::Permanent(Failure::new(
-                        "the email could not be built",
-                        format!("cannot build the header {}: {err}", header.name),
-                    ))
-                })?,
-        );
-    }
-    Ok(message.build())
 }
 
 /// Classifies a failed `SendEmail` call.
@@ -458,11 +435,17 @@ mod tests {
         let body: serde_json::Value = requests[0].body_json().unwrap();
         assert_eq!(body["FromEmailAddress"], FROM);
         assert_eq!(body["Destination"]["ToAddresses"], json!(["a@example.com"]));
-        let simple = &body["Content"]["Simple"];
-        assert_eq!(simple["Subject"]["Data"], "Your code");
-        assert_eq!(simple["Subject"]["Charset"], "UTF-8");
-        assert_eq!(simple["Body"]["Text"]["Data"], "Your code is 123456");
-        assert_eq!(simple["Body"]["Html"]["Data"], "<p>Your code is 123456</p>");
+        use base64::Engine;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(body["Content"]["Raw"]["Data"].as_str().unwrap())
+            .unwrap();
+        let mail = mail_parser::MessageParser::default().parse(&raw).unwrap();
+        assert_eq!(mail.subject(), Some("Your code"));
+        assert_eq!(mail.body_text(0).as_deref(), Some("Your code is 123456"));
+        assert_eq!(
+            mail.body_html(0).as_deref(),
+            Some("<p>Your code is 123456</p>")
+        );
         assert!(
             requests[0].headers.contains_key("authorization"),
             "the request is signed"

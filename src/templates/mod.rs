@@ -52,7 +52,8 @@ pub struct Variant {
     /// Email: the subject line, with placeholders; required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
-    /// The plain text, with placeholders; required.
+    /// The plain text, with placeholders; required, but for an email with
+    /// HTML, whose text is then derived from the rendered HTML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// Email: an HTML part, with placeholders (their values are escaped).
@@ -77,7 +78,8 @@ pub struct TemplateContent {
     /// Email: the default subject line. `((name))` is a placeholder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
-    /// The default plain text (an SMS's text).
+    /// The default plain text (an SMS's text); an email with HTML may
+    /// leave it out to have it derived from the rendered HTML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// Email: the default HTML part.
@@ -171,7 +173,9 @@ impl TemplateContent {
                 refuse(field, why);
             }
         };
+        let derived = self.channel == Channel::Email && variant.html.is_some();
         match variant.text.as_deref() {
+            None if derived => {}
             None => refuse("text", "is required".into()),
             Some(text) if text.trim().is_empty() => refuse("text", "must not be empty".into()),
             Some(text) => parse("text", text, &mut refuse),
@@ -292,17 +296,23 @@ impl TemplateContent {
         if !errors.is_empty() {
             return Err(errors);
         }
-        let rendered = Rendered {
+        let mut rendered = Rendered {
             locale,
             subject: variant
                 .subject
                 .as_deref()
                 .map(|s| placeholders::fill(s, values, Escape::None)),
-            text: placeholders::fill(variant.text.as_deref().unwrap_or(""), values, Escape::None),
+            text: String::new(),
             html: variant
                 .html
                 .as_deref()
                 .map(|h| placeholders::fill(h, values, Escape::Html)),
+        };
+        rendered.text = match (&variant.text, &rendered.html) {
+            (Some(text), _) => placeholders::fill(text, values, Escape::None),
+            // An email's text alternative, derived from its rendered HTML.
+            (None, Some(html)) => crate::message::text_of_html(html),
+            (None, None) => String::new(),
         };
         rendered.check(self.channel).map(|()| rendered)
     }
@@ -566,6 +576,24 @@ mod tests {
         sms.channel = Channel::Sms;
         let errors = sms.check().unwrap_err();
         assert!(errors.contains_key("subject") && errors.contains_key("html"));
+    }
+
+    #[test]
+    fn an_email_template_with_html_only_gets_a_text_derived_from_the_rendered_html() {
+        let mut template = email();
+        template.text = None;
+        template.locales.clear();
+        template.check().unwrap();
+        let rendered = template
+            .render(None, &values(&[("name", "Ann & Bo")]))
+            .unwrap();
+        assert!(rendered.text.contains("Hello"), "{}", rendered.text);
+        assert!(rendered.text.contains("Ann & Bo"), "{}", rendered.text);
+        assert!(!rendered.text.contains('<'), "{}", rendered.text);
+        let mut sms = email();
+        sms.channel = Channel::Sms;
+        sms.text = None;
+        assert_eq!(sms.check().unwrap_err()["text"], "is required");
     }
 
     #[test]

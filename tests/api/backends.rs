@@ -3,6 +3,7 @@
 //! Email goes through SES on moto and is read back from moto's recorded
 //! sends; SMS goes to wiremock.
 
+use crate::senders::{SentMail, mail_of};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -74,20 +75,27 @@ pub async fn ses_identity(moto: &str) {
         .await;
 }
 
-/// The emails moto's SES recorded with this subject.
-async fn ses_sent_with_subject(moto: &str, subject: &str) -> Vec<Value> {
+/// The emails moto's SES recorded with this subject (SES's raw messages,
+/// their MIME parsed back), with their `source`, `destinations` and `id`.
+async fn ses_sent_with_subject(moto: &str, subject: &str) -> Vec<(Value, SentMail)> {
     let data: Value = reqwest::get(format!("{moto}/moto-api/data.json"))
         .await
         .expect("moto data")
         .json()
         .await
         .expect("moto data is JSON");
-    data["ses"]["Message"]
+    data["ses"]["RawMessage"]
         .as_array()
         .map(|sent| {
             sent.iter()
-                .filter(|message| message["subject"] == subject)
-                .cloned()
+                .map(|message| {
+                    use base64::Engine;
+                    let raw = message["raw_data"].as_str().unwrap_or_default();
+                    let call = json!({"Content": {"Raw": {"Data":
+                        base64::engine::general_purpose::STANDARD.encode(raw)}}});
+                    (message.clone(), mail_of(&call))
+                })
+                .filter(|(_, mail)| mail.subject.as_deref() == Some(subject))
                 .collect()
         })
         .unwrap_or_default()
@@ -236,13 +244,11 @@ async fn an_email_goes_through_ses_and_ends_sent(backend: Backend) {
     assert_eq!(view["status"], "sent", "{view}");
     let sent = ses_sent_with_subject(&moto, &subject).await;
     assert_eq!(sent.len(), 1, "moto recorded {sent:?}");
-    assert_eq!(sent[0]["source"], "noreply@example.com");
-    assert_eq!(
-        sent[0]["destinations"]["ToAddresses"][0],
-        "customer@example.com"
-    );
-    assert_eq!(sent[0]["body"], "Thanks for your order.");
-    assert_eq!(view["provider_message_id"], sent[0]["id"], "{view}");
+    let (recorded, mail) = &sent[0];
+    assert_eq!(recorded["source"], "noreply@example.com");
+    assert_eq!(recorded["destinations"][0], "customer@example.com");
+    assert_eq!(mail.text.as_deref(), Some("Thanks for your order."));
+    assert_eq!(view["provider_message_id"], recorded["id"], "{view}");
 }
 
 async fn an_sms_goes_through_the_sms_api_and_ends_sent(backend: Backend) {

@@ -134,7 +134,11 @@ async fn an_email_travels_through_ses_and_stores_its_message_id() {
     let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
     assert_eq!(body["FromEmailAddress"], "noreply@example.com");
     assert_eq!(body["Destination"]["ToAddresses"][0], "ada@example.com");
-    assert_eq!(body["Content"]["Simple"]["Subject"]["Data"], "Receipt");
+    let mail = crate::senders::mail_of(&body);
+    assert_eq!(mail.subject.as_deref(), Some("Receipt"));
+    assert_eq!(mail.content_type, "multipart/alternative");
+    assert_eq!(mail.text.as_deref(), Some("Thanks"));
+    assert_eq!(mail.html.as_deref(), Some("<p>Thanks</p>"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,7 @@ mod panics;
 mod pools;
 mod priority;
 mod receipts;
+mod recipients;
 mod redis_limits;
 mod restart;
 mod retention;

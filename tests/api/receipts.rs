@@ -388,10 +388,8 @@ async fn ses_sends_to(moto: &str, to: &str) -> usize {
         .json()
         .await
         .unwrap();
-    data["ses"]["Message"].as_array().map_or(0, |sent| {
-        sent.iter()
-            .filter(|m| m["destinations"]["ToAddresses"][0] == to)
-            .count()
+    data["ses"]["RawMessage"].as_array().map_or(0, |sent| {
+        sent.iter().filter(|m| m["destinations"][0] == to).count()
     })
 }
 

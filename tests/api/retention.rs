@@ -177,6 +177,24 @@ on_both_stores! {
         let email = app.send_accepted(&key, &personal("email", &format!("{SENTINEL}.ada@example.com"))).await;
         let text = app.send_accepted(&key, &personal("sms", "+15557770001")).await;
         let dead = app.send_accepted(&key, &personal("sms", "+15557770002")).await;
+        // A send by template keeps only its personalisation, which the
+        // dead letter carries until retention erases it (issue 48).
+        let template = expect_json(
+            app.tenant(&key, Method::POST, "/v1/templates")
+                .json(&json!({"name": "code", "channel": "sms", "text": "Your code is ((code))"}))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::CREATED,
+        )
+        .await;
+        let templated = app
+            .send_accepted(
+                &key,
+                &json!({"channel": "sms", "to": "+15557770002", "template_id": template["id"],
+                        "personalisation": {"code": format!("{SENTINEL}-personal")}}),
+            )
+            .await;
         let scheduled = app
             .send_accepted(&key, &with(personal("sms", "+15557770003"), "send_at", json!(later)))
             .await;
@@ -186,7 +204,13 @@ on_both_stores! {
             .await
             .unwrap();
         assert_eq!(cancelled.status(), StatusCode::OK);
-        let outcomes = [(&email, "sent"), (&text, "sent"), (&dead, "dead_lettered"), (&scheduled, "cancelled")];
+        let outcomes = [
+            (&email, "sent"),
+            (&text, "sent"),
+            (&dead, "dead_lettered"),
+            (&templated, "dead_lettered"),
+            (&scheduled, "cancelled"),
+        ];
         for (id, outcome) in outcomes {
             let view = wait_for(&app, &key, id, status_is(outcome)).await;
             assert_eq!(view["status"], outcome, "{view}");
@@ -208,11 +232,11 @@ on_both_stores! {
         age_messages(&app, "acme", 2).await;
 
         let run = run_retention(&app).await;
-        assert_eq!(run.erased, 4, "{run:?}");
-        // The dead letter, and on the embedded queue the cancelled message's
-        // delayed row (SQS mode keeps a scheduled message in the outbox,
-        // which the cancel emptied).
-        let copies = if app.state.db.is_shared() { 1 } else { 2 };
+        assert_eq!(run.erased, 5, "{run:?}");
+        // The two dead letters, and on the embedded queue the cancelled
+        // message's delayed row (SQS mode keeps a scheduled message in the
+        // outbox, which the cancel emptied).
+        let copies = if app.state.db.is_shared() { 2 } else { 3 };
         assert_eq!(run.queue_copies, copies, "{run:?}");
         assert!(run.log_truncated, "{run:?}");
         assert_eq!(run.vacuumed, !app.state.db.is_shared(), "{run:?}");
@@ -232,7 +256,7 @@ on_both_stores! {
         let listed = get_json(app.tenant(&key, Method::GET, &format!("/v1/messages?reference={SENTINEL}-ref"))).await;
         assert_eq!(listed["messages"], json!([]), "{listed}");
         let all = get_json(app.tenant(&key, Method::GET, "/v1/messages")).await;
-        assert_eq!(all["messages"].as_array().unwrap().len(), 4, "{all}");
+        assert_eq!(all["messages"].as_array().unwrap().len(), 5, "{all}");
         assert!(!mentions_sentinel(&all), "{all}");
         let dlq = get_json(app.admin(Method::GET, "/v1/admin/dlq")).await;
         assert!(!mentions_sentinel(&dlq), "{dlq}");

@@ -8,7 +8,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::delivery::{delivery_settings, mock_sms_ok, status_is, wait_for};
-use crate::senders::{ses_calls, ses_ok};
+use crate::senders::{mail_of, ses_calls, ses_ok};
 use crate::support::{
     TestApp, expect_field_error, expect_json, expect_problem, on_both_stores, with,
 };
@@ -325,19 +325,20 @@ on_both_stores! {
 
         let calls = ses_calls(&ses).await;
         assert_eq!(calls.len(), 2, "{calls:?}");
-        let content = &calls[0]["Content"]["Simple"];
-        assert_eq!(content["Subject"]["Data"], format!("Bienvenue, {hostile}"));
+        let mail = mail_of(&calls[0]);
+        assert_eq!(mail.subject, Some(format!("Bienvenue, {hostile}")));
+        assert_eq!(mail.content_type, "multipart/alternative");
         assert_eq!(
-            content["Body"]["Text"]["Data"],
-            format!("Bonjour {hostile}, votre code est 9 & 10.")
+            mail.text,
+            Some(format!("Bonjour {hostile}, votre code est 9 & 10."))
         );
         assert_eq!(
-            content["Body"]["Html"]["Data"],
-            "<p>Bonjour <b>&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;</b> : 9 &amp; 10</p>"
+            mail.html.as_deref(),
+            Some("<p>Bonjour <b>&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;</b> : 9 &amp; 10</p>")
         );
-        let content = &calls[1]["Content"]["Simple"];
-        assert_eq!(content["Subject"]["Data"], "Welcome, Bo");
-        assert_eq!(content["Body"]["Text"]["Data"], "Changed for Bo 7");
+        let mail = mail_of(&calls[1]);
+        assert_eq!(mail.subject.as_deref(), Some("Welcome, Bo"));
+        assert_eq!(mail.text.as_deref(), Some("Changed for Bo 7"));
 
         // Refusals name the field.
         let sms_template = create(

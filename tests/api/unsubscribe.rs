@@ -17,13 +17,11 @@ use crate::webhooks::{
     FAST_WEBHOOKS, body_of, calls_on, endpoint_ok, set_webhook, verify_with_standard_webhooks,
 };
 
-/// The value of header `name` of an SES SendEmail call.
-fn header<'a>(call: &'a Value, name: &str) -> Option<&'a str> {
-    call["Content"]["Simple"]["Headers"]
-        .as_array()?
-        .iter()
-        .find(|header| header["Name"] == name)
-        .and_then(|header| header["Value"].as_str())
+/// The value of header `name` of an SES SendEmail call's message.
+fn header(call: &Value, name: &str) -> Option<String> {
+    crate::senders::mail_of(call)
+        .header(name)
+        .map(str::to_owned)
 }
 
 /// The path of the https link in a `List-Unsubscribe` value.
@@ -70,13 +68,16 @@ on_both_stores! {
         assert!(list.starts_with(&format!("<{PUBLIC_URL}/v1/unsubscribe/")), "{list}");
         assert!(!list.contains("mailto:"), "no mailto unless the tenant sets one: {list}");
         assert_eq!(
-            header(call, "List-Unsubscribe-Post"),
+            header(call, "List-Unsubscribe-Post").as_deref(),
             Some("List-Unsubscribe=One-Click")
         );
-        assert_eq!(header(call, "X-Campaign"), Some("spring"));
-        assert_eq!(header(call, "List-Id"), Some("<news.acme.example>"));
+        assert_eq!(header(call, "X-Campaign").as_deref(), Some("spring"));
+        assert_eq!(
+            header(call, "List-Id").as_deref(),
+            Some("<news.acme.example>")
+        );
         assert_eq!(header(&calls[1], "List-Unsubscribe"), None, "not asked for");
-        let path = link_path(list);
+        let path = link_path(&list);
 
         // A forged link (one character of the token changed) and a GET of
         // the real one change nothing.
@@ -341,7 +342,7 @@ async fn a_tenant_created_again_does_not_honour_the_old_tenants_links() {
     let id = app.send_accepted(&key, &body).await;
     wait_for(&app, &key, &id, status_is("sent")).await;
     let calls = ses_calls(&ses).await;
-    let path = link_path(header(&calls[0], "List-Unsubscribe").expect("List-Unsubscribe"));
+    let path = link_path(&header(&calls[0], "List-Unsubscribe").expect("List-Unsubscribe"));
     let gone = app
         .admin(Method::DELETE, "/v1/admin/tenants/acme")
         .send()

@@ -1,0 +1,106 @@
+//! An email's HTML, its text alternative and its several recipients, as
+//! SES receives them: one raw MIME message, parsed back here with a MIME
+//! parser.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::delivery::{delivery_settings, status_is, wait_for};
+use crate::senders::{mail_of, ses_calls, ses_ok};
+use crate::support::{TestApp, email, expect_field_error, expect_json, on_both_stores, sms, with};
+
+on_both_stores! {
+    /// An email with HTML only goes out as `multipart/alternative` with a
+    /// text part derived from the HTML; its `cc` are in the message, its
+    /// `bcc` only in the call's destination, and a suppressed copy is left
+    /// out and named in the answer.
+    async fn an_html_email_with_copies_goes_out_as_one_multipart_message() {
+        let ses = ses_ok().await;
+        let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
+        let acme = app.tenant_with_key("acme", "pro").await;
+        let added = app
+            .tenant(&acme, Method::POST, "/v1/suppressions")
+            .json(&json!({"address": "Gone@Example.com"}))
+            .send()
+            .await
+            .unwrap();
+        expect_json(added, StatusCode::CREATED).await;
+
+        let send = json!({
+            "channel": "email", "to": "a@example.com", "subject": "Invoice 17",
+            "cc": ["c@example.com", "gone@example.com"], "bcc": ["b@example.com"],
+            "html": "<h1>Invoice 17</h1><p>Total: 10 EUR. <a href=\"https://example.com/i/17\">View it</a></p>"
+        });
+        let answer = expect_json(app.send(&acme, &send).await, StatusCode::ACCEPTED).await;
+        assert_eq!(answer["suppressed"], json!(["gone@example.com"]), "{answer}");
+        let id = answer["id"].as_str().unwrap().to_owned();
+        wait_for(&app, &acme, &id, status_is("sent")).await;
+
+        let calls = ses_calls(&ses).await;
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        let call = &calls[0];
+        assert_eq!(call["Destination"]["ToAddresses"], json!(["a@example.com"]));
+        assert_eq!(call["Destination"]["CcAddresses"], json!(["c@example.com"]));
+        assert_eq!(call["Destination"]["BccAddresses"], json!(["b@example.com"]));
+        let mail = mail_of(call);
+        assert_eq!(mail.content_type, "multipart/alternative");
+        assert_eq!(mail.to, ["a@example.com"]);
+        assert_eq!(mail.cc, ["c@example.com"]);
+        let raw = String::from_utf8_lossy(&mail.raw);
+        assert!(!raw.contains("b@example.com"), "no Bcc in the message");
+        assert!(!raw.contains("gone@example.com"), "the suppressed copy is left out");
+        let text = mail.text.expect("a text part");
+        for words in ["Invoice 17", "Total: 10 EUR.", "https://example.com/i/17"] {
+            assert!(text.contains(words), "{words:?} in the derived text: {text}");
+        }
+        assert!(!text.contains('<'), "no markup in the text: {text}");
+        assert!(mail.html.unwrap().contains("<h1>Invoice 17</h1>"));
+    }
+}
+
+/// Copies are checked address by address, named by their place; SMS take
+/// none; an email needs a text or an HTML part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_and_parts_are_checked_naming_the_field() {
+    let app = TestApp::start("").await;
+    let acme = app.tenant_with_key("acme", "pro").await;
+    let cases = [
+        (with(email(), "cc", json!(["not an address"])), "cc[0]"),
+        (
+            with(email(), "cc", json!(["x@example.com", "A@example.com"])),
+            "cc[1]",
+        ),
+        (with(email(), "bcc", json!("b@example.com")), "bcc"),
+        (
+            with(
+                email(),
+                "bcc",
+                json!(
+                    (0..50)
+                        .map(|i| format!("r{i}@example.com"))
+                        .collect::<Vec<_>>()
+                ),
+            ),
+            "bcc",
+        ),
+        (with(sms(), "cc", json!(["c@example.com"])), "cc"),
+        (with(email(), "text", json!(null)), "text"),
+        (
+            with(with(email(), "text", json!(null)), "html", json!("  ")),
+            "text",
+        ),
+    ];
+    for (body, field) in cases {
+        expect_field_error(app.send(&acme, &body).await, field).await;
+    }
+    let most = with(
+        email(),
+        "bcc",
+        json!(
+            (0..49)
+                .map(|i| format!("r{i}@example.com"))
+                .collect::<Vec<_>>()
+        ),
+    );
+    expect_json(app.send(&acme, &most).await, StatusCode::ACCEPTED).await;
+}
