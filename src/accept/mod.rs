@@ -211,6 +211,27 @@ impl Acceptor {
     }
 }
 
+/// What a send was charged: a grant per recipient. An email with copies
+/// counts each address against the tenant's rate and daily quota, as SES
+/// counts recipients against its own sending rate.
+pub(crate) struct Charge {
+    /// The first recipient's grant.
+    first: Grant,
+    /// One per copy.
+    copies: Vec<Grant>,
+}
+
+impl Charge {
+    /// The rate figures of the last grant, for the answer's headers.
+    fn info(&self) -> RateInfo {
+        self.copies.last().unwrap_or(&self.first).info
+    }
+
+    fn grants(&self) -> impl Iterator<Item = &Grant> {
+        std::iter::once(&self.first).chain(&self.copies)
+    }
+}
+
 /// Whose bucket and day count a caller's sends are taken from: the
 /// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
 /// test sends neither use the daily quota nor the live sends' rate.
@@ -309,12 +330,14 @@ impl Acceptor {
         };
         let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
-        let grant = self.admit(caller, prepared.lane).await?;
+        let charge = self
+            .admit(caller, prepared.lane, prepared.recipients)
+            .await?;
         let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
         let waiting = durable_wait_span(1);
         entry.trace = crate::telemetry::span_context(&waiting);
         if let Err(failed) = self.writer.accept(entry).instrument(waiting).await {
-            self.limits.release(&limits_key(caller), &grant).await;
+            self.release(caller, &charge).await;
             return Err(Refused::Unavailable {
                 detail: "The message could not be queued durably; nothing was accepted.".into(),
                 retry_after: failed.retry_after,
@@ -325,7 +348,7 @@ impl Acceptor {
         Ok(Sent::Accepted {
             id: handed.id,
             body: handed.answer_body,
-            rate: grant.info,
+            rate: charge.info(),
         })
     }
 
@@ -413,8 +436,8 @@ impl Acceptor {
             entry.trace = trace.clone();
         }
         if let Err(failed) = self.writer.accept_all(entries).instrument(waiting).await {
-            for (_, _, grant) in &admitted {
-                self.limits.release(&limits_key(caller), grant).await;
+            for (_, _, charge) in &admitted {
+                self.release(caller, charge).await;
             }
             return Err(Refused::Unavailable {
                 detail: "The batch could not be queued durably; nothing was accepted.".into(),
@@ -466,8 +489,10 @@ impl Acceptor {
         drop(item);
         let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
-        let grant = self.admit(caller, prepared.lane).await?;
-        Ok(Admitted::Ready(Box::new(prepared), grant, guard))
+        let charge = self
+            .admit(caller, prepared.lane, prepared.recipients)
+            .await?;
+        Ok(Admitted::Ready(Box::new(prepared), charge, guard))
     }
 
     /// A validated send made ready for [`prepare`]: rendered once if it is
@@ -557,7 +582,32 @@ impl Acceptor {
 
     /// The lane's high-water mark and the tenant's rate and daily quota, in
     /// that order: a refusal charges nothing.
-    async fn admit(&self, caller: &Caller, lane: Lane) -> Result<Grant, Refused> {
+    async fn admit(&self, caller: &Caller, lane: Lane, units: usize) -> Result<Charge, Refused> {
+        let mut charge = Charge {
+            first: self.admit_one(caller, lane).await?,
+            copies: Vec::new(),
+        };
+        for _ in 1..units {
+            match self.admit_one(caller, lane).await {
+                Ok(grant) => charge.copies.push(grant),
+                Err(refused) => {
+                    self.release(caller, &charge).await;
+                    return Err(refused);
+                }
+            }
+        }
+        Ok(charge)
+    }
+
+    /// Gives back the daily quota of a charge whose send was not accepted.
+    async fn release(&self, caller: &Caller, charge: &Charge) {
+        for grant in charge.grants() {
+            self.limits.release(&limits_key(caller), grant).await;
+        }
+    }
+
+    /// One unit of [`Self::admit`].
+    async fn admit_one(&self, caller: &Caller, lane: Lane) -> Result<Grant, Refused> {
         if let Err(full) = self.backpressure.check(lane) {
             metrics::counter!(names::REJECTED_TOTAL, "reason" => "lane").increment(1);
             return Err(Refused::Limited {
@@ -629,7 +679,7 @@ enum Admitted {
     /// The stored answer to an earlier send with the item's key.
     Replayed(SendAccepted),
     /// To be made durable, with its limit grant and the hold on its key.
-    Ready(Box<Prepared>, Grant, Option<InFlightKey>),
+    Ready(Box<Prepared>, Charge, Option<InFlightKey>),
 }
 
 /// A refused batch item; an internal failure is logged here, once.

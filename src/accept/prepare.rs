@@ -27,6 +27,8 @@ pub(crate) struct Prepared {
     pub(crate) channel: Channel,
     /// Due later: the SQS backend's scheduler (not the request) sends it.
     pub(crate) scheduled: bool,
+    /// Its addresses, `to` and each copy: what it is charged.
+    pub(crate) recipients: usize,
     pub(crate) answer: SendAccepted,
     pub(crate) answer_body: String,
     pub(crate) entry: AcceptEntry,
@@ -168,6 +170,7 @@ pub(crate) fn prepare(
         fairlane.priority = message.priority.as_str(),
     );
     let (template, text) = queued_content(message.template, message.text);
+    let recipients = 1 + message.cc.len() + message.bcc.len();
     let (template_id, template_version) =
         template.as_ref().map(|t| (t.id.clone(), t.version)).unzip();
     let payload = DeliveryPayload {
@@ -266,6 +269,7 @@ pub(crate) fn prepare(
         lane,
         channel: message.channel,
         scheduled: message.send_at.is_some(),
+        recipients,
         answer,
         answer_body,
         entry,

@@ -475,6 +475,7 @@ pub fn parse(body: &str) -> anyhow::Result<TemplateContent> {
 
 #[cfg(test)]
 mod tests {
+    use super::placeholders::tests::values;
     use super::*;
 
     fn email() -> TemplateContent {
@@ -495,13 +496,6 @@ mod tests {
                 },
             )]),
         }
-    }
-
-    fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]

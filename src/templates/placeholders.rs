@@ -128,10 +128,11 @@ fn escape_html(value: &str, out: &mut String) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    /// Personalisation from pairs.
+    pub(in crate::templates) fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -104,3 +104,27 @@ async fn copies_and_parts_are_checked_naming_the_field() {
     );
     expect_json(app.send(&acme, &most).await, StatusCode::ACCEPTED).await;
 }
+
+on_both_stores! {
+    /// Each address of an email is charged to the daily quota: a send
+    /// whose copies do not fit is refused whole and charges nothing.
+    async fn every_recipient_counts_against_the_daily_quota() {
+        let app = TestApp::start("").await;
+        let plan = app
+            .admin(Method::PUT, "/v1/admin/plans/four")
+            .json(&json!({"lane": "fast", "rate_per_second": 1000.0, "burst": 1000,
+                          "daily_quota": 4, "max_in_flight": 10}))
+            .send()
+            .await
+            .unwrap();
+        assert!(plan.status().is_success(), "{}", plan.status());
+        let key = app.tenant_with_key("acme", "four").await;
+        let three = with(email(), "bcc", json!(["b1@example.com", "b2@example.com"]));
+        expect_json(app.send(&key, &three).await, StatusCode::ACCEPTED).await;
+        let refused = app.send(&key, &three).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "3 more do not fit in 1");
+        expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
+        let over = app.send(&key, &email()).await;
+        assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "the quota is used up");
+    }
+}
