@@ -22,7 +22,7 @@ use super::error::{
     AdminForbidden, AdminUnauthorized, ApiError, LiveKeyChange, PayloadTooLarge, Problem,
     TenantUnauthorized, TooManyChanges, UnsupportedMediaType,
 };
-use super::{ApiPath, AppState, json_typed};
+use super::{ApiPath, AppState, json_typed, known_tenant};
 use crate::model::{Channel, ms_to_rfc3339, now_ms};
 use crate::store::templates::{TemplateRow, TemplateVersionRow};
 use crate::templates::TemplateContent;
@@ -274,14 +274,6 @@ async fn delete_for(state: &AppState, tenant: &str, id: &str) -> Result<StatusCo
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// 404 unless the tenant exists.
-async fn known_tenant(state: &AppState, id: &str) -> Result<(), ApiError> {
-    match state.registry.tenant_fresh(id).await {
-        Some(_) => Ok(()),
-        None => Err(ApiError::NotFound(format!("No tenant {id:?}."))),
-    }
-}
-
 /// This tenant's templates.
 #[utoipa::path(
     get, path = "/v1/templates", tag = "templates",
@@ -483,7 +475,7 @@ pub async fn list_tenant_templates(
     _admin: AdminOnly,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<TemplateList>, ApiError> {
-    known_tenant(&state, &id).await?;
+    known_tenant(&state, &id)?;
     list_for(&state, &id).await
 }
 
@@ -514,7 +506,7 @@ pub async fn create_tenant_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let content = content_of(&headers, body)?;
-    known_tenant(&state, &id).await?;
+    known_tenant(&state, &id)?;
     let location = format!("/v1/admin/tenants/{id}/templates");
     create_for(&state, &id, &location, content).await
 }
@@ -542,7 +534,7 @@ pub async fn get_tenant_template(
     ApiPath((tenant, id)): ApiPath<(String, String)>,
     query: Result<Query<VersionQuery>, QueryRejection>,
 ) -> Result<Json<TemplateView>, ApiError> {
-    known_tenant(&state, &tenant).await?;
+    known_tenant(&state, &tenant)?;
     Ok(Json(
         template_view(&state, &tenant, &id, version_of(query)?).await?,
     ))
@@ -577,7 +569,7 @@ pub async fn replace_tenant_template(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TemplateView>, ApiError> {
     let content = content_of(&headers, body)?;
-    known_tenant(&state, &tenant).await?;
+    known_tenant(&state, &tenant)?;
     replace_for(&state, &tenant, &id, content).await
 }
 
@@ -602,6 +594,6 @@ pub async fn delete_tenant_template(
     _admin: AdminOnly,
     ApiPath((tenant, id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    known_tenant(&state, &tenant).await?;
+    known_tenant(&state, &tenant)?;
     delete_for(&state, &tenant, &id).await
 }
