@@ -743,9 +743,16 @@ async fn on_sqs_a_quiet_tenant_is_delivered_promptly_beside_a_noisy_tenants_back
     const NOISY: usize = 80;
     let sms_api = MockServer::start().await;
     mock_sms_ok(&sms_api, "SM-FAIR").await;
-    // Two workers: the lane parks at most 2 + 2 × 10 = 22 messages.
+    // Two workers: the lane parks at most 2 + 2 × 10 = 22 messages. The
+    // gate is slowed to a quarter of the other tests' so that the wait
+    // measured in provider calls stands for a time (4 s for 20 calls) far
+    // longer than moto takes to read the backlog even on a busy machine,
+    // yet far shorter than the backlog takes to drain (16 s): the figure
+    // then tells looking past the backlog from waiting behind it, however
+    // slowly moto answers (at the full rate, a CI run once saw 38).
     let app = gated_sqs_app_with(&sms_api, "fair", |settings| {
         settings.lanes.fast.concurrency = 2;
+        settings.providers.sms.rate_per_second = GATE_PER_SECOND / 4.0;
     })
     .await;
     let plan = app
