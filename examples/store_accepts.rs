@@ -59,6 +59,7 @@ fn entry(n: u64) -> AcceptEntry {
             gate_wait_ms: None,
             template_id: None,
             template_version: None,
+            attachment_bytes: None,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),

@@ -4,6 +4,7 @@
 pub mod accept;
 pub mod api;
 pub mod app;
+pub mod attachments;
 pub mod aws;
 pub mod config;
 pub mod config_reference;

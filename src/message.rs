@@ -70,6 +70,7 @@ const EMAIL_FIELDS: &[&str] = &[
     "template_version",
     "personalisation",
     "locale",
+    "attachments",
 ];
 const SMS_FIELDS: &[&str] = &[
     "channel",
@@ -184,6 +185,29 @@ pub struct NewMessage {
     pub template: Option<TemplateSend>,
     /// The lane the template names (none: the plan's).
     pub lane: Option<Lane>,
+    /// Email: the ids of uploaded files to attach, as asked; once the
+    /// tenant is known, each file's name, type and size.
+    pub attachments: Vec<AttachmentOnMessage>,
+}
+
+/// Most files one email may carry.
+pub const MAX_ATTACHMENTS: usize = 10;
+
+/// A file an email carries: the queue holds its id, name, type and size,
+/// never its bytes, which the consumer reads from the store just before
+/// the provider call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentOnMessage {
+    pub id: String,
+    #[serde(default)]
+    pub filename: String,
+    #[serde(default)]
+    pub content_type: String,
+    #[serde(default)]
+    pub size: i64,
+    /// Its bytes, read at delivery; never queued.
+    #[serde(skip)]
+    pub data: bytes::Bytes,
 }
 
 /// A send by template, as asked: its version and locale are resolved
@@ -292,6 +316,9 @@ pub struct DeliveryPayload {
     /// before the provider call, so the queue holds no rendered body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<TemplateOnMessage>,
+    /// Email: the files it carries, by reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentOnMessage>,
     /// With traces on: the W3C `traceparent` of the span that queued it,
     /// which the consumer's span continues. Kept last: see
     /// `telemetry::traceparent_in`.
@@ -365,6 +392,11 @@ pub struct SendEmailRequest {
     /// Blind copies, named in no header; as `cc` otherwise.
     #[schema(max_items = 49)]
     bcc: Option<Vec<String>>,
+    /// Files to attach: at most 10 ids of the caller's uploads
+    /// (`POST /v1/attachments`), none repeated, 25 MiB in all. A file goes
+    /// out with one message.
+    #[schema(max_items = 10)]
+    attachments: Option<Vec<String>>,
     /// Send by template (`tpl_…`): the template gives the subject, text
     /// and HTML, filled from `personalisation`.
     #[schema(min_length = 1, max_length = 64)]
@@ -635,6 +667,7 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         }
     };
     let headers = custom_headers(object.get("headers"), &mut errors);
+    let attachments = attachments_of(object.get("attachments"), &mut errors);
 
     match (errors.is_empty(), channel, to, text) {
         (true, Some(channel), Some(to), Some(text)) => Ok(NewMessage {
@@ -658,6 +691,7 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             suppressed: Vec::new(),
             template,
             lane: None,
+            attachments,
         }),
         _ => Err(errors),
     }
@@ -746,6 +780,55 @@ fn email_content<'a>(
         }
     }
     (subject, html)
+}
+
+/// An email's `attachments`: an array of at most [`MAX_ATTACHMENTS`]
+/// distinct upload ids (`att_…`), each resolved where the tenant is known.
+fn attachments_of(value: Option<&Value>, errors: &mut Errors) -> Vec<AttachmentOnMessage> {
+    let items = match value {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            errors.insert(
+                "attachments".into(),
+                "must be an array of attachment ids".into(),
+            );
+            return Vec::new();
+        }
+    };
+    if items.len() > MAX_ATTACHMENTS {
+        errors.insert(
+            "attachments".into(),
+            format!("must hold at most {MAX_ATTACHMENTS} attachment ids"),
+        );
+        return Vec::new();
+    }
+    let mut out: Vec<AttachmentOnMessage> = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let field = format!("attachments[{index}]");
+        match item {
+            Value::String(id) if id.starts_with("att_") && id.len() <= MAX_TEMPLATE_ID_CHARS => {
+                if out.iter().any(|seen| seen.id == *id) {
+                    errors.insert(field, "names a file already attached".into());
+                } else {
+                    out.push(AttachmentOnMessage {
+                        id: id.clone(),
+                        filename: String::new(),
+                        content_type: String::new(),
+                        size: 0,
+                        data: bytes::Bytes::new(),
+                    });
+                }
+            }
+            _ => {
+                errors.insert(
+                    field,
+                    "must be an attachment id (att_…) from POST /v1/attachments".into(),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// An email's `cc` and `bcc`: arrays of addresses, each valid, none
@@ -1089,6 +1172,8 @@ pub struct MessageRecord {
     /// Sent by template: its id and the version rendered.
     pub template_id: Option<String>,
     pub template_version: Option<u32>,
+    /// Email: the bytes of the files it carries, if any.
+    pub attachment_bytes: Option<i64>,
 }
 
 /// A message's delivery status.

@@ -330,14 +330,13 @@ impl Acceptor {
         };
         let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
-        let charge = self
-            .admit(caller, prepared.lane, prepared.recipients)
-            .await?;
+        let charge = self.admit_and_claim(caller, &prepared).await?;
         let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
         let waiting = durable_wait_span(1);
         entry.trace = crate::telemetry::span_context(&waiting);
         if let Err(failed) = self.writer.accept(entry).instrument(waiting).await {
             self.release(caller, &charge).await;
+            self.free_files(&handed).await;
             return Err(Refused::Unavailable {
                 detail: "The message could not be queued durably; nothing was accepted.".into(),
                 retry_after: failed.retry_after,
@@ -436,8 +435,9 @@ impl Acceptor {
             entry.trace = trace.clone();
         }
         if let Err(failed) = self.writer.accept_all(entries).instrument(waiting).await {
-            for (_, _, charge) in &admitted {
+            for (_, handed, charge) in &admitted {
                 self.release(caller, charge).await;
+                self.free_files(handed).await;
             }
             return Err(Refused::Unavailable {
                 detail: "The batch could not be queued durably; nothing was accepted.".into(),
@@ -489,10 +489,61 @@ impl Acceptor {
         drop(item);
         let message = self.resolve(caller, message).await?;
         let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
+        let charge = self.admit_and_claim(caller, &prepared).await?;
+        Ok(Admitted::Ready(Box::new(prepared), charge, guard))
+    }
+
+    /// [`Self::admit`], then the claim of the uploaded files the message
+    /// carries (all or none), so that no other send takes them; a claim
+    /// that fails gives the charge back.
+    async fn admit_and_claim(
+        &self,
+        caller: &Caller,
+        prepared: &Prepared,
+    ) -> Result<Charge, Refused> {
         let charge = self
             .admit(caller, prepared.lane, prepared.recipients)
             .await?;
-        Ok(Admitted::Ready(Box::new(prepared), charge, guard))
+        if prepared.attachments.is_empty() {
+            return Ok(charge);
+        }
+        let claimed = self
+            .db
+            .claim_attachments(
+                &caller.scope(),
+                &prepared.attachments,
+                &prepared.id,
+                now_ms(),
+            )
+            .await;
+        match claimed {
+            Ok(Ok(())) => Ok(charge),
+            Ok(Err(not)) => {
+                self.release(caller, &charge).await;
+                Err(Refused::field(
+                    "attachments",
+                    format!(
+                        "{} went out with another send meanwhile; upload a file again to send it again",
+                        not.ids.join(", ")
+                    ),
+                ))
+            }
+            Err(err) => {
+                self.release(caller, &charge).await;
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Frees the files a message claimed whose accept did not commit; the
+    /// stale-file sweep frees them if this fails.
+    async fn free_files(&self, handed: &Handed) {
+        if !handed.files {
+            return;
+        }
+        if let Err(err) = self.db.release_attachments(&handed.id).await {
+            tracing::warn!(error = %err, message_id = %handed.id, "could not free the files of a send that was not accepted");
+        }
     }
 
     /// A validated send made ready for [`prepare`]: rendered once if it is
@@ -500,7 +551,49 @@ impl Acceptor {
     async fn resolve(&self, caller: &Caller, message: NewMessage) -> Result<NewMessage, Refused> {
         let mut message = self.with_template(caller, message).await?;
         self.drop_suppressed_copies(caller, &mut message).await?;
+        self.with_files(caller, &mut message).await?;
         Ok(message)
+    }
+
+    /// The files an email names, each found among the caller's uploads
+    /// (its world's: a test key's uploads are not a live key's), not yet
+    /// sent with another message, and together within
+    /// [`crate::attachments::MAX_TOTAL_BYTES`]: their names, types and
+    /// sizes filled in.
+    async fn with_files(&self, caller: &Caller, message: &mut NewMessage) -> Result<(), Refused> {
+        let scope = caller.scope();
+        let mut total = 0i64;
+        for (index, file) in message.attachments.iter_mut().enumerate() {
+            let field = format!("attachments[{index}]");
+            let Some(row) = self.db.attachment(&scope, &file.id).await? else {
+                return Err(Refused::field(
+                    &field,
+                    "no uploaded file of the tenant has this id (a test key's uploads and a live key's are apart)",
+                ));
+            };
+            if let Some(other) = row.message_id {
+                return Err(Refused::field(
+                    &field,
+                    format!(
+                        "went out with message {other}; upload the file again to send it again"
+                    ),
+                ));
+            }
+            total += row.size;
+            file.filename = row.filename;
+            file.content_type = row.content_type;
+            file.size = row.size;
+        }
+        if total > crate::attachments::MAX_TOTAL_BYTES {
+            return Err(Refused::field(
+                "attachments",
+                format!(
+                    "the files come to {total} bytes; an email may carry at most {}",
+                    crate::attachments::MAX_TOTAL_BYTES
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Drops the `cc` and `bcc` addresses on the tenant's suppression

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::{Refused, SendAccepted};
 use crate::message::{
-    DeliveryPayload, EmailHeader, MAX_PAYLOAD_BYTES, NewMessage, OutboundMessage,
-    TemplateOnMessage, TemplateSend,
+    AttachmentOnMessage, DeliveryPayload, EmailHeader, MAX_PAYLOAD_BYTES, NewMessage,
+    OutboundMessage, TemplateOnMessage, TemplateSend,
 };
 use crate::model::{Channel, Lane, MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::AcceptEntry;
@@ -29,6 +29,8 @@ pub(crate) struct Prepared {
     pub(crate) scheduled: bool,
     /// Its addresses, `to` and each copy: what it is charged.
     pub(crate) recipients: usize,
+    /// The ids of the uploaded files it carries, to claim for it.
+    pub(crate) attachments: Vec<String>,
     pub(crate) answer: SendAccepted,
     pub(crate) answer_body: String,
     pub(crate) entry: AcceptEntry,
@@ -45,6 +47,8 @@ pub(crate) struct Handed {
     pub(crate) answer_body: String,
     /// SQS mode, not scheduled: the message for the relay to send now.
     pub(crate) to_send: Option<OutboundMessage>,
+    /// It claimed uploaded files (to free if its accept does not commit).
+    pub(crate) files: bool,
 }
 
 impl Prepared {
@@ -59,6 +63,7 @@ impl Prepared {
             channel: self.channel,
             answer_body: self.answer_body,
             to_send,
+            files: !self.attachments.is_empty(),
         };
         (self.entry, handed)
     }
@@ -125,6 +130,38 @@ fn queued_content(
     }
 }
 
+/// The message's producer span: its context travels in the payload, and
+/// the consumer's span (on whichever instance) continues it.
+fn created_span(
+    id: &str,
+    tenant_id: &str,
+    lane: Lane,
+    channel: Channel,
+    priority: crate::model::Priority,
+) -> tracing::Span {
+    crate::telemetry::span!(
+        "create",
+        otel.name = %format!("create {}", lane.as_str()),
+        otel.kind = "producer",
+        messaging.system = "fairlane",
+        messaging.operation.type = "create",
+        messaging.operation.name = "create",
+        messaging.destination.name = lane.as_str(),
+        messaging.message.id = id,
+        fairlane.tenant_id = tenant_id,
+        fairlane.channel = channel.as_str(),
+        fairlane.priority = priority.as_str(),
+    )
+}
+
+/// The ids of the files a message carries, to claim, and their bytes in
+/// all, to count (none without files).
+fn files_of(files: &[AttachmentOnMessage]) -> (Vec<String>, Option<i64>) {
+    let ids = files.iter().map(|file| file.id.clone()).collect();
+    let bytes = (!files.is_empty()).then(|| files.iter().map(|file| file.size).sum());
+    (ids, bytes)
+}
+
 /// Builds the store entry and the answer of a validated message;
 /// `remembered` is its `(Idempotency-Key, request hash)`.
 pub(crate) fn prepare(
@@ -154,25 +191,12 @@ pub(crate) fn prepare(
     let fragments =
         (message.channel == Channel::Sms).then(|| crate::sms::fragments(&message.text).1);
     let recipient = crate::store::suppressions::normalize(&message.to).map(|(_, to)| to);
-    // The message's producer span: its context travels in the payload, and
-    // the consumer's span (on whichever instance) continues it.
-    let created = crate::telemetry::span!(
-        "create",
-        otel.name = %format!("create {}", lane.as_str()),
-        otel.kind = "producer",
-        messaging.system = "fairlane",
-        messaging.operation.type = "create",
-        messaging.operation.name = "create",
-        messaging.destination.name = lane.as_str(),
-        messaging.message.id = id.as_str(),
-        fairlane.tenant_id = tenant_id,
-        fairlane.channel = message.channel.as_str(),
-        fairlane.priority = message.priority.as_str(),
-    );
+    let created = created_span(&id, tenant_id, lane, message.channel, message.priority);
     let (template, text) = queued_content(message.template, message.text);
     let recipients = 1 + message.cc.len() + message.bcc.len();
     let (template_id, template_version) =
         template.as_ref().map(|t| (t.id.clone(), t.version)).unzip();
+    let (attachment_ids, attachment_bytes) = files_of(&message.attachments);
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
@@ -190,6 +214,7 @@ pub(crate) fn prepare(
         test: caller.test,
         retrying: false,
         template,
+        attachments: message.attachments,
         traceparent: crate::telemetry::traceparent_of(&created),
     };
     drop(created);
@@ -242,6 +267,7 @@ pub(crate) fn prepare(
             gate_wait_ms: None,
             template_id,
             template_version,
+            attachment_bytes,
         },
         outbound: OutboundMessage {
             message_id: id.clone(),
@@ -270,6 +296,7 @@ pub(crate) fn prepare(
         channel: message.channel,
         scheduled: message.send_at.is_some(),
         recipients,
+        attachments: attachment_ids,
         answer,
         answer_body,
         entry,

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod admins;
+pub mod attachments;
 pub mod audit;
 pub mod auth;
 pub mod console;
@@ -117,6 +118,7 @@ pub fn app(state: AppState) -> Router {
         .merge(suppressions::router())
         .merge(senders::router())
         .merge(templates::router())
+        .merge(attachments::router())
         .merge(message_list::router())
         .merge(usage::router())
         .merge(providers::router())
@@ -142,6 +144,7 @@ pub fn app(state: AppState) -> Router {
     let router = Router::new()
         .merge(messages::send_router())
         .merge(batch)
+        .merge(attachments::upload_router())
         .merge(timed)
         .fallback(|| async { ApiError::NotFound("No such route.".into()) })
         .layer(DefaultBodyLimit::max(max_body))
@@ -745,6 +748,8 @@ impl Modify for SecurityAddon {
         templates::get_tenant_template,
         templates::replace_tenant_template,
         templates::delete_tenant_template,
+        attachments::upload,
+        attachments::get_own,
         tenant_queue::tenant_queue,
         tenant_queue::purge_tenant_queue,
         tenant_queue::tenant_dlq,
@@ -782,6 +787,7 @@ impl Modify for SecurityAddon {
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),
         (name = "templates", description = "The tenant's templates, their versions and previews (tenant API key; changes need a live key)."),
+        (name = "attachments", description = "Files to attach to emails, uploaded before the send that names them (tenant API key)."),
         (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),
         (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
         (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),

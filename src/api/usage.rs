@@ -70,6 +70,8 @@ pub struct UsageCounts {
     /// SMS fragments of the messages counted in `sent` (what SMS providers
     /// bill): GSM-7 160 characters in one, 153 per part; UCS-2 70 and 67.
     pub fragments: i64,
+    /// Bytes of the files attached to the emails counted in `accepted`.
+    pub attachment_bytes: i64,
 }
 
 impl UsageCounts {
@@ -85,6 +87,7 @@ impl UsageCounts {
         self.cancelled += row.cancelled;
         self.rejected += row.rejected;
         self.fragments += row.fragments;
+        self.attachment_bytes += row.attachment_bytes;
     }
 }
 

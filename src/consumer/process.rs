@@ -447,12 +447,43 @@ async fn deliver_payload(
     if payload.template.is_some() && !render_template(context, &message, &mut payload).await {
         return;
     }
+    if !payload.attachments.is_empty() && !read_files(context, &message, &mut payload).await {
+        return;
+    }
     let Some(turn) = take_turn(context, &message, &payload, cleared.retrying).await else {
         return;
     };
     let gated = turn.gated;
     let (outcome, done) = call_provider(&payload, turn).await;
     settle(context, message, &payload, gated, outcome, done).await;
+}
+
+/// The bytes of the files an email carries read from the store into its
+/// payload; false when they could not be (deferred while the store is
+/// away, dead-lettered when a file is gone), and then it is settled here.
+async fn read_files(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &mut DeliveryPayload,
+) -> bool {
+    for index in 0..payload.attachments.len() {
+        let id = payload.attachments[index].id.clone();
+        match context.delivery.db.attachment_bytes(&payload.id, &id).await {
+            Ok(Some(bytes)) => payload.attachments[index].data = bytes.into(),
+            Ok(None) => {
+                let reason = format!("attachment {id} is not in the store");
+                dead_letter(context, message, Known::unsent(payload), &reason, false).await;
+                return false;
+            }
+            Err(err) => {
+                warn!(message_id = %payload.id, error = %err, "Could not read the message's attachments; trying again soon.");
+                let pause = context.delivery.store_trouble.retry_after();
+                defer(context, message, pause, "store").await;
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// A send by template rendered into the payload's subject, text and HTML

@@ -2,7 +2,9 @@
 //! mail-builder: the From with its display name, To and Cc, Reply-To, the
 //! subject, the tenant's headers and `List-Unsubscribe`, and a body that is
 //! `text/plain` alone or, with HTML, a `multipart/alternative` of the text
-//! and the HTML. Header values are encoded (RFC 2047) and long lines folded
+//! and the HTML; with files, that body and one part per file (base64,
+//! `Content-Disposition: attachment` with its name) in a
+//! `multipart/mixed`. Header values are encoded (RFC 2047) and long lines folded
 //! by the builder; bodies are quoted-printable or base64 as their content
 //! needs, so no line passes SES's 1,000 characters.
 //!
@@ -48,6 +50,13 @@ pub fn raw_email(message: &DeliveryPayload, sender: &Sender<'_>) -> std::io::Res
     }
     for header in &message.headers {
         builder = builder.header(header.name.as_str(), Raw::new(header.value.as_str()));
+    }
+    for file in &message.attachments {
+        builder = builder.attachment(
+            file.content_type.as_str(),
+            file.filename.as_str(),
+            file.data.as_ref(),
+        );
     }
     builder.write_to_vec()
 }
@@ -155,5 +164,42 @@ mod tests {
             mail.to().unwrap().first().unwrap().address(),
             Some("a@example.com")
         );
+    }
+    #[test]
+    fn files_make_a_multipart_mixed_whose_parts_decode_to_the_same_bytes() {
+        let mut message = crate::providers::tests::payload(Channel::Email, "a@example.com");
+        message.html = Some("<p>Your invoice</p>".into());
+        let pdf: Vec<u8> = b"%PDF-1.7\n"
+            .iter()
+            .copied()
+            .chain((0..200_000u32).map(|n| (n * 7 % 251) as u8))
+            .collect();
+        message.attachments = vec![crate::message::AttachmentOnMessage {
+            id: "att_1".into(),
+            filename: "Facture é.pdf".into(),
+            content_type: "application/pdf".into(),
+            size: pdf.len() as i64,
+            data: pdf.clone().into(),
+        }];
+        let raw = raw_email(
+            &message,
+            &Sender {
+                address: "news@acme.example",
+                display_name: None,
+                reply_to: &[],
+            },
+        )
+        .unwrap();
+        assert!(raw.split(|b| *b == b'\n').all(|line| line.len() <= 1000));
+        let mail = parsed(&raw);
+        assert_eq!(
+            mail.content_type().map(|c| (c.ctype(), c.subtype())),
+            Some(("multipart", Some("mixed")))
+        );
+        assert_eq!(mail.attachment_count(), 1);
+        let file = mail.attachment(0).unwrap();
+        assert_eq!(file.attachment_name(), Some("Facture é.pdf"));
+        assert_eq!(file.contents(), pdf.as_slice());
+        assert_eq!(mail.body_html(0).as_deref(), Some("<p>Your invoice</p>"));
     }
 }

@@ -506,6 +506,7 @@ mod tests {
             test: false,
             retrying: false,
             template: None,
+            attachments: Vec::new(),
             traceparent: None,
         }
     }

@@ -2,8 +2,10 @@
 //! time erases the personal data of the settled messages that have passed
 //! their tenant's retention: first the queue's waiting copies (dead
 //! letters, set-aside and delayed rows of cancelled messages), then the
-//! status row, its events and any outbox row, a bounded batch per
-//! transaction (`crate::store::retention`). On SQLite the file is then
+//! status row, its events, any outbox row and the files it carried, a
+//! bounded batch per transaction (`crate::store::retention`). Uploaded
+//! files no send took within a day are erased whatever the tenant's
+//! retention. On SQLite the file is then
 //! rewritten and its log truncated, so no old copy of the erased text is
 //! left on disk. Each run writes
 //! one INFO line and counts into the `fairlane_retention_*` metrics.
@@ -35,6 +37,9 @@ pub struct RetentionRun {
     pub log_truncated: bool,
     /// Audit log entries past `retention.audit_days` removed.
     pub audit_pruned: u64,
+    /// Uploaded files erased because no send took them within a day (a
+    /// sent file goes with its message's personal data).
+    pub unclaimed_files: u64,
 }
 
 /// The job's parts.
@@ -61,6 +66,10 @@ impl Retention {
             audit_pruned: self
                 .db
                 .prune_audit(now - i64::from(self.audit_days) * 86_400_000)
+                .await?,
+            unclaimed_files: self
+                .db
+                .erase_stale_attachments(now - crate::attachments::UNCLAIMED_FOR_MS)
                 .await?,
             ..RetentionRun::default()
         };
@@ -93,7 +102,7 @@ impl Retention {
                 }
             }
         }
-        if run.erased > 0 || run.queue_copies > 0 {
+        if run.erased > 0 || run.queue_copies > 0 || run.unclaimed_files > 0 {
             let scrubbed = self.db.scrub_file(self.vacuum).await?;
             (run.vacuumed, run.log_truncated) = (scrubbed.vacuumed, scrubbed.log_truncated);
         }

@@ -535,6 +535,7 @@ pub(crate) mod tests {
             gate_wait_ms: None,
             template_id: None,
             template_version: None,
+            attachment_bytes: None,
         }
     }
 

@@ -37,6 +37,7 @@ pub(super) struct MessageRow {
     pub(super) gate_wait_ms: Option<i64>,
     pub(super) template_id: Option<String>,
     pub(super) template_version: Option<i64>,
+    pub(super) attachment_bytes: Option<i64>,
 }
 
 macro_rules! message_columns {
@@ -44,7 +45,7 @@ macro_rules! message_columns {
         concat!(
             "id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, ",
             "created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, erased_at, provider, recipient, gate_wait_ms, ",
-            "template_id, template_version"
+            "template_id, template_version, attachment_bytes"
         )
     };
 }
@@ -97,6 +98,7 @@ pub(super) fn from_row(row: MessageRow) -> anyhow::Result<MessageRecord> {
         gate_wait_ms: row.gate_wait_ms,
         template_id: row.template_id,
         template_version: row.template_version.and_then(|n| u32::try_from(n).ok()),
+        attachment_bytes: row.attachment_bytes,
     })
 }
 

@@ -21,6 +21,7 @@
 //! work on the SQLite writer ([`sqlite::writer`]).
 
 pub mod admins;
+pub mod attachments;
 mod delivery;
 mod error;
 pub mod events;
@@ -82,6 +83,7 @@ macro_rules! backend {
 
 backend!(
     AdminStore,
+    AttachmentStore,
     RegistryStore,
     MessageStore,
     WebhookStore,
@@ -110,6 +112,7 @@ impl std::ops::Deref for Db {
 /// operations are called.
 pub mod prelude {
     pub use super::admins::AdminStore;
+    pub use super::attachments::AttachmentStore;
     pub use super::idempotency::IdempotencyStore;
     pub use super::messages::MessageStore;
     pub use super::outbox::OutboxStore;

@@ -34,6 +34,8 @@ pub struct UsageRow {
     pub cancelled: i64,
     pub rejected: i64,
     pub fragments: i64,
+    /// Bytes of the files attached to the messages accepted.
+    pub attachment_bytes: i64,
 }
 
 /// Whose usage a read covers.

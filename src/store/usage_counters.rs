@@ -3,7 +3,7 @@
 //! nothing of each other.
 
 /// The counters, in column order.
-pub(crate) const COUNTERS: [&str; 11] = [
+pub(crate) const COUNTERS: [&str; 12] = [
     "accepted",
     "sent",
     "delivered",
@@ -15,4 +15,5 @@ pub(crate) const COUNTERS: [&str; 11] = [
     "cancelled",
     "rejected",
     "fragments",
+    "attachment_bytes",
 ];

@@ -366,6 +366,7 @@ pub(crate) fn record_at_event(row: SnapshotRow) -> anyhow::Result<MessageRecord>
         gate_wait_ms: None,
         template_id: None,
         template_version: None,
+        attachment_bytes: None,
     })
 }
 

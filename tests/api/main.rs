@@ -2,6 +2,7 @@
 //! with its own temporary SQLite file and talks to it over real HTTP.
 
 mod admin;
+mod attachments;
 mod audit;
 mod auth;
 mod aws_policy;

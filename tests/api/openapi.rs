@@ -312,9 +312,11 @@ async fn secured_operations_refuse_as_documented() {
             } else {
                 app.tenant(&tenant_key, method.clone(), &op.concrete_path())
             };
+            // A form: the wrong type for every body the API takes (plain
+            // text is a file an upload may carry).
             let plain = request
-                .header("content-type", "text/plain")
-                .body("x")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body("x=1")
                 .send()
                 .await
                 .unwrap();

@@ -142,6 +142,17 @@ async fn sentinels_in_store(app: &TestApp) -> Vec<String> {
                     found.push(format!("{hits} rows of {table}"));
                 }
             }
+            // A file's bytes are `bytea`, which the text of a row shows
+            // in hex.
+            let in_files: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM attachment_chunks WHERE data LIKE '%{SENTINEL}%'::bytea"
+            )))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if in_files > 0 {
+                found.push(format!("{in_files} rows of attachment_chunks"));
+            }
         }
     }
     found
@@ -174,7 +185,18 @@ on_both_stores! {
         let key = app.tenant_with_key("acme", "pro").await;
         let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
 
-        let email = app.send_accepted(&key, &personal("email", &format!("{SENTINEL}.ada@example.com"))).await;
+        // The email carries a file holding the sentinel (issue 48).
+        let file = crate::attachments::uploaded(
+            &app, &key, "note.txt", "text/plain", format!("A note for {SENTINEL}-file").into_bytes(),
+        )
+        .await;
+        let file_path = format!("/v1/attachments/{}", file["id"].as_str().unwrap());
+        let email = app
+            .send_accepted(
+                &key,
+                &with(personal("email", &format!("{SENTINEL}.ada@example.com")), "attachments", json!([file["id"]])),
+            )
+            .await;
         let text = app.send_accepted(&key, &personal("sms", "+15557770001")).await;
         let dead = app.send_accepted(&key, &personal("sms", "+15557770002")).await;
         // A send by template keeps only its personalisation, which the
@@ -262,6 +284,8 @@ on_both_stores! {
         assert!(!mentions_sentinel(&dlq), "{dlq}");
         let found = sentinels_in_store(&app).await;
         assert!(found.is_empty(), "erased text is still stored: {found:?}");
+        let file_after = app.tenant(&key, Method::GET, &file_path).send().await.unwrap();
+        assert_eq!(file_after.status(), StatusCode::NOT_FOUND, "the file went with its message");
 
         let usage_after = get_json(app.tenant(&key, Method::GET, "/v1/usage")).await;
         assert_eq!(usage_after["totals"], usage_before["totals"]);

@@ -75,12 +75,14 @@ fn with_effects(step: Move, update: &str) -> String {
 /// the same statement. The accept is no event: the row's `created_at` is.
 pub(super) const ACCEPT: &str = "WITH inserted AS (INSERT INTO messages (id, tenant_id, channel, \
      status, priority, lane, attempts, reference, metadata, created_at, updated_at, send_at, test, \
-     fragments, recipient, template_id, template_version) \
+     fragments, recipient, template_id, template_version, attachment_bytes) \
      SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[], \
-     $13::boolean[], $14::bigint[], $15::text[], $16::text[], $17::bigint[]) RETURNING tenant_id, created_at, channel, test) \
-     INSERT INTO usage_deltas (tenant_id, day, channel, test, accepted) \
-     SELECT tenant_id, created_at / 86400000, channel, test, count(*) FROM inserted \
+     $13::boolean[], $14::bigint[], $15::text[], $16::text[], $17::bigint[], $18::bigint[]) \
+     RETURNING tenant_id, created_at, channel, test, attachment_bytes) \
+     INSERT INTO usage_deltas (tenant_id, day, channel, test, accepted, attachment_bytes) \
+     SELECT tenant_id, created_at / 86400000, channel, test, count(*), \
+     coalesce(sum(attachment_bytes), 0) FROM inserted \
      GROUP BY 1, 2, 3, 4";
 
 /// [`Move::Claim`] of `ids`, each from a waiting state or from a `sending`

@@ -137,6 +137,7 @@ pub mod locks {
 }
 
 mod admins;
+mod attachments;
 mod idempotency;
 pub(crate) mod lifecycle;
 mod messages;

@@ -101,6 +101,7 @@ fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             gate_wait_ms: None,
             template_id: None,
             template_version: None,
+            attachment_bytes: None,
         },
         outbound: OutboundMessage {
             message_id: id.into(),

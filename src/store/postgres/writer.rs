@@ -464,6 +464,7 @@ struct AcceptColumns {
     recipient: Vec<Option<String>>,
     template_id: Vec<Option<String>>,
     template_version: Vec<Option<i64>>,
+    attachment_bytes: Vec<Option<i64>>,
     body: Vec<String>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
@@ -499,6 +500,7 @@ impl AcceptColumns {
             columns
                 .template_version
                 .push(record.template_version.map(i64::from));
+            columns.attachment_bytes.push(record.attachment_bytes);
             columns.body.push(entry.outbound.body.clone());
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
@@ -638,6 +640,7 @@ async fn insert_accepts(
         .bind(&rows.recipient)
         .bind(&rows.template_id)
         .bind(&rows.template_version)
+        .bind(&rows.attachment_bytes)
         .execute(&mut **tx)
         .await
         .context("inserting status rows")?;

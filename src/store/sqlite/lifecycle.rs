@@ -181,8 +181,8 @@ pub(crate) fn note(
 }
 
 /// One status row, every column bound in order.
-const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, recipient, template_id, template_version) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
+const INSERT_ROW: &str = "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, reference, metadata, created_at, updated_at, sent_at, last_error, provider_message_id, send_at, test, fragments, recipient, template_id, template_version, attachment_bytes) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
 
 /// Accepted messages (`queued` or `scheduled`): their rows, counted
 /// `accepted`. The accept is no event: the row's `created_at` is.
@@ -194,6 +194,7 @@ pub(crate) fn accept(tx: &Connection, rows: &[&MessageRecord]) -> rusqlite::Resu
             record.created_at,
             record.channel.as_str(),
             record.test,
+            record.attachment_bytes.unwrap_or(0),
         );
         insert.execute(params![
             record.id,
@@ -216,6 +217,7 @@ pub(crate) fn accept(tx: &Connection, rows: &[&MessageRecord]) -> rusqlite::Resu
             record.recipient,
             record.template_id,
             record.template_version,
+            record.attachment_bytes,
         ])?;
     }
     Ok(())

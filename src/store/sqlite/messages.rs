@@ -46,6 +46,7 @@ fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
         gate_wait_ms: row.get(20)?,
         template_id: row.get(21)?,
         template_version: row.get(22)?,
+        attachment_bytes: row.get(23)?,
     })
 }
 

@@ -16,6 +16,7 @@
 //! ([`SqliteDb::read`]) and, in WAL mode, never wait for a writer.
 
 mod admins;
+pub(crate) mod attachments;
 pub(crate) mod hot;
 mod idempotency;
 pub(crate) mod lifecycle;

@@ -64,6 +64,9 @@ impl RetentionStore for SqliteDb {
                         let sql = format!("{head}{}", id_list(erased.len()));
                         tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
                     }
+                    // The files the messages carried, chunks and all.
+                    let files = super::attachments::erase_of_messages(erased.len());
+                    tx.execute(&files, rusqlite::params_from_iter(&erased))?;
                 }
                 Ok(erased.len() as u64)
             })

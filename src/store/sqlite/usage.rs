@@ -66,9 +66,19 @@ impl Pending {
         });
     }
 
-    /// A message stored at `created_at` (ms).
-    pub fn accepted(tenant_id: &str, created_at: i64, channel: &str, test: bool) {
+    /// A message stored at `created_at` (ms), with the bytes of its files.
+    pub fn accepted(tenant_id: &str, created_at: i64, channel: &str, test: bool, files: i64) {
         Self::add(tenant_id, created_at, channel, test, "accepted", 1);
+        if files > 0 {
+            Self::add(
+                tenant_id,
+                created_at,
+                channel,
+                test,
+                "attachment_bytes",
+                files,
+            );
+        }
     }
 
     /// A message that reached the state of `column` (a counter of
@@ -150,6 +160,7 @@ impl UsageStore for SqliteDb {
                     cancelled: row.get(12)?,
                     rejected: row.get(13)?,
                     fragments: row.get(14)?,
+                    attachment_bytes: row.get(15)?,
                 })
             })
             .await?)

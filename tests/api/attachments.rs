@@ -1,0 +1,258 @@
+//! Email attachments end to end: uploaded over HTTP, stored in the store
+//! (never in a queue message), claimed by one send, read back at delivery
+//! and sent to SES inside the raw MIME message, which is parsed back here
+//! with a MIME parser and the file compared by its hash.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::delivery::{delivery_settings, status_is, wait_for};
+use crate::senders::{mail_of, ses_calls, ses_ok};
+use crate::support::{
+    TestApp, email, expect_field_error, expect_json, expect_problem, on_both_stores, sms, with,
+};
+use crate::test_keys::issue;
+
+/// A PDF of `size` bytes: the header a PDF starts with, then bytes of
+/// every value (so a text transfer encoding would spoil them), then the
+/// trailer.
+pub(crate) fn pdf_of(size: usize) -> Vec<u8> {
+    let mut bytes = b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n".to_vec();
+    let mut state: u32 = 0x2545_4f46;
+    while bytes.len() < size - 6 {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        bytes.push((state >> 24) as u8);
+    }
+    bytes.extend_from_slice(b"\n%%EOF");
+    bytes
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Uploads `bytes` as `filename` of `content_type` with `key`.
+pub(crate) async fn upload(
+    app: &TestApp,
+    key: &str,
+    filename: &str,
+    content_type: &str,
+    bytes: Vec<u8>,
+) -> reqwest::Response {
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("filename", filename)
+        .finish();
+    app.tenant(key, Method::POST, &format!("/v1/attachments?{query}"))
+        .header("content-type", content_type)
+        .body(bytes)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Uploads and returns the stored file's view.
+pub(crate) async fn uploaded(
+    app: &TestApp,
+    key: &str,
+    filename: &str,
+    content_type: &str,
+    bytes: Vec<u8>,
+) -> Value {
+    expect_json(
+        upload(app, key, filename, content_type, bytes).await,
+        StatusCode::CREATED,
+    )
+    .await
+}
+
+/// How many attachment rows and chunk rows the store holds.
+async fn stored_files(app: &TestApp) -> (i64, i64) {
+    use fairlane::store::Db;
+    const FILES: &str =
+        "SELECT (SELECT COUNT(*) FROM attachments), (SELECT COUNT(*) FROM attachment_chunks)";
+    match &app.state.db {
+        Db::Sqlite(db) => crate::support::sqlite_file(&db.path)
+            .query_row(FILES, [], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap(),
+        Db::Postgres(db) => sqlx::query_as(FILES).fetch_one(&db.pool).await.unwrap(),
+    }
+}
+
+on_both_stores! {
+    /// A 2 MB PDF uploaded, named in a send with an HTML body, reaches SES
+    /// whole inside a `multipart/mixed` message: the same bytes (hash), the
+    /// cleaned name, the type. The queue message carried only its id; the
+    /// file shows the message it went with, is counted in usage in bytes,
+    /// and cannot go out with a second send.
+    async fn a_two_megabyte_pdf_arrives_intact_with_its_email() {
+        let ses = ses_ok().await;
+        let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let pdf = pdf_of(2 * 1024 * 1024);
+        let file = uploaded(&app, &key, "../reports/Invoice \"17\".pdf", "application/pdf", pdf.clone()).await;
+        assert_eq!(file["filename"], "Invoice 17.pdf", "{file}");
+        assert_eq!(file["content_type"], "application/pdf");
+        assert_eq!(file["size"], pdf.len());
+        assert_eq!(file["sha256"], sha256_hex(&pdf));
+        assert!(file["expires_at"].is_string(), "{file}");
+        let file_id = file["id"].as_str().unwrap().to_owned();
+
+        let send = json!({
+            "channel": "email", "to": "a@example.com", "subject": "Invoice 17",
+            "html": "<p>Your invoice is attached.</p>", "attachments": [file_id],
+        });
+        let id = app.send_accepted(&key, &send).await;
+        wait_for(&app, &key, &id, status_is("sent")).await;
+
+        let calls = ses_calls(&ses).await;
+        assert_eq!(calls.len(), 1);
+        let mail = mail_of(&calls[0]);
+        assert_eq!(mail.content_type, "multipart/mixed");
+        assert_eq!(mail.html.as_deref(), Some("<p>Your invoice is attached.</p>"));
+        let parsed = mail_parser::MessageParser::default().parse(&mail.raw).unwrap();
+        assert_eq!(parsed.attachment_count(), 1);
+        let part = parsed.attachment(0).unwrap();
+        use mail_parser::MimeHeaders;
+        assert_eq!(part.attachment_name(), Some("Invoice 17.pdf"));
+        assert_eq!(
+            part.content_type().map(|c| format!("{}/{}", c.ctype(), c.subtype().unwrap_or(""))),
+            Some("application/pdf".to_owned())
+        );
+        assert_eq!(sha256_hex(part.contents()), sha256_hex(&pdf), "the file arrives intact");
+
+        let shown = expect_json(
+            app.tenant(&key, Method::GET, &format!("/v1/attachments/{file_id}")).send().await.unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        assert_eq!(shown["message_id"], id.as_str(), "{shown}");
+        assert!(shown.get("expires_at").is_none(), "{shown}");
+        let usage = expect_json(app.tenant(&key, Method::GET, "/v1/usage").send().await.unwrap(), StatusCode::OK).await;
+        let email_total = usage["totals"].as_array().unwrap().iter().find(|t| t["channel"] == "email").cloned().unwrap();
+        assert_eq!(email_total["attachment_bytes"], pdf.len(), "{usage}");
+
+        let again = app.send(&key, &send).await;
+        expect_field_error(again, "attachments[0]").await;
+    }
+}
+
+on_both_stores! {
+    /// Nothing of a refused upload stays in the store: a type not on the
+    /// list (415), bytes that are not the claimed type or a name whose
+    /// extension is not (422 naming the field), a file over 10 MiB told by
+    /// its `Content-Length` or by its bytes streamed without one (413).
+    async fn uploads_are_checked_by_type_name_bytes_and_size() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let exe = b"MZ\x90\x00\x03\x00\x00\x00 this is not a pdf".to_vec();
+        expect_problem(upload(&app, &key, "setup.exe", "application/x-msdownload", exe.clone()).await, StatusCode::UNSUPPORTED_MEDIA_TYPE).await;
+        expect_field_error(upload(&app, &key, "invoice.pdf", "application/pdf", exe).await, "body").await;
+        expect_field_error(upload(&app, &key, "invoice.png", "application/pdf", pdf_of(1000)).await, "filename").await;
+        expect_field_error(upload(&app, &key, "/", "application/pdf", pdf_of(1000)).await, "filename").await;
+        expect_field_error(upload(&app, &key, "notes.txt", "text/plain", b"a\x00b".to_vec()).await, "body").await;
+        expect_field_error(upload(&app, &key, "empty.pdf", "application/pdf", Vec::new()).await, "body").await;
+        let too_large = fairlane::attachments::MAX_FILE_BYTES as usize + 1;
+        let (status, answer) = declared_upload(&app, &key, too_large).await;
+        assert_eq!(status, 413, "answered before any byte of the body: {answer}");
+        let (status, answer) = chunked_upload(&app, &key, "big.pdf", too_large).await;
+        assert_eq!(status, 413, "{answer}");
+        assert!(answer.contains("application/problem+json"), "{answer}");
+        assert_eq!(stored_files(&app).await, (0, 0), "no refused upload leaves a row");
+
+        // Within the limit, the same streaming upload is stored whole.
+        let (status, answer) = chunked_upload(&app, &key, "fits.pdf", 3 * 1024 * 1024).await;
+        assert_eq!(status, 201, "{answer}");
+        let (files, chunks) = stored_files(&app).await;
+        assert_eq!((files, chunks), (1, 12), "3 MiB in chunks of 256 KiB");
+    }
+}
+
+/// Sends the head of an upload declaring `length` bytes and none of
+/// them; the status and the answer's text.
+async fn declared_upload(app: &TestApp, key: &str, length: usize) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/attachments?filename=big.pdf HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/pdf\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n",
+        app.addr
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    answer_of(stream).await
+}
+
+/// The status and text of the answer on `stream`, read until it closes.
+async fn answer_of(mut stream: tokio::net::TcpStream) -> (u16, String) {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(
+        read.is_ok(),
+        "no answer within 30 s: {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    (status, text)
+}
+
+/// Sends `size` bytes of a PDF to `/v1/attachments` with chunked transfer
+/// encoding (no `Content-Length`), a megabyte a chunk, stopping when the
+/// server answers or closes; the status and the answer's text.
+async fn chunked_upload(app: &TestApp, key: &str, filename: &str, size: usize) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/attachments?filename={filename} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/pdf\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        app.addr
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let pdf = pdf_of(size);
+    for piece in pdf.chunks(1024 * 1024) {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(piece);
+        chunk.extend_from_slice(b"\r\n");
+        if stream.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    answer_of(stream).await
+}
+
+on_both_stores! {
+    /// A send's `attachments` are checked naming the field: an id that is
+    /// not the tenant's, a live upload named by a test send (the worlds
+    /// are apart), a repeated id, an SMS, more than ten.
+    async fn a_send_names_only_its_own_worlds_free_files() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let other = app.tenant_with_key("globex", "pro").await;
+        let test_key = issue(&app, "acme", Some("test")).await["key"].as_str().unwrap().to_owned();
+        let file = uploaded(&app, &key, "a.csv", "text/csv", b"name,city\nAda,London\n".to_vec()).await;
+        let id = file["id"].clone();
+        for (caller, body, field) in [
+            (&other, with(email(), "attachments", json!([id])), "attachments[0]"),
+            (&test_key, with(email(), "attachments", json!([id])), "attachments[0]"),
+            (&key, with(email(), "attachments", json!([id, id])), "attachments[1]"),
+            (&key, with(email(), "attachments", json!(["x"])), "attachments[0]"),
+            (&key, with(email(), "attachments", json!(id)), "attachments"),
+            (&key, with(sms(), "attachments", json!([id])), "attachments"),
+            (&key, with(email(), "attachments", json!(vec![id.clone(); 11])), "attachments"),
+        ] {
+            expect_field_error(app.send(caller, &body).await, field).await;
+        }
+        let seen_by_test = app.tenant(&test_key, Method::GET, &format!("/v1/attachments/{}", id.as_str().unwrap())).send().await.unwrap();
+        expect_problem(seen_by_test, StatusCode::NOT_FOUND).await;
+        // The file is still free: a live send takes it.
+        app.send_accepted(&key, &with(email(), "attachments", json!([id]))).await;
+    }
+}
