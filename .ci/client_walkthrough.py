@@ -10,6 +10,7 @@ import sys
 
 from fairlane_client import AuthenticatedClient
 from fairlane_client.api.admin import add_sender, create_tenant, get_tenant, issue_key, put_plan, queues
+from fairlane_client.api.attachments import get_attachment
 from fairlane_client.api.templates import create_own, preview
 from fairlane_client.api.messages import (
     cancel_by_reference,
@@ -19,6 +20,7 @@ from fairlane_client.api.messages import (
     send_message,
 )
 from fairlane_client.models import (
+    AttachmentView,
     Channel,
     Preview,
     PreviewRequest,
@@ -222,6 +224,48 @@ missing = expect(
     "a send missing a placeholder is refused",
 )
 assert missing.status == 422 and "personalisation.name" in missing.errors.additional_properties, missing
+
+# A file uploaded as it is (the body is its bytes, which the generated
+# client's raw HTTP client sends: the operation takes eight media types and
+# no JSON), then named in a send; the answer and the file's view parse as
+# the document says.
+pdf = b"%PDF-1.7\n" + bytes(range(256)) * 64 + b"\n%%EOF"
+uploaded = tenant.get_httpx_client().post(
+    "/v1/attachments",
+    params={"filename": "../Invoice 17.pdf"},
+    content=pdf,
+    headers={"Content-Type": "application/pdf"},
+)
+assert uploaded.status_code == 201, uploaded.text
+file = AttachmentView.from_dict(uploaded.json())
+assert (file.filename, file.size) == ("Invoice 17.pdf", len(pdf)), file
+with_file = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendEmailRequest(
+            channel=SendEmailRequestChannel.EMAIL,
+            to="someone@example.com",
+            subject="Invoice 17",
+            text="Attached.",
+            attachments=[file.id],
+        ),
+    ),
+    SendAccepted,
+    "send with an attachment",
+)
+claimed = expect(get_attachment.sync(file.id, client=tenant), AttachmentView, "read an attachment")
+assert claimed.message_id == with_file.id, claimed
+again = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendEmailRequest(
+            channel=SendEmailRequestChannel.EMAIL, to="someone@example.com", subject="Again", text="x", attachments=[file.id]
+        ),
+    ),
+    Problem,
+    "a file already sent is refused",
+)
+assert again.status == 422 and "attachments[0]" in again.errors.additional_properties, again
 
 assert get_tenant.sync("walk", client=admin).id == "walk"
 assert queues.sync(client=admin) is not None

@@ -78,6 +78,7 @@ fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages -
 fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1/messages/batch
 fuzz "the tenant's webhook and suppression list" "$key" "$checks" --include-tag webhooks --include-tag suppressions
 fuzz "the tenant's templates" "$key" "$checks" --include-tag templates
+fuzz "the tenant's attachments" "$key" "$checks" --include-tag attachments
 fuzz "SMS receipts (unsigned: each answers 403 or 404)" "$key" "$checks" --include-tag receipts
 fuzz "unsubscribe links (forged: each answers 404)" "$key" "$checks" --include-tag unsubscribe
 fuzz "ops" "$key" "$checks" --include-tag ops

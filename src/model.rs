@@ -259,6 +259,17 @@ pub struct Plan {
     pub max_in_flight: u32,
 }
 
+/// A `Content-Type` value's media type, without its parameters, in lower
+/// case: `application/json` of `Application/JSON; charset=utf-8`.
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{TenantAuth, TenantWrite};
 use super::error::{ApiError, Problem, TenantUnauthorized, TooManyChanges};
-use super::{ApiPath, AppState, BodyDeadlinePassed};
+use super::{ApiPath, AppState, body_too_late};
 use crate::attachments::{MAX_FILE_BYTES, UNCLAIMED_FOR_MS, Upload, UploadRefused};
 use crate::model::ms_to_rfc3339;
 use crate::store::attachments::AttachmentRow;
@@ -27,11 +27,11 @@ use crate::store::attachments::AttachmentRow;
 /// [`MAX_FILE_BYTES`], read as it streams, not buffered under
 /// `server.max_body_bytes`.
 pub fn upload_router() -> Router<AppState> {
-    Router::new().route("/v1/attachments", post(upload))
+    Router::new().route("/v1/attachments", post(upload_attachment))
 }
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/attachments/{attachment_id}", get(get_own))
+    Router::new().route("/v1/attachments/{attachment_id}", get(get_attachment))
 }
 
 /// An uploaded file.
@@ -115,7 +115,7 @@ pub struct UploadQuery {
     ),
     security(("tenant_key" = []))
 )]
-pub async fn upload(
+pub async fn upload_attachment(
     State(state): State<AppState>,
     TenantWrite(caller): TenantWrite,
     headers: HeaderMap,
@@ -159,19 +159,8 @@ fn refused(refused: UploadRefused) -> ApiError {
         UploadRefused::TooLarge => ApiError::PayloadTooLarge(format!(
             "The file is larger than {MAX_FILE_BYTES} bytes, the most an attachment may have."
         )),
-        UploadRefused::Body(err) => {
-            let mut cause: Option<&dyn std::error::Error> = Some(&err);
-            while let Some(error) = cause {
-                if error.is::<BodyDeadlinePassed>() {
-                    return ApiError::Unavailable {
-                        retry_after: std::time::Duration::from_secs(1),
-                        detail: "The file did not arrive within server.request_timeout_secs; nothing was stored.".into(),
-                    };
-                }
-                cause = error.source();
-            }
-            ApiError::BadRequest(format!("The file could not be read: {err}."))
-        }
+        UploadRefused::Body(err) => body_too_late(&err, "nothing was stored")
+            .unwrap_or_else(|| ApiError::BadRequest(format!("The file could not be read: {err}."))),
         UploadRefused::Store(err) => err.into(),
     }
 }
@@ -188,7 +177,7 @@ fn refused(refused: UploadRefused) -> ApiError {
     ),
     security(("tenant_key" = []))
 )]
-pub async fn get_own(
+pub async fn get_attachment(
     State(state): State<AppState>,
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,

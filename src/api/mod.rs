@@ -443,6 +443,27 @@ pub(crate) fn typed_from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, A
     })
 }
 
+/// The 503 of a body that failed because its deadline passed (see
+/// [`BodyDeadlinePassed`]), saying `what` of it; none for another failure.
+pub(crate) fn body_too_late(
+    err: &(dyn std::error::Error + 'static),
+    what: &str,
+) -> Option<ApiError> {
+    let mut cause = Some(err);
+    while let Some(error) = cause {
+        if error.is::<BodyDeadlinePassed>() {
+            return Some(ApiError::Unavailable {
+                retry_after: Duration::from_secs(1),
+                detail: format!(
+                    "The request body did not arrive within server.request_timeout_secs; {what}."
+                ),
+            });
+        }
+        cause = error.source();
+    }
+    None
+}
+
 pub(crate) fn read_json_bytes(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -451,12 +472,7 @@ pub(crate) fn read_json_bytes(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = crate::model::media_type(content_type);
     if essence != "application/json"
         && !(essence.starts_with("application/") && essence.ends_with("+json"))
     {
@@ -466,15 +482,8 @@ pub(crate) fn read_json_bytes(
         )));
     }
     body.map_err(|rejection| {
-        let mut cause: Option<&dyn std::error::Error> = Some(&rejection);
-        while let Some(error) = cause {
-            if error.is::<BodyDeadlinePassed>() {
-                return ApiError::Unavailable {
-                    retry_after: Duration::from_secs(1),
-                    detail: "The request body did not arrive within server.request_timeout_secs; nothing was accepted.".into(),
-                };
-            }
-            cause = error.source();
+        if let Some(late) = body_too_late(&rejection, "nothing was accepted") {
+            return late;
         }
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(
@@ -748,8 +757,8 @@ impl Modify for SecurityAddon {
         templates::get_tenant_template,
         templates::replace_tenant_template,
         templates::delete_tenant_template,
-        attachments::upload,
-        attachments::get_own,
+        attachments::upload_attachment,
+        attachments::get_attachment,
         tenant_queue::tenant_queue,
         tenant_queue::purge_tenant_queue,
         tenant_queue::tenant_dlq,

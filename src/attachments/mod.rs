@@ -137,12 +137,7 @@ impl UploadRefused {
 
 /// The allowed type `content_type` names (parameters and case ignored).
 pub fn allowed_type(content_type: &str) -> Option<&'static AllowedType> {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = crate::model::media_type(content_type);
     ALLOWED.iter().find(|t| t.content_type == essence)
 }
 

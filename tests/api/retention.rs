@@ -320,7 +320,7 @@ on_both_stores! {
 }
 
 on_both_stores! {
-    /// Deleting a tenant takes its dead letters with it.
+    /// Deleting a tenant takes its dead letters and its files with it.
     async fn deleting_a_tenant_erases_its_dead_letters() {
         let sms_api = sms_api_refusing_one_number().await;
         let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
@@ -335,6 +335,8 @@ on_both_stores! {
             let view = wait_for(&app, key, id, status_is(outcome)).await;
             assert_eq!(view["status"], outcome, "{view}");
         }
+        // A file uploaded and not yet sent goes with its tenant too.
+        crate::attachments::uploaded(&app, &key, "list.csv", "text/csv", format!("name\n{SENTINEL}\n").into_bytes()).await;
         assert!(!sentinels_in_store(&app).await.is_empty());
         let response = app.admin(Method::DELETE, "/v1/admin/tenants/acme").send().await.unwrap();
         assert_eq!(response.status(), StatusCode::NO_CONTENT);

@@ -168,7 +168,7 @@ impl RegistryStore for SqliteDb {
     async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion> {
         const PENDING: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = ?1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
-        const ERASE: [&str; 13] = [
+        const ERASE: [&str; 14] = [
             "DELETE FROM api_keys WHERE tenant_id = ?1",
             "DELETE FROM idempotency_keys WHERE tenant_id = ?1",
             "DELETE FROM messages WHERE tenant_id = ?1",
@@ -185,6 +185,8 @@ impl RegistryStore for SqliteDb {
             "DELETE FROM sender_identities WHERE tenant_id = ?1",
             "DELETE FROM template_versions WHERE tenant_id = ?1",
             "DELETE FROM templates WHERE tenant_id = ?1",
+            // Its files, chunks and all (ON DELETE CASCADE).
+            "DELETE FROM attachments WHERE tenant_id = ?1",
             "DELETE FROM usage WHERE tenant_id = ?1",
             // Every message is settled, so each one reached its lane: an
             // outbox row still here only waits to be forgotten, and it
