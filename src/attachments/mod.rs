@@ -343,7 +343,8 @@ impl Frames {
     fn new(body: Body) -> Self {
         Frames {
             body,
-            buffer: Vec::new(),
+            // A chunk and a frame past it: the buffer never grows again.
+            buffer: Vec::with_capacity(CHUNK_BYTES + 64 * 1024),
             ended: false,
         }
     }
@@ -367,11 +368,11 @@ impl Frames {
     }
 
     /// Takes the first chunk's worth of the buffer (what the last `fill`
-    /// returned), leaving the rest for the next.
+    /// returned) as a vector of its exact size, leaving the rest for the
+    /// next in the same buffer.
     fn take(&mut self) -> Vec<u8> {
         let end = CHUNK_BYTES.min(self.buffer.len());
-        let rest = self.buffer.split_off(end);
-        std::mem::replace(&mut self.buffer, rest)
+        self.buffer.drain(..end).collect()
     }
 }
 
