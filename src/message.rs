@@ -1235,6 +1235,11 @@ pub struct MessageView {
     /// Sent by template: the version it was rendered from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template_version: Option<u32>,
+    /// Email with attachments: the bytes of its files in all (what usage
+    /// counts; `GET /v1/attachments/{attachment_id}` names the message
+    /// each went with).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attachment_bytes: Option<i64>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -1269,6 +1274,7 @@ impl From<MessageRecord> for MessageView {
             provider: record.provider,
             template_id: record.template_id,
             template_version: record.template_version,
+            attachment_bytes: record.attachment_bytes,
         }
     }
 }

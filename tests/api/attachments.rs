@@ -104,7 +104,8 @@ on_both_stores! {
             "html": "<p>Your invoice is attached.</p>", "attachments": [file_id],
         });
         let id = app.send_accepted(&key, &send).await;
-        wait_for(&app, &key, &id, status_is("sent")).await;
+        let view = wait_for(&app, &key, &id, status_is("sent")).await;
+        assert_eq!(view["attachment_bytes"], pdf.len(), "{view}");
 
         let calls = ses_calls(&ses).await;
         assert_eq!(calls.len(), 1);
