@@ -1176,6 +1176,45 @@ pub struct MessageRecord {
     pub attachment_bytes: Option<i64>,
 }
 
+/// What a provider last reported of one recipient of an email
+/// (`recipient_statuses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipientRecord {
+    /// Lower case, as suppression lists keep it.
+    pub address: String,
+    pub status: String,
+    pub detail: Option<String>,
+    pub updated_at: i64,
+}
+
+/// One recipient's status, as its provider reported it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecipientView {
+    /// The address, in lower case.
+    pub address: String,
+    /// `delivered`, `bounced`, `complained`, or a report that settles
+    /// nothing: `transient_bounce`, `delivery_delayed`. A recipient moves
+    /// only forward (delivered, then bounced or failed, then complained).
+    pub status: String,
+    /// The provider's words for this address: the receiving server's
+    /// answer, a bounce's diagnostic (addresses in it shown as `[address]`
+    /// unless `logging.log_addresses` is on).
+    pub detail: Option<String>,
+    /// RFC 3339: when the report was recorded.
+    pub updated_at: String,
+}
+
+impl From<RecipientRecord> for RecipientView {
+    fn from(record: RecipientRecord) -> Self {
+        RecipientView {
+            address: record.address,
+            status: record.status,
+            detail: record.detail,
+            updated_at: ms_to_rfc3339(record.updated_at),
+        }
+    }
+}
+
 /// A message's delivery status.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MessageView {
@@ -1240,6 +1279,14 @@ pub struct MessageView {
     /// each went with).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attachment_bytes: Option<i64>,
+    /// Email: each recipient's status as its provider reported it (SES
+    /// reports per address), in address order. The message's `status` is
+    /// the furthest any of them reached: one bounced recipient among
+    /// delivered ones makes the message `bounced`. Absent before a report
+    /// names a recipient, once retention erased the message, and in lists
+    /// (`GET /v1/messages/{id}` shows it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recipients: Vec<RecipientView>,
 }
 
 impl From<MessageRecord> for MessageView {
@@ -1275,6 +1322,7 @@ impl From<MessageRecord> for MessageView {
             template_id: record.template_id,
             template_version: record.template_version,
             attachment_bytes: record.attachment_bytes,
+            recipients: Vec::new(),
         }
     }
 }

@@ -294,7 +294,16 @@ pub async fn get_message(
         .message_in(&caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
-    Ok(axum::Json(record.into()))
+    // Only a sent email can have had a report on its recipients.
+    let reported = record.channel == crate::model::Channel::Email
+        && record.sent_at.is_some()
+        && record.erased_at.is_none();
+    let mut view = MessageView::from(record);
+    if reported {
+        let recipients = state.db.recipient_statuses(&id).await?;
+        view.recipients = recipients.into_iter().map(Into::into).collect();
+    }
+    Ok(axum::Json(view))
 }
 
 /// Cancel a message that has not been sent yet.

@@ -385,6 +385,7 @@ fn simulated_receipt(
             Vec::new()
         },
         suppress_reason: bounced.then(|| "bounce".to_owned()),
+        recipients: Vec::new(),
     }
 }
 

@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::metrics as names;
 use crate::model::now_ms;
 
-pub use crate::store::receipts::{Applied, Receipt};
+pub use crate::store::receipts::{Applied, Receipt, ReportedRecipient};
 use crate::store::{Db, Writer};
 
 /// Applies `receipt`, keeping it for a later match when its message is not

@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Receipt, ingest};
+use super::{Receipt, ReportedRecipient, ingest};
 use crate::config::ProviderSettings;
 use crate::metrics as names;
 use crate::model::MessageStatus;
@@ -73,6 +73,28 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
             })
             .unwrap_or_default()
     };
+    // The addresses a report names, each with its own diagnostic where SES
+    // gives one (else the report's words).
+    let reported = |list: &str, detail: &Option<String>| -> Vec<ReportedRecipient> {
+        let Some(entries) = event.pointer(list).and_then(Value::as_array) else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter_map(|entry| {
+                // `delivery.recipients` lists bare addresses; the others
+                // objects.
+                let address = entry
+                    .as_str()
+                    .or_else(|| entry.get("emailAddress").and_then(Value::as_str))?;
+                let own = entry.get("diagnosticCode").and_then(Value::as_str);
+                Some(ReportedRecipient {
+                    address: address.to_owned(),
+                    detail: own.map(str::to_owned).or_else(|| detail.clone()),
+                })
+            })
+            .collect()
+    };
     let receipt = |outcome: Option<MessageStatus>, event: &str, detail: Option<String>| Receipt {
         // The poller that read it names its SES provider.
         provider: "ses".into(),
@@ -82,8 +104,9 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
         detail,
         suppress: Vec::new(),
         suppress_reason: None,
+        recipients: Vec::new(),
     };
-    Ok(Some(match kind {
+    let mut receipt = match kind {
         "Delivery" => receipt(
             Some(MessageStatus::Delivered),
             "delivered",
@@ -141,7 +164,20 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
             text("/deliveryDelay/delayType").map(|kind| format!("delayed: {kind}")),
         ),
         _ => return Ok(None),
-    }))
+    };
+    // Reject and Rendering Failure name no recipient: the whole message
+    // failed.
+    let list = match kind {
+        "Delivery" => "/delivery/recipients",
+        "Bounce" => "/bounce/bouncedRecipients",
+        "Complaint" => "/complaint/complainedRecipients",
+        "DeliveryDelay" => "/deliveryDelay/delayedRecipients",
+        _ => "",
+    };
+    if !list.is_empty() {
+        receipt.recipients = reported(list, &receipt.detail);
+    }
+    Ok(Some(receipt))
 }
 
 /// Receives in flight at once.
@@ -278,9 +314,12 @@ impl EventsPoller {
             Ok(Some(mut receipt)) => {
                 receipt.provider = self.name.clone();
                 if !self.keep_addresses {
-                    receipt.detail = receipt
-                        .detail
-                        .map(|text| crate::providers::without_addresses(&text).into_owned());
+                    let hide =
+                        |text: String| crate::providers::without_addresses(&text).into_owned();
+                    receipt.detail = receipt.detail.map(hide);
+                    for recipient in &mut receipt.recipients {
+                        recipient.detail = recipient.detail.take().map(hide);
+                    }
                 }
                 self.ingest(&receipt).await
             }
@@ -333,6 +372,61 @@ mod tests {
             receipt.detail.as_deref(),
             Some("Permanent bounce (General): smtp; 550 no such user")
         );
+    }
+
+    #[test]
+    fn each_report_names_its_recipients_with_their_own_words() {
+        let named = |event: Value| {
+            parse(&through_sns(event))
+                .unwrap()
+                .unwrap()
+                .recipients
+                .into_iter()
+                .map(|r| (r.address, r.detail))
+                .collect::<Vec<_>>()
+        };
+        let mail = json!({"messageId": "ses-2", "destination": ["a@example.com", "b@example.com"]});
+        let delivered = named(json!({
+            "eventType": "Delivery", "mail": mail,
+            "delivery": {"recipients": ["a@example.com", "b@example.com"], "smtpResponse": "250 ok"}
+        }));
+        let ok = Some("250 ok".to_owned());
+        assert_eq!(
+            delivered,
+            [
+                ("a@example.com".into(), ok.clone()),
+                ("b@example.com".into(), ok)
+            ]
+        );
+        let bounced = named(json!({
+            "eventType": "Bounce", "mail": mail,
+            "bounce": {"bounceType": "Permanent", "bounceSubType": "General", "bouncedRecipients": [
+                {"emailAddress": "a@example.com", "diagnosticCode": "550 no such user"},
+                {"emailAddress": "b@example.com"}]}
+        }));
+        assert_eq!(
+            bounced,
+            [
+                ("a@example.com".into(), Some("550 no such user".into())),
+                // No diagnostic of its own: the report's words.
+                (
+                    "b@example.com".into(),
+                    Some("Permanent bounce (General): 550 no such user".into())
+                ),
+            ]
+        );
+        let delayed = named(json!({
+            "eventType": "DeliveryDelay", "mail": mail,
+            "deliveryDelay": {"delayType": "MailboxFull", "delayedRecipients": [{"emailAddress": "b@example.com"}]}
+        }));
+        assert_eq!(
+            delayed,
+            [("b@example.com".into(), Some("delayed: MailboxFull".into()))]
+        );
+        let rejected = named(json!({
+            "eventType": "Reject", "mail": mail, "reject": {"reason": "Bad content"}
+        }));
+        assert!(rejected.is_empty(), "a rejection names no recipient");
     }
 
     #[test]

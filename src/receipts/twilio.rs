@@ -106,6 +106,8 @@ pub fn receipt(params: &[(String, String)]) -> Result<Receipt, (&'static str, &'
         detail,
         suppress,
         suppress_reason,
+        // An SMS has one recipient: the message's status is its status.
+        recipients: Vec::new(),
     })
 }
 

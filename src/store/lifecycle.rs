@@ -321,6 +321,7 @@ pub(crate) mod tests {
                     detail: None,
                     suppress: Vec::new(),
                     suppress_reason: None,
+                    recipients: Vec::new(),
                 };
                 if let Some(moved) = decide(&receipt, *current).moves {
                     assert!(may(*current, moved), "{current:?} → {moved:?}");

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::model::{Lane, Scope};
 
 pub use super::events::EventRecord;
-pub use crate::message::MessageRecord;
+pub use crate::message::{MessageRecord, RecipientRecord};
 
 use std::collections::HashMap;
 
@@ -118,6 +118,9 @@ pub trait MessageStore: Send + Sync {
     /// The events of message `id`, oldest first, at most
     /// [`super::events::MAX_EVENTS`].
     async fn message_events(&self, id: &str) -> StoreResult<Vec<EventRecord>>;
+
+    /// What providers reported of message `id`'s recipients, by address.
+    async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>>;
 
     /// The provider last called for message `id` and whether its next
     /// attempt must go to that provider again (see [`crate::store::Called`]).

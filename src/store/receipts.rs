@@ -35,6 +35,21 @@ pub struct Receipt {
     pub suppress: Vec<String>,
     /// Why `suppress` is there: `bounce` or `complaint`.
     pub suppress_reason: Option<String>,
+    /// The recipients the report names, each with the provider's words for
+    /// it (SES: the delivered, bounced, complained or delayed addresses);
+    /// empty when it names none (an SMS, a rejected email). Each address's
+    /// status is kept beside the message's (`recipient_statuses`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recipients: Vec<ReportedRecipient>,
+}
+
+/// One address a provider's report names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedRecipient {
+    pub address: String,
+    /// The provider's words for this address (a bounce's diagnostic, the
+    /// receiving server's answer).
+    pub detail: Option<String>,
 }
 
 impl Receipt {
@@ -42,6 +57,16 @@ impl Receipt {
     /// provider update.
     pub fn outcome_label(&self) -> &'static str {
         self.outcome.map_or("event", MessageStatus::as_str)
+    }
+
+    /// The status the report gives each recipient it names: its outcome's
+    /// word, or the provider update's event (`transient_bounce`,
+    /// `delivery_delayed`).
+    pub fn recipient_status(&self) -> &str {
+        match self.outcome {
+            Some(outcome) => outcome.as_str(),
+            None => &self.event,
+        }
     }
 }
 
@@ -133,6 +158,54 @@ pub(super) fn to_suppress(
         .filter_map(|address| suppressions::normalize(address))
 }
 
+/// The recipients `receipt` names, as addresses are kept (lower case), with
+/// the provider's words for each; unreadable and SMS ones are skipped.
+pub(super) fn reported_recipients(
+    receipt: &Receipt,
+) -> impl Iterator<Item = (String, Option<&str>)> + '_ {
+    receipt.recipients.iter().filter_map(|recipient| {
+        match suppressions::normalize(&recipient.address)? {
+            (crate::model::Channel::Email, address) => Some((address, recipient.detail.as_deref())),
+            _ => None,
+        }
+    })
+}
+
+/// SQL for the [`rank`] of the recipient status in `column`; a provider
+/// update that settles nothing (a delay, a transient bounce) ranks 0.
+fn recipient_rank_sql(column: &str) -> String {
+    let mut sql = format!("CASE {column}");
+    for status in [
+        MessageStatus::Delivered,
+        MessageStatus::Failed,
+        MessageStatus::Bounced,
+        MessageStatus::Complained,
+    ] {
+        let rank = rank(status).unwrap_or(0);
+        sql.push_str(&format!(" WHEN '{}' THEN {rank}", status.as_str()));
+    }
+    sql.push_str(" ELSE 0 END");
+    sql
+}
+
+/// The end of the statement that records a recipient's status (`INSERT
+/// INTO recipient_statuses (message_id, address, tenant_id, status, detail,
+/// updated_at) …`): a recipient only moves forward, as a message does
+/// ([`rank`]); among updates that settle nothing the latest wins; the same
+/// word again changes no row. `distinct` is the dialect's null-safe
+/// inequality (`IS NOT`, `IS DISTINCT FROM`).
+pub(super) fn recipient_upsert_tail(distinct: &str) -> String {
+    let new = recipient_rank_sql("excluded.status");
+    let old = recipient_rank_sql("recipient_statuses.status");
+    format!(
+        "ON CONFLICT (message_id, address) DO UPDATE SET status = excluded.status, \
+         detail = excluded.detail, updated_at = excluded.updated_at \
+         WHERE {new} > {old} OR ({new} = 0 AND {old} = 0 \
+         AND (excluded.status <> recipient_statuses.status \
+         OR excluded.detail {distinct} recipient_statuses.detail))"
+    )
+}
+
 pub(super) fn suppress_reason(receipt: &Receipt) -> &str {
     receipt.suppress_reason.as_deref().unwrap_or("bounce")
 }
@@ -189,6 +262,7 @@ pub(crate) mod tests {
             detail: None,
             suppress: Vec::new(),
             suppress_reason: None,
+            recipients: Vec::new(),
         };
         let gamma = writer
             .apply_receipt(&report("gamma", MessageStatus::Delivered))
@@ -217,6 +291,146 @@ pub(crate) mod tests {
             |id: &'static str| async move { db.message(id).await.unwrap().unwrap().status };
         assert_eq!(status("by-alpha").await, MessageStatus::Delivered);
         assert_eq!(status("by-beta").await, MessageStatus::Failed);
+    }
+
+    /// On `db`: reports naming recipients keep each address's status. A
+    /// report the message already had is news for an address it had not
+    /// named; a recipient moves only forward; reports applied in one group
+    /// (several at once) end as if applied in turn; a complaint from a
+    /// second address still suppresses it; retention deletes the rows.
+    pub(crate) async fn recipients_keep_their_own_statuses(db: &Db) {
+        let (writer, done) = Writer::start(db, 64, 0).unwrap();
+        writer
+            .accept(crate::store::hot::tests::queued_entry("many", "acme"))
+            .await
+            .unwrap();
+        assert!(writer.claim("many", 0).await.unwrap());
+        writer.sent_by("many", "SES-1", Some("ses")).await.unwrap();
+        let report = |outcome: Option<MessageStatus>, event: &str, to: &[&str]| Receipt {
+            provider: "ses".into(),
+            provider_message_id: "SES-1".into(),
+            outcome,
+            event: event.into(),
+            detail: Some(format!("{event} report")),
+            suppress: match outcome {
+                Some(MessageStatus::Complained) => to.iter().map(|a| a.to_string()).collect(),
+                _ => Vec::new(),
+            },
+            suppress_reason: Some("complaint".into()),
+            recipients: to
+                .iter()
+                .map(|address| ReportedRecipient {
+                    address: address.to_string(),
+                    detail: Some(format!("250 ok for {address}")),
+                })
+                .collect(),
+        };
+        let delivered = Some(MessageStatus::Delivered);
+        let first = writer
+            .apply_receipt(&report(
+                delivered,
+                "delivered",
+                &["A@example.com", "b@example.com"],
+            ))
+            .await
+            .unwrap();
+        assert!(
+            matches!(first, Applied::Matched { changed: true, .. }),
+            "{first:?}"
+        );
+        // The message is delivered already; the news is c's.
+        let second = writer
+            .apply_receipt(&report(delivered, "delivered", &["c@example.com"]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(second, Applied::Matched { changed: false, .. }),
+            "{second:?}"
+        );
+        let again = writer
+            .apply_receipt(&report(delivered, "delivered", &["c@example.com"]))
+            .await
+            .unwrap();
+        assert_eq!(again, Applied::Duplicate);
+        // At once (one group on PostgreSQL): d is delayed, then delivered,
+        // then a delay comes late and changes nothing; b complains.
+        let group = futures_util::future::join_all(
+            [
+                report(None, "delivery_delayed", &["d@example.com"]),
+                report(delivered, "delivered", &["d@example.com"]),
+                report(None, "delivery_delayed", &["d@example.com"]),
+                report(
+                    Some(MessageStatus::Complained),
+                    "complained",
+                    &["b@example.com"],
+                ),
+            ]
+            .iter()
+            .map(|receipt| writer.apply_receipt(receipt)),
+        )
+        .await;
+        assert!(group.iter().all(Result::is_ok), "{group:?}");
+        // The first report again, after b complained: a moves no further
+        // back than delivered, and b stays complained.
+        writer
+            .apply_receipt(&report(
+                delivered,
+                "delivered",
+                &["a@example.com", "b@example.com"],
+            ))
+            .await
+            .unwrap();
+        let b_again = writer
+            .apply_receipt(&report(
+                Some(MessageStatus::Complained),
+                "complained",
+                &["e@example.com"],
+            ))
+            .await
+            .unwrap();
+        assert!(
+            matches!(b_again, Applied::Matched { changed: false, .. }),
+            "{b_again:?}"
+        );
+        writer.stop().await;
+        done.await.unwrap();
+
+        let kept: Vec<(String, String)> = db
+            .recipient_statuses("many")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|row| (row.address, row.status))
+            .collect();
+        let expected = [
+            ("a@example.com", "delivered"),
+            ("b@example.com", "complained"),
+            ("c@example.com", "delivered"),
+            ("d@example.com", "delivered"),
+            ("e@example.com", "complained"),
+        ]
+        .map(|(a, s)| (a.to_owned(), s.to_owned()));
+        assert_eq!(kept, expected);
+        let c = &db.recipient_statuses("many").await.unwrap()[2];
+        assert_eq!(c.detail.as_deref(), Some("250 ok for c@example.com"));
+        let message = db.message("many").await.unwrap().unwrap();
+        assert_eq!(message.status, MessageStatus::Complained);
+        // The second complaining address is suppressed too.
+        for address in ["b@example.com", "e@example.com"] {
+            assert!(
+                db.suppression("acme", address).await.unwrap().is_some(),
+                "{address} suppressed"
+            );
+        }
+        assert_eq!(db.erase_messages(&["many".to_owned()], 1).await.unwrap(), 1);
+        assert!(db.recipient_statuses("many").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn recipients_keep_their_own_statuses_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("r.db"), false).await.unwrap();
+        recipients_keep_their_own_statuses(&db).await;
     }
 
     #[tokio::test]

@@ -496,3 +496,102 @@ async fn an_ses_permanent_bounce_bounces_the_email_and_suppresses_the_address() 
 async fn an_ses_complaint_marks_the_email_complained_and_suppresses_the_address() {
     ses_receipt_suppresses("Complaint").await;
 }
+
+on_both_stores! {
+    /// An email to three addresses (to, cc, bcc) through SES on moto: SES's
+    /// events name each recipient, and the status shows each one's word. A
+    /// delivery for two, a later delivery for the third (the message is
+    /// delivered already; the news is the third's), then a permanent bounce
+    /// for one: the message is `bounced`, its recipients each their own, the
+    /// bounced address suppressed and its diagnostic without the address.
+    async fn an_email_to_several_addresses_shows_each_recipients_status() {
+        let moto = moto_url();
+        ses_identity(&moto).await;
+        let (sqs, queue) = events_queue(&moto).await;
+        let sms_api = MockServer::start().await;
+        let settings = delivery_settings(&sms_api.uri(), &moto, "").replace(
+            "from = \"noreply@example.com\"\n",
+            &format!("from = \"noreply@example.com\"\nevents_queue_url = \"{queue}\"\n"),
+        );
+        let app = TestApp::start(&settings).await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let [to, cc, bcc] = ["to", "cc", "bcc"].map(|role| format!("{role}-{tag}@example.com"));
+        let id = app
+            .send_accepted(
+                &key,
+                &json!({"channel": "email", "to": to, "cc": [cc], "bcc": [bcc],
+                    "subject": "Team notice", "text": "Hello all."}),
+            )
+            .await;
+        let view = wait_for(&app, &key, &id, status_is("sent")).await;
+        assert!(view.get("recipients").is_none(), "no report yet: {view}");
+        let ses_id = view["provider_message_id"].as_str().unwrap().to_owned();
+        let mail = json!({"messageId": ses_id, "destination": [to, cc, bcc]});
+        publish(&sqs, &queue, json!({"eventType": "Delivery", "mail": mail,
+            "delivery": {"recipients": [to.to_uppercase(), cc], "smtpResponse": "250 2.0.0 OK"}}))
+        .await;
+        let recipients_are = |count: usize| {
+            move |view: &Value| view["recipients"].as_array().is_some_and(|r| r.len() == count)
+        };
+        let view = wait_for(&app, &key, &id, recipients_are(2)).await;
+        assert!(recipients_are(2)(&view), "{view}");
+        assert_eq!(view["status"], "delivered", "{view}");
+        publish(&sqs, &queue, json!({"eventType": "Delivery", "mail": mail,
+            "delivery": {"recipients": [bcc], "smtpResponse": "250 2.0.0 OK"}}))
+        .await;
+        let view = wait_for(&app, &key, &id, recipients_are(3)).await;
+        assert!(recipients_are(3)(&view), "{view}");
+        publish(&sqs, &queue, json!({"eventType": "Bounce", "mail": mail,
+            "bounce": {"bounceType": "Permanent", "bounceSubType": "General",
+                "bouncedRecipients": [{"emailAddress": cc,
+                    "diagnosticCode": format!("smtp; 550 5.1.1 <{cc}>: user unknown")}]}}))
+        .await;
+        let view = wait_for(&app, &key, &id, status_is("bounced")).await;
+        assert_eq!(view["status"], "bounced", "{view}");
+        let mut expected = vec![
+            (bcc.clone(), "delivered", "250 2.0.0 OK"),
+            (cc.clone(), "bounced", "smtp; 550 5.1.1 <[address]>: user unknown"),
+            (to.clone(), "delivered", "250 2.0.0 OK"),
+        ];
+        expected.sort();
+        let shown: Vec<(String, &str, &str)> = view["recipients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                assert!(r["updated_at"].is_string(), "{r}");
+                (
+                    r["address"].as_str().unwrap().to_owned(),
+                    r["status"].as_str().unwrap(),
+                    r["detail"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(shown, expected, "{view}");
+        // One event per report that moved the message; the third
+        // recipient's delivery is in its row, not in the history.
+        let listed = expect_json(
+            app.tenant(&key, Method::GET, &format!("/v1/messages/{id}/events"))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        let history: Vec<&str> = listed["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event"].as_str().unwrap())
+            .collect();
+        assert_eq!(history, ["queued", "sent", "delivered", "bounced"]);
+        let suppressed = app
+            .admin(Method::GET, &format!("/v1/admin/tenants/acme/suppressions/{cc}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(suppressed.status(), StatusCode::OK);
+        app.stop().await;
+    }
+}

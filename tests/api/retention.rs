@@ -303,6 +303,7 @@ on_both_stores! {
             detail: Some(format!("30006 landline {SENTINEL}")),
             suppress: Vec::new(),
             suppress_reason: None,
+            recipients: Vec::new(),
         };
         app.state.writer.apply_receipt(&late_report).await.unwrap();
         let late = expect_json(app.get_message(&key, &text).await, StatusCode::OK).await;

@@ -10,7 +10,7 @@ use crate::model::{Lane, Scope, now_ms};
 use crate::store::events::{EventRecord, MAX_EVENTS};
 use crate::store::messages::{
     ListFilter, ListPage, ListQuery, ListValue, MESSAGE_COLUMNS, MessageRecord, MessageRow,
-    MessageStore, NEWEST_FIRST, from_row, message_columns,
+    MessageStore, NEWEST_FIRST, RecipientRecord, from_row, message_columns,
 };
 
 /// A status row's statement: its columns from `messages`, then `$where`.
@@ -68,6 +68,22 @@ impl MessageStore for PgDb {
             .bind(MAX_EVENTS)
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>> {
+        const LIST: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
+             WHERE message_id = $1 ORDER BY address";
+        let rows: Vec<(String, String, Option<String>, i64)> =
+            sqlx::query_as(LIST).bind(id).fetch_all(&self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(address, status, detail, updated_at)| RecipientRecord {
+                address,
+                status,
+                detail,
+                updated_at,
+            })
+            .collect())
     }
 
     async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>> {

@@ -10,15 +10,18 @@ use std::collections::{HashMap, HashSet};
 use super::PgDb;
 use crate::model::MessageStatus;
 use crate::store::receipts::{
-    Applied, Decision, KeptReceipt, Receipt, ReceiptStore, decide, error_after, suppress_reason,
-    to_suppress,
+    Applied, Decision, KeptReceipt, Receipt, ReceiptStore, decide, error_after, rank,
+    recipient_upsert_tail, reported_recipients, suppress_reason, to_suppress,
 };
 
 /// What the group's pass decided for one receipt before its rows are
 /// written.
 enum Plan {
     Unmatched,
-    Duplicate,
+    /// The message `found[message]` has had this report already.
+    Duplicate {
+        message: usize,
+    },
     /// Record the event for message `found[message]`; `check` when it moves
     /// nothing, so an earlier record of the same event makes it a replay.
     Record {
@@ -157,7 +160,7 @@ pub(crate) async fn apply_group(
         };
         let decision = decide(receipt, found[message].status);
         if decision.duplicate {
-            plans.push(Plan::Duplicate);
+            plans.push(Plan::Duplicate { message });
             continue;
         }
         if let Some(outcome) = decision.moves {
@@ -172,6 +175,7 @@ pub(crate) async fn apply_group(
     }
 
     let seen_before = seen_before(&mut *tx, receipts, &plans, &found).await?;
+    let recipients_moved = upsert_recipients(&mut *tx, receipts, &plans, &found, now).await?;
 
     let mut recorded: HashSet<(usize, &str, Option<&str>)> = HashSet::new();
     let mut moves: HashMap<usize, (MessageStatus, Option<String>)> = HashMap::new();
@@ -180,13 +184,32 @@ pub(crate) async fn apply_group(
     let mut applied = Vec::with_capacity(plans.len());
     for (index, plan) in plans.iter().enumerate() {
         let receipt = receipts[index];
+        // A report the message has already had may still be news for one
+        // of its recipients (a second address delivered, another
+        // complaining): no event, the recipient's status and suppression
+        // only.
+        let mut recipients_only = |message: usize| {
+            if !recipients_moved.contains(&index) {
+                return Applied::Duplicate;
+            }
+            let target = &found[message];
+            for (channel, address) in to_suppress(receipt) {
+                suppress.push(target, address, channel, receipt, now);
+            }
+            Applied::Matched {
+                message_id: target.id.clone(),
+                tenant_id: target.tenant_id.clone(),
+                changed: false,
+                sent_at: target.sent_at,
+            }
+        };
         let (message, decision, check) = match plan {
             Plan::Unmatched => {
                 applied.push(Applied::Unmatched);
                 continue;
             }
-            Plan::Duplicate => {
-                applied.push(Applied::Duplicate);
+            Plan::Duplicate { message } => {
+                applied.push(recipients_only(*message));
                 continue;
             }
             Plan::Record {
@@ -198,7 +221,7 @@ pub(crate) async fn apply_group(
         let key = (message, decision.event.as_str(), receipt.detail.as_deref());
         let replay = check && (seen_before.contains(&(index as i64)) || recorded.contains(&key));
         if replay {
-            applied.push(Applied::Duplicate);
+            applied.push(recipients_only(message));
             continue;
         }
         recorded.insert(key);
@@ -231,6 +254,92 @@ pub(crate) async fn apply_group(
     super::lifecycle::events(&mut *tx, &events.0).await?;
     suppress.insert(&mut *tx).await?;
     Ok(applied)
+}
+
+/// Records the statuses of the recipients a group's matched receipts name,
+/// in one statement ([`recipient_upsert_tail`]); answers the receipts (by
+/// index) that moved at least one recipient. A recipient named twice in
+/// the group keeps the report that ranks higher (the later of equals), as
+/// if the reports were applied one after another.
+async fn upsert_recipients(
+    tx: &mut sqlx::PgConnection,
+    receipts: &[&Receipt],
+    plans: &[Plan],
+    found: &[Found],
+    now: i64,
+) -> anyhow::Result<HashSet<usize>> {
+    let ranked = |status: &str| {
+        status
+            .parse::<MessageStatus>()
+            .ok()
+            .and_then(rank)
+            .unwrap_or(0)
+    };
+    let mut chosen: HashMap<(usize, String), (usize, Option<&str>)> = HashMap::new();
+    for (index, plan) in plans.iter().enumerate() {
+        let (Plan::Duplicate { message } | Plan::Record { message, .. }) = plan else {
+            continue;
+        };
+        let receipt = receipts[index];
+        let new_rank = ranked(receipt.recipient_status());
+        for (address, detail) in reported_recipients(receipt) {
+            match chosen.entry((*message, address)) {
+                Entry::Occupied(mut slot) => {
+                    if new_rank >= ranked(receipts[slot.get().0].recipient_status()) {
+                        slot.insert((index, detail));
+                    }
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert((index, detail));
+                }
+            }
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut rows = RecipientColumns::default();
+    let mut by_row: HashMap<(&str, &str), usize> = HashMap::new();
+    for ((message, address), (index, detail)) in &chosen {
+        let target = &found[*message];
+        rows.message_id.push(target.id.as_str());
+        rows.address.push(address.as_str());
+        rows.tenant_id.push(target.tenant_id.as_str());
+        rows.status.push(receipts[*index].recipient_status());
+        rows.detail.push(*detail);
+        rows.updated_at.push(now);
+        by_row.insert((target.id.as_str(), address.as_str()), *index);
+    }
+    let sql = format!(
+        "INSERT INTO recipient_statuses (message_id, address, tenant_id, status, detail, \
+         updated_at) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+         $5::text[], $6::bigint[]) {} RETURNING message_id, address",
+        recipient_upsert_tail("IS DISTINCT FROM")
+    );
+    let moved: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(&rows.message_id)
+        .bind(&rows.address)
+        .bind(&rows.tenant_id)
+        .bind(&rows.status)
+        .bind(&rows.detail)
+        .bind(&rows.updated_at)
+        .fetch_all(&mut *tx)
+        .await?;
+    Ok(moved
+        .iter()
+        .filter_map(|(id, address)| by_row.get(&(id.as_str(), address.as_str())).copied())
+        .collect())
+}
+
+/// The recipient status rows of a group's receipts, column by column.
+#[derive(Default)]
+struct RecipientColumns<'a> {
+    message_id: Vec<&'a str>,
+    address: Vec<&'a str>,
+    tenant_id: Vec<&'a str>,
+    status: Vec<&'a str>,
+    detail: Vec<Option<&'a str>>,
+    updated_at: Vec<i64>,
 }
 
 /// The event rows of a group's receipts.

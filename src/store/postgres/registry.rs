@@ -129,10 +129,11 @@ impl RegistryStore for PgDb {
     async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion> {
         const PENDING: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = $1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
-        const ERASE: [&str; 15] = [
+        const ERASE: [&str; 16] = [
             "DELETE FROM api_keys WHERE tenant_id = $1",
             "DELETE FROM idempotency_keys WHERE tenant_id = $1",
             "DELETE FROM messages WHERE tenant_id = $1",
+            "DELETE FROM recipient_statuses WHERE tenant_id = $1",
             // The newest event of all stays, as a blank line, as on SQLite
             // (a position past it must never see an older id again).
             "DELETE FROM message_events WHERE tenant_id = $1 \

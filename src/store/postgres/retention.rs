@@ -49,6 +49,7 @@ impl RetentionStore for PgDb {
             "UPDATE message_events SET detail = NULL \
              WHERE detail IS NOT NULL AND message_id = ANY($1)",
             "DELETE FROM outbox WHERE message_id = ANY($1)",
+            "DELETE FROM recipient_statuses WHERE message_id = ANY($1)",
             // The files the messages carried, chunks and all (ON DELETE
             // CASCADE).
             "DELETE FROM attachments WHERE message_id = ANY($1)",

@@ -544,6 +544,13 @@ async fn a_receipt_moves_only_what_its_provider_sent_on_postgres() {
     crate::store::receipts::tests::a_receipt_moves_only_what_its_provider_sent(&db).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipients_keep_their_own_statuses_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    crate::store::receipts::tests::recipients_keep_their_own_statuses(&db).await;
+}
+
 fn receipt(
     provider_id: &str,
     outcome: Option<MessageStatus>,
@@ -558,6 +565,7 @@ fn receipt(
         detail: detail.map(str::to_owned),
         suppress: Vec::new(),
         suppress_reason: None,
+        recipients: Vec::new(),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::model::{Lane, Scope, now_ms};
 use crate::store::events::{EventRecord, MAX_EVENTS};
 use crate::store::messages::{
     ListFilter, ListPage, ListQuery, ListValue, MESSAGE_COLUMNS, MessageRecord, MessageRow,
-    MessageStore, NEWEST_FIRST, from_row, message_columns,
+    MessageStore, NEWEST_FIRST, RecipientRecord, from_row, message_columns,
 };
 
 /// A status row's statement: its columns from `messages`, then `$where`.
@@ -88,6 +88,21 @@ impl MessageStore for SqliteDb {
                     attempts: row.get(4)?,
                     detail: row.get(5)?,
                     provider_message_id: row.get(6)?,
+                })
+            })
+            .await?)
+    }
+
+    async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>> {
+        const LIST: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
+             WHERE message_id = ?1 ORDER BY address";
+        Ok(self
+            .rows(LIST, args![id.to_owned()], |row| {
+                Ok(RecipientRecord {
+                    address: row.get(0)?,
+                    status: row.get(1)?,
+                    detail: row.get(2)?,
+                    updated_at: row.get(3)?,
                 })
             })
             .await?)

@@ -7,8 +7,18 @@ use async_trait::async_trait;
 use super::{SqliteDb, args, tuple};
 use crate::model::{MessageStatus, now_ms};
 use crate::store::receipts::{
-    Applied, KeptReceipt, Receipt, ReceiptStore, decide, error_after, suppress_reason, to_suppress,
+    Applied, KeptReceipt, Receipt, ReceiptStore, decide, error_after, recipient_upsert_tail,
+    reported_recipients, suppress_reason, to_suppress,
 };
+
+/// Records one recipient's status ([`recipient_upsert_tail`]).
+static RECIPIENT_UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO recipient_statuses (message_id, address, tenant_id, status, detail, \
+         updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
+        recipient_upsert_tail("IS NOT")
+    )
+});
 
 /// Records `receipt` in the SQLite writer's transaction `tx` (a piece of
 /// its group), so a receipt does not commit alone; [`crate::store::postgres::receipts::apply_group`] does
@@ -48,26 +58,44 @@ pub(crate) fn apply_in(
             )?
             .exists(rusqlite::params![id, decision.event, receipt.detail])?;
     }
-    if duplicate {
+    let mut recipients_moved = 0;
+    for (address, detail) in reported_recipients(receipt) {
+        recipients_moved += tx
+            .prepare_cached(&RECIPIENT_UPSERT)?
+            .execute(rusqlite::params![
+                id,
+                address,
+                tenant_id,
+                receipt.recipient_status(),
+                detail,
+                now
+            ])?;
+    }
+    if duplicate && recipients_moved == 0 {
         return Ok(Applied::Duplicate);
     }
-    if let Some(outcome) = decision.moves {
-        let error = error_after(receipt, outcome);
-        super::lifecycle::receipt(tx, &id, outcome, error.as_deref(), now)?;
+    // A report the message has already had, but news for one of its
+    // recipients (a second address delivered, another complaining): no
+    // event, the recipient's status and suppression only.
+    if !duplicate {
+        if let Some(outcome) = decision.moves {
+            let error = error_after(receipt, outcome);
+            super::lifecycle::receipt(tx, &id, outcome, error.as_deref(), now)?;
+        }
+        super::lifecycle::event(
+            tx,
+            &super::lifecycle::Event {
+                message_id: &id,
+                tenant_id: &tenant_id,
+                at: now,
+                name: &decision.event,
+                status: decision.after,
+                attempts,
+                detail: receipt.detail.as_deref(),
+                provider_message_id: Some(&receipt.provider_message_id),
+            },
+        )?;
     }
-    super::lifecycle::event(
-        tx,
-        &super::lifecycle::Event {
-            message_id: &id,
-            tenant_id: &tenant_id,
-            at: now,
-            name: &decision.event,
-            status: decision.after,
-            attempts,
-            detail: receipt.detail.as_deref(),
-            provider_message_id: Some(&receipt.provider_message_id),
-        },
-    )?;
     for (channel, address) in to_suppress(receipt) {
         tx.prepare_cached(super::suppressions::INSERT)?
             .execute(rusqlite::params![
@@ -83,7 +111,7 @@ pub(crate) fn apply_in(
     Ok(Applied::Matched {
         message_id: id,
         tenant_id,
-        changed: decision.moves.is_some(),
+        changed: !duplicate && decision.moves.is_some(),
         sent_at,
     })
 }

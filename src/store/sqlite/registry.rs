@@ -168,10 +168,11 @@ impl RegistryStore for SqliteDb {
     async fn delete_tenant(&self, id: &str) -> StoreResult<TenantDeletion> {
         const PENDING: &str = "SELECT COUNT(*) FROM messages WHERE tenant_id = ?1 \
              AND status IN ('scheduled', 'queued', 'sending', 'retrying')";
-        const ERASE: [&str; 14] = [
+        const ERASE: [&str; 15] = [
             "DELETE FROM api_keys WHERE tenant_id = ?1",
             "DELETE FROM idempotency_keys WHERE tenant_id = ?1",
             "DELETE FROM messages WHERE tenant_id = ?1",
+            "DELETE FROM recipient_statuses WHERE tenant_id = ?1",
             // The newest event of all stays, as a blank line: SQLite gives
             // a new row the highest id plus one, and an id used again would
             // sit behind webhook positions already past it.

@@ -50,6 +50,7 @@ impl RetentionStore for SqliteDb {
         const EVENTS: &str = "UPDATE message_events SET detail = NULL \
              WHERE detail IS NOT NULL AND message_id IN (";
         const OUTBOX: &str = "DELETE FROM outbox WHERE message_id IN (";
+        const RECIPIENTS: &str = "DELETE FROM recipient_statuses WHERE message_id IN (";
         let ids = ids.to_vec();
         Ok(self
             .transact(move |tx| {
@@ -60,7 +61,7 @@ impl RetentionStore for SqliteDb {
                     .query_map(rusqlite::params_from_iter(args), |row| row.get(0))?
                     .collect::<rusqlite::Result<_>>()?;
                 if !erased.is_empty() {
-                    for head in [EVENTS, OUTBOX] {
+                    for head in [EVENTS, OUTBOX, RECIPIENTS] {
                         let sql = format!("{head}{}", id_list(erased.len()));
                         tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
                     }
