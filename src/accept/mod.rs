@@ -561,11 +561,21 @@ impl Acceptor {
     /// [`crate::attachments::MAX_TOTAL_BYTES`]: their names, types and
     /// sizes filled in.
     async fn with_files(&self, caller: &Caller, message: &mut NewMessage) -> Result<(), Refused> {
-        let scope = caller.scope();
+        if message.attachments.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = message.attachments.iter().map(|f| f.id.clone()).collect();
+        let mut found: std::collections::HashMap<String, _> = self
+            .db
+            .attachments_in(&caller.scope(), &ids)
+            .await?
+            .into_iter()
+            .map(|row| (row.id.clone(), row))
+            .collect();
         let mut total = 0i64;
         for (index, file) in message.attachments.iter_mut().enumerate() {
             let field = format!("attachments[{index}]");
-            let Some(row) = self.db.attachment(&scope, &file.id).await? else {
+            let Some(row) = found.remove(&file.id) else {
                 return Err(Refused::field(
                     &field,
                     "no uploaded file of the tenant has this id (a test key's uploads and a live key's are apart)",

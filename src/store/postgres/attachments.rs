@@ -73,18 +73,22 @@ impl AttachmentStore for PgDb {
         Ok(())
     }
 
-    async fn attachment(&self, scope: &Scope, id: &str) -> StoreResult<Option<AttachmentRow>> {
+    async fn attachments_in(
+        &self,
+        scope: &Scope,
+        ids: &[String],
+    ) -> StoreResult<Vec<AttachmentRow>> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE id = $1 AND tenant_id = $2 AND test = $3 \
-             AND sha256 IS NOT NULL"
+            "SELECT {COLUMNS} FROM attachments WHERE id = ANY($1) AND tenant_id = $2 \
+             AND test = $3 AND sha256 IS NOT NULL"
         );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id)
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(ids)
             .bind(scope.tenant())
             .bind(scope.is_test())
-            .fetch_optional(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-        Ok(row.as_ref().map(attachment_row).transpose()?)
+        Ok(rows.iter().map(attachment_row).collect::<Result<_, _>>()?)
     }
 
     async fn claim_attachments(
@@ -130,30 +134,17 @@ impl AttachmentStore for PgDb {
     }
 
     async fn attachment_bytes(&self, message_id: &str, id: &str) -> StoreResult<Option<Vec<u8>>> {
-        const THERE: &str = "SELECT size FROM attachments WHERE id = $1 AND message_id = $2";
-        const CHUNKS: &str = "SELECT c.data FROM attachment_chunks AS c \
-             JOIN attachments AS a ON a.id = c.attachment_id \
+        // One row per chunk; an empty file is one row without data, a file
+        // that is not there (or not this message's) no row.
+        const CHUNKS: &str = "SELECT a.size, c.data FROM attachments AS a \
+             LEFT JOIN attachment_chunks AS c ON c.attachment_id = a.id \
              WHERE a.id = $1 AND a.message_id = $2 ORDER BY c.seq";
-        let mut tx = self.pool.begin().await?;
-        let size: Option<i64> = sqlx::query_scalar(THERE)
+        let rows: Vec<(i64, Option<Vec<u8>>)> = sqlx::query_as(CHUNKS)
             .bind(id)
             .bind(message_id)
-            .fetch_optional(&mut *tx)
+            .fetch_all(&self.pool)
             .await?;
-        let Some(size) = size else {
-            return Ok(None);
-        };
-        let chunks: Vec<Vec<u8>> = sqlx::query_scalar(CHUNKS)
-            .bind(id)
-            .bind(message_id)
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        for chunk in chunks {
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(Some(bytes))
+        Ok(crate::store::attachments::joined(rows))
     }
 
     async fn attachments_of(&self, message_id: &str) -> StoreResult<Vec<AttachmentRow>> {

@@ -545,6 +545,19 @@ async fn a_receipt_moves_only_what_its_provider_sent_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_takes_all_or_none_on_postgres() {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    db.test_execute(
+        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+         INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
+         VALUES ('acme', 'a', 'p', 'active', 0, 0);",
+    )
+    .await;
+    crate::store::attachments::tests::a_claim_takes_all_or_none(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recipients_keep_their_own_statuses_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;

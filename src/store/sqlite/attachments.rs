@@ -68,13 +68,22 @@ impl AttachmentStore for SqliteDb {
         Ok(())
     }
 
-    async fn attachment(&self, scope: &Scope, id: &str) -> StoreResult<Option<AttachmentRow>> {
+    async fn attachments_in(
+        &self,
+        scope: &Scope,
+        ids: &[String],
+    ) -> StoreResult<Vec<AttachmentRow>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE id = $1 AND tenant_id = $2 AND test = $3 \
-             AND sha256 IS NOT NULL"
+            "SELECT {COLUMNS} FROM attachments WHERE tenant_id = ? AND test = ? \
+             AND sha256 IS NOT NULL AND id IN ({}",
+            id_list(ids.len())
         );
-        let args = args![id.to_owned(), scope.tenant().to_owned(), scope.is_test()];
-        Ok(self.row(sql, args, attachment_row).await?)
+        let mut args = args![scope.tenant().to_owned(), scope.is_test()];
+        args.extend(ids.iter().cloned().map(rusqlite::types::Value::from));
+        Ok(self.rows(sql, args, attachment_row).await?)
     }
 
     async fn claim_attachments(
@@ -84,39 +93,41 @@ impl AttachmentStore for SqliteDb {
         message_id: &str,
         now: i64,
     ) -> StoreResult<Result<(), NotClaimed>> {
-        const CLAIM: &str = "UPDATE attachments SET message_id = ?1, claimed_at = ?2 \
-             WHERE id = ?3 AND tenant_id = ?4 AND test = ?5 AND sha256 IS NOT NULL \
-             AND message_id IS NULL";
+        // In the write turn's immediate transaction: nothing claims a file
+        // between the look and the claim.
         let (scope, ids, message_id) = (scope.clone(), ids.to_vec(), message_id.to_owned());
         Ok(self
             .transact(move |tx| {
-                let mut claim = tx.prepare_cached(CLAIM)?;
-                let mut taken = Vec::new();
-                for id in &ids {
-                    let changed = claim.execute(params![
-                        message_id,
-                        now,
-                        id,
-                        scope.tenant(),
-                        scope.is_test()
-                    ])?;
-                    if changed == 0 {
-                        taken.push(id.clone());
-                    }
+                let scoped = |head: &str| {
+                    format!(
+                        "{head} WHERE tenant_id = ? AND test = ? AND sha256 IS NOT NULL \
+                         AND message_id IS NULL AND id IN ({}",
+                        id_list(ids.len())
+                    )
+                };
+                let mut args = args![scope.tenant().to_owned(), scope.is_test()];
+                args.extend(ids.iter().cloned().map(rusqlite::types::Value::from));
+                let free: std::collections::HashSet<String> = tx
+                    .prepare(&scoped("SELECT id FROM attachments"))?
+                    .query_map(rusqlite::params_from_iter(&args), |row| row.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let taken: Vec<String> = ids
+                    .iter()
+                    .filter(|id| !free.contains(*id))
+                    .cloned()
+                    .collect();
+                if !taken.is_empty() {
+                    return Ok(Err(NotClaimed { ids: taken }));
                 }
-                if taken.is_empty() {
-                    Ok(Ok(()))
-                } else {
-                    // Nothing of the claim may stay: undo it by failing the
-                    // transaction, and answer which files were not free.
-                    Err(anyhow::Error::new(Unclaimed(NotClaimed { ids: taken })))
-                }
+                let mut claim_args = args![message_id, now];
+                claim_args.extend(args);
+                tx.execute(
+                    &scoped("UPDATE attachments SET message_id = ?, claimed_at = ?"),
+                    rusqlite::params_from_iter(claim_args),
+                )?;
+                Ok(Ok(()))
             })
-            .await
-            .or_else(|err| match err.downcast::<Unclaimed>() {
-                Ok(Unclaimed(not)) => Ok(Err(not)),
-                Err(err) => Err(err),
-            })?)
+            .await?)
     }
 
     async fn release_attachments(&self, message_id: &str) -> StoreResult<()> {
@@ -127,29 +138,29 @@ impl AttachmentStore for SqliteDb {
     }
 
     async fn attachment_bytes(&self, message_id: &str, id: &str) -> StoreResult<Option<Vec<u8>>> {
-        const CHUNKS: &str = "SELECT c.data FROM attachments AS a \
-             JOIN attachment_chunks AS c ON c.attachment_id = a.id \
+        // One row per chunk; an empty file is one row without data, a file
+        // that is not there (or not this message's) no row.
+        const CHUNKS: &str = "SELECT a.size, c.data FROM attachments AS a \
+             LEFT JOIN attachment_chunks AS c ON c.attachment_id = a.id \
              WHERE a.id = ?1 AND a.message_id = ?2 ORDER BY c.seq";
-        const THERE: &str = "SELECT size FROM attachments WHERE id = ?1 AND message_id = ?2";
         let (id, message_id) = (id.to_owned(), message_id.to_owned());
         Ok(self
             .read(move |conn| {
-                let tx = conn.unchecked_transaction()?;
-                let size: Option<i64> = {
-                    use rusqlite::OptionalExtension;
-                    tx.query_row(THERE, params![id, message_id], |row| row.get(0))
-                        .optional()?
-                };
-                let Some(size) = size else {
-                    return Ok(None);
-                };
-                let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-                let mut chunks = tx.prepare_cached(CHUNKS)?;
+                // Each chunk is copied once, from SQLite's page into the
+                // file's buffer.
+                let mut chunks = conn.prepare_cached(CHUNKS)?;
                 let mut rows = chunks.query(params![id, message_id])?;
+                let mut bytes: Option<Vec<u8>> = None;
                 while let Some(row) = rows.next()? {
-                    bytes.extend_from_slice(row.get_ref(0)?.as_blob()?);
+                    let file = bytes.get_or_insert_with(|| {
+                        let size: i64 = row.get(0).unwrap_or(0);
+                        Vec::with_capacity(usize::try_from(size).unwrap_or(0))
+                    });
+                    if let Some(chunk) = row.get_ref(1)?.as_blob_or_null()? {
+                        file.extend_from_slice(chunk);
+                    }
                 }
-                Ok(Some(bytes))
+                Ok(bytes)
             })
             .await?)
     }
@@ -169,19 +180,6 @@ impl AttachmentStore for SqliteDb {
         Ok(self.execute(STALE, args![before]).await? as u64)
     }
 }
-
-/// A claim that found a file not free: carried out of the transaction as
-/// its error, so the transaction rolls back.
-#[derive(Debug)]
-struct Unclaimed(NotClaimed);
-
-impl std::fmt::Display for Unclaimed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "attachments not free: {:?}", self.0.ids)
-    }
-}
-
-impl std::error::Error for Unclaimed {}
 
 /// The statement that erases the files of the messages whose ids are bound
 /// after it (retention): their chunks go with them.
