@@ -10,7 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use wiremock::MockServer;
 
-use crate::delivery::{delivery_settings, mock_sms_ok, wait_for};
+use crate::delivery::{delivery_settings, mock_sms_ok, status_is, wait_for};
 use crate::senders::{ses_calls, ses_ok};
 use crate::support::{
     TestApp, email, expect_json, expect_problem, expect_problem_kind, header_u64, on_both_stores,
@@ -200,4 +200,54 @@ async fn a_key_kind_other_than_live_or_test_is_refused_naming_it() {
         .unwrap();
     let (_, body) = expect_problem(response, StatusCode::UNPROCESSABLE_ENTITY).await;
     assert!(body.to_string().contains("kind"), "{body}");
+}
+
+on_both_stores! {
+    /// A test key's email to several addresses gets the simulated
+    /// provider's report per address, as SES gives one: the `bounced@` copy
+    /// bounces and is suppressed, the others are delivered, and the message
+    /// ends `bounced`, its recipients each with their own status.
+    async fn a_test_email_to_several_addresses_reports_each_recipient() {
+        let ses = ses_ok().await;
+        let sms_api = MockServer::start().await;
+        let settings = delivery_settings(&sms_api.uri(), &ses.uri(), "");
+        let app = TestApp::start(&settings).await;
+        app.create_tenant("acme", "pro").await;
+        let test = issue(&app, "acme", Some("test")).await;
+        let key = test["key"].as_str().unwrap().to_owned();
+        let domain = "simulator.fairlane.test";
+        let body = json!({"channel": "email", "to": format!("delivered@{domain}"),
+            "cc": [format!("bounced@{domain}")], "bcc": ["anyone@example.com"],
+            "subject": "Hi", "text": "Hello"});
+        let id = app.send_accepted(&key, &body).await;
+        let view = wait_for(&app, &key, &id, status_is("bounced")).await;
+        assert_eq!(view["status"], "bounced", "{view}");
+        let recipients: Vec<(&str, &str)> = view["recipients"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no recipients: {view}"))
+            .iter()
+            .map(|r| (r["address"].as_str().unwrap(), r["status"].as_str().unwrap()))
+            .collect();
+        let bounced = format!("bounced@{domain}");
+        let delivered = format!("delivered@{domain}");
+        assert_eq!(
+            recipients,
+            [
+                ("anyone@example.com", "delivered"),
+                (bounced.as_str(), "bounced"),
+                (delivered.as_str(), "delivered"),
+            ],
+            "{view}"
+        );
+        let listed = expect_json(
+            app.tenant(&key, Method::GET, &format!("/v1/suppressions/{bounced}"))
+                .send()
+                .await
+                .unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        assert_eq!(listed["reason"], "bounce", "{listed}");
+        assert_eq!(ses_calls(&ses).await.len(), 0, "no SES call");
+    }
 }
