@@ -111,7 +111,7 @@ async fn text(browser: &Client) -> String {
 
 /// A session cookie for `token`, signed in over plain HTTP; and the CSRF
 /// token its pages carry.
-async fn session_of(app: &TestApp, token: &str) -> (String, String) {
+pub(crate) async fn session_of(app: &TestApp, token: &str) -> (String, String) {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -459,7 +459,7 @@ on_both_stores! {
 }
 
 /// A console page's HTML, read with `cookie`.
-async fn console_page(app: &TestApp, cookie: &str, path: &str) -> String {
+pub(crate) async fn console_page(app: &TestApp, cookie: &str, path: &str) -> String {
     let answer = reqwest::Client::new()
         .get(app.url(path))
         .header("cookie", cookie)

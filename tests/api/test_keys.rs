@@ -249,5 +249,16 @@ on_both_stores! {
         .await;
         assert_eq!(listed["reason"], "bounce", "{listed}");
         assert_eq!(ses_calls(&ses).await.len(), 0, "no SES call");
+        // The console's page of the message lists them too.
+        let (cookie, _) = crate::console::session_of(&app, crate::support::ADMIN_TOKEN).await;
+        let page =
+            crate::console::console_page(&app, &cookie, &format!("/console/messages/{id}")).await;
+        let listed = page.split("<h2>Recipients</h2>").nth(1).unwrap_or_default();
+        assert!(
+            listed.contains("anyone@example.com")
+                && listed.contains(&bounced)
+                && listed.contains("Permanent: General (simulated)"),
+            "{page}"
+        );
     }
 }

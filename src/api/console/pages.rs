@@ -324,6 +324,7 @@ pub async fn message(
         .failed_webhook_calls(CallsOf::Message(&id), TIMELINE_CALL_ROWS)
         .await?;
     let webhook = state.db.webhook(&message.tenant_id).await?;
+    let recipients = state.db.recipient_statuses(&id).await?;
     // `sent` is an event only for a tenant with a webhook; the row keeps
     // its time and provider for everyone.
     let sent_event = events.iter().any(|event| event.event == "sent");
@@ -339,6 +340,17 @@ pub async fn message(
             }
             dt { "Provider" } dd { (message.provider.as_deref().unwrap_or("–")) " " (message.provider_message_id.as_deref().unwrap_or("")) }
             @if let Some(error) = &message.last_error { dt { "Last error" } dd.warn { (error) } }
+        }
+        @if !recipients.is_empty() {
+            h2 { "Recipients" }
+            div.box { table {
+                thead { tr { th scope="col" { "Address" } th scope="col" { "Status" }
+                    th scope="col" { "Reported" } th scope="col" { "Detail" } } }
+                tbody { @for recipient in &recipients { tr {
+                    td { (recipient.address) } td { (recipient.status) }
+                    td { (ms_to_rfc3339(recipient.updated_at)) } td { (recipient.detail.as_deref().unwrap_or("")) }
+                } } }
+            } }
         }
         h2 { "Timeline" }
         div.box { table {
