@@ -197,14 +197,32 @@ kill "$pid"; wait "$pid" 2>/dev/null || true
 # which would hand them the first events, invisible until their visibility
 # timeout: they end before the queue is filled.
 sleep 21
+# A receipt matches only what its own provider sent, or a message that
+# names no provider (sent before fairlane recorded one). These SMS stand in
+# for emails, which this run has no SES to send: their provider is cleared
+# so the SES provider's events match them as such older rows.
+if [ -n "$pg_db" ]; then
+  psql "$store" -qAtc "UPDATE messages SET provider = NULL WHERE status = 'sent'" >/dev/null
+else
+  python3 - "$work/fairlane.db" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE messages SET provider = NULL WHERE status = 'sent'")
+db.commit()
+PY
+fi
 "$target/examples/ses_events_fill" "$sqs" ses-events "$work/ses_ids" >/dev/null 2>&1
 echo "$events SES Delivery events in the queue; fairlane starts again"
-ses_count() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_receipts_total\{/ && /provider="ses"/ && /outcome="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
+# The SES provider is the email pool's first, named `email` by default.
+ses_count() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_receipts_total\{/ && /provider="email"/ && /outcome="delivered"/ {s += $NF} END {printf "%d\n", s}'; }
 start_fairlane
 cpu0=$(cpu_secs)
-while [ "$(ses_count)" -lt 1 ]; do sleep 0.01; done
-t0=$(date +%s.%N)
 deadline=$(( $(date +%s) + 600 ))
+while [ "$(ses_count)" -lt 1 ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "no SES event recorded after 600 s" >&2; exit 1; }
+  sleep 0.01
+done
+t0=$(date +%s.%N)
 while [ "$(ses_count)" -lt "$events" ]; do
   [ "$(date +%s)" -lt "$deadline" ] || { echo "SES events not all recorded after 600 s" >&2; break; }
   sleep 0.05
