@@ -60,19 +60,6 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
         .and_then(Value::as_str)
         .ok_or("no mail.messageId")?;
     let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
-    let addresses = |list: &str, field: &str| -> Vec<String> {
-        event
-            .pointer(list)
-            .and_then(Value::as_array)
-            .map(|recipients| {
-                recipients
-                    .iter()
-                    .filter_map(|r| r.get(field).and_then(Value::as_str))
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     // The addresses a report names, each with its own diagnostic where SES
     // gives one (else the report's words).
     let reported = |list: &str, detail: &Option<String>| -> Vec<ReportedRecipient> {
@@ -124,7 +111,6 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
             };
             if bounce_type == "Permanent" {
                 let mut bounced = receipt(Some(MessageStatus::Bounced), "bounced", Some(detail));
-                bounced.suppress = addresses("/bounce/bouncedRecipients", "emailAddress");
                 bounced.suppress_reason = Some("bounce".into());
                 bounced
             } else {
@@ -138,7 +124,6 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
                 "complained",
                 Some(format!("complaint: {feedback}")),
             );
-            complained.suppress = addresses("/complaint/complainedRecipients", "emailAddress");
             complained.suppress_reason = Some("complaint".into());
             complained
         }
@@ -176,6 +161,14 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
     };
     if !list.is_empty() {
         receipt.recipients = reported(list, &receipt.detail);
+    }
+    // A hard bounce or a complaint suppresses every address it names.
+    if receipt.suppress_reason.is_some() {
+        receipt.suppress = receipt
+            .recipients
+            .iter()
+            .map(|recipient| recipient.address.clone())
+            .collect();
     }
     Ok(Some(receipt))
 }

@@ -366,24 +366,6 @@ async fn publish(client: &aws_sdk_sqs::Client, queue: &str, event: Value) {
         .expect("publish to the events queue");
 }
 
-/// The names of message `id`'s events, oldest first.
-pub(crate) async fn event_names(app: &TestApp, key: &str, id: &str) -> Vec<String> {
-    let listed = expect_json(
-        app.tenant(key, Method::GET, &format!("/v1/messages/{id}/events"))
-            .send()
-            .await
-            .unwrap(),
-        StatusCode::OK,
-    )
-    .await;
-    listed["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|event| event["event"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// Sends an email through SES on moto until `sent`; returns its id and
 /// the SES message id.
 async fn email_sent(app: &TestApp, key: &str, to: &str) -> (String, String) {
@@ -486,8 +468,8 @@ async fn ses_receipt_suppresses(kind: &str) {
     let view = wait_for(&app, &key, &next, status_is("suppressed")).await;
     assert_eq!(view["status"], "suppressed", "{view}");
     assert_eq!(ses_sends_to(&moto, &to).await, before, "no SES call");
-    let history = event_names(&app, &key, &id).await;
-    assert_eq!(history, ["queued", "sent", status]);
+    let history = events(&app, &key, &id).await;
+    assert_eq!(names(&history), ["queued", "sent", status]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -574,8 +556,8 @@ on_both_stores! {
         assert_eq!(shown, expected, "{view}");
         // One event per report that moved the message; the third
         // recipient's delivery is in its row, not in the history.
-        let history = event_names(&app, &key, &id).await;
-        assert_eq!(history, ["queued", "sent", "delivered", "bounced"]);
+        let history = events(&app, &key, &id).await;
+        assert_eq!(names(&history), ["queued", "sent", "delivered", "bounced"]);
         let suppressed = app
             .admin(Method::GET, &format!("/v1/admin/tenants/acme/suppressions/{cc}"))
             .send()

@@ -268,24 +268,19 @@ async fn upsert_recipients(
     found: &[Found],
     now: i64,
 ) -> anyhow::Result<HashSet<usize>> {
-    let ranked = |status: &str| {
-        status
-            .parse::<MessageStatus>()
-            .ok()
-            .and_then(rank)
-            .unwrap_or(0)
-    };
+    // A report without an outcome (a delay, a transient bounce) ranks 0.
+    let ranked = |receipt: &Receipt| receipt.outcome.and_then(rank).unwrap_or(0);
     let mut chosen: HashMap<(usize, String), (usize, Option<&str>)> = HashMap::new();
     for (index, plan) in plans.iter().enumerate() {
         let (Plan::Duplicate { message } | Plan::Record { message, .. }) = plan else {
             continue;
         };
         let receipt = receipts[index];
-        let new_rank = ranked(receipt.recipient_status());
+        let new_rank = ranked(receipt);
         for (address, detail) in reported_recipients(receipt) {
             match chosen.entry((*message, address)) {
                 Entry::Occupied(mut slot) => {
-                    if new_rank >= ranked(receipts[slot.get().0].recipient_status()) {
+                    if new_rank >= ranked(receipts[slot.get().0]) {
                         slot.insert((index, detail));
                     }
                 }
