@@ -27,6 +27,7 @@ use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::SentCounts;
 use crate::model::{Channel, Lane, TenantStatus};
 use crate::queue::embedded::EmbeddedQueue;
+use crate::queue::postgres::PgLanes;
 use crate::queue::sqs::SqsQueue;
 use crate::queue::{LaneQueue, TenantQueues};
 use crate::store::{Db, Staging, Writer};
@@ -508,8 +509,9 @@ struct Lanes {
 }
 
 /// Opens the lanes: the embedded queue in the store's SQLite file (each
-/// tenant's hold and isolation set, dedicated backlogs signalled), or the
-/// SQS queues with their outbox and its sweeps.
+/// tenant's hold and isolation set, dedicated backlogs signalled), the
+/// lanes in the PostgreSQL store, or the SQS queues with their outbox and
+/// its sweeps.
 async fn open_lanes(
     settings: &Settings,
     db: &Db,
@@ -553,6 +555,23 @@ async fn open_lanes(
                 queue: embedded.clone(),
                 tenant_queues: embedded.clone(),
                 staging: Staging::Queue(embedded),
+                outbox: None,
+                outbox_task: None,
+            }
+        }
+        QueueBackend::Postgres => {
+            let Some(pg) = db.postgres() else {
+                anyhow::bail!(
+                    "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
+                );
+            };
+            let lanes = PgLanes::open(pg, settings.lanes.clone())
+                .await
+                .context("opening the lanes in PostgreSQL")?;
+            Lanes {
+                queue: lanes.clone(),
+                tenant_queues: lanes,
+                staging: Staging::Lanes,
                 outbox: None,
                 outbox_task: None,
             }

@@ -161,8 +161,8 @@ pub struct StorageSettings {
     /// `sqlite://PATH` (relative paths are relative to the working
     /// directory; one instance; created and migrated on first start) or
     /// `postgres://user:password@host:port/database` (state shared by
-    /// several instances, migrated at start-up; needs
-    /// `queue.backend = "sqs"`).
+    /// several instances, migrated at start-up; with
+    /// `queue.backend = "postgres"` or `"sqs"`).
     pub url: String,
     /// fsync every commit group (power-loss durability) instead of relying on
     /// the OS to write the WAL out (crash durability); see the book's
@@ -184,13 +184,15 @@ pub struct StorageSettings {
 pub enum QueueBackend {
     Embedded,
     Sqs,
+    Postgres,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
-    /// `embedded` (a durable queue in the SQLite file) or `sqs` (Amazon
-    /// SQS, or an SQS-compatible server).
+    /// `embedded` (a durable queue in the SQLite file), `postgres` (the
+    /// lanes in the PostgreSQL store: several instances without AWS) or
+    /// `sqs` (Amazon SQS, or an SQS-compatible server).
     pub backend: QueueBackend,
     /// Amazon SQS, used with `backend = "sqs"`.
     pub sqs: SqsSettings,
@@ -1131,8 +1133,16 @@ impl Settings {
         if postgres && self.queue.backend == QueueBackend::Embedded {
             bail!(
                 "storage.url is a PostgreSQL database, which the embedded queue cannot use: \
-                 set queue.backend = \"sqs\" (several instances share PostgreSQL and SQS), \
+                 set queue.backend = \"postgres\" (the lanes in the same database) or \
+                 \"sqs\" (several instances share PostgreSQL and SQS), \
                  or keep storage.url = \"sqlite://…\" for the embedded queue"
+            );
+        }
+        if !postgres && self.queue.backend == QueueBackend::Postgres {
+            bail!(
+                "queue.backend = \"postgres\" keeps the lanes in the PostgreSQL store: \
+                 set storage.url = \"postgres://…\", or queue.backend = \"embedded\" \
+                 for a SQLite file"
             );
         }
         if let Some(url) = &self.server.public_url {
@@ -1500,6 +1510,16 @@ mod tests {
     }
 
     #[test]
+    fn the_postgres_example_loads_with_its_lanes_in_postgres_and_redis() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/postgres.example.toml");
+        let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::file(example));
+        let settings = Settings::from_figment(figment).unwrap();
+        assert!(is_postgres_url(&settings.storage.url));
+        assert_eq!(settings.queue.backend, QueueBackend::Postgres);
+        assert_eq!(settings.limits.backend, LimitsBackend::Redis);
+    }
+
+    #[test]
     fn a_postgres_store_with_the_embedded_queue_is_refused_naming_both_keys() {
         let err = Settings::from_toml_overlay(
             "[storage]\nurl = \"postgres://root@127.0.0.1/fairlane\"\n",
@@ -1512,6 +1532,21 @@ mod tests {
         );
         let err = Settings::from_toml_overlay("[storage]\nurl = \"mysql://x\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("sqlite:// or postgres://"));
+    }
+
+    #[test]
+    fn lanes_in_postgres_need_a_postgres_store() {
+        let err = Settings::from_toml_overlay("[queue]\nbackend = \"postgres\"\n").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("storage.url") && text.contains("queue.backend"),
+            "{text}"
+        );
+        let settings = Settings::from_toml_overlay(
+            "[storage]\nurl = \"postgres://root@127.0.0.1/fairlane\"\n\n[queue]\nbackend = \"postgres\"\n",
+        )
+        .expect("a PostgreSQL store with its lanes in it");
+        assert_eq!(settings.queue.backend, QueueBackend::Postgres);
     }
 
     #[test]

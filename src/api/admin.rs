@@ -390,7 +390,7 @@ fn check_isolation(state: &AppState, isolation: Option<Isolation>) -> Result<(),
     if isolation == Some(Isolation::Dedicated) && !state.tenant_queues.has_dedicated_queues() {
         return Err(ApiError::field(
             "isolation",
-            "dedicated queues need queue.backend = \"embedded\" in this version",
+            "dedicated queues need queue.backend = \"embedded\" or \"sqs\"; with the lanes in PostgreSQL every tenant takes its turn in the shared lanes",
         ));
     }
     Ok(())

@@ -3,14 +3,16 @@
 //! receive counts, redrive to the DLQ after `max_receive_count`, delivery
 //! delays and depth statistics.
 //!
-//! Two backends implement [`LaneQueue`]: [`embedded::EmbeddedQueue`] (a
-//! durable queue in the SQLite file, the default) and the SQS backend. Code
+//! Three backends implement [`LaneQueue`]: [`embedded::EmbeddedQueue`] (a
+//! durable queue in the SQLite file, the default), [`postgres::PgLanes`]
+//! (the lanes in the PostgreSQL store) and the SQS backend. Code
 //! above this module does not care which one runs. Each also implements
 //! [`TenantQueues`] on the same object: dedicated tenant queues and the
 //! attention queues through which they are served, whose views are
 //! [`LaneQueue`]s of their own.
 
 pub mod embedded;
+pub mod postgres;
 pub mod priority;
 pub mod sqs;
 

@@ -48,7 +48,7 @@ enum Backend {
         writer: StoreWriter,
         staging: Arc<Staging>,
     },
-    /// Always through the outbox: the lanes are SQS queues.
+    /// Through the outbox (SQS lanes) or into the lanes' table.
     Postgres(PgWriter),
 }
 
@@ -90,11 +90,16 @@ impl Writer {
 
     /// Sends accepted entries to `staging` from now on. Call before the
     /// writer is cloned for the accept path. A PostgreSQL store stages
-    /// into its outbox only.
+    /// into its outbox or its lanes' table, a SQLite one into its outbox or
+    /// the embedded queue.
     pub fn stage_into(&mut self, new: Staging) -> anyhow::Result<()> {
         match (&mut self.backend, new) {
+            (Backend::Sqlite { .. }, Staging::Lanes) => anyhow::bail!(
+                "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
+            ),
             (Backend::Sqlite { staging, .. }, new) => *staging = Arc::new(new),
             (Backend::Postgres(_), Staging::Outbox) => {}
+            (Backend::Postgres(writer), Staging::Lanes) => writer.stage_into_lanes(),
             (Backend::Postgres(_), Staging::Queue(_)) => anyhow::bail!(
                 "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
             ),

@@ -1,6 +1,7 @@
 //! What an accept makes durable ([`AcceptEntry`]) and where its queue
 //! entry goes ([`Staging`]): the embedded queue's own rows, written by the
-//! queue through [`QueueRows`] in the accept's transaction, or the outbox.
+//! queue through [`QueueRows`] in the accept's transaction, the lanes'
+//! table of a PostgreSQL store, or the outbox.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,4 +71,7 @@ pub enum Staging {
     /// Into the outbox table, in the accept's transaction; the request then
     /// sends to SQS through the accept path's outbox.
     Outbox,
+    /// Into the PostgreSQL store's lane table, in the accept's transaction
+    /// (`queue.backend = "postgres"`).
+    Lanes,
 }

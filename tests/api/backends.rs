@@ -1,5 +1,6 @@
-//! The delivery flows, run once on each queue backend: the embedded queue
-//! and SQS (moto: `FAIRLANE_TEST_SQS_URL`, or one the test support starts).
+//! The delivery flows, run once on each queue backend: the embedded queue,
+//! the lanes in PostgreSQL, and SQS (moto: `FAIRLANE_TEST_SQS_URL`, or one
+//! the test support starts).
 //! Email goes through SES on moto and is read back from moto's recorded
 //! sends; SMS goes to wiremock.
 
@@ -21,6 +22,8 @@ use crate::support::{TestApp, expect_json, sms, with};
 pub enum Backend {
     Embedded,
     Sqs,
+    /// The lanes in the PostgreSQL store.
+    Postgres,
 }
 
 /// moto's base URL: `FAIRLANE_TEST_SQS_URL`, or a moto the test support
@@ -112,7 +115,7 @@ impl Flow {
     /// the queue backend.
     async fn start(backend: Backend, needs_ses: bool, extra: &str) -> Flow {
         let moto = match (backend, needs_ses) {
-            (Backend::Embedded, false) => None,
+            (Backend::Embedded | Backend::Postgres, false) => None,
             _ => Some(moto_url()),
         };
         let sms_api = MockServer::start().await;
@@ -151,7 +154,7 @@ impl Flow {
     }
 }
 
-/// Generates `embedded` and `sqs` tests for each flow.
+/// Generates `embedded`, `postgres` and `sqs` tests for each flow.
 macro_rules! on_both_backends {
     ($($flow:ident),* $(,)?) => {$(
         mod $flow {
@@ -162,6 +165,15 @@ macro_rules! on_both_backends {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqs() {
                 super::$flow(super::Backend::Sqs).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $crate::support::STORE
+                    .scope(
+                        $crate::support::Store::PostgresLanes,
+                        super::$flow(super::Backend::Postgres),
+                    )
+                    .await
             }
         }
     )*};

@@ -26,6 +26,7 @@ fn settings(sms_base: &str, backend: Backend) -> String {
     let queue = match backend {
         Backend::Embedded => String::new(),
         Backend::Sqs => sqs_settings(&moto_url(), "ded", "stats_interval_secs = 1"),
+        Backend::Postgres => unreachable!("the lanes in PostgreSQL have no dedicated queues"),
     };
     delivery_settings(sms_base, "http://127.0.0.1:9", &format!("{OPEN_PLAN}{queue}"))
         .replacen(

@@ -284,7 +284,7 @@ on_both_stores! {
         // A PostgreSQL app is on SQS already; a SQLite one is moved there.
         let queue = match STORE.try_with(|store| *store).unwrap_or(Store::Sqlite) {
             Store::Sqlite => sqs_settings(&moto, "sched", ""),
-            Store::Postgres => String::new(),
+            Store::Postgres | Store::PostgresLanes => String::new(),
         };
         let app =
             TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue)).await;

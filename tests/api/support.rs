@@ -26,8 +26,11 @@ pub enum Store {
     /// A SQLite file in the test's temporary directory (the default).
     Sqlite,
     /// A database of the test's own on the test PostgreSQL server, with the
-    /// lanes in SQS on moto (a PostgreSQL store needs SQS lanes).
+    /// lanes in SQS on moto.
     Postgres,
+    /// A database of the test's own on the test PostgreSQL server, with the
+    /// lanes in it (`queue.backend = "postgres"`).
+    PostgresLanes,
 }
 
 tokio::task_local! {
@@ -142,6 +145,13 @@ impl TestApp {
                 let queue = crate::backends::sqs_settings(&moto, "pg", "");
                 let mut settings = settings_for(dir.path(), &format!("{queue}\n{extra}"));
                 settings.storage.url = database.url.clone();
+                (settings, Some(database))
+            }
+            Store::PostgresLanes => {
+                let database = TestDatabase::create().await;
+                let mut settings = settings_for(dir.path(), extra);
+                settings.storage.url = database.url.clone();
+                settings.queue.backend = fairlane::config::QueueBackend::Postgres;
                 (settings, Some(database))
             }
         };

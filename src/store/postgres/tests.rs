@@ -73,7 +73,7 @@ impl Drop for TestDatabase {
     }
 }
 
-fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
+pub(crate) fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
     let now = now_ms();
     AcceptEntry {
         lane: Lane::Fast,

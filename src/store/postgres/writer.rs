@@ -1,8 +1,12 @@
 //! The group-committing writer of the PostgreSQL store: accepts (status
-//! row, outbox row, idempotency record) and the delivery path's status
-//! changes, many pieces per transaction of a few multi-row statements.
+//! row, queue entry, idempotency record) and the delivery path's status
+//! changes, many pieces per transaction of a few multi-row statements. An
+//! accept's queue entry is an outbox row (SQS lanes) or, with the lanes in
+//! PostgreSQL, its row in `lane_messages` (see `crate::queue::postgres`).
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -69,6 +73,9 @@ pub struct PgWriter {
     failures: FailureStreak,
     /// For the rare writes that need not wait for a group (cancels).
     pool: PgPool,
+    /// Accepts go into the lanes' own table (`queue.backend =
+    /// "postgres"`), not the outbox.
+    into_lanes: Arc<AtomicBool>,
 }
 
 impl PgWriter {
@@ -79,8 +86,12 @@ impl PgWriter {
         let (commands, receiver) = mpsc::channel(max_group * 8);
         let failures = FailureStreak::default();
         let (finished, done) = oneshot::channel();
+        let into_lanes = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(
-            db.pool.clone(),
+            Sink {
+                pool: db.pool.clone(),
+                into_lanes: into_lanes.clone(),
+            },
             receiver,
             max_group,
             failures.clone(),
@@ -91,9 +102,16 @@ impl PgWriter {
                 commands,
                 failures,
                 pool: db.pool.clone(),
+                into_lanes,
             },
             done,
         )
+    }
+
+    /// Puts accepted messages into the lanes' table from now on, in the
+    /// accept's own transaction, instead of the outbox.
+    pub(crate) fn stage_into_lanes(&self) {
+        self.into_lanes.store(true, Ordering::Relaxed);
     }
 
     /// The pool beside the writer, for what need not wait for a group.
@@ -145,11 +163,24 @@ impl PgWriter {
         ids: &[String],
     ) -> anyhow::Result<Vec<String>> {
         let mut tx = self.pool.begin().await?;
-        let cancelled = super::lifecycle::cancel(&mut tx, tenant_id, test, ids, now_ms()).await?;
+        let now = now_ms();
+        let cancelled = super::lifecycle::cancel(&mut tx, tenant_id, test, ids, now).await?;
         sqlx::query("DELETE FROM outbox WHERE message_id = ANY($1)")
             .bind(&cancelled)
             .execute(&mut *tx)
             .await?;
+        if self.into_lanes.load(Ordering::Relaxed) {
+            // Copies no consumer holds now; a held one is dropped by its
+            // consumer, which finds the message cancelled.
+            sqlx::query(
+                "DELETE FROM lane_messages WHERE message_id = ANY($1) \
+                 AND NOT (leased AND visible_at > $2)",
+            )
+            .bind(&cancelled)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(cancelled)
     }
@@ -315,8 +346,14 @@ impl Piece {
     }
 }
 
-async fn run(
+/// Where a group is written: the pool, and where accepts are staged.
+struct Sink {
     pool: PgPool,
+    into_lanes: Arc<AtomicBool>,
+}
+
+async fn run(
+    sink: Sink,
     mut receiver: mpsc::Receiver<Command>,
     max_group: usize,
     streak: FailureStreak,
@@ -340,7 +377,7 @@ async fn run(
             Piece::Accept { entries, .. } => entries.as_slice(),
             _ => &[],
         }));
-        commit_group(&pool, group, &streak).instrument(span).await;
+        commit_group(&sink, group, &streak).instrument(span).await;
     }
     receiver.close();
     while let Some(command) = receiver.recv().await {
@@ -353,11 +390,11 @@ async fn run(
 
 /// Commits `group` in one transaction, or each piece alone if that fails,
 /// and answers every piece.
-async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) {
+async fn commit_group(sink: &Sink, group: Vec<Piece>, streak: &FailureStreak) {
     if group.is_empty() {
         return;
     }
-    match write_pieces(pool, &group).await {
+    match write_pieces(sink, &group).await {
         Ok(Written {
             attempts,
             claimed,
@@ -383,7 +420,7 @@ async fn commit_group(pool: &PgPool, group: Vec<Piece>, streak: &FailureStreak) 
         Err(err) => {
             warn!(error = %format!("{err:#}"), pieces = group.len(), "A write group failed; trying its pieces one by one.");
             for piece in group {
-                Box::pin(commit_group(pool, vec![piece], streak)).await;
+                Box::pin(commit_group(sink, vec![piece], streak)).await;
             }
         }
     }
@@ -466,6 +503,10 @@ struct AcceptColumns {
     template_version: Vec<Option<i64>>,
     attachment_bytes: Vec<Option<i64>>,
     body: Vec<String>,
+    /// The priority's rank, the lanes' class.
+    class: Vec<i16>,
+    /// How long the queue entry stays invisible (a scheduled send), in ms.
+    delay_ms: Vec<i64>,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
     idem_hash: Vec<String>,
@@ -502,6 +543,10 @@ impl AcceptColumns {
                 .push(record.template_version.map(i64::from));
             columns.attachment_bytes.push(record.attachment_bytes);
             columns.body.push(entry.outbound.body.clone());
+            columns.class.push(record.priority.rank() as i16);
+            columns
+                .delay_ms
+                .push(i64::try_from(entry.outbound.delay.as_millis()).unwrap_or(i64::MAX));
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
                 columns.idem_key.push(stored.key.clone());
@@ -518,7 +563,7 @@ impl AcceptColumns {
 }
 
 /// Writes the group in one transaction.
-async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written> {
+async fn write_pieces(sink: &Sink, group: &[Piece]) -> anyhow::Result<Written> {
     let mut accepted: Vec<&AcceptEntry> = Vec::new();
     let (mut claim_ids, mut claim_stale) = (Vec::new(), Vec::new());
     let (mut sent_ids, mut sent_provider_ids) = (Vec::new(), Vec::new());
@@ -549,13 +594,14 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
         }
     }
     let now = now_ms();
-    let mut tx = pool.begin().await?;
+    let into_lanes = sink.into_lanes.load(Ordering::Relaxed);
+    let mut tx = sink.pool.begin().await?;
     // Statements of at most ACCEPT_ROWS rows each: one large bind message
     // per group stalled on the socket (sqlx leaves Nagle's algorithm on,
     // and a message of a few hundred rows waited on delayed ACKs: 1,400
     // accepts/s at 128 concurrent against 25,000 with 64).
     for chunk in accepted.chunks(ACCEPT_ROWS) {
-        insert_accepts(&mut tx, &AcceptColumns::of(chunk), now).await?;
+        insert_accepts(&mut tx, &AcceptColumns::of(chunk), into_lanes, now).await?;
     }
     let mut claimed = HashSet::new();
     // Status changes in statements of at most STATUS_ROWS ids, for the
@@ -615,11 +661,13 @@ async fn write_pieces(pool: &PgPool, group: &[Piece]) -> anyhow::Result<Written>
     })
 }
 
-/// The status rows, outbox rows and idempotency records of a group's
-/// accepts: three statements whatever the group's size.
+/// The status rows, queue entries (outbox rows, or lane rows) and
+/// idempotency records of a group's accepts: three statements whatever the
+/// group's size.
 async fn insert_accepts(
     tx: &mut Transaction<'static, Postgres>,
     rows: &AcceptColumns,
+    into_lanes: bool,
     now: i64,
 ) -> anyhow::Result<()> {
     sqlx::query(super::lifecycle::ACCEPT)
@@ -644,23 +692,27 @@ async fn insert_accepts(
         .execute(&mut **tx)
         .await
         .context("inserting status rows")?;
-    sqlx::query(
-        "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) \
-         SELECT u.id, u.lane, u.tenant_id, u.channel, u.priority, u.body, $7, u.due_at \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-         $8::bigint[]) AS u(id, lane, tenant_id, channel, priority, body, due_at)",
-    )
-    .bind(&rows.id)
-    .bind(&rows.lane)
-    .bind(&rows.tenant_id)
-    .bind(&rows.channel)
-    .bind(&rows.priority)
-    .bind(&rows.body)
-    .bind(now)
-    .bind(&rows.send_at)
-    .execute(&mut **tx)
-    .await
-    .context("inserting outbox rows")?;
+    if into_lanes {
+        insert_lane_rows(tx, rows, now).await?;
+    } else {
+        sqlx::query(
+            "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) \
+             SELECT u.id, u.lane, u.tenant_id, u.channel, u.priority, u.body, $7, u.due_at \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+             $8::bigint[]) AS u(id, lane, tenant_id, channel, priority, body, due_at)",
+        )
+        .bind(&rows.id)
+        .bind(&rows.lane)
+        .bind(&rows.tenant_id)
+        .bind(&rows.channel)
+        .bind(&rows.priority)
+        .bind(&rows.body)
+        .bind(now)
+        .bind(&rows.send_at)
+        .execute(&mut **tx)
+        .await
+        .context("inserting outbox rows")?;
+    }
     if !rows.idem_key.is_empty() {
         // An expired answer under the same key is replaced, as on SQLite.
         sqlx::query(
@@ -684,5 +736,44 @@ async fn insert_accepts(
         .await
         .context("inserting idempotency records")?;
     }
+    Ok(())
+}
+
+/// A group's accepted messages as rows of the lanes' table, each tenant's
+/// turn in its lane and class made or locked (so a receive that finds the
+/// tenant with nothing left cannot drop the turn under these rows), and a
+/// `NOTIFY fairlane_lanes` per lane with a message visible now: one
+/// statement. See `crate::queue::postgres` for the tables.
+async fn insert_lane_rows(
+    tx: &mut Transaction<'static, Postgres>,
+    rows: &AcceptColumns,
+    now: i64,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+             $5::text[], $6::text[], $7::smallint[], $8::bigint[]) \
+             AS u(id, lane, tenant_id, channel, priority, body, class, delay_ms)), \
+         turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
+             SELECT d.lane, d.class, d.tenant_id, nextval('lane_turn_seq') \
+             FROM (SELECT DISTINCT lane, class, tenant_id FROM u) AS d \
+             ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn), \
+         queued AS (INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, \
+             priority, body, enqueued_at, visible_at) \
+             SELECT lane, class, tenant_id, id, channel, priority, body, $9, $9 + delay_ms FROM u) \
+         SELECT count(pg_notify('fairlane_lanes', lane)) \
+         FROM (SELECT DISTINCT lane FROM u WHERE delay_ms <= 0) AS woken",
+    )
+    .bind(&rows.id)
+    .bind(&rows.lane)
+    .bind(&rows.tenant_id)
+    .bind(&rows.channel)
+    .bind(&rows.priority)
+    .bind(&rows.body)
+    .bind(&rows.class)
+    .bind(&rows.delay_ms)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .context("inserting lane rows")?;
     Ok(())
 }

@@ -1,0 +1,629 @@
+//! Lanes in PostgreSQL (`queue.backend = "postgres"`): the queues of
+//! several instances in the database they already share, without SQS.
+//!
+//! Two tables (migration `0027_lanes.sql`): `lane_messages`, a row per
+//! waiting message (its lane or the lane's DLQ, its priority class, its
+//! visibility and receive counts), and `lane_turns`, a row per tenant with
+//! messages in a lane's class, ordered by turn. The accept path writes a
+//! message's row in the same transaction as its status row
+//! (`crate::store::Staging::Lanes`), so a 202 is on its lane the moment it
+//! is answered, with no outbox and no relay.
+//!
+//! - **Receives** (`receive.rs`) take high before normal before low under
+//!   the lanes' share rule, tenants in turn within a class, and lock what
+//!   they take `FOR UPDATE SKIP LOCKED`: instances never hand out the same
+//!   message, and a receive reads the batch's tenants and messages, not the
+//!   lane's depth.
+//! - **Visibility** is the row's `visible_at`; a receive leases a row until
+//!   its visibility timeout ends, and a lease that runs out makes it visible
+//!   again (a crashed instance's messages come back by themselves).
+//!   Receipts are `seq:receives`: receiving a message again invalidates the
+//!   receipt a slower consumer may still hold, as in SQS.
+//! - **Dead letters**: a receive that finds a message received
+//!   `max_receive_count` times already moves it to the lane's DLQ instead;
+//!   a redrive moves rows back and marks their messages `queued` in the same
+//!   transaction.
+//! - **Wake-ups**: an accept, a redrive or a message given back sends
+//!   `NOTIFY fairlane_lanes` with the lane; every instance listens, so a
+//!   long poll answers a new message in milliseconds, and an idle lane is
+//!   looked at four times a second.
+//!
+//! What it does not have yet: dedicated tenant queues (every tenant already
+//! takes its turn; `isolation = "dedicated"` is refused), and setting a
+//! paused tenant's messages aside (consumers put them back for
+//! `consumers.hold_delay_secs`, as on SQS).
+
+mod receive;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use sqlx::postgres::PgPool;
+use tokio::sync::Notify;
+use tracing::warn;
+
+use super::priority::PriorityShare;
+use super::{
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage,
+    RedriveFilter, TenantQueues,
+};
+use crate::config::LanesSettings;
+use crate::model::{Lane, now_ms};
+use crate::store::postgres::PgDb;
+
+/// Most messages per receive, delete and visibility call.
+const PG_BATCH: usize = 50;
+
+/// The channel of lane wake-ups; the payload is the lane.
+const CHANNEL: &str = "fairlane_lanes";
+
+/// The name of `lane`'s dead-letter queue in `lane_messages.queue`.
+fn dlq(lane: Lane) -> &'static str {
+    match lane {
+        Lane::Fast => "fast-dlq",
+        Lane::Slow => "slow-dlq",
+    }
+}
+
+/// The `seq` and hand-out a receipt names.
+fn parse_receipt(receipt: &str) -> Option<(i64, i64)> {
+    let (seq, receives) = receipt.split_once(':')?;
+    Some((seq.parse().ok()?, receives.parse().ok()?))
+}
+
+/// What this instance keeps for one lane.
+struct LaneBook {
+    share: PriorityShare,
+    /// Rung when something may have arrived (a notification, or a message
+    /// this instance gave back).
+    arrived: Notify,
+    arrivals: AtomicU64,
+    deleted: AtomicU64,
+}
+
+impl LaneBook {
+    fn ring(&self) {
+        self.arrivals.fetch_add(1, Ordering::Relaxed);
+        self.arrived.notify_waiters();
+    }
+}
+
+/// The lanes in the PostgreSQL store; cheap to clone.
+#[derive(Clone)]
+pub struct PgLanes {
+    pool: PgPool,
+    lanes: LanesSettings,
+    fast: Arc<LaneBook>,
+    slow: Arc<LaneBook>,
+}
+
+impl PgLanes {
+    /// The lanes of `db` (its migrations made the tables), with a listener
+    /// for wake-ups that lives as long as the returned queue.
+    pub async fn open(db: &PgDb, lanes: LanesSettings) -> anyhow::Result<Arc<PgLanes>> {
+        let book = |lane: Lane| {
+            Arc::new(LaneBook {
+                share: PriorityShare::new(lanes.get(lane).low_priority_share),
+                arrived: Notify::new(),
+                arrivals: AtomicU64::new(0),
+                deleted: AtomicU64::new(0),
+            })
+        };
+        let queue = Arc::new(PgLanes {
+            pool: db.pool.clone(),
+            fast: book(Lane::Fast),
+            slow: book(Lane::Slow),
+            lanes,
+        });
+        let listener = db
+            .listen(CHANNEL)
+            .await
+            .context("listening for lane wake-ups")?;
+        tokio::spawn(follow(listener, Arc::downgrade(&queue)));
+        Ok(queue)
+    }
+
+    fn book(&self, lane: Lane) -> &LaneBook {
+        match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        }
+    }
+
+    /// Wakes this instance's and the other instances' receivers of `lane`.
+    async fn wake(&self, lane: Lane) {
+        self.book(lane).ring();
+        if let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(lane.as_str())
+            .execute(&self.pool)
+            .await
+        {
+            warn!(error = %err, lane = lane.as_str(), "Could not signal the other instances; they find the message on their next look.");
+        }
+    }
+
+    /// Receipts as `(seq, receives)` columns; an unreadable one keeps its
+    /// place with a seq no row has.
+    fn receipts(receipts: &[String]) -> (Vec<i64>, Vec<i64>) {
+        receipts
+            .iter()
+            .map(|receipt| parse_receipt(receipt).unwrap_or((-1, -1)))
+            .unzip()
+    }
+
+    /// One result per receipt: whether its row was among `hit`.
+    fn per_receipt(seqs: &[i64], receives: &[i64], hit: &[(i64, i64)]) -> Vec<EntryResult> {
+        let hit: HashSet<(i64, i64)> = hit.iter().copied().collect();
+        seqs.iter()
+            .zip(receives)
+            .map(|(&seq, &receives)| {
+                if hit.contains(&(seq, receives)) {
+                    Ok(())
+                } else {
+                    Err(
+                        "the receipt is not valid (the message was received again, or is gone)"
+                            .to_owned(),
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// Inserts messages outside the accept path (a send of the queue's own).
+    async fn insert(&self, lane: Lane, messages: &[OutboundMessage]) -> anyhow::Result<()> {
+        let now = now_ms();
+        let mut columns = InsertColumns::default();
+        for message in messages {
+            columns.push(message, now);
+        }
+        sqlx::query(
+            "WITH u AS (SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], \
+                 $6::text[], $7::smallint[], $8::bigint[]) \
+                 AS u(id, tenant_id, channel, priority, body, class, visible_at)), \
+             turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
+                 SELECT $1, d.class, d.tenant_id, nextval('lane_turn_seq') \
+                 FROM (SELECT DISTINCT class, tenant_id FROM u) AS d \
+                 ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn) \
+             INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, priority, \
+                 body, enqueued_at, visible_at) \
+             SELECT $1, class, tenant_id, id, channel, priority, body, $9, visible_at FROM u",
+        )
+        .bind(lane.as_str())
+        .bind(&columns.id)
+        .bind(&columns.tenant_id)
+        .bind(&columns.channel)
+        .bind(&columns.priority)
+        .bind(&columns.body)
+        .bind(&columns.class)
+        .bind(&columns.visible_at)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .context("inserting lane rows")?;
+        Ok(())
+    }
+}
+
+/// Messages as columns for one multi-row insert.
+#[derive(Default)]
+struct InsertColumns {
+    id: Vec<String>,
+    tenant_id: Vec<String>,
+    channel: Vec<String>,
+    priority: Vec<String>,
+    body: Vec<String>,
+    class: Vec<i16>,
+    visible_at: Vec<i64>,
+}
+
+impl InsertColumns {
+    fn push(&mut self, message: &OutboundMessage, now: i64) {
+        self.id.push(message.message_id.clone());
+        self.tenant_id.push(message.tenant_id.clone());
+        self.channel.push(message.channel.as_str().to_owned());
+        self.priority.push(message.priority.as_str().to_owned());
+        self.body.push(message.body.clone());
+        self.class.push(message.priority.rank() as i16);
+        let delay = i64::try_from(message.delay.as_millis()).unwrap_or(i64::MAX);
+        self.visible_at.push(now.saturating_add(delay));
+    }
+}
+
+/// Rings each lane's receivers on every notification for it, until the
+/// queue is dropped. After the connection is lost (notifications may have
+/// been missed) every lane is rung once it is back.
+async fn follow(mut listener: sqlx::postgres::PgListener, queue: Weak<PgLanes>) {
+    loop {
+        let received = listener.try_recv().await;
+        let Some(queue) = queue.upgrade() else {
+            return;
+        };
+        match received {
+            Ok(Some(notification)) => match notification.payload().parse::<Lane>() {
+                Ok(lane) => queue.book(lane).ring(),
+                Err(_) => warn!(
+                    payload = notification.payload(),
+                    "A lane wake-up named no lane."
+                ),
+            },
+            Ok(None) => {
+                queue.fast.ring();
+                queue.slow.ring();
+            }
+            Err(err) => {
+                warn!(error = %err, "The lane wake-up listener failed; trying again in a second.");
+                drop(queue);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LaneQueue for PgLanes {
+    async fn send_batch(
+        &self,
+        lane: Lane,
+        messages: Vec<OutboundMessage>,
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let results = match self.insert(lane, &messages).await {
+            Ok(()) => vec![Ok(()); messages.len()],
+            Err(err) => vec![Err(format!("{err:#}")); messages.len()],
+        };
+        self.wake(lane).await;
+        Ok(results)
+    }
+
+    async fn receive(
+        &self,
+        lane: Lane,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        self.long_poll(lane, max.min(PG_BATCH), wait).await
+    }
+
+    async fn receive_skipping(
+        &self,
+        lane: Lane,
+        max: usize,
+        skip: HashSet<String>,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let skip: Vec<String> = skip.into_iter().collect();
+        self.take(lane, max.clamp(1, PG_BATCH), &skip).await
+    }
+
+    async fn arrival(&self, lane: Lane) {
+        self.book(lane).arrived.notified().await;
+    }
+
+    fn arrivals_so_far(&self, lane: Lane) -> u64 {
+        self.book(lane).arrivals.load(Ordering::Relaxed)
+    }
+
+    async fn delete_batch(
+        &self,
+        lane: Lane,
+        receipts: &[String],
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let (seqs, receives) = Self::receipts(receipts);
+        let deleted: Vec<(i64, i64)> = sqlx::query_as(
+            "DELETE FROM lane_messages m USING UNNEST($1::bigint[], $2::bigint[]) AS r(seq, receives) \
+             WHERE m.seq = r.seq AND m.receives = r.receives AND m.queue = $3 \
+             RETURNING m.seq, m.receives",
+        )
+        .bind(&seqs)
+        .bind(&receives)
+        .bind(lane.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .context("deleting lane rows")?;
+        self.book(lane)
+            .deleted
+            .fetch_add(deleted.len() as u64, Ordering::Relaxed);
+        Ok(Self::per_receipt(&seqs, &receives, &deleted))
+    }
+
+    async fn change_visibility_batch(
+        &self,
+        lane: Lane,
+        changes: &[(String, Duration)],
+    ) -> anyhow::Result<Vec<EntryResult>> {
+        let receipts: Vec<String> = changes.iter().map(|(r, _)| r.clone()).collect();
+        let (seqs, receives) = Self::receipts(&receipts);
+        let millis: Vec<i64> = changes
+            .iter()
+            .map(|(_, d)| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .collect();
+        let changed: Vec<(i64, i64)> = sqlx::query_as(
+            "UPDATE lane_messages m SET visible_at = $4 + r.ms, leased = r.ms > 0 \
+             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS r(seq, receives, ms) \
+             WHERE m.seq = r.seq AND m.receives = r.receives AND m.queue = $5 \
+             RETURNING m.seq, m.receives",
+        )
+        .bind(&seqs)
+        .bind(&receives)
+        .bind(&millis)
+        .bind(now_ms())
+        .bind(lane.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .context("changing the visibility of lane rows")?;
+        if millis.contains(&0) && !changed.is_empty() {
+            self.wake(lane).await;
+        }
+        Ok(Self::per_receipt(&seqs, &receives, &changed))
+    }
+
+    async fn defer(
+        &self,
+        lane: Lane,
+        message: &ReceivedMessage,
+        delay: Duration,
+    ) -> anyhow::Result<()> {
+        let Some((seq, receives)) = parse_receipt(&message.receipt) else {
+            anyhow::bail!("not a receipt of this queue: {:?}", message.receipt);
+        };
+        let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        // Behind the tenant's other visible messages (a receive reads a
+        // tenant's messages by visibility), its receive given back.
+        sqlx::query(
+            "UPDATE lane_messages SET visible_at = $3 + $4, leased = false, \
+             receive_count = GREATEST(receive_count - 1, 0) \
+             WHERE seq = $1 AND receives = $2",
+        )
+        .bind(seq)
+        .bind(receives)
+        .bind(now_ms())
+        .bind(delay_ms)
+        .execute(&self.pool)
+        .await
+        .context("deferring a lane row")?;
+        if delay.is_zero() {
+            self.wake(lane).await;
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()> {
+        let Some((seq, receives)) = parse_receipt(&message.receipt) else {
+            anyhow::bail!("not a receipt of this queue: {:?}", message.receipt);
+        };
+        sqlx::query(
+            "UPDATE lane_messages SET queue = $3, leased = false, visible_at = $4 \
+             WHERE seq = $1 AND receives = $2",
+        )
+        .bind(seq)
+        .bind(receives)
+        .bind(dlq(lane))
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await
+        .context("moving a lane row to the DLQ")?;
+        Ok(())
+    }
+
+    async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats> {
+        let now = now_ms();
+        let (depth, in_flight, delayed, oldest, dead): (i64, i64, i64, Option<i64>, i64) =
+            sqlx::query_as(
+                "SELECT \
+                 count(*) FILTER (WHERE queue = $1 AND NOT (leased AND visible_at > $3)), \
+                 count(*) FILTER (WHERE queue = $1 AND leased AND visible_at > $3), \
+                 count(*) FILTER (WHERE queue = $1 AND NOT leased AND visible_at > $3), \
+                 min(enqueued_at) FILTER (WHERE queue = $1), \
+                 count(*) FILTER (WHERE queue = $2) \
+                 FROM lane_messages WHERE queue IN ($1, $2)",
+            )
+            .bind(lane.as_str())
+            .bind(dlq(lane))
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await
+            .context("reading a lane's figures")?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(QueueStats {
+            depth: count(depth),
+            in_flight: count(in_flight),
+            delayed: count(delayed),
+            oldest_age_secs: oldest.map(|at| (now - at).max(0) as f64 / 1000.0),
+            dlq_depth: count(dead),
+            held: 0,
+        })
+    }
+
+    async fn list_dead_letters(&self, lane: Lane, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
+        let rows: Vec<(String, String, String, String, i32, i64, String)> = sqlx::query_as(
+            "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
+             FROM lane_messages WHERE queue = $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(dlq(lane))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .context("listing dead letters")?;
+        rows.into_iter()
+            .map(
+                |(message_id, tenant_id, channel, priority, receive_count, enqueued_at, body)| {
+                    Ok(DeadLetter {
+                        message_id,
+                        tenant_id,
+                        channel: channel.parse().map_err(anyhow::Error::msg)?,
+                        priority: priority.parse().map_err(anyhow::Error::msg)?,
+                        receive_count: u32::try_from(receive_count).unwrap_or(0),
+                        enqueued_at_ms: enqueued_at,
+                        body,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    async fn redrive(&self, lane: Lane, filter: &RedriveFilter) -> anyhow::Result<Vec<String>> {
+        if filter.message_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(Vec::new());
+        }
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        // The rows move back with a fresh receive budget and their tenants'
+        // turns made or locked, and the messages are `queued` in the same
+        // commit, so no consumer sees a redriven row of a dead letter.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "WITH moved AS ( \
+                 UPDATE lane_messages SET queue = $1, visible_at = $4, leased = false, \
+                 receive_count = 0 \
+                 WHERE queue = $2 AND ($3::text IS NULL OR tenant_id = $3) \
+                 AND ($5::text[] IS NULL OR message_id = ANY($5)) \
+                 RETURNING class, tenant_id, message_id), \
+             turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
+                 SELECT $1, d.class, d.tenant_id, nextval('lane_turn_seq') \
+                 FROM (SELECT DISTINCT class, tenant_id FROM moved) AS d \
+                 ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn) \
+             SELECT message_id FROM moved",
+        )
+        .bind(lane.as_str())
+        .bind(dlq(lane))
+        .bind(filter.tenant_id.as_deref())
+        .bind(now)
+        .bind(filter.message_ids.as_deref())
+        .fetch_all(&mut *tx)
+        .await
+        .context("moving dead letters back")?;
+        crate::store::postgres::lifecycle::redrive(&mut tx, &ids, i64::MAX, now).await?;
+        tx.commit().await.context("committing a redrive")?;
+        if !ids.is_empty() {
+            self.wake(lane).await;
+        }
+        Ok(ids)
+    }
+
+    fn deleted_total(&self, lane: Lane) -> u64 {
+        self.book(lane).deleted.load(Ordering::Relaxed)
+    }
+
+    async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    fn trace_destination(
+        &self,
+        lane: Lane,
+        _priority: crate::model::Priority,
+    ) -> (&'static str, String) {
+        ("postgresql", lane.as_str().to_owned())
+    }
+
+    fn max_batch(&self) -> usize {
+        PG_BATCH
+    }
+}
+
+/// Every tenant takes its turn in the shared lanes; there are no queues of
+/// a tenant's own to serve or purge.
+#[async_trait]
+impl TenantQueues for PgLanes {
+    fn has_dedicated_queues(&self) -> bool {
+        false
+    }
+
+    fn set_tenant_dedicated(&self, _tenant_id: &str, _dedicated: bool) {}
+
+    async fn dedicated_queue(
+        &self,
+        _lane: Lane,
+        _tenant_id: &str,
+    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
+        Ok(None)
+    }
+
+    fn attention_queue(&self, _lane: Lane) -> Option<Arc<dyn LaneQueue>> {
+        None
+    }
+
+    async fn settle_attention(&self, _lane: Lane, _tenant_id: &str) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+
+    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
+        Ok(0)
+    }
+
+    async fn purge_dedicated(&self, _tenant_id: &str) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn erase_waiting(
+        &self,
+        tenant_id: &str,
+        message_ids: Option<&[String]>,
+    ) -> anyhow::Result<Vec<String>> {
+        if message_ids.is_some_and(<[String]>::is_empty) {
+            return Ok(Vec::new());
+        }
+        let queues = ["fast", "slow", dlq(Lane::Fast), dlq(Lane::Slow)];
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        // The rows first, then the statuses, in the order a redrive locks
+        // them (rows, then messages): a redrive that moved a row before
+        // this erasure locked it has committed its `queued` by the time the
+        // status is read, and its message keeps its row.
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT seq, message_id FROM lane_messages \
+             WHERE queue = ANY($1) AND class = ANY('{0,1,2}'::smallint[]) AND tenant_id = $2 \
+             AND ($3::text[] IS NULL OR message_id = ANY($3)) \
+             AND NOT (leased AND visible_at > $4) ORDER BY seq FOR UPDATE",
+        )
+        .bind(&queues[..])
+        .bind(tenant_id)
+        .bind(message_ids)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .context("reading a tenant's waiting rows")?;
+        let wanted: Vec<String> = rows.iter().map(|(_, id)| id.clone()).collect();
+        // Tenant deletion takes every row; retention only those of
+        // messages still ended.
+        let ended: HashSet<String> = match message_ids {
+            None => wanted.iter().cloned().collect(),
+            Some(_) => sqlx::query_scalar::<_, String>(
+                "SELECT id FROM messages WHERE id = ANY($1) \
+                 AND status IN ('dead_lettered', 'cancelled') ORDER BY id FOR UPDATE",
+            )
+            .bind(&wanted)
+            .fetch_all(&mut *tx)
+            .await
+            .context("reading the statuses of rows to erase")?
+            .into_iter()
+            .collect(),
+        };
+        let (seqs, erased): (Vec<i64>, Vec<String>) = rows
+            .into_iter()
+            .filter(|(_, id)| ended.contains(id))
+            .unzip();
+        sqlx::query("DELETE FROM lane_messages WHERE seq = ANY($1)")
+            .bind(&seqs)
+            .execute(&mut *tx)
+            .await
+            .context("erasing waiting rows")?;
+        tx.commit().await.context("committing an erasure")?;
+        Ok(erased)
+    }
+
+    async fn dedicated_lanes(&self, _tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
+        Ok(Vec::new())
+    }
+
+    fn attention_wanted(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,315 @@
+//! Receives: a fair, priority-aware take of up to a batch, and the long
+//! poll around it.
+//!
+//! A take is two statements. The first reads, without locking, the
+//! candidates of each class: the tenants of the class in turn order, and
+//! for each its first visible messages (the `(queue, class, tenant_id,
+//! visible_at, seq)` index), so it touches the batch's tenants and messages
+//! and not the lane's depth. The share rule of [`crate::queue::priority`]
+//! splits the batch among the classes; within a class the messages go
+//! round-robin over the tenants (each tenant's first message, in turn
+//! order, then each one's second, …). The second statement locks the
+//! chosen rows `FOR UPDATE SKIP LOCKED` (another instance's take skips
+//! them; a row another instance took since the read fails its visibility
+//! check and is left), leases them or moves the exhausted ones to the DLQ,
+//! gives the tenants it served a new turn behind everyone, and reads each
+//! message's status, all in one statement and one round trip.
+//!
+//! A tenant whose turn came with nothing visible (its messages delayed or
+//! in flight) goes to the back of the line; one with no rows left loses its
+//! turn row in a small transaction of its own, which locks the row before
+//! it checks: an accept locks the row it adds messages under, so the check
+//! sees them once that accept has committed.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::time::Instant;
+
+use super::PgLanes;
+use crate::model::{Lane, now_ms};
+use crate::queue::ReceivedMessage;
+use crate::queue::priority::CLASSES;
+
+/// Longest nap of an idle long poll between two looks: delayed messages
+/// coming due, leases running out and a missed notification cost at most
+/// this much.
+const IDLE_NAP: Duration = Duration::from_millis(250);
+
+/// Most takes one receive makes when rows it chose went to another
+/// instance or to the DLQ.
+const TAKE_ROUNDS: usize = 3;
+
+/// The candidates of each class: per tenant in turn order, its first
+/// visible messages; a tenant with none visible comes back once, with
+/// whether it has any row at all. At most `$3 * $3` rows per class: enough
+/// for the batch's round-robin over its first `$3` tenants.
+const CANDIDATES: &str = "\
+    SELECT k.class, t.tenant_id, t.turn, t.seq, t.rn, \
+        (t.seq IS NULL AND NOT EXISTS (SELECT 1 FROM lane_messages r \
+            WHERE r.queue = $1 AND r.class = k.class AND r.tenant_id = t.tenant_id)) AS gone \
+    FROM (VALUES (0::smallint), (1::smallint), (2::smallint)) AS k(class) \
+    CROSS JOIN LATERAL ( \
+        SELECT o.tenant_id, o.turn, v.seq, v.rn FROM ( \
+            SELECT tenant_id, turn FROM lane_turns \
+            WHERE queue = $1 AND class = k.class AND tenant_id <> ALL($4) \
+            ORDER BY turn) AS o \
+        LEFT JOIN LATERAL ( \
+            SELECT s.seq, row_number() OVER (ORDER BY s.visible_at, s.seq) AS rn FROM ( \
+                SELECT seq, visible_at FROM lane_messages \
+                WHERE queue = $1 AND class = k.class AND tenant_id = o.tenant_id \
+                AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3) AS s) AS v ON true \
+        LIMIT $3 * $3) AS t";
+
+/// Takes the chosen rows that are still visible and not locked: leases
+/// them (or moves those received `$5` times already to the DLQ `$6`),
+/// gives the served tenants (and those `$7`/`$8` whose turn found nothing
+/// visible) a new turn, and returns each row with its message's status.
+const TAKE: &str = "\
+    WITH picked AS ( \
+        SELECT seq FROM lane_messages WHERE seq = ANY($1) AND visible_at <= $2 \
+        ORDER BY seq FOR UPDATE SKIP LOCKED), \
+    taken AS ( \
+        UPDATE lane_messages m SET \
+            queue = CASE WHEN m.receive_count >= $5 THEN $6 ELSE m.queue END, \
+            visible_at = CASE WHEN m.receive_count >= $5 THEN $2 ELSE $3 END, \
+            leased = m.receive_count < $5, \
+            receive_count = CASE WHEN m.receive_count >= $5 THEN m.receive_count \
+                ELSE m.receive_count + 1 END, \
+            receives = m.receives + 1 \
+        FROM picked WHERE m.seq = picked.seq \
+        RETURNING m.seq, m.queue, m.class, m.tenant_id, m.message_id, m.channel, m.priority, \
+            m.body, m.enqueued_at, m.receive_count, m.receives), \
+    served AS ( \
+        SELECT class, tenant_id FROM taken \
+        UNION SELECT * FROM UNNEST($7::smallint[], $8::text[])), \
+    turned AS ( \
+        UPDATE lane_turns t SET turn = nextval('lane_turn_seq') FROM served s \
+        WHERE t.queue = $4 AND t.class = s.class AND t.tenant_id = s.tenant_id) \
+    SELECT taken.seq, taken.queue, taken.tenant_id, taken.message_id, taken.channel, \
+        taken.priority, taken.body, taken.enqueued_at, taken.receive_count, taken.receives, \
+        s.status \
+    FROM taken LEFT JOIN messages s ON s.id = taken.message_id";
+
+/// One candidate row: a tenant's `rn`-th visible message of a class, or
+/// (no `seq`) a tenant with nothing visible.
+type Candidate = (i16, String, i64, Option<i64>, Option<i64>, bool);
+
+/// A taken row, as [`TAKE`] returns it.
+type Taken = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i32,
+    i64,
+    Option<String>,
+);
+
+/// What a candidate read chose.
+#[derive(Default)]
+struct Choice {
+    seqs: Vec<i64>,
+    /// Tenants whose turn found nothing visible but rows remain.
+    idle: Vec<(i16, String)>,
+    /// Tenants with no row left in the class.
+    gone: Vec<(i16, String)>,
+}
+
+impl PgLanes {
+    /// Receives up to `max` messages of `lane`, waiting up to `wait` for
+    /// the first one: woken by a `NOTIFY` for the lane, else looking again
+    /// every [`IDLE_NAP`].
+    pub(super) async fn long_poll(
+        &self,
+        lane: Lane,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let deadline = Instant::now() + wait;
+        let book = self.book(lane);
+        loop {
+            let notified = book.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.take(lane, max.max(1), &[]).await?;
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return Ok(got);
+            }
+            let nap = (deadline - now).min(IDLE_NAP);
+            let _ = tokio::time::timeout(nap, notified).await;
+        }
+    }
+
+    /// Takes up to `max` visible messages of `lane` at once, none of the
+    /// tenants in `skip`.
+    pub(super) async fn take(
+        &self,
+        lane: Lane,
+        max: usize,
+        skip: &[String],
+    ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let mut out = Vec::new();
+        for _ in 0..TAKE_ROUNDS {
+            let want = max - out.len();
+            let now = now_ms();
+            let choice = self.choose(lane, want, skip, now).await?;
+            if !choice.gone.is_empty() {
+                self.drop_turns(lane, &choice.gone).await?;
+            }
+            if choice.seqs.is_empty() && choice.idle.is_empty() {
+                break;
+            }
+            let chosen = choice.seqs.len();
+            let taken = self.take_rows(lane, &choice, now).await?;
+            let before = out.len();
+            for row in taken {
+                if let Some(message) = self.received(lane, row)? {
+                    out.push(message);
+                }
+            }
+            // Every chosen row handed out: the classes had no more (or only
+            // idle turns were read, now moved back; the next look goes past
+            // them). Rows another instance took, or that went to the DLQ,
+            // leave room to look again.
+            if out.len() >= max || out.len() - before == chosen {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the candidates of `lane` and chooses up to `max` of them.
+    async fn choose(
+        &self,
+        lane: Lane,
+        max: usize,
+        skip: &[String],
+        now: i64,
+    ) -> anyhow::Result<Choice> {
+        let rows: Vec<Candidate> = sqlx::query_as(CANDIDATES)
+            .bind(lane.as_str())
+            .bind(now)
+            .bind(max as i64)
+            .bind(skip)
+            .fetch_all(&self.pool)
+            .await
+            .context("reading a lane's candidates")?;
+        let mut choice = Choice::default();
+        let mut classes: [Vec<(i64, i64, i64)>; CLASSES] = Default::default();
+        for (class, tenant, turn, seq, rn, gone) in rows {
+            let rank = usize::try_from(class)
+                .unwrap_or(CLASSES - 1)
+                .min(CLASSES - 1);
+            match (seq, rn) {
+                (Some(seq), Some(rn)) => classes[rank].push((rn, turn, seq)),
+                _ if gone => choice.gone.push((class, tenant)),
+                _ => choice.idle.push((class, tenant)),
+            }
+        }
+        for class in &mut classes {
+            class.sort_unstable();
+        }
+        let available = [classes[0].len(), classes[1].len(), classes[2].len()];
+        let split = self.book(lane).share.split(available, max);
+        for (class, take) in classes.iter().zip(split) {
+            choice
+                .seqs
+                .extend(class.iter().take(take).map(|&(_, _, seq)| seq));
+        }
+        Ok(choice)
+    }
+
+    /// Runs [`TAKE`] for what `choice` chose.
+    async fn take_rows(&self, lane: Lane, choice: &Choice, now: i64) -> anyhow::Result<Vec<Taken>> {
+        let settings = self.lanes.get(lane);
+        let lease_end = now.saturating_add(
+            i64::try_from(settings.visibility_timeout_secs.saturating_mul(1000))
+                .unwrap_or(i64::MAX),
+        );
+        let (idle_classes, idle_tenants): (Vec<i16>, Vec<String>) =
+            choice.idle.iter().cloned().unzip();
+        sqlx::query_as(TAKE)
+            .bind(&choice.seqs)
+            .bind(now)
+            .bind(lease_end)
+            .bind(lane.as_str())
+            .bind(i64::from(settings.max_receive_count))
+            .bind(super::dlq(lane))
+            .bind(&idle_classes)
+            .bind(&idle_tenants)
+            .fetch_all(&self.pool)
+            .await
+            .context("taking messages from a lane")
+    }
+
+    /// A taken row as a received message; `None` for one moved to the DLQ.
+    fn received(&self, lane: Lane, row: Taken) -> anyhow::Result<Option<ReceivedMessage>> {
+        let (
+            seq,
+            queue,
+            tenant_id,
+            message_id,
+            channel,
+            priority,
+            body,
+            enqueued_at,
+            receive_count,
+            receives,
+            status,
+        ) = row;
+        if queue != lane.as_str() {
+            return Ok(None);
+        }
+        Ok(Some(ReceivedMessage {
+            receipt: format!("{seq}:{receives}"),
+            message_id,
+            tenant_id,
+            channel: channel.parse().map_err(anyhow::Error::msg)?,
+            priority: priority.parse().map_err(anyhow::Error::msg)?,
+            body,
+            receive_count: u32::try_from(receive_count).unwrap_or(0),
+            enqueued_at_ms: enqueued_at,
+            status_at_receive: status.and_then(|word| word.parse().ok()),
+            suppressed_at_receive: None,
+            test: false,
+        }))
+    }
+
+    /// Removes the turn rows of tenants that had no row left when read,
+    /// unless rows came since: the rows are locked first (an accept adding
+    /// rows under one holds its lock until it commits), and the check is a
+    /// statement of its own, which sees what committed while it waited.
+    async fn drop_turns(&self, lane: Lane, gone: &[(i16, String)]) -> anyhow::Result<()> {
+        let (classes, tenants): (Vec<i16>, Vec<String>) = gone.iter().cloned().unzip();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "SELECT 1 FROM lane_turns t, UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
+             WHERE t.queue = $1 AND t.class = g.class AND t.tenant_id = g.tenant_id \
+             ORDER BY t.class, t.tenant_id FOR UPDATE OF t",
+        )
+        .bind(lane.as_str())
+        .bind(&classes)
+        .bind(&tenants)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM lane_turns t USING UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
+             WHERE t.queue = $1 AND t.class = g.class AND t.tenant_id = g.tenant_id \
+             AND NOT EXISTS (SELECT 1 FROM lane_messages m WHERE m.queue = $1 \
+                 AND m.class = g.class AND m.tenant_id = g.tenant_id)",
+        )
+        .bind(lane.as_str())
+        .bind(&classes)
+        .bind(&tenants)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await.context("dropping idle turns")?;
+        Ok(())
+    }
+}

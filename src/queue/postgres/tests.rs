@@ -1,0 +1,401 @@
+//! Tests of the lanes in PostgreSQL through their [`LaneQueue`] face, on a
+//! database of their own on the test PostgreSQL server; two handles on one
+//! database stand for two instances.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::config::Settings;
+use crate::model::{Channel, MessageStatus, Priority};
+use crate::store::postgres::tests::{TestDatabase, entry};
+use crate::store::{Db, Staging, Writer};
+
+struct Fixture {
+    queue: Arc<PgLanes>,
+    db: Db,
+    _database: TestDatabase,
+}
+
+async fn fixture(max_receive_count: u32) -> Fixture {
+    let database = TestDatabase::create().await;
+    let db = database.open().await;
+    let queue = open(&db, max_receive_count).await;
+    Fixture {
+        queue,
+        db,
+        _database: database,
+    }
+}
+
+/// Another instance's handle on the same lanes.
+async fn open(db: &Db, max_receive_count: u32) -> Arc<PgLanes> {
+    let mut lanes = Settings::from_toml_overlay("").unwrap().lanes;
+    lanes.fast.visibility_timeout_secs = 1;
+    lanes.fast.max_receive_count = max_receive_count;
+    PgLanes::open(db.postgres().unwrap(), lanes).await.unwrap()
+}
+
+fn message(tenant: &str, n: usize) -> OutboundMessage {
+    OutboundMessage {
+        message_id: format!("{tenant}-{n}"),
+        tenant_id: tenant.to_owned(),
+        channel: Channel::Sms,
+        priority: Priority::Normal,
+        body: format!("{{\"n\":{n}}}"),
+        delay: Duration::ZERO,
+    }
+}
+
+fn with_priority(mut message: OutboundMessage, priority: Priority) -> OutboundMessage {
+    message.priority = priority;
+    message
+}
+
+async fn send(queue: &PgLanes, messages: Vec<OutboundMessage>) {
+    let results = queue.send_batch(Lane::Fast, messages).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+async fn receive(queue: &PgLanes, max: usize) -> Vec<ReceivedMessage> {
+    queue
+        .receive(Lane::Fast, max, Duration::ZERO)
+        .await
+        .unwrap()
+}
+
+fn ids(messages: &[ReceivedMessage]) -> Vec<&str> {
+    messages.iter().map(|m| m.message_id.as_str()).collect()
+}
+
+async fn delete(queue: &PgLanes, messages: &[ReceivedMessage]) {
+    let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
+    let results = queue.delete_batch(Lane::Fast, &receipts).await.unwrap();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[tokio::test]
+async fn a_received_message_is_invisible_until_its_visibility_timeout_ends() {
+    let f = fixture(5).await;
+    send(&f.queue, vec![message("a", 1)]).await;
+    let first = receive(&f.queue, 10).await;
+    assert_eq!(ids(&first), ["a-1"]);
+    assert_eq!(first[0].receive_count, 1);
+    assert_eq!(first[0].status_at_receive, None, "no status row");
+    assert!(receive(&f.queue, 10).await.is_empty());
+    let stats = f.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!((stats.depth, stats.in_flight), (0, 1), "{stats:?}");
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = receive(&f.queue, 10).await;
+    assert_eq!(ids(&again), ["a-1"]);
+    assert_eq!(again[0].receive_count, 2);
+    // The first receipt went stale with the second receive.
+    let stale = f
+        .queue
+        .delete_batch(Lane::Fast, &[first[0].receipt.clone(), "bogus".to_owned()])
+        .await
+        .unwrap();
+    assert!(stale[0].is_err() && stale[1].is_err(), "{stale:?}");
+    delete(&f.queue, &again).await;
+    assert_eq!(f.queue.deleted_total(Lane::Fast), 1);
+    let stats = f.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!((stats.depth, stats.in_flight), (0, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_message_received_max_receive_count_times_moves_to_the_dlq_and_redrive_brings_it_back() {
+    let f = fixture(2).await;
+    send(&f.queue, vec![message("a", 1), message("b", 1)]).await;
+    for expected in 1..=2 {
+        let got = receive(&f.queue, 10).await;
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|m| m.receive_count == expected));
+        let back: Vec<(String, Duration)> = got
+            .iter()
+            .map(|m| (m.receipt.clone(), Duration::ZERO))
+            .collect();
+        f.queue
+            .change_visibility_batch(Lane::Fast, &back)
+            .await
+            .unwrap();
+    }
+    assert!(receive(&f.queue, 10).await.is_empty());
+    let letters = f.queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
+    let mut dead: Vec<&str> = letters.iter().map(|l| l.message_id.as_str()).collect();
+    dead.sort();
+    assert_eq!(dead, ["a-1", "b-1"]);
+    assert_eq!(f.queue.stats(Lane::Fast).await.unwrap().dlq_depth, 2);
+
+    let by_tenant = RedriveFilter {
+        tenant_id: Some("b".into()),
+        message_ids: None,
+    };
+    assert_eq!(
+        f.queue.redrive(Lane::Fast, &by_tenant).await.unwrap(),
+        ["b-1"]
+    );
+    let by_id = RedriveFilter {
+        tenant_id: None,
+        message_ids: Some(vec!["nope".into()]),
+    };
+    assert!(
+        f.queue
+            .redrive(Lane::Fast, &by_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let got = receive(&f.queue, 10).await;
+    assert_eq!(ids(&got), ["b-1"]);
+    assert_eq!(got[0].receive_count, 1, "a fresh receive budget");
+}
+
+#[tokio::test]
+async fn a_deferred_message_waits_its_delay_and_does_not_count_toward_the_dlq() {
+    let f = fixture(1).await;
+    send(&f.queue, vec![message("a", 1)]).await;
+    for _ in 0..3 {
+        let got = receive(&f.queue, 1).await;
+        assert_eq!(got.len(), 1, "deferrals do not dead-letter");
+        f.queue
+            .defer(Lane::Fast, &got[0], Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert!(receive(&f.queue, 1).await.is_empty(), "deferred");
+        let stats = f.queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!((stats.depth, stats.delayed), (1, 1), "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_delayed_message_is_not_received_before_its_delay() {
+    let f = fixture(5).await;
+    let mut later = message("a", 1);
+    later.delay = Duration::from_millis(600);
+    send(&f.queue, vec![later, message("a", 2)]).await;
+    assert_eq!(ids(&receive(&f.queue, 10).await), ["a-2"]);
+    let started = std::time::Instant::now();
+    let got = f
+        .queue
+        .receive(Lane::Fast, 10, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(ids(&got), ["a-1"]);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+#[tokio::test]
+async fn one_tenants_backlog_does_not_sit_in_front_of_another_tenants_first_message() {
+    let f = fixture(5).await;
+    send(&f.queue, (0..500).map(|n| message("noisy", n)).collect()).await;
+    let first = receive(&f.queue, 10).await;
+    assert!(first.iter().all(|m| m.tenant_id == "noisy"));
+    send(&f.queue, vec![message("quiet", 0)]).await;
+    let next = receive(&f.queue, 10).await;
+    assert!(
+        ids(&next).contains(&"quiet-0"),
+        "the quiet tenant waits at most one round: {:?}",
+        ids(&next)
+    );
+}
+
+#[tokio::test]
+async fn backlogged_tenants_are_served_in_turn() {
+    let f = fixture(5).await;
+    for tenant in ["a", "b", "c"] {
+        send(&f.queue, (0..100).map(|n| message(tenant, n)).collect()).await;
+    }
+    let mut served: HashMap<String, usize> = HashMap::new();
+    for _ in 0..10 {
+        let got = receive(&f.queue, 9).await;
+        assert_eq!(got.len(), 9);
+        for m in &got {
+            *served.entry(m.tenant_id.clone()).or_default() += 1;
+        }
+        delete(&f.queue, &got).await;
+    }
+    assert_eq!(served["a"], 30, "{served:?}");
+    assert_eq!(served["b"], 30, "{served:?}");
+    assert_eq!(served["c"], 30, "{served:?}");
+    // Each tenant's messages in order.
+    let got = receive(&f.queue, 3).await;
+    let mut next: Vec<&str> = ids(&got);
+    next.sort();
+    assert_eq!(next, ["a-30", "b-30", "c-30"]);
+}
+
+#[tokio::test]
+async fn a_high_message_queued_behind_a_low_backlog_is_received_first() {
+    let f = fixture(5).await;
+    send(
+        &f.queue,
+        (0..200)
+            .map(|n| with_priority(message("bulk", n), Priority::Low))
+            .collect(),
+    )
+    .await;
+    send(
+        &f.queue,
+        vec![with_priority(message("otp", 0), Priority::High)],
+    )
+    .await;
+    let got = receive(&f.queue, 1).await;
+    assert_eq!(ids(&got), ["otp-0"]);
+}
+
+#[tokio::test]
+async fn low_messages_keep_their_share_under_a_flood_of_high_ones() {
+    let f = fixture(5).await;
+    send(
+        &f.queue,
+        (0..400)
+            .map(|n| with_priority(message("high", n), Priority::High))
+            .collect(),
+    )
+    .await;
+    send(
+        &f.queue,
+        (0..100)
+            .map(|n| with_priority(message("low", n), Priority::Low))
+            .collect(),
+    )
+    .await;
+    let mut low = 0;
+    for _ in 0..20 {
+        let got = receive(&f.queue, 10).await;
+        low += got.iter().filter(|m| m.priority == Priority::Low).count();
+        delete(&f.queue, &got).await;
+    }
+    // The default share: at least one in eleven.
+    assert!((17..=25).contains(&low), "low got {low} of 200");
+}
+
+#[tokio::test]
+async fn two_instances_never_hand_out_the_same_message() {
+    let f = fixture(5).await;
+    let other = open(&f.db, 5).await;
+    let messages: Vec<OutboundMessage> = (0..300)
+        .map(|n| message(["a", "b", "c"][n % 3], n))
+        .collect();
+    send(&f.queue, messages).await;
+    let mut tasks = Vec::new();
+    for queue in [f.queue.clone(), other.clone(), f.queue.clone(), other] {
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = receive(&queue, 7).await;
+                if batch.is_empty() {
+                    return got;
+                }
+                got.extend(batch.into_iter().map(|m| m.message_id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!((total, all.len()), (300, 300));
+}
+
+#[tokio::test]
+async fn a_send_on_one_instance_wakes_a_long_poll_on_another() {
+    let f = fixture(5).await;
+    let other = open(&f.db, 5).await;
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let got = other
+            .receive(Lane::Fast, 10, Duration::from_secs(10))
+            .await
+            .unwrap();
+        (got.len(), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let arrivals = f.queue.arrivals_so_far(Lane::Fast);
+    send(&f.queue, vec![message("a", 1)]).await;
+    let (got, waited) = waiting.await.unwrap();
+    assert_eq!(got, 1);
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(f.queue.arrivals_so_far(Lane::Fast) > arrivals);
+}
+
+#[tokio::test]
+async fn a_skipping_receive_takes_another_tenants_message_past_a_backlog() {
+    let f = fixture(5).await;
+    send(&f.queue, (0..100).map(|n| message("noisy", n)).collect()).await;
+    send(&f.queue, vec![message("quiet", 0)]).await;
+    let got = f
+        .queue
+        .receive_skipping(Lane::Fast, 10, HashSet::from(["noisy".to_owned()]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&got), ["quiet-0"]);
+    assert_eq!(f.queue.stats(Lane::Fast).await.unwrap().depth, 100);
+}
+
+/// The accept path writes a message's lane row with its status row; a
+/// receive reads the status in the same statement, and a cancel removes
+/// the waiting row.
+#[tokio::test]
+async fn accepted_messages_are_on_their_lane_with_their_status() {
+    let f = fixture(5).await;
+    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    writer.stage_into(Staging::Lanes).unwrap();
+    writer
+        .accept_all(vec![entry("m1", "t", None), entry("m2", "t", None)])
+        .await
+        .unwrap();
+    let scope = crate::model::Scope::new("t", crate::model::World::Live);
+    assert_eq!(
+        writer.cancel(&scope, vec!["m2".into()]).await.unwrap(),
+        ["m2"]
+    );
+    let got = receive(&f.queue, 10).await;
+    assert_eq!(ids(&got), ["m1"]);
+    assert_eq!(got[0].status_at_receive, Some(MessageStatus::Queued));
+}
+
+/// Retention erases a dead letter's row only while its message is still
+/// dead-lettered: a redrive that moved it back first keeps it.
+#[tokio::test]
+async fn erasure_takes_dead_letters_and_leaves_redriven_ones() {
+    let f = fixture(5).await;
+    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    writer.stage_into(Staging::Lanes).unwrap();
+    writer
+        .accept_all(vec![entry("m1", "t", None), entry("m2", "t", None)])
+        .await
+        .unwrap();
+    let got = receive(&f.queue, 10).await;
+    for message in &got {
+        f.queue.dead_letter(Lane::Fast, message).await.unwrap();
+        writer
+            .failure(
+                &message.message_id,
+                MessageStatus::DeadLettered,
+                "boom",
+                true,
+            )
+            .await
+            .unwrap();
+    }
+    let redrive = RedriveFilter {
+        tenant_id: None,
+        message_ids: Some(vec!["m2".into()]),
+    };
+    assert_eq!(f.queue.redrive(Lane::Fast, &redrive).await.unwrap(), ["m2"]);
+    let erased = f
+        .queue
+        .erase_waiting("t", Some(&["m1".to_owned(), "m2".to_owned()]))
+        .await
+        .unwrap();
+    assert_eq!(erased, ["m1"]);
+    let got = receive(&f.queue, 10).await;
+    assert_eq!(ids(&got), ["m2"]);
+    assert_eq!(got[0].status_at_receive, Some(MessageStatus::Queued));
+    assert_eq!(f.queue.stats(Lane::Fast).await.unwrap().dlq_depth, 0);
+}
