@@ -366,3 +366,24 @@ async fn a_paused_tenant_is_held_past_max_receive_count_without_dead_lettering(b
     assert_eq!(view["attempts"], 1, "{view}");
     assert_eq!(sms_requests(&flow.sms_api).await, 1);
 }
+
+/// The lanes in PostgreSQL have no queues of a tenant's own: a dedicated
+/// tenant is refused, naming the field and the backends that have them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_tenant_is_refused_with_the_lanes_in_postgres() {
+    crate::support::STORE
+        .scope(crate::support::Store::PostgresLanes, async {
+            let app = TestApp::start("").await;
+            let response = app
+                .admin(Method::POST, "/v1/admin/tenants")
+                .json(&json!({"id": "big", "name": "Big", "plan": "pro", "isolation": "dedicated"}))
+                .send()
+                .await
+                .unwrap();
+            let problem = crate::support::expect_field_error(response, "isolation").await;
+            assert!(problem.to_string().contains("sqs"), "{problem}");
+            let shared = app.create_tenant("small", "pro").await;
+            assert_eq!(shared["isolation"], "shared", "{shared}");
+        })
+        .await
+}

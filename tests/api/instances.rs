@@ -60,6 +60,12 @@ const FAST_CONCURRENCY: usize = 32;
 /// How long changes made on one instance may take to reach the others.
 const PROPAGATION: Duration = Duration::from_secs(1);
 
+tokio::task_local! {
+    /// Set: the clusters a test starts keep their lanes in PostgreSQL
+    /// (`queue.backend = "postgres"`) instead of SQS.
+    static LANES_IN_POSTGRES: bool;
+}
+
 // ---------------------------------------------------------------------------
 // The services the cluster shares.
 // ---------------------------------------------------------------------------
@@ -574,14 +580,16 @@ impl Cluster {
 
         let mut instances = Vec::new();
         let mut bases = Vec::new();
+        let in_postgres = LANES_IN_POSTGRES.try_with(|set| *set).unwrap_or(false);
         for (on, (name, moto)) in NAMES.into_iter().zip(&sqs).enumerate() {
             let port = free_port();
             let config = dir.path().join(format!("{name}.toml"));
-            std::fs::write(
-                &config,
-                instance_config(name, port, &db.url, moto, &prefix, &redis.url, &sms.url),
-            )
-            .expect("write an instance configuration");
+            let mut text =
+                instance_config(name, port, &db.url, moto, &prefix, &redis.url, &sms.url);
+            if in_postgres {
+                text = lanes_in_postgres(&text);
+            }
+            std::fs::write(&config, text).expect("write an instance configuration");
             let log = dir.path().join(format!("{name}.log"));
             let child = start_binary(&config, &log, &env(on));
             instances.push(Instance {
@@ -780,6 +788,17 @@ burst = {SMS_BURST}
     )
 }
 
+/// `config` with its lanes in PostgreSQL instead of SQS.
+fn lanes_in_postgres(config: &str) -> String {
+    let start = config.find("[queue]").expect("a [queue] table");
+    let end = config.find("[lanes.fast]").expect("a [lanes.fast] table");
+    format!(
+        "{}[queue]\nbackend = \"postgres\"\n\n{}",
+        &config[..start],
+        &config[end..]
+    )
+}
+
 /// Starts the binary with `config`, stdout and stderr going to `log`.
 fn start_binary(config: &Path, log: &Path, env: &[(&str, String)]) -> ChildGuard {
     let file = std::fs::File::create(log).expect("log file");
@@ -871,69 +890,100 @@ fn worst_window(times: &[f64], rate: f64, burst: f64) -> (f64, usize, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second() {
-    let cluster = Cluster::start().await;
-    let api = &cluster.api;
-    api.put_plan(A, "open", 1000.0, 1000, 32).await;
-    api.create_tenant(A, "acme", "open").await;
-    let (key_id, key) = api.issue_key(A, "acme").await;
-    let issued = Instant::now();
+    a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second_on(false).await
+}
 
-    let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
-        time_until(api, B, &key, StatusCode::ACCEPTED, issued),
-        time_until(api, C, &key, StatusCode::ACCEPTED, issued),
-    );
-    eprintln!("a key issued on a was taken by b after {on_b:?}, by c after {on_c:?}");
-    for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
-        let took = took.unwrap_or_else(|| {
-            panic!("instance {name} did not take the new key within 5 s (answers: {before:?})")
-        });
-        assert!(
-            took <= PROPAGATION,
-            "instance {name} took the key made on a only after {took:?}"
-        );
-        assert!(
-            before
-                .iter()
-                .all(|status| *status == StatusCode::UNAUTHORIZED),
-            "before it knew the key, {name} answered {before:?} (only 401 expected)"
-        );
-    }
+/// The same with the lanes in PostgreSQL, no SQS (issue 49).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second_with_lanes_in_postgres()
+ {
+    a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second_on(true).await
+}
 
-    api.revoke_key(A, "acme", &key_id).await;
-    let revoked = Instant::now();
-    let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
-        time_until(api, B, &key, StatusCode::UNAUTHORIZED, revoked),
-        time_until(api, C, &key, StatusCode::UNAUTHORIZED, revoked),
-    );
-    eprintln!("a key revoked on a was refused by b after {on_b:?}, by c after {on_c:?}");
-    for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
-        let took = took.unwrap_or_else(|| {
+async fn a_tenant_and_key_made_on_one_instance_work_on_the_others_within_a_second_on(
+    lanes_in_postgres: bool,
+) {
+    LANES_IN_POSTGRES
+        .scope(lanes_in_postgres, async {
+            let cluster = Cluster::start().await;
+            let api = &cluster.api;
+            api.put_plan(A, "open", 1000.0, 1000, 32).await;
+            api.create_tenant(A, "acme", "open").await;
+            let (key_id, key) = api.issue_key(A, "acme").await;
+            let issued = Instant::now();
+
+            let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
+                time_until(api, B, &key, StatusCode::ACCEPTED, issued),
+                time_until(api, C, &key, StatusCode::ACCEPTED, issued),
+            );
+            eprintln!("a key issued on a was taken by b after {on_b:?}, by c after {on_c:?}");
+            for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
+                let took = took.unwrap_or_else(|| {
+                    panic!(
+                        "instance {name} did not take the new key within 5 s (answers: {before:?})"
+                    )
+                });
+                assert!(
+                    took <= PROPAGATION,
+                    "instance {name} took the key made on a only after {took:?}"
+                );
+                assert!(
+                    before
+                        .iter()
+                        .all(|status| *status == StatusCode::UNAUTHORIZED),
+                    "before it knew the key, {name} answered {before:?} (only 401 expected)"
+                );
+            }
+
+            api.revoke_key(A, "acme", &key_id).await;
+            let revoked = Instant::now();
+            let ((on_b, before_b), (on_c, before_c)) = tokio::join!(
+                time_until(api, B, &key, StatusCode::UNAUTHORIZED, revoked),
+                time_until(api, C, &key, StatusCode::UNAUTHORIZED, revoked),
+            );
+            eprintln!("a key revoked on a was refused by b after {on_b:?}, by c after {on_c:?}");
+            for (name, took, before) in [("b", on_b, before_b), ("c", on_c, before_c)] {
+                let took = took.unwrap_or_else(|| {
             panic!("instance {name} still takes the revoked key after 5 s (answers: {before:?})")
         });
-        assert!(
-            took <= PROPAGATION,
-            "instance {name} refused the key revoked on a only after {took:?}"
-        );
-        assert!(
-            before.iter().all(|status| *status == StatusCode::ACCEPTED),
-            "until it saw the revocation, {name} answered {before:?} (only 202 expected)"
-        );
-    }
-    // Once refused, refused everywhere for good.
-    for on in [A, B, C] {
-        let answer = api.send(on, &key, "after revocation").await.unwrap();
-        assert_eq!(
-            answer.status,
-            StatusCode::UNAUTHORIZED,
-            "instance {} after the revocation: {}",
-            NAMES[on],
-            answer.body
-        );
-    }
+                assert!(
+                    took <= PROPAGATION,
+                    "instance {name} refused the key revoked on a only after {took:?}"
+                );
+                assert!(
+                    before.iter().all(|status| *status == StatusCode::ACCEPTED),
+                    "until it saw the revocation, {name} answered {before:?} (only 202 expected)"
+                );
+            }
+            // Once refused, refused everywhere for good.
+            for on in [A, B, C] {
+                let answer = api.send(on, &key, "after revocation").await.unwrap();
+                assert_eq!(
+                    answer.status,
+                    StatusCode::UNAUTHORIZED,
+                    "instance {} after the revocation: {}",
+                    NAMES[on],
+                    answer.body
+                );
+            }
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_limit_holds_across_three_instances() {
+    a_tenant_limit_holds_across_three_instances_on(false).await
+}
+
+/// The same with the lanes in PostgreSQL, no SQS (issue 49).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_limit_holds_across_three_instances_with_lanes_in_postgres() {
+    a_tenant_limit_holds_across_three_instances_on(true).await
+}
+
+async fn a_tenant_limit_holds_across_three_instances_on(lanes_in_postgres: bool) {
+    LANES_IN_POSTGRES
+        .scope(lanes_in_postgres, async {
     const RATE: f64 = 10.0;
     const BURST: u32 = 5;
     const SENDERS: usize = 6;
@@ -1034,10 +1084,24 @@ async fn a_tenant_limit_holds_across_three_instances() {
         after.retry_after,
         after.body
     );
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_sms_gate_is_shared_by_three_instances() {
+    an_sms_gate_is_shared_by_three_instances_on(false).await
+}
+
+/// The same with the lanes in PostgreSQL, no SQS (issue 49).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_sms_gate_is_shared_by_three_instances_with_lanes_in_postgres() {
+    an_sms_gate_is_shared_by_three_instances_on(true).await
+}
+
+async fn an_sms_gate_is_shared_by_three_instances_on(lanes_in_postgres: bool) {
+    LANES_IN_POSTGRES
+        .scope(lanes_in_postgres, async {
     let _timed = crate::support::TIMED.read().await;
     const MESSAGES: usize = 150;
     const SENDERS: usize = 15;
@@ -1216,10 +1280,24 @@ async fn an_sms_gate_is_shared_by_three_instances() {
         delivered.iter().all(|&n| n >= 1.0),
         "messages delivered per instance (a, b, c): {delivered:?}"
     );
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_one_instance_loses_no_accepted_message() {
+    killing_one_instance_loses_no_accepted_message_on(false).await
+}
+
+/// The same with the lanes in PostgreSQL, no SQS (issue 49).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_one_instance_loses_no_accepted_message_with_lanes_in_postgres() {
+    killing_one_instance_loses_no_accepted_message_on(true).await
+}
+
+async fn killing_one_instance_loses_no_accepted_message_on(lanes_in_postgres: bool) {
+    LANES_IN_POSTGRES
+        .scope(lanes_in_postgres, async {
     const SENDERS: usize = 6;
     const EACH: usize = 25;
     let mut cluster = Cluster::start().await;
@@ -1358,6 +1436,8 @@ async fn killing_one_instance_loses_no_accepted_message() {
         "{duplicates} messages were sent twice: more than the {FAST_CONCURRENCY} the killed \
          instance can have had in flight"
     );
+        })
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

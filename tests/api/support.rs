@@ -66,6 +66,34 @@ macro_rules! on_both_stores {
 }
 pub(crate) use on_both_stores;
 
+/// Defines a test that runs twice, as `NAME::embedded` (a SQLite file and
+/// its embedded queue) and `NAME::lanes_in_postgres` (a PostgreSQL store
+/// with its lanes in it): for the queue's behaviour end to end.
+macro_rules! on_embedded_and_postgres_lanes {
+    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::Sqlite, async $body)
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn lanes_in_postgres() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::PostgresLanes, async $body)
+                    .await
+            }
+        }
+    };
+}
+pub(crate) use on_embedded_and_postgres_lanes;
+
 /// Tests whose figures are timings on this machine's two shared cores take
 /// this to read (they still run beside each other); the browser tests,
 /// whose headless Chromium takes a core to itself while it renders, take it
