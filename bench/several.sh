@@ -16,6 +16,8 @@
 #   sqlite-sqs       one instance, SQLite, SQS lanes on fauxqs
 #   pg-1             one instance, PostgreSQL, SQS lanes (limits $PG1_LIMITS, default local)
 #   pg-2             two instances on one PostgreSQL database, SQS lanes, Redis limits
+#   pgq-1            one instance, PostgreSQL, the lanes in PostgreSQL (limits $PG1_LIMITS)
+#   pgq-2            two instances on one PostgreSQL database, the lanes in it, Redis limits
 # CONFIGS (third argument, comma-separated) picks some of them.
 # Each configuration: consumers on, SMS provider `log` to /dev/null with its
 # gate far above any rate reached, four tenants on a plan whose limits are out
@@ -46,7 +48,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-60000}
 connections=${2:-64}
-configs=${3:-sqlite-embedded,sqlite-sqs,pg-1,pg-2}
+configs=${3:-sqlite-embedded,sqlite-sqs,pg-1,pg-2,pgq-1,pgq-2}
 target=${CARGO_TARGET_DIR:-target}/release
 bin=${BIN:-$target/fairlane}
 [ -x "$bin" ] && [ -x "$target/examples/sqs_rate" ] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
@@ -277,8 +279,10 @@ for config in ${configs//,/ }; do
     sqlite-sqs)
       start a "sqlite://$work/$prefix.db" sqs local "$prefix"
       run "$config" "" "$port" ;;
-    pg-1 | pg-2)
-      n=${config#pg-}
+    pg-1 | pg-2 | pgq-1 | pgq-2)
+      n=${config#*-}
+      queue=sqs
+      [ "${config%-*}" = pgq ] && queue=postgres
       db="fl_bench_$prefix"
       psql_admin "CREATE DATABASE $db"
       dbs+=("$db")
@@ -286,7 +290,7 @@ for config in ${configs//,/ }; do
       [ "$n" = 1 ] && limits=${PG1_LIMITS:-local}
       ports=()
       for i in $(seq "$n"); do
-        start "i$i" "$pg_base/$db" sqs "$limits" "$prefix"
+        start "i$i" "$pg_base/$db" "$queue" "$limits" "$prefix"
         ports+=("$port")
       done
       run "$config" "$db" "${ports[@]}" ;;

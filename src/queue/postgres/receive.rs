@@ -40,26 +40,31 @@ const IDLE_NAP: Duration = Duration::from_millis(250);
 /// instance or to the DLQ.
 const TAKE_ROUNDS: usize = 3;
 
-/// The candidates of each class: per tenant in turn order, its first
-/// visible messages; a tenant with none visible comes back once, with
-/// whether it has any row at all. At most `$3 * $3` rows per class: enough
-/// for the batch's round-robin over its first `$3` tenants.
+/// The candidates of each class: its first `n` tenants in turn order, `n`
+/// = the batch `$3` or fewer when the class has fewer tenants, and of each
+/// its first `ceil($3 / n)` visible messages (so about a batch of rows
+/// whatever the number of tenants: one each from 50 tenants, or 50 from
+/// one); a tenant with none visible comes back once, with whether it has
+/// any row at all.
 const CANDIDATES: &str = "\
-    SELECT k.class, t.tenant_id, t.turn, t.seq, t.rn, \
+    WITH c AS MATERIALIZED ( \
+        SELECT k.class, GREATEST(1, LEAST($3, (SELECT count(*) FROM lane_turns \
+            WHERE queue = $1 AND class = k.class))) AS n \
+        FROM (VALUES (0::smallint), (1::smallint), (2::smallint)) AS k(class)) \
+    SELECT c.class, t.tenant_id, t.turn, t.seq, t.rn, \
         (t.seq IS NULL AND NOT EXISTS (SELECT 1 FROM lane_messages r \
-            WHERE r.queue = $1 AND r.class = k.class AND r.tenant_id = t.tenant_id)) AS gone \
-    FROM (VALUES (0::smallint), (1::smallint), (2::smallint)) AS k(class) \
-    CROSS JOIN LATERAL ( \
+            WHERE r.queue = $1 AND r.class = c.class AND r.tenant_id = t.tenant_id)) AS gone \
+    FROM c CROSS JOIN LATERAL ( \
         SELECT o.tenant_id, o.turn, v.seq, v.rn FROM ( \
             SELECT tenant_id, turn FROM lane_turns \
-            WHERE queue = $1 AND class = k.class AND tenant_id <> ALL($4) \
-            ORDER BY turn) AS o \
+            WHERE queue = $1 AND class = c.class AND tenant_id <> ALL($4) \
+            ORDER BY turn LIMIT c.n) AS o \
         LEFT JOIN LATERAL ( \
             SELECT s.seq, row_number() OVER (ORDER BY s.visible_at, s.seq) AS rn FROM ( \
                 SELECT seq, visible_at FROM lane_messages \
-                WHERE queue = $1 AND class = k.class AND tenant_id = o.tenant_id \
-                AND visible_at <= $2 ORDER BY visible_at, seq LIMIT $3) AS s) AS v ON true \
-        LIMIT $3 * $3) AS t";
+                WHERE queue = $1 AND class = c.class AND tenant_id = o.tenant_id \
+                AND visible_at <= $2 ORDER BY visible_at, seq \
+                LIMIT ($3 + c.n - 1) / c.n) AS s) AS v ON true) AS t";
 
 /// Takes the chosen rows that are still visible and not locked: leases
 /// them (or moves those received `$5` times already to the DLQ `$6`),
