@@ -568,6 +568,8 @@ async fn open_lanes(
             let lanes = PgLanes::open(pg, settings.lanes.clone())
                 .await
                 .context("opening the lanes in PostgreSQL")?;
+            // Tenant deletion erases a tenant's waiting copies through it.
+            registry.route_isolation_to(lanes.clone());
             Lanes {
                 queue: lanes.clone(),
                 tenant_queues: lanes,

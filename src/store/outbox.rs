@@ -46,7 +46,9 @@ pub trait OutboxStore: Send + Sync {
     async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]>;
 
     /// Scheduled messages (waiting in the outbox for their time) per
-    /// tenant, by the index of scheduled rows: the console's overview.
+    /// tenant, by the index of scheduled rows: the console's overview. With
+    /// the lanes in PostgreSQL, also the lane rows waiting for their time
+    /// (scheduled, or a retry's backoff).
     async fn scheduled_by_tenant(&self) -> StoreResult<Vec<(String, i64)>>;
 
     /// Removes the outbox rows of `ids` (sent messages).

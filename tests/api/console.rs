@@ -511,8 +511,8 @@ on_both_stores! {
         assert!(overview.contains("3 sends in the last hour"), "{overview}");
         let row = overview.split("href=\"/console/tenants/acme\"").nth(1).unwrap().split("</tr>").next().unwrap();
         let cells: Vec<&str> = row.split("<td class=\"num\">").skip(1).map(|cell| cell.split('<').next().unwrap()).collect();
-        // PostgreSQL's tests run on SQS, which keeps no held messages of
-        // its own (consumers put them back): there, held is not known.
+        // SQS and the lanes in PostgreSQL keep no held messages of their
+        // own (consumers put them back): there, held is not known.
         let held = match crate::support::STORE.get() {
             crate::support::Store::Sqlite => "1",
             crate::support::Store::Postgres | crate::support::Store::PostgresLanes => "–",

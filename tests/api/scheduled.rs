@@ -274,8 +274,8 @@ async fn a_scheduled_message_is_sent_once_due_after_a_restart_while_it_waited() 
     assert_eq!(sms_requests(&sms_api).await, 1);
 }
 
-on_both_stores! {
-    /// On SQS (the only queue of the PostgreSQL store) a scheduled message
+on_sqlite_and_postgres! {
+    /// On SQS a scheduled message
     /// waits in the outbox and the scheduler puts it on its lane when due.
     async fn a_scheduled_message_on_sqs_is_sent_once_due_and_a_cancelled_one_is_not() {
         let moto = moto_url();
@@ -283,8 +283,8 @@ on_both_stores! {
         mock_sms_ok(&sms_api, "SM-SQS-LATER").await;
         // A PostgreSQL app is on SQS already; a SQLite one is moved there.
         let queue = match STORE.try_with(|store| *store).unwrap_or(Store::Sqlite) {
-            Store::Sqlite => sqs_settings(&moto, "sched", ""),
-            Store::Postgres | Store::PostgresLanes => String::new(),
+            Store::Postgres => String::new(),
+            Store::Sqlite | Store::PostgresLanes => sqs_settings(&moto, "sched", ""),
         };
         let app =
             TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue)).await;

@@ -885,7 +885,7 @@ async fn sms_per_text(server: &MockServer) -> std::collections::HashMap<String, 
     counts
 }
 
-crate::support::on_both_stores! {
+crate::support::on_sqlite_and_postgres! {
     /// The connection to SQS is cut for 10 s while two clients keep
     /// sending: every send is answered 202 (none 5xx), the messages wait in
     /// the outbox, and once SQS is back every one is sent, once.

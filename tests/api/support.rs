@@ -38,10 +38,45 @@ tokio::task_local! {
     pub static STORE: Store;
 }
 
-/// Defines a test that runs twice, as `NAME::on_sqlite` and
-/// `NAME::on_postgres`: every [`TestApp`] it starts keeps its state in that
+/// Defines a test that runs three times, as `NAME::on_sqlite`,
+/// `NAME::on_postgres` (SQS lanes) and `NAME::on_postgres_lanes` (the lanes
+/// in PostgreSQL): every [`TestApp`] it starts keeps its state in that
 /// store. For tests of behaviour that must not depend on the store.
 macro_rules! on_both_stores {
+    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_sqlite() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::Sqlite, async $body)
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_postgres() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::Postgres, async $body)
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_postgres_lanes() {
+                $crate::support::STORE
+                    .scope($crate::support::Store::PostgresLanes, async $body)
+                    .await
+            }
+        }
+    };
+}
+pub(crate) use on_both_stores;
+
+/// [`on_both_stores!`] without the lanes in PostgreSQL: for tests of the
+/// SQS lanes on either store.
+macro_rules! on_sqlite_and_postgres {
     ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
         $(#[doc = $doc])*
         mod $name {
@@ -64,7 +99,7 @@ macro_rules! on_both_stores {
         }
     };
 }
-pub(crate) use on_both_stores;
+pub(crate) use on_sqlite_and_postgres;
 
 /// Defines a test that runs twice, as `NAME::embedded` (a SQLite file and
 /// its embedded queue) and `NAME::lanes_in_postgres` (a PostgreSQL store
@@ -179,7 +214,10 @@ impl TestApp {
                 let database = TestDatabase::create().await;
                 let mut settings = settings_for(dir.path(), extra);
                 settings.storage.url = database.url.clone();
-                settings.queue.backend = fairlane::config::QueueBackend::Postgres;
+                // A test that asks for SQS lanes keeps them.
+                if settings.queue.backend == fairlane::config::QueueBackend::Embedded {
+                    settings.queue.backend = fairlane::config::QueueBackend::Postgres;
+                }
                 (settings, Some(database))
             }
         };

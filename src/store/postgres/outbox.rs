@@ -52,9 +52,20 @@ impl OutboxStore for PgDb {
     }
 
     async fn scheduled_by_tenant(&self) -> StoreResult<Vec<(String, i64)>> {
-        const COUNT: &str =
-            "SELECT tenant_id, COUNT(*) FROM outbox WHERE due_at IS NOT NULL GROUP BY tenant_id";
-        Ok(sqlx::query_as(COUNT).fetch_all(&self.pool).await?)
+        // The lanes' rows are there only with `queue.backend = "postgres"`
+        // (otherwise the table is empty): a delayed row not held by a
+        // consumer, of a message scheduled or waiting for its retry (a
+        // paused tenant's messages wait too, and are not counted).
+        const COUNT: &str = "SELECT tenant_id, COUNT(*) FROM ( \
+             SELECT tenant_id FROM outbox WHERE due_at IS NOT NULL \
+             UNION ALL SELECT l.tenant_id FROM lane_messages l JOIN messages m ON m.id = l.message_id \
+             WHERE l.queue IN ('fast', 'slow') AND NOT l.leased AND l.visible_at > $1 \
+             AND m.status IN ('scheduled', 'retrying')) AS w \
+            GROUP BY tenant_id";
+        Ok(sqlx::query_as(COUNT)
+            .bind(now_ms())
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     async fn forget_outbox_rows(&self, ids: &[String]) -> StoreResult<()> {
