@@ -190,7 +190,9 @@ impl PgLanes {
              turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
                  SELECT $1, d.class, d.tenant_id, nextval('lane_turn_seq') \
                  FROM (SELECT DISTINCT class, tenant_id FROM u) AS d \
-                 ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn) \
+                 CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared( \
+                     hashtextextended($1 || ':' || d.class || ':' || d.tenant_id, 0))) AS l \
+                 ON CONFLICT (queue, class, tenant_id) DO NOTHING) \
              INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, priority, \
                  body, enqueued_at, visible_at) \
              SELECT $1, class, tenant_id, id, channel, priority, body, $9, visible_at FROM u",
@@ -476,8 +478,9 @@ impl LaneQueue for PgLanes {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         // The rows move back with a fresh receive budget and their tenants'
-        // turns made or locked, and the messages are `queued` in the same
-        // commit, so no consumer sees a redriven row of a dead letter.
+        // turns made (under the turn locks, as an accept), and the messages
+        // are `queued` in the same commit, so no consumer sees a redriven
+        // row of a dead letter.
         let ids: Vec<String> = sqlx::query_scalar(
             "WITH moved AS ( \
                  UPDATE lane_messages SET queue = $1, visible_at = $4, leased = false, \
@@ -488,7 +491,9 @@ impl LaneQueue for PgLanes {
              turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
                  SELECT $1, d.class, d.tenant_id, nextval('lane_turn_seq') \
                  FROM (SELECT DISTINCT class, tenant_id FROM moved) AS d \
-                 ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn) \
+                 CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared( \
+                     hashtextextended($1 || ':' || d.class || ':' || d.tenant_id, 0))) AS l \
+                 ON CONFLICT (queue, class, tenant_id) DO NOTHING) \
              SELECT message_id FROM moved",
         )
         .bind(lane.as_str())

@@ -17,9 +17,10 @@
 //!
 //! A tenant whose turn came with nothing visible (its messages delayed or
 //! in flight) goes to the back of the line; one with no rows left loses its
-//! turn row in a small transaction of its own, which locks the row before
-//! it checks: an accept locks the row it adds messages under, so the check
-//! sees them once that accept has committed.
+//! turn row in a small transaction of its own, under the turn's advisory
+//! lock: an accept holds it (shared) from before it looks for the turn
+//! until it commits, so a turn is never dropped under rows being accepted,
+//! and neither accepts nor receives wait for one another.
 
 use std::time::Duration;
 
@@ -69,7 +70,9 @@ const CANDIDATES: &str = "\
 /// Takes the chosen rows that are still visible and not locked: leases
 /// them (or moves those received `$5` times already to the DLQ `$6`),
 /// gives the served tenants (and those `$7`/`$8` whose turn found nothing
-/// visible) a new turn, and returns each row with its message's status.
+/// visible) a new turn, and returns each row with its message's status. A
+/// turn another instance's receive is moving at the same moment is left to
+/// it: receives never wait for one another.
 const TAKE: &str = "\
     WITH picked AS ( \
         SELECT seq FROM lane_messages WHERE seq = ANY($1) AND visible_at <= $2 \
@@ -88,8 +91,12 @@ const TAKE: &str = "\
     served AS ( \
         SELECT class, tenant_id FROM taken \
         UNION SELECT * FROM UNNEST($7::smallint[], $8::text[])), \
+    locked AS ( \
+        SELECT t.class, t.tenant_id FROM lane_turns t JOIN served s \
+        ON t.queue = $4 AND t.class = s.class AND t.tenant_id = s.tenant_id \
+        FOR UPDATE OF t SKIP LOCKED), \
     turned AS ( \
-        UPDATE lane_turns t SET turn = nextval('lane_turn_seq') FROM served s \
+        UPDATE lane_turns t SET turn = nextval('lane_turn_seq') FROM locked s \
         WHERE t.queue = $4 AND t.class = s.class AND t.tenant_id = s.tenant_id) \
     SELECT taken.seq, taken.queue, taken.tenant_id, taken.message_id, taken.channel, \
         taken.priority, taken.body, taken.enqueued_at, taken.receive_count, taken.receives, \
@@ -286,23 +293,25 @@ impl PgLanes {
         }))
     }
 
-    /// Removes the turn rows of tenants that had no row left when read,
-    /// unless rows came since: the rows are locked first (an accept adding
-    /// rows under one holds its lock until it commits), and the check is a
-    /// statement of its own, which sees what committed while it waited.
+    /// Removes the turn rows of tenants that had no row left when read.
+    /// Each under its turn lock in exclusive mode, taken without waiting
+    /// (an accept adding rows under the turn holds it in shared mode until
+    /// it commits: that turn is left for a later receive); the check is a
+    /// statement of its own, after the lock, so it sees every accept that
+    /// committed before.
     async fn drop_turns(&self, lane: Lane, gone: &[(i16, String)]) -> anyhow::Result<()> {
         let (classes, tenants): (Vec<i16>, Vec<String>) = gone.iter().cloned().unzip();
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "SELECT 1 FROM lane_turns t, UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
-             WHERE t.queue = $1 AND t.class = g.class AND t.tenant_id = g.tenant_id \
-             ORDER BY t.class, t.tenant_id FOR UPDATE OF t",
+        let locked: Vec<(i16, String)> = sqlx::query_as(
+            "SELECT g.class, g.tenant_id FROM UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
+             WHERE pg_try_advisory_xact_lock(hashtextextended($1 || ':' || g.class || ':' || g.tenant_id, 0))",
         )
         .bind(lane.as_str())
         .bind(&classes)
         .bind(&tenants)
-        .execute(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
+        let (classes, tenants): (Vec<i16>, Vec<String>) = locked.into_iter().unzip();
         sqlx::query(
             "DELETE FROM lane_turns t USING UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
              WHERE t.queue = $1 AND t.class = g.class AND t.tenant_id = g.tenant_id \

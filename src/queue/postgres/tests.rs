@@ -399,3 +399,44 @@ async fn erasure_takes_dead_letters_and_leaves_redriven_ones() {
     assert_eq!(got[0].status_at_receive, Some(MessageStatus::Queued));
     assert_eq!(f.queue.stats(Lane::Fast).await.unwrap().dlq_depth, 0);
 }
+
+/// A receive that finds a tenant with nothing left drops its turn, but not
+/// while an accept is adding rows under it: the accept holds the turn's
+/// lock until it commits, and its rows are then received.
+#[tokio::test]
+async fn a_turn_is_not_dropped_under_an_accept_in_progress() {
+    let f = fixture(5).await;
+    send(&f.queue, vec![message("a", 1)]).await;
+    delete(&f.queue, &receive(&f.queue, 10).await).await;
+    // An accept of tenant a's next message, still open: its lock taken,
+    // its row written, nothing committed.
+    let pool = f.db.postgres().unwrap().pool.clone();
+    let mut accept = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtextextended('fast:1:a', 0))")
+        .execute(&mut *accept)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, priority, body, \
+         enqueued_at, visible_at) VALUES ('fast', 1, 'a', 'a-2', 'sms', 'normal', '{}', 0, 0)",
+    )
+    .execute(&mut *accept)
+    .await
+    .unwrap();
+    // The receive sees tenant a's turn with no row left.
+    assert!(receive(&f.queue, 10).await.is_empty());
+    accept.commit().await.unwrap();
+    let got = receive(&f.queue, 10).await;
+    assert_eq!(ids(&got), ["a-2"]);
+    // With nothing in the way, an empty turn is dropped.
+    delete(&f.queue, &got).await;
+    let turns = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM lane_turns")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(turns().await, 1);
+    assert!(receive(&f.queue, 10).await.is_empty());
+    assert_eq!(turns().await, 0);
+}

@@ -740,10 +740,14 @@ async fn insert_accepts(
 }
 
 /// A group's accepted messages as rows of the lanes' table, each tenant's
-/// turn in its lane and class made or locked (so a receive that finds the
-/// tenant with nothing left cannot drop the turn under these rows), and a
-/// `NOTIFY fairlane_lanes` per lane with a message visible now: one
-/// statement. See `crate::queue::postgres` for the tables.
+/// turn in its lane and class made where it has none, and a `NOTIFY
+/// fairlane_lanes` per lane with a message visible now: one statement. See
+/// `crate::queue::postgres` for the tables. Before it looks for a turn, it
+/// holds the turn's advisory lock in shared mode until the commit (the key
+/// is `crate::queue::postgres`'s `turn lock`): a receive drops the turn of
+/// a tenant it found with nothing left only under that lock in exclusive
+/// mode, so it never drops one under rows being accepted, and accepts never
+/// wait for one another.
 async fn insert_lane_rows(
     tx: &mut Transaction<'static, Postgres>,
     rows: &AcceptColumns,
@@ -756,7 +760,9 @@ async fn insert_lane_rows(
          turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
              SELECT d.lane, d.class, d.tenant_id, nextval('lane_turn_seq') \
              FROM (SELECT DISTINCT lane, class, tenant_id FROM u) AS d \
-             ON CONFLICT (queue, class, tenant_id) DO UPDATE SET turn = lane_turns.turn), \
+             CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared( \
+                 hashtextextended(d.lane || ':' || d.class || ':' || d.tenant_id, 0))) AS l \
+             ON CONFLICT (queue, class, tenant_id) DO NOTHING), \
          queued AS (INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, \
              priority, body, enqueued_at, visible_at) \
              SELECT lane, class, tenant_id, id, channel, priority, body, $9, $9 + delay_ms FROM u) \
