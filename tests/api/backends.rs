@@ -154,32 +154,47 @@ impl Flow {
     }
 }
 
-/// Generates `embedded`, `postgres` and `sqs` tests for each flow.
-macro_rules! on_both_backends {
-    ($($flow:ident),* $(,)?) => {$(
-        mod $flow {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn embedded() {
-                super::$flow(super::Backend::Embedded).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqs() {
-                super::$flow(super::Backend::Sqs).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                $crate::support::STORE
-                    .scope(
-                        $crate::support::Store::PostgresLanes,
-                        super::$flow(super::Backend::Postgres),
-                    )
+impl Backend {
+    /// Runs `flow` on this backend: the lanes in PostgreSQL in a
+    /// PostgreSQL store of the test's own, the others as they start.
+    pub async fn run<F: std::future::Future>(self, flow: impl FnOnce(Backend) -> F) -> F::Output {
+        match self {
+            Backend::Postgres => {
+                crate::support::STORE
+                    .scope(crate::support::Store::PostgresLanes, flow(self))
                     .await
             }
+            Backend::Embedded | Backend::Sqs => flow(self).await,
         }
-    )*};
+    }
 }
 
-on_both_backends!(
+/// Generates, for each flow, a module of one test per `ARM => BACKEND`.
+macro_rules! on_backends {
+    ([$($arm:ident => $backend:ident),+] $(,)?) => {};
+    ([$($arm:ident => $backend:ident),+] $flow:ident $(, $rest:ident)* $(,)?) => {
+        mod $flow {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $arm() {
+                    super::Backend::$backend.run(super::$flow).await
+                }
+            )+
+        }
+        on_backends!([$($arm => $backend),+] $($rest),*);
+    };
+}
+
+/// Generates `embedded` and `sqs` tests for each flow (the backends with
+/// dedicated tenant queues).
+macro_rules! on_both_backends {
+    ($($flow:ident),* $(,)?) => {
+        on_backends!([embedded => Embedded, sqs => Sqs] $($flow),*);
+    };
+}
+
+on_backends!(
+    [embedded => Embedded, sqs => Sqs, postgres => Postgres]
     an_email_goes_through_ses_and_ends_sent,
     an_sms_goes_through_the_sms_api_and_ends_sent,
     a_5xx_dead_letters_after_retries_and_redrive_delivers_it,

@@ -38,37 +38,37 @@ tokio::task_local! {
     pub static STORE: Store;
 }
 
-/// Defines a test that runs three times, as `NAME::on_sqlite`,
-/// `NAME::on_postgres` (SQS lanes) and `NAME::on_postgres_lanes` (the lanes
-/// in PostgreSQL): every [`TestApp`] it starts keeps its state in that
-/// store. For tests of behaviour that must not depend on the store.
-macro_rules! on_both_stores {
-    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
+/// Defines a test module `NAME` with one test per `ARM => STORE` pair:
+/// `NAME::ARM`, in which every [`TestApp`] the test starts keeps its state
+/// in that [`Store`]. The macros below name the usual sets.
+macro_rules! on_stores {
+    ([$($arm:ident => $store:ident),+] $(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
         $(#[doc = $doc])*
         mod $name {
             #[allow(unused_imports)]
             use super::*;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_sqlite() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::Sqlite, async $body)
-                    .await
-            }
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $arm() {
+                    $crate::support::STORE
+                        .scope($crate::support::Store::$store, async $body)
+                        .await
+                }
+            )+
+        }
+    };
+}
+pub(crate) use on_stores;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_postgres() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::Postgres, async $body)
-                    .await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_postgres_lanes() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::PostgresLanes, async $body)
-                    .await
-            }
+/// Defines a test that runs three times, as `NAME::on_sqlite`,
+/// `NAME::on_postgres` (SQS lanes) and `NAME::on_postgres_lanes` (the lanes
+/// in PostgreSQL): for behaviour that must not depend on the store.
+macro_rules! on_both_stores {
+    ($($test:tt)*) => {
+        $crate::support::on_stores! {
+            [on_sqlite => Sqlite, on_postgres => Postgres, on_postgres_lanes => PostgresLanes]
+            $($test)*
         }
     };
 }
@@ -77,25 +77,10 @@ pub(crate) use on_both_stores;
 /// [`on_both_stores!`] without the lanes in PostgreSQL: for tests of the
 /// SQS lanes on either store.
 macro_rules! on_sqlite_and_postgres {
-    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
-        $(#[doc = $doc])*
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_sqlite() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::Sqlite, async $body)
-                    .await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_postgres() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::Postgres, async $body)
-                    .await
-            }
+    ($($test:tt)*) => {
+        $crate::support::on_stores! {
+            [on_sqlite => Sqlite, on_postgres => Postgres]
+            $($test)*
         }
     };
 }
@@ -105,25 +90,10 @@ pub(crate) use on_sqlite_and_postgres;
 /// its embedded queue) and `NAME::lanes_in_postgres` (a PostgreSQL store
 /// with its lanes in it): for the queue's behaviour end to end.
 macro_rules! on_embedded_and_postgres_lanes {
-    ($(#[doc = $doc:literal])* async fn $name:ident() $body:block) => {
-        $(#[doc = $doc])*
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn embedded() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::Sqlite, async $body)
-                    .await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn lanes_in_postgres() {
-                $crate::support::STORE
-                    .scope($crate::support::Store::PostgresLanes, async $body)
-                    .await
-            }
+    ($($test:tt)*) => {
+        $crate::support::on_stores! {
+            [embedded => Sqlite, lanes_in_postgres => PostgresLanes]
+            $($test)*
         }
     };
 }
