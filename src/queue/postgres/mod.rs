@@ -56,6 +56,7 @@ use super::{
 use crate::config::LanesSettings;
 use crate::model::{Lane, now_ms};
 use crate::store::postgres::PgDb;
+use crate::store::postgres::lanes::{LaneRows, insert_lane_rows};
 
 /// Most messages per receive, delete and visibility call.
 const PG_BATCH: usize = 50;
@@ -231,65 +232,15 @@ impl PgLanes {
         })
     }
 
-    /// Inserts messages outside the accept path (a send of the queue's own).
+    /// Puts messages on `lane` outside the accept path (a send of the
+    /// queue's own), as an accept does.
     async fn insert(&self, lane: Lane, messages: &[OutboundMessage]) -> anyhow::Result<()> {
-        let now = now_ms();
-        let mut columns = InsertColumns::default();
+        let mut rows = LaneRows::default();
         for message in messages {
-            columns.push(message, now);
+            rows.push(lane, message);
         }
-        sqlx::query(
-            "WITH u AS (SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], \
-                 $6::text[], $7::smallint[], $8::bigint[]) \
-                 AS u(id, tenant_id, channel, priority, body, class, visible_at)), \
-             turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
-                 SELECT $1, d.class, d.tenant_id, nextval('lane_turn_seq') \
-                 FROM (SELECT DISTINCT class, tenant_id FROM u) AS d \
-                 CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared( \
-                     hashtextextended($1 || ':' || d.class || ':' || d.tenant_id, 0))) AS l \
-                 ON CONFLICT (queue, class, tenant_id) DO NOTHING) \
-             INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, priority, \
-                 body, enqueued_at, visible_at) \
-             SELECT $1, class, tenant_id, id, channel, priority, body, $9, visible_at FROM u",
-        )
-        .bind(lane.as_str())
-        .bind(&columns.id)
-        .bind(&columns.tenant_id)
-        .bind(&columns.channel)
-        .bind(&columns.priority)
-        .bind(&columns.body)
-        .bind(&columns.class)
-        .bind(&columns.visible_at)
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .context("inserting lane rows")?;
-        Ok(())
-    }
-}
-
-/// Messages as columns for one multi-row insert.
-#[derive(Default)]
-struct InsertColumns {
-    id: Vec<String>,
-    tenant_id: Vec<String>,
-    channel: Vec<String>,
-    priority: Vec<String>,
-    body: Vec<String>,
-    class: Vec<i16>,
-    visible_at: Vec<i64>,
-}
-
-impl InsertColumns {
-    fn push(&mut self, message: &OutboundMessage, now: i64) {
-        self.id.push(message.message_id.clone());
-        self.tenant_id.push(message.tenant_id.clone());
-        self.channel.push(message.channel.as_str().to_owned());
-        self.priority.push(message.priority.as_str().to_owned());
-        self.body.push(message.body.clone());
-        self.class.push(message.priority.rank() as i16);
-        let delay = i64::try_from(message.delay.as_millis()).unwrap_or(i64::MAX);
-        self.visible_at.push(now.saturating_add(delay));
+        let mut conn = self.pool.acquire().await?;
+        insert_lane_rows(&mut conn, &rows, now_ms()).await
     }
 }
 
@@ -333,11 +284,12 @@ impl LaneQueue for PgLanes {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
+        // The insert signals the other instances itself.
         let results = match self.insert(lane, &messages).await {
             Ok(()) => vec![Ok(()); messages.len()],
             Err(err) => vec![Err(format!("{err:#}")); messages.len()],
         };
-        self.wake(lane).await;
+        self.book(lane).ring();
         Ok(results)
     }
 

@@ -139,6 +139,7 @@ pub mod locks {
 mod admins;
 mod attachments;
 mod idempotency;
+pub(crate) mod lanes;
 pub(crate) mod lifecycle;
 mod messages;
 mod outbox;

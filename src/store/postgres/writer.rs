@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, error, warn};
 
 use super::PgDb;
+use super::lanes::{LaneRows, insert_lane_rows};
 use crate::model::now_ms;
 use crate::store::AcceptEntry;
 use crate::store::delivery::{BeforeSend, SendCheck};
@@ -502,11 +503,8 @@ struct AcceptColumns {
     template_id: Vec<Option<String>>,
     template_version: Vec<Option<i64>>,
     attachment_bytes: Vec<Option<i64>>,
-    body: Vec<String>,
-    /// The priority's rank, the lanes' class.
-    class: Vec<i16>,
-    /// How long the queue entry stays invisible (a scheduled send), in ms.
-    delay_ms: Vec<i64>,
+    /// The queue entries: lane rows, or (the same columns) outbox rows.
+    queued: LaneRows,
     idem_tenant: Vec<String>,
     idem_key: Vec<String>,
     idem_hash: Vec<String>,
@@ -542,11 +540,7 @@ impl AcceptColumns {
                 .template_version
                 .push(record.template_version.map(i64::from));
             columns.attachment_bytes.push(record.attachment_bytes);
-            columns.body.push(entry.outbound.body.clone());
-            columns.class.push(record.priority.rank() as i16);
-            columns
-                .delay_ms
-                .push(i64::try_from(entry.outbound.delay.as_millis()).unwrap_or(i64::MAX));
+            columns.queued.push(entry.lane, &entry.outbound);
             for stored in &entry.idempotency {
                 columns.idem_tenant.push(stored.tenant_id.clone());
                 columns.idem_key.push(stored.key.clone());
@@ -693,7 +687,7 @@ async fn insert_accepts(
         .await
         .context("inserting status rows")?;
     if into_lanes {
-        insert_lane_rows(tx, rows, now).await?;
+        insert_lane_rows(tx, &rows.queued, now).await?;
     } else {
         sqlx::query(
             "INSERT INTO outbox (message_id, lane, tenant_id, channel, priority, body, created_at, due_at) \
@@ -706,7 +700,7 @@ async fn insert_accepts(
         .bind(&rows.tenant_id)
         .bind(&rows.channel)
         .bind(&rows.priority)
-        .bind(&rows.body)
+        .bind(&rows.queued.body)
         .bind(now)
         .bind(&rows.send_at)
         .execute(&mut **tx)
@@ -736,50 +730,5 @@ async fn insert_accepts(
         .await
         .context("inserting idempotency records")?;
     }
-    Ok(())
-}
-
-/// A group's accepted messages as rows of the lanes' table, each tenant's
-/// turn in its lane and class made where it has none, and a `NOTIFY
-/// fairlane_lanes` per lane with a message visible now: one statement. See
-/// `crate::queue::postgres` for the tables. Before it looks for a turn, it
-/// holds the turn's advisory lock in shared mode until the commit (the key
-/// is `crate::queue::postgres`'s `turn lock`): a receive drops the turn of
-/// a tenant it found with nothing left only under that lock in exclusive
-/// mode, so it never drops one under rows being accepted, and accepts never
-/// wait for one another.
-async fn insert_lane_rows(
-    tx: &mut Transaction<'static, Postgres>,
-    rows: &AcceptColumns,
-    now: i64,
-) -> anyhow::Result<()> {
-    sqlx::query(
-        "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
-             $5::text[], $6::text[], $7::smallint[], $8::bigint[]) \
-             AS u(id, lane, tenant_id, channel, priority, body, class, delay_ms)), \
-         turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
-             SELECT d.lane, d.class, d.tenant_id, nextval('lane_turn_seq') \
-             FROM (SELECT DISTINCT lane, class, tenant_id FROM u) AS d \
-             CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared( \
-                 hashtextextended(d.lane || ':' || d.class || ':' || d.tenant_id, 0))) AS l \
-             ON CONFLICT (queue, class, tenant_id) DO NOTHING), \
-         queued AS (INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, \
-             priority, body, enqueued_at, visible_at) \
-             SELECT lane, class, tenant_id, id, channel, priority, body, $9, $9 + delay_ms FROM u) \
-         SELECT count(pg_notify('fairlane_lanes', lane)) \
-         FROM (SELECT DISTINCT lane FROM u WHERE delay_ms <= 0) AS woken",
-    )
-    .bind(&rows.id)
-    .bind(&rows.lane)
-    .bind(&rows.tenant_id)
-    .bind(&rows.channel)
-    .bind(&rows.priority)
-    .bind(&rows.body)
-    .bind(&rows.class)
-    .bind(&rows.delay_ms)
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .context("inserting lane rows")?;
     Ok(())
 }
