@@ -120,6 +120,7 @@ impl LaneBook {
 /// The lanes in the PostgreSQL store; cheap to clone.
 #[derive(Clone)]
 pub struct PgLanes {
+    db: PgDb,
     pool: PgPool,
     lanes: LanesSettings,
     fast: Arc<LaneBook>,
@@ -140,6 +141,7 @@ impl PgLanes {
             })
         };
         let queue = Arc::new(PgLanes {
+            db: db.clone(),
             pool: db.pool.clone(),
             fast: book(Lane::Fast),
             slow: book(Lane::Slow),
@@ -510,7 +512,7 @@ impl LaneQueue for PgLanes {
     }
 
     async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        self.db.ping().await
     }
 
     fn trace_destination(
