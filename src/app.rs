@@ -570,6 +570,12 @@ async fn open_lanes(
                 .context("opening the lanes in PostgreSQL")?;
             // Tenant deletion erases a tenant's waiting copies through it.
             registry.route_isolation_to(lanes.clone());
+            // Every dedicated queue with backlog has an attention entry
+            // waiting (one lost between a slice and its signal is made).
+            lanes
+                .reconcile_attention()
+                .await
+                .context("signalling dedicated tenant queues")?;
             Lanes {
                 queue: lanes.clone(),
                 tenant_queues: lanes,

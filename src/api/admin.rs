@@ -385,12 +385,13 @@ pub(crate) async fn create_tenant_with(
     Ok(tenant)
 }
 
-/// Dedicated queues need a backend that has them.
+/// Dedicated queues need their attention queues, which SQS may have
+/// refused at start-up.
 fn check_isolation(state: &AppState, isolation: Option<Isolation>) -> Result<(), ApiError> {
     if isolation == Some(Isolation::Dedicated) && !state.tenant_queues.has_dedicated_queues() {
         return Err(ApiError::field(
             "isolation",
-            "dedicated queues need queue.backend = \"embedded\" or \"sqs\"; with the lanes in PostgreSQL every tenant takes its turn in the shared lanes",
+            "dedicated queues are not available: the attention queues could not be opened at start-up (see the log); every tenant takes its turn in the shared lanes",
         ));
     }
     Ok(())

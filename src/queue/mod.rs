@@ -260,13 +260,14 @@ pub trait LaneQueue: Send + Sync {
 /// A backend's dedicated tenant queues: a tenant's own queue in each lane,
 /// served by attention workers through the lane's attention queue (one
 /// entry per tenant queue that needs a slice of work), as against the
-/// shared lanes of [`LaneQueue`]. Both backends implement it on the same
+/// shared lanes of [`LaneQueue`]. Every backend implements it on the same
 /// object as their lanes; the views it hands out (one tenant's queue, one
 /// lane's attention queue) are [`LaneQueue`]s only.
 #[async_trait]
 pub trait TenantQueues: Send + Sync {
     /// True when this backend keeps dedicated tenant queues (a queue of a
-    /// tenant's own, consumed by attention workers).
+    /// tenant's own, consumed by attention workers): always, but on SQS
+    /// when the attention queues could not be opened.
     fn has_dedicated_queues(&self) -> bool;
 
     /// Routes `tenant_id`'s new messages to its own queue (`true`) or to

@@ -185,16 +185,14 @@ macro_rules! on_backends {
     };
 }
 
-/// Generates `embedded` and `sqs` tests for each flow (the backends with
-/// dedicated tenant queues).
-macro_rules! on_both_backends {
+/// Generates `embedded`, `sqs` and `postgres` tests for each flow.
+macro_rules! on_every_backend {
     ($($flow:ident),* $(,)?) => {
-        on_backends!([embedded => Embedded, sqs => Sqs] $($flow),*);
+        on_backends!([embedded => Embedded, sqs => Sqs, postgres => Postgres] $($flow),*);
     };
 }
 
-on_backends!(
-    [embedded => Embedded, sqs => Sqs, postgres => Postgres]
+on_every_backend!(
     an_email_goes_through_ses_and_ends_sent,
     an_sms_goes_through_the_sms_api_and_ends_sent,
     a_5xx_dead_letters_after_retries_and_redrive_delivers_it,
@@ -380,25 +378,4 @@ async fn a_paused_tenant_is_held_past_max_receive_count_without_dead_lettering(b
     assert_eq!(view["status"], "sent", "{view}");
     assert_eq!(view["attempts"], 1, "{view}");
     assert_eq!(sms_requests(&flow.sms_api).await, 1);
-}
-
-/// The lanes in PostgreSQL have no queues of a tenant's own: a dedicated
-/// tenant is refused, naming the field and the backends that have them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dedicated_tenant_is_refused_with_the_lanes_in_postgres() {
-    crate::support::STORE
-        .scope(crate::support::Store::PostgresLanes, async {
-            let app = TestApp::start("").await;
-            let response = app
-                .admin(Method::POST, "/v1/admin/tenants")
-                .json(&json!({"id": "big", "name": "Big", "plan": "pro", "isolation": "dedicated"}))
-                .send()
-                .await
-                .unwrap();
-            let problem = crate::support::expect_field_error(response, "isolation").await;
-            assert!(problem.to_string().contains("sqs"), "{problem}");
-            let shared = app.create_tenant("small", "pro").await;
-            assert_eq!(shared["isolation"], "shared", "{shared}");
-        })
-        .await
 }

@@ -1,5 +1,5 @@
-//! Dedicated tenant queues on both backends (embedded, and SQS on moto's
-//! server), end to end: real HTTP in, the tenant's own queue, attention
+//! Dedicated tenant queues on every backend (embedded, SQS on moto's
+//! server, and the lanes in PostgreSQL), end to end: real HTTP in, the tenant's own queue, attention
 //! workers working it in slices, the SMS gate and wiremock as the provider.
 //! The tests read what the provider saw (order, count, arrival times), not
 //! wall-clock timings of fairlane itself.
@@ -26,7 +26,8 @@ fn settings(sms_base: &str, backend: Backend) -> String {
     let queue = match backend {
         Backend::Embedded => String::new(),
         Backend::Sqs => sqs_settings(&moto_url(), "ded", "stats_interval_secs = 1"),
-        Backend::Postgres => unreachable!("the lanes in PostgreSQL have no dedicated queues"),
+        // The lanes in the test's own PostgreSQL store (`Backend::run`).
+        Backend::Postgres => String::new(),
     };
     delivery_settings(sms_base, "http://127.0.0.1:9", &format!("{OPEN_PLAN}{queue}"))
         .replacen(
@@ -115,7 +116,7 @@ async fn tenant_queue(app: &TestApp, id: &str) -> Value {
     expect_json(response, StatusCode::OK).await
 }
 
-on_both_backends!(
+on_every_backend!(
     small_tenants_finish_within_a_few_slices_beside_a_dedicated_tenants_big_backlog,
     a_paused_dedicated_tenants_queue_gets_no_provider_call_and_drains_after_resume,
     a_purge_cancels_the_dedicated_tenants_waiting_messages_and_touches_no_other_tenant,
@@ -505,28 +506,49 @@ async fn a_backlog_left_without_its_signal_is_found_at_start_up(backend: Backend
     app.patch_tenant("acme", json!({"status": "paused"})).await;
     let ids = send_many(&app, &key, "acme", 25).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let dir = app.stop().await;
-    let db = dir.path().join("fairlane.db");
+    let kept = app.stop_keeping().await;
     // The state a crash between the work and its signal leaves: the work
-    // in the tenant's queue, no signal for it. On SQS the paused tenant's
-    // signals were dropped by the workers; on the embedded queue the
-    // signal is removed from the file. The tenant is made active in the
-    // file, as if it had been resumed by the crashed process.
-    if backend == Backend::Embedded {
-        embedded_signals(&db, "acme", true).await;
-        assert_eq!(embedded_signals(&db, "acme", false).await, 0);
-    }
-    let conn_path = db.clone();
-    tokio::task::spawn_blocking(move || {
-        let conn = rusqlite::Connection::open(conn_path).unwrap();
-        conn.execute("UPDATE tenants SET status = 'active' WHERE id = 'acme'", [])
+    // in the tenant's queue, no signal for it. On SQS (and in PostgreSQL,
+    // where the workers may be faster than this) the paused tenant's
+    // signals were dropped by the workers; on the embedded queue and in
+    // PostgreSQL any signal left is removed from the store. The tenant is made
+    // active in the store, as if it had been resumed by the crashed
+    // process.
+    match (backend, &kept.database) {
+        (Backend::Postgres, Some(database)) => {
+            let mut conn = crate::support::connect_pg(&database.url).await;
+            let removed = sqlx::query(
+                "DELETE FROM lane_messages WHERE queue LIKE '%:attention' AND tenant_id = 'acme'",
+            )
+            .execute(&mut conn)
+            .await
             .unwrap();
-    })
-    .await
-    .unwrap();
+            // The workers may have dropped it already (a paused tenant).
+            assert!(removed.rows_affected() <= 1, "one signal at most");
+            sqlx::query("UPDATE tenants SET status = 'active' WHERE id = 'acme'")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        (Backend::Postgres, None) => panic!("a PostgreSQL app keeps its database"),
+        (Backend::Embedded | Backend::Sqs, _) => {
+            let db = kept.dir.path().join("fairlane.db");
+            if backend == Backend::Embedded {
+                embedded_signals(&db, "acme", true).await;
+                assert_eq!(embedded_signals(&db, "acme", false).await, 0);
+            }
+            tokio::task::spawn_blocking(move || {
+                let conn = rusqlite::Connection::open(db).unwrap();
+                conn.execute("UPDATE tenants SET status = 'active' WHERE id = 'acme'", [])
+                    .unwrap();
+            })
+            .await
+            .unwrap();
+        }
+    }
     assert_eq!(sms_requests(&sms_api).await, 0, "sent while paused");
 
-    let app = TestApp::start_in(dir, &config, |_| {}).await;
+    let app = TestApp::start_on(kept, &config, |_| {}).await;
     wait_for_requests(&sms_api, 25, Duration::from_secs(30)).await;
     for id in &ids {
         let view = crate::delivery::wait_for(&app, &key, id, |view| view["status"] == "sent").await;

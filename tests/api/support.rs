@@ -139,6 +139,22 @@ pub fn sqlite_count(path: &Path, sql: &str, params: impl rusqlite::Params) -> i6
 }
 
 /// A running app, its database directory and an HTTP client for it.
+/// What a stopped app leaves for a restart.
+pub struct Kept {
+    pub dir: TempDir,
+    /// Its PostgreSQL database, on a PostgreSQL store.
+    pub database: Option<TestDatabase>,
+}
+
+impl Kept {
+    fn dir(dir: TempDir) -> Kept {
+        Kept {
+            dir,
+            database: None,
+        }
+    }
+}
+
 pub struct TestApp {
     pub addr: SocketAddr,
     /// Shared state of the running app, for looking at queue depths.
@@ -164,24 +180,42 @@ impl TestApp {
     /// Like [`TestApp::start`], then lets the test change the parsed settings.
     pub async fn start_custom(extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
         let dir = tempfile::tempdir().expect("temporary directory");
-        Self::start_in(dir, extra, tweak).await
+        Self::start_on(Kept::dir(dir), extra, tweak).await
     }
 
     /// Starts an app whose database lives in `dir` (a restart keeps it).
     pub async fn start_in(dir: TempDir, extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        Self::start_on(
+            Kept {
+                dir,
+                database: None,
+            },
+            extra,
+            tweak,
+        )
+        .await
+    }
+
+    /// Starts an app on what a stopped one [`Kept`]: its directory and, on
+    /// PostgreSQL, its database (a new one when there is none).
+    pub async fn start_on(kept: Kept, extra: &str, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        let Kept { dir, database } = kept;
         let store = STORE.try_with(|store| *store).unwrap_or(Store::Sqlite);
-        let (mut settings, database) = match store {
-            Store::Sqlite => (settings_for(dir.path(), extra), None),
-            Store::Postgres => {
-                let database = TestDatabase::create().await;
+        let database = match (store, database) {
+            (Store::Sqlite, _) => None,
+            (_, Some(database)) => Some(database),
+            (_, None) => Some(TestDatabase::create().await),
+        };
+        let (mut settings, database) = match (store, database) {
+            (Store::Sqlite, _) | (_, None) => (settings_for(dir.path(), extra), None),
+            (Store::Postgres, Some(database)) => {
                 let moto = crate::backends::moto_url();
                 let queue = crate::backends::sqs_settings(&moto, "pg", "");
                 let mut settings = settings_for(dir.path(), &format!("{queue}\n{extra}"));
                 settings.storage.url = database.url.clone();
                 (settings, Some(database))
             }
-            Store::PostgresLanes => {
-                let database = TestDatabase::create().await;
+            (Store::PostgresLanes, Some(database)) => {
                 let mut settings = settings_for(dir.path(), extra);
                 settings.storage.url = database.url.clone();
                 // A test that asks for SQS lanes keeps them.
@@ -233,7 +267,13 @@ impl TestApp {
 
     /// Shuts the app down gracefully, waits for it to finish and hands back
     /// the directory holding its database.
-    pub async fn stop(mut self) -> TempDir {
+    pub async fn stop(self) -> TempDir {
+        self.stop_keeping().await.dir
+    }
+
+    /// Like [`TestApp::stop`], keeping the PostgreSQL database too, for
+    /// [`TestApp::start_on`].
+    pub async fn stop_keeping(mut self) -> Kept {
         // Idle keep-alive connections must not hold up the graceful shutdown.
         self.client = reqwest::Client::new();
         if let Some(shutdown) = self.shutdown.take() {
@@ -245,7 +285,10 @@ impl TestApp {
                 .expect("server stops within 20 s")
                 .expect("server task ends without panicking");
         }
-        self.dir.take().expect("database directory")
+        Kept {
+            dir: self.dir.take().expect("database directory"),
+            database: self.database.take(),
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

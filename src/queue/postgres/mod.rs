@@ -28,11 +28,16 @@
 //!   long poll answers a new message in milliseconds, and an idle lane is
 //!   looked at four times a second.
 //!
-//! What it does not have yet: dedicated tenant queues (every tenant already
-//! takes its turn; `isolation = "dedicated"` is refused), and setting a
-//! paused tenant's messages aside (consumers put them back for
-//! `consumers.hold_delay_secs`, as on SQS).
+//! - **Dedicated tenant queues** (`dedicated.rs`): a dedicated tenant's
+//!   rows wait under a queue of its own (`fast:t:acme`), and an entry for
+//!   it in the lane's attention queue (`fast:attention`) tells the
+//!   attention workers; both are views of the same table through this
+//!   type, so they receive, lease and dead-letter as the lanes do.
+//!
+//! What it does not have yet: setting a paused tenant's messages aside
+//! (consumers put them back for `consumers.hold_delay_secs`, as on SQS).
 
+mod dedicated;
 mod receive;
 #[cfg(test)]
 mod tests;
@@ -50,8 +55,7 @@ use tracing::warn;
 
 use super::priority::PriorityShare;
 use super::{
-    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage,
-    RedriveFilter, TenantQueues,
+    DeadLetter, EntryResult, LaneQueue, OutboundMessage, QueueStats, ReceivedMessage, RedriveFilter,
 };
 use crate::config::LanesSettings;
 use crate::model::{Lane, now_ms};
@@ -64,11 +68,35 @@ const PG_BATCH: usize = 50;
 /// The channel of lane wake-ups; the payload is the lane.
 const CHANNEL: &str = "fairlane_lanes";
 
-/// The name of `lane`'s dead-letter queue in `lane_messages.queue`.
-fn dlq(lane: Lane) -> &'static str {
-    match lane {
-        Lane::Fast => "fast-dlq",
-        Lane::Slow => "slow-dlq",
+/// Which queues of `lane_messages` a handle works on, in each lane.
+#[derive(Clone)]
+enum View {
+    /// The shared lanes: `fast`, `slow`, and their `fast-dlq`, `slow-dlq`.
+    Lanes,
+    /// Each lane's attention queue, `fast:attention`: an entry per
+    /// dedicated tenant queue that needs a slice of work.
+    Attention,
+    /// One tenant's own queue, `fast:t:acme` (dead letters in
+    /// `fast:t:acme:dlq`), with the book of this handle on it.
+    Tenant {
+        tenant_id: Arc<str>,
+        book: Arc<LaneBook>,
+    },
+}
+
+/// A queue's names in `lane_messages.queue`: where its messages wait, and
+/// its dead-letter queue.
+struct Names {
+    main: String,
+    dlq: String,
+}
+
+impl Names {
+    /// A queue whose dead letters go to `{main}:dlq` (tenant ids have no
+    /// `:`, so no two names collide).
+    fn suffixed(main: String) -> Names {
+        let dlq = format!("{main}:dlq");
+        Names { main, dlq }
     }
 }
 
@@ -111,41 +139,62 @@ impl Counted {
 const CHEAP_COUNT: Duration = Duration::from_millis(20);
 
 impl LaneBook {
+    fn new(lanes: &LanesSettings, lane: Lane) -> LaneBook {
+        LaneBook {
+            share: PriorityShare::new(lanes.get(lane).low_priority_share),
+            counted: tokio::sync::Mutex::new(None),
+            arrived: Notify::new(),
+            arrivals: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
+        }
+    }
+
     fn ring(&self) {
         self.arrivals.fetch_add(1, Ordering::Relaxed);
         self.arrived.notify_waiters();
     }
 }
 
-/// The lanes in the PostgreSQL store; cheap to clone.
+/// What this instance keeps per lane for the lanes and for their
+/// attention queues.
+struct Books {
+    lanes: [LaneBook; 2],
+    attention: [LaneBook; 2],
+}
+
+/// `lane`'s place in [`Books`].
+fn index(lane: Lane) -> usize {
+    match lane {
+        Lane::Fast => 0,
+        Lane::Slow => 1,
+    }
+}
+
+/// The lanes in the PostgreSQL store, or a view of other queues in their
+/// table (see [`View`]); cheap to clone.
 #[derive(Clone)]
 pub struct PgLanes {
     db: PgDb,
     pool: PgPool,
     lanes: LanesSettings,
-    fast: Arc<LaneBook>,
-    slow: Arc<LaneBook>,
+    books: Arc<Books>,
+    view: View,
 }
 
 impl PgLanes {
     /// The lanes of `db` (its migrations made the tables), with a listener
     /// for wake-ups that lives as long as the returned queue.
     pub async fn open(db: &PgDb, lanes: LanesSettings) -> anyhow::Result<Arc<PgLanes>> {
-        let book = |lane: Lane| {
-            Arc::new(LaneBook {
-                share: PriorityShare::new(lanes.get(lane).low_priority_share),
-                counted: tokio::sync::Mutex::new(None),
-                arrived: Notify::new(),
-                arrivals: AtomicU64::new(0),
-                deleted: AtomicU64::new(0),
-            })
-        };
+        let book = |lane: Lane| LaneBook::new(&lanes, lane);
         let queue = Arc::new(PgLanes {
             db: db.clone(),
             pool: db.pool.clone(),
-            fast: book(Lane::Fast),
-            slow: book(Lane::Slow),
+            books: Arc::new(Books {
+                lanes: [book(Lane::Fast), book(Lane::Slow)],
+                attention: [book(Lane::Fast), book(Lane::Slow)],
+            }),
             lanes,
+            view: View::Lanes,
         });
         let listener = db
             .listen(CHANNEL)
@@ -156,22 +205,41 @@ impl PgLanes {
     }
 
     fn book(&self, lane: Lane) -> &LaneBook {
-        match lane {
-            Lane::Fast => &self.fast,
-            Lane::Slow => &self.slow,
+        match &self.view {
+            View::Lanes => &self.books.lanes[index(lane)],
+            View::Attention => &self.books.attention[index(lane)],
+            View::Tenant { book, .. } => book,
         }
     }
 
-    /// Wakes this instance's and the other instances' receivers of `lane`.
+    /// This handle's queue in `lane`.
+    fn names(&self, lane: Lane) -> Names {
+        match &self.view {
+            View::Lanes => Names {
+                main: lane.as_str().to_owned(),
+                dlq: format!("{lane}-dlq"),
+            },
+            View::Attention => Names::suffixed(format!("{lane}:attention")),
+            View::Tenant { tenant_id, .. } => Names::suffixed(format!("{lane}:t:{tenant_id}")),
+        }
+    }
+
+    /// Wakes this instance's and the other instances' receivers of this
+    /// handle's queue in `lane` (a tenant's own queue has none waiting:
+    /// attention workers work it without waiting).
     async fn wake(&self, lane: Lane) {
         self.book(lane).ring();
+        if matches!(self.view, View::Tenant { .. }) {
+            return;
+        }
+        let queue = self.names(lane).main;
         if let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)
-            .bind(lane.as_str())
+            .bind(&queue)
             .execute(&self.pool)
             .await
         {
-            warn!(error = %err, lane = lane.as_str(), "Could not signal the other instances; they find the message on their next look.");
+            warn!(error = %err, queue, "Could not signal the other instances; they find the message on their next look.");
         }
     }
 
@@ -207,6 +275,7 @@ impl PgLanes {
     /// lane and its DLQ (360 ms at a million rows on the bench machine).
     async fn count(&self, lane: Lane) -> anyhow::Result<QueueStats> {
         let now = now_ms();
+        let names = self.names(lane);
         let (depth, in_flight, delayed, oldest, dead): (i64, i64, i64, Option<i64>, i64) =
             sqlx::query_as(
                 "SELECT \
@@ -217,8 +286,8 @@ impl PgLanes {
                  count(*) FILTER (WHERE queue = $2) \
                  FROM lane_messages WHERE queue IN ($1, $2)",
             )
-            .bind(lane.as_str())
-            .bind(dlq(lane))
+            .bind(&names.main)
+            .bind(&names.dlq)
             .bind(now)
             .fetch_one(&self.pool)
             .await
@@ -234,12 +303,13 @@ impl PgLanes {
         })
     }
 
-    /// Puts messages on `lane` outside the accept path (a send of the
-    /// queue's own), as an accept does.
+    /// Puts messages on this handle's queue in `lane` outside the accept
+    /// path (a send of the queue's own), as an accept does.
     async fn insert(&self, lane: Lane, messages: &[OutboundMessage]) -> anyhow::Result<()> {
+        let queue = self.names(lane).main;
         let mut rows = LaneRows::default();
         for message in messages {
-            rows.push(lane, message);
+            rows.push_to(&queue, message);
         }
         let mut conn = self.pool.acquire().await?;
         insert_lane_rows(&mut conn, &rows, now_ms()).await
@@ -256,16 +326,21 @@ async fn follow(mut listener: sqlx::postgres::PgListener, queue: Weak<PgLanes>) 
             return;
         };
         match received {
-            Ok(Some(notification)) => match notification.payload().parse::<Lane>() {
-                Ok(lane) => queue.book(lane).ring(),
-                Err(_) => warn!(
-                    payload = notification.payload(),
-                    "A lane wake-up named no lane."
-                ),
-            },
+            Ok(Some(notification)) => {
+                let payload = notification.payload();
+                let (books, lane) = match payload.strip_suffix(":attention") {
+                    Some(lane) => (&queue.books.attention, lane),
+                    None => (&queue.books.lanes, payload),
+                };
+                match lane.parse::<Lane>() {
+                    Ok(lane) => books[index(lane)].ring(),
+                    Err(_) => warn!(payload, "A lane wake-up named no lane."),
+                }
+            }
             Ok(None) => {
-                queue.fast.ring();
-                queue.slow.ring();
+                for book in queue.books.lanes.iter().chain(&queue.books.attention) {
+                    book.ring();
+                }
             }
             Err(err) => {
                 warn!(error = %err, "The lane wake-up listener failed; trying again in a second.");
@@ -335,7 +410,7 @@ impl LaneQueue for PgLanes {
         )
         .bind(&seqs)
         .bind(&receives)
-        .bind(lane.as_str())
+        .bind(self.names(lane).main)
         .fetch_all(&self.pool)
         .await
         .context("deleting lane rows")?;
@@ -366,7 +441,7 @@ impl LaneQueue for PgLanes {
         .bind(&receives)
         .bind(&millis)
         .bind(now_ms())
-        .bind(lane.as_str())
+        .bind(self.names(lane).main)
         .fetch_all(&self.pool)
         .await
         .context("changing the visibility of lane rows")?;
@@ -416,7 +491,7 @@ impl LaneQueue for PgLanes {
         )
         .bind(seq)
         .bind(receives)
-        .bind(dlq(lane))
+        .bind(self.names(lane).dlq)
         .bind(now_ms())
         .execute(&self.pool)
         .await
@@ -444,7 +519,7 @@ impl LaneQueue for PgLanes {
             "SELECT message_id, tenant_id, channel, priority, receive_count, enqueued_at, body \
              FROM lane_messages WHERE queue = $1 ORDER BY seq LIMIT $2",
         )
-        .bind(dlq(lane))
+        .bind(self.names(lane).dlq)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
         .await
@@ -471,6 +546,7 @@ impl LaneQueue for PgLanes {
             return Ok(Vec::new());
         }
         let now = now_ms();
+        let names = self.names(lane);
         let mut tx = self.pool.begin().await?;
         // The rows move back with a fresh receive budget and their tenants'
         // turns made (under the turn locks, as an accept), and the messages
@@ -491,8 +567,8 @@ impl LaneQueue for PgLanes {
                  ON CONFLICT (queue, class, tenant_id) DO NOTHING) \
              SELECT message_id FROM moved",
         )
-        .bind(lane.as_str())
-        .bind(dlq(lane))
+        .bind(&names.main)
+        .bind(&names.dlq)
         .bind(filter.tenant_id.as_deref())
         .bind(now)
         .bind(filter.message_ids.as_deref())
@@ -520,110 +596,10 @@ impl LaneQueue for PgLanes {
         lane: Lane,
         _priority: crate::model::Priority,
     ) -> (&'static str, String) {
-        ("postgresql", lane.as_str().to_owned())
+        ("postgresql", self.names(lane).main)
     }
 
     fn max_batch(&self) -> usize {
         PG_BATCH
-    }
-}
-
-/// Every tenant takes its turn in the shared lanes; there are no queues of
-/// a tenant's own to serve or purge.
-#[async_trait]
-impl TenantQueues for PgLanes {
-    fn has_dedicated_queues(&self) -> bool {
-        false
-    }
-
-    fn set_tenant_dedicated(&self, _tenant_id: &str, _dedicated: bool) {}
-
-    async fn dedicated_queue(
-        &self,
-        _lane: Lane,
-        _tenant_id: &str,
-    ) -> anyhow::Result<Option<Arc<dyn LaneQueue>>> {
-        Ok(None)
-    }
-
-    fn attention_queue(&self, _lane: Lane) -> Option<Arc<dyn LaneQueue>> {
-        None
-    }
-
-    async fn settle_attention(&self, _lane: Lane, _tenant_id: &str) -> anyhow::Result<bool> {
-        Ok(false)
-    }
-
-    async fn reconcile_attention(&self) -> anyhow::Result<usize> {
-        Ok(0)
-    }
-
-    async fn purge_dedicated(&self, _tenant_id: &str) -> anyhow::Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-
-    async fn erase_waiting(
-        &self,
-        tenant_id: &str,
-        message_ids: Option<&[String]>,
-    ) -> anyhow::Result<Vec<String>> {
-        if message_ids.is_some_and(<[String]>::is_empty) {
-            return Ok(Vec::new());
-        }
-        let queues = ["fast", "slow", dlq(Lane::Fast), dlq(Lane::Slow)];
-        let now = now_ms();
-        let mut tx = self.pool.begin().await?;
-        // The rows first, then the statuses, in the order a redrive locks
-        // them (rows, then messages): a redrive that moved a row before
-        // this erasure locked it has committed its `queued` by the time the
-        // status is read, and its message keeps its row.
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT seq, message_id FROM lane_messages \
-             WHERE queue = ANY($1) AND class = ANY('{0,1,2}'::smallint[]) AND tenant_id = $2 \
-             AND ($3::text[] IS NULL OR message_id = ANY($3)) \
-             AND NOT (leased AND visible_at > $4) ORDER BY seq FOR UPDATE",
-        )
-        .bind(&queues[..])
-        .bind(tenant_id)
-        .bind(message_ids)
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await
-        .context("reading a tenant's waiting rows")?;
-        let wanted: Vec<String> = rows.iter().map(|(_, id)| id.clone()).collect();
-        // Tenant deletion takes every row; retention only those of
-        // messages still ended.
-        let ended: HashSet<String> = match message_ids {
-            None => wanted.iter().cloned().collect(),
-            Some(_) => sqlx::query_scalar::<_, String>(
-                "SELECT id FROM messages WHERE id = ANY($1) \
-                 AND status IN ('dead_lettered', 'cancelled') ORDER BY id FOR UPDATE",
-            )
-            .bind(&wanted)
-            .fetch_all(&mut *tx)
-            .await
-            .context("reading the statuses of rows to erase")?
-            .into_iter()
-            .collect(),
-        };
-        let (seqs, erased): (Vec<i64>, Vec<String>) = rows
-            .into_iter()
-            .filter(|(_, id)| ended.contains(id))
-            .unzip();
-        sqlx::query("DELETE FROM lane_messages WHERE seq = ANY($1)")
-            .bind(&seqs)
-            .execute(&mut *tx)
-            .await
-            .context("erasing waiting rows")?;
-        tx.commit().await.context("committing an erasure")?;
-        Ok(erased)
-    }
-
-    async fn dedicated_lanes(&self, _tenant_id: &str) -> anyhow::Result<Vec<Lane>> {
-        Ok(Vec::new())
-    }
-
-    fn attention_wanted(&self) -> bool {
-        false
     }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
-use super::PgLanes;
+use super::{Names, PgLanes};
 use crate::model::{Lane, now_ms};
 use crate::queue::ReceivedMessage;
 use crate::queue::priority::CLASSES;
@@ -166,22 +166,23 @@ impl PgLanes {
         max: usize,
         skip: &[String],
     ) -> anyhow::Result<Vec<ReceivedMessage>> {
+        let names = self.names(lane);
         let mut out = Vec::new();
         for _ in 0..TAKE_ROUNDS {
             let want = max - out.len();
             let now = now_ms();
-            let choice = self.choose(lane, want, skip, now).await?;
+            let choice = self.choose(lane, &names, want, skip, now).await?;
             if !choice.gone.is_empty() {
-                self.drop_turns(lane, &choice.gone).await?;
+                self.drop_turns(&names, &choice.gone).await?;
             }
             if choice.seqs.is_empty() && choice.idle.is_empty() {
                 break;
             }
             let chosen = choice.seqs.len();
-            let taken = self.take_rows(lane, &choice, now).await?;
+            let taken = self.take_rows(lane, &names, &choice, now).await?;
             let before = out.len();
             for row in taken {
-                if let Some(message) = self.received(lane, row)? {
+                if let Some(message) = received(&names, row)? {
                     out.push(message);
                 }
             }
@@ -196,16 +197,18 @@ impl PgLanes {
         Ok(out)
     }
 
-    /// Reads the candidates of `lane` and chooses up to `max` of them.
+    /// Reads the candidates of the queue `names` in `lane` and chooses up
+    /// to `max` of them.
     async fn choose(
         &self,
         lane: Lane,
+        names: &Names,
         max: usize,
         skip: &[String],
         now: i64,
     ) -> anyhow::Result<Choice> {
         let rows: Vec<Candidate> = sqlx::query_as(CANDIDATES)
-            .bind(lane.as_str())
+            .bind(&names.main)
             .bind(now)
             .bind(max as i64)
             .bind(skip)
@@ -238,7 +241,13 @@ impl PgLanes {
     }
 
     /// Runs [`TAKE`] for what `choice` chose.
-    async fn take_rows(&self, lane: Lane, choice: &Choice, now: i64) -> anyhow::Result<Vec<Taken>> {
+    async fn take_rows(
+        &self,
+        lane: Lane,
+        names: &Names,
+        choice: &Choice,
+        now: i64,
+    ) -> anyhow::Result<Vec<Taken>> {
         let settings = self.lanes.get(lane);
         let lease_end = now.saturating_add(
             i64::try_from(settings.visibility_timeout_secs.saturating_mul(1000))
@@ -250,47 +259,14 @@ impl PgLanes {
             .bind(&choice.seqs)
             .bind(now)
             .bind(lease_end)
-            .bind(lane.as_str())
+            .bind(&names.main)
             .bind(i64::from(settings.max_receive_count))
-            .bind(super::dlq(lane))
+            .bind(&names.dlq)
             .bind(&idle_classes)
             .bind(&idle_tenants)
             .fetch_all(&self.pool)
             .await
             .context("taking messages from a lane")
-    }
-
-    /// A taken row as a received message; `None` for one moved to the DLQ.
-    fn received(&self, lane: Lane, row: Taken) -> anyhow::Result<Option<ReceivedMessage>> {
-        let (
-            seq,
-            queue,
-            tenant_id,
-            message_id,
-            channel,
-            priority,
-            body,
-            enqueued_at,
-            receive_count,
-            receives,
-            status,
-        ) = row;
-        if queue != lane.as_str() {
-            return Ok(None);
-        }
-        Ok(Some(ReceivedMessage {
-            receipt: format!("{seq}:{receives}"),
-            message_id,
-            tenant_id,
-            channel: channel.parse().map_err(anyhow::Error::msg)?,
-            priority: priority.parse().map_err(anyhow::Error::msg)?,
-            body,
-            receive_count: u32::try_from(receive_count).unwrap_or(0),
-            enqueued_at_ms: enqueued_at,
-            status_at_receive: status.and_then(|word| word.parse().ok()),
-            suppressed_at_receive: None,
-            test: false,
-        }))
     }
 
     /// Removes the turn rows of tenants that had no row left when read.
@@ -299,14 +275,14 @@ impl PgLanes {
     /// it commits: that turn is left for a later receive); the check is a
     /// statement of its own, after the lock, so it sees every accept that
     /// committed before.
-    async fn drop_turns(&self, lane: Lane, gone: &[(i16, String)]) -> anyhow::Result<()> {
+    async fn drop_turns(&self, names: &Names, gone: &[(i16, String)]) -> anyhow::Result<()> {
         let (classes, tenants): (Vec<i16>, Vec<String>) = gone.iter().cloned().unzip();
         let mut tx = self.pool.begin().await?;
         let locked: Vec<(i16, String)> = sqlx::query_as(
             "SELECT g.class, g.tenant_id FROM UNNEST($2::smallint[], $3::text[]) AS g(class, tenant_id) \
              WHERE pg_try_advisory_xact_lock(hashtextextended($1 || ':' || g.class || ':' || g.tenant_id, 0))",
         )
-        .bind(lane.as_str())
+        .bind(&names.main)
         .bind(&classes)
         .bind(&tenants)
         .fetch_all(&mut *tx)
@@ -318,7 +294,7 @@ impl PgLanes {
              AND NOT EXISTS (SELECT 1 FROM lane_messages m WHERE m.queue = $1 \
                  AND m.class = g.class AND m.tenant_id = g.tenant_id)",
         )
-        .bind(lane.as_str())
+        .bind(&names.main)
         .bind(&classes)
         .bind(&tenants)
         .execute(&mut *tx)
@@ -326,4 +302,37 @@ impl PgLanes {
         tx.commit().await.context("dropping idle turns")?;
         Ok(())
     }
+}
+
+/// A taken row as a received message; `None` for one moved to the DLQ.
+fn received(names: &Names, row: Taken) -> anyhow::Result<Option<ReceivedMessage>> {
+    let (
+        seq,
+        queue,
+        tenant_id,
+        message_id,
+        channel,
+        priority,
+        body,
+        enqueued_at,
+        receive_count,
+        receives,
+        status,
+    ) = row;
+    if queue != names.main {
+        return Ok(None);
+    }
+    Ok(Some(ReceivedMessage {
+        receipt: format!("{seq}:{receives}"),
+        message_id,
+        tenant_id,
+        channel: channel.parse().map_err(anyhow::Error::msg)?,
+        priority: priority.parse().map_err(anyhow::Error::msg)?,
+        body,
+        receive_count: u32::try_from(receive_count).unwrap_or(0),
+        enqueued_at_ms: enqueued_at,
+        status_at_receive: status.and_then(|word| word.parse().ok()),
+        suppressed_at_receive: None,
+        test: false,
+    }))
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::config::Settings;
 use crate::model::{Channel, MessageStatus, Priority};
+use crate::queue::TenantQueues;
 use crate::store::postgres::tests::{TestDatabase, entry};
 use crate::store::{Db, Staging, Writer};
 
@@ -439,4 +440,206 @@ async fn a_turn_is_not_dropped_under_an_accept_in_progress() {
     assert_eq!(turns().await, 1);
     assert!(receive(&f.queue, 10).await.is_empty());
     assert_eq!(turns().await, 0);
+}
+
+/// Makes tenant `id` with `isolation` in the tenants table the accept
+/// statement routes by.
+async fn tenant_row(db: &Db, id: &str, isolation: &str) {
+    let pool = &db.postgres().unwrap().pool;
+    sqlx::query(
+        "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
+         VALUES ('p', 'fast', 1, 1, 1, 1, 'config', 0) ON CONFLICT DO NOTHING",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO tenants (id, name, plan, status, created_at, updated_at, isolation) \
+         VALUES ($1, $1, 'p', 'active', 0, 0, $2) \
+         ON CONFLICT (id) DO UPDATE SET isolation = excluded.isolation",
+    )
+    .bind(id)
+    .bind(isolation)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A dedicated tenant's messages go to its own queue, with one attention
+/// entry for it whatever the number of messages; a shared tenant's stay in
+/// the lane. The attention queue hands out the entry, the tenant's queue
+/// its messages (high first), and the settle after a slice leaves a new
+/// entry only while rows remain.
+#[tokio::test]
+async fn a_dedicated_tenants_messages_wait_in_its_own_queue_behind_one_attention_entry() {
+    let f = fixture(5).await;
+    tenant_row(&f.db, "big", "dedicated").await;
+    tenant_row(&f.db, "small", "shared").await;
+    send(
+        &f.queue,
+        vec![
+            message("big", 1),
+            message("big", 2),
+            with_priority(message("big", 3), Priority::High),
+            message("small", 1),
+        ],
+    )
+    .await;
+    assert_eq!(ids(&receive(&f.queue, 10).await), ["small-1"]);
+    assert_eq!(f.queue.dedicated_lanes("big").await.unwrap(), [Lane::Fast]);
+    assert!(f.queue.dedicated_lanes("small").await.unwrap().is_empty());
+    assert!(
+        f.queue
+            .dedicated_queue(Lane::Fast, "small")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let attention = f.queue.attention_queue(Lane::Fast).unwrap();
+    let signals = attention
+        .receive(Lane::Fast, 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(signals.len(), 1, "{signals:?}");
+    assert_eq!(signals[0].tenant_id, "big");
+    let own = f
+        .queue
+        .dedicated_queue(Lane::Fast, "big")
+        .await
+        .unwrap()
+        .expect("big's queue");
+    assert_eq!(own.stats(Lane::Fast).await.unwrap().depth, 3);
+    let first = own.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&first), ["big-3"], "high first");
+    // A message written while the entry is in flight leaves no second one.
+    send(&f.queue, vec![message("big", 4)]).await;
+    let receipts: Vec<String> = first.iter().map(|m| m.receipt.clone()).collect();
+    own.delete_batch(Lane::Fast, &receipts).await.unwrap();
+    attention
+        .delete_batch(Lane::Fast, &[signals[0].receipt.clone()])
+        .await
+        .unwrap();
+    assert!(f.queue.settle_attention(Lane::Fast, "big").await.unwrap());
+    let again = attention
+        .receive(Lane::Fast, 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "{again:?}");
+    let rest = own.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+    let mut rest_ids = ids(&rest);
+    rest_ids.sort_unstable();
+    assert_eq!(rest_ids, ["big-1", "big-2", "big-4"]);
+    let receipts: Vec<String> = rest.iter().map(|m| m.receipt.clone()).collect();
+    own.delete_batch(Lane::Fast, &receipts).await.unwrap();
+    attention
+        .delete_batch(Lane::Fast, &[again[0].receipt.clone()])
+        .await
+        .unwrap();
+    assert!(!f.queue.settle_attention(Lane::Fast, "big").await.unwrap());
+    assert!(
+        attention
+            .receive(Lane::Fast, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // An emptied queue stays listed.
+    assert_eq!(own.stats(Lane::Fast).await.unwrap().depth, 0);
+    assert_eq!(f.queue.dedicated_lanes("big").await.unwrap(), [Lane::Fast]);
+}
+
+/// A tenant queue whose rows all wait for a delay gets an attention entry
+/// visible when the first of them comes due; one lost (a crash between a
+/// slice and its signal) is made again at start-up.
+#[tokio::test]
+async fn a_dedicated_queue_is_signalled_when_its_rows_come_due_and_again_at_start_up() {
+    let f = fixture(5).await;
+    tenant_row(&f.db, "big", "dedicated").await;
+    let mut later = message("big", 1);
+    later.delay = Duration::from_millis(1500);
+    send(&f.queue, vec![later]).await;
+    let pool = &f.db.postgres().unwrap().pool;
+    sqlx::query("DELETE FROM lane_messages WHERE queue = 'fast:attention'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let attention = f.queue.attention_queue(Lane::Fast).unwrap();
+    // Another instance starting reconciles: one queue with backlog.
+    let other = open(&f.db, 5).await;
+    assert_eq!(other.reconcile_attention().await.unwrap(), 1);
+    assert!(
+        attention
+            .receive(Lane::Fast, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the entry waits for the row's delay"
+    );
+    let signal = attention
+        .receive(Lane::Fast, 1, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(signal.len(), 1);
+    let own = f
+        .queue
+        .dedicated_queue(Lane::Fast, "big")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ids(&own.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap()),
+        ["big-1"]
+    );
+}
+
+/// A purge takes the waiting rows of the tenant's own queues and cancels
+/// their messages in one transaction; a row a consumer holds stays, and
+/// the shared lanes and other tenants are not touched. Tenant deletion then
+/// erases what is left, attention entry and listing included.
+#[tokio::test]
+async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
+    let f = fixture(5).await;
+    tenant_row(&f.db, "big", "dedicated").await;
+    tenant_row(&f.db, "small", "shared").await;
+    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    writer.stage_into(Staging::Lanes).unwrap();
+    writer
+        .accept_all(vec![
+            entry("b1", "big", None),
+            entry("b2", "big", None),
+            entry("b3", "big", None),
+            entry("s1", "small", None),
+        ])
+        .await
+        .unwrap();
+    let own = f
+        .queue
+        .dedicated_queue(Lane::Fast, "big")
+        .await
+        .unwrap()
+        .unwrap();
+    let held = own.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&held), ["b1"]);
+    let mut purged = f.queue.purge_dedicated("big").await.unwrap();
+    purged.sort();
+    assert_eq!(purged, ["b2", "b3"]);
+    let status = |id: &'static str| {
+        let db = f.db.clone();
+        async move { db.message(id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status("b2").await, MessageStatus::Cancelled);
+    assert_eq!(status("b1").await, MessageStatus::Queued);
+    assert_eq!(status("s1").await, MessageStatus::Queued);
+    assert_eq!(ids(&receive(&f.queue, 10).await), ["s1"]);
+
+    f.queue.erase_waiting("big", None).await.unwrap();
+    assert!(f.queue.dedicated_lanes("big").await.unwrap().is_empty());
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM lane_messages WHERE tenant_id = 'big' AND NOT leased",
+    )
+    .fetch_one(&f.db.postgres().unwrap().pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "the attention entry went with the tenant");
 }

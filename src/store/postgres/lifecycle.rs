@@ -192,7 +192,7 @@ pub(super) async fn fail(
 
 /// [`Move::Cancel`] of those of `ids` of `tenant_id` (in the world `test`
 /// says; either when `None`) still waiting; returns the ids cancelled.
-pub(super) async fn cancel(
+pub(crate) async fn cancel(
     tx: &mut PgConnection,
     tenant_id: &str,
     test: Option<bool>,

@@ -59,7 +59,8 @@ impl OutboxStore for PgDb {
         const COUNT: &str = "SELECT tenant_id, COUNT(*) FROM ( \
              SELECT tenant_id FROM outbox WHERE due_at IS NOT NULL \
              UNION ALL SELECT l.tenant_id FROM lane_messages l JOIN messages m ON m.id = l.message_id \
-             WHERE l.queue IN ('fast', 'slow') AND NOT l.leased AND l.visible_at > $1 \
+             WHERE (l.queue IN ('fast', 'slow') OR (l.queue LIKE '%:t:%' AND l.queue NOT LIKE '%:t:%:dlq')) \
+             AND NOT l.leased AND l.visible_at > $1 \
              AND m.status IN ('scheduled', 'retrying')) AS w \
             GROUP BY tenant_id";
         Ok(sqlx::query_as(COUNT)
