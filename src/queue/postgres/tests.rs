@@ -465,6 +465,25 @@ async fn tenant_row(db: &Db, id: &str, isolation: &str) {
     .unwrap();
 }
 
+/// What an attention worker does when a slice of big's queue ends: the
+/// messages worked and the signal deleted, then the queue settled; returns
+/// whether backlog remains.
+async fn end_slice(
+    lanes: &PgLanes,
+    own: &dyn LaneQueue,
+    worked: &[ReceivedMessage],
+    attention: &dyn LaneQueue,
+    signal: &ReceivedMessage,
+) -> bool {
+    let receipts: Vec<String> = worked.iter().map(|m| m.receipt.clone()).collect();
+    own.delete_batch(Lane::Fast, &receipts).await.unwrap();
+    attention
+        .delete_batch(Lane::Fast, &[signal.receipt.clone()])
+        .await
+        .unwrap();
+    lanes.settle_attention(Lane::Fast, "big").await.unwrap()
+}
+
 /// A dedicated tenant's messages go to its own queue, with one attention
 /// entry for it whatever the number of messages; a shared tenant's stay in
 /// the lane. The attention queue hands out the entry, the tenant's queue
@@ -514,13 +533,16 @@ async fn a_dedicated_tenants_messages_wait_in_its_own_queue_behind_one_attention
     assert_eq!(ids(&first), ["big-3"], "high first");
     // A message written while the entry is in flight leaves no second one.
     send(&f.queue, vec![message("big", 4)]).await;
-    let receipts: Vec<String> = first.iter().map(|m| m.receipt.clone()).collect();
-    own.delete_batch(Lane::Fast, &receipts).await.unwrap();
-    attention
-        .delete_batch(Lane::Fast, &[signals[0].receipt.clone()])
+    assert!(
+        end_slice(
+            &f.queue,
+            own.as_ref(),
+            &first,
+            attention.as_ref(),
+            &signals[0]
+        )
         .await
-        .unwrap();
-    assert!(f.queue.settle_attention(Lane::Fast, "big").await.unwrap());
+    );
     let again = attention
         .receive(Lane::Fast, 10, Duration::from_secs(1))
         .await
@@ -530,13 +552,7 @@ async fn a_dedicated_tenants_messages_wait_in_its_own_queue_behind_one_attention
     let mut rest_ids = ids(&rest);
     rest_ids.sort_unstable();
     assert_eq!(rest_ids, ["big-1", "big-2", "big-4"]);
-    let receipts: Vec<String> = rest.iter().map(|m| m.receipt.clone()).collect();
-    own.delete_batch(Lane::Fast, &receipts).await.unwrap();
-    attention
-        .delete_batch(Lane::Fast, &[again[0].receipt.clone()])
-        .await
-        .unwrap();
-    assert!(!f.queue.settle_attention(Lane::Fast, "big").await.unwrap());
+    assert!(!end_slice(&f.queue, own.as_ref(), &rest, attention.as_ref(), &again[0]).await);
     assert!(
         attention
             .receive(Lane::Fast, 10, Duration::ZERO)
