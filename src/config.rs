@@ -1567,6 +1567,48 @@ mod tests {
         assert_eq!(settings.lanes.fast.concurrency, 64);
     }
 
+    /// The `FAIRLANE__…` variables a compose file gives its instances (a
+    /// line's trailing comment and commented-out lines left out).
+    fn compose_environment(text: &str) -> Vec<(String, String)> {
+        text.lines()
+            .filter_map(|line| {
+                let line = line.split(" #").next()?.trim();
+                let (name, value) = line.split_once(": ")?;
+                name.starts_with(ENV_PREFIX)
+                    .then(|| (name.to_owned(), value.trim().to_owned()))
+            })
+            .collect()
+    }
+
+    /// The deployment examples run where no Docker engine does (this
+    /// machine, CI): what each gives its instances must at least be a
+    /// configuration fairlane starts with, on the backends it names.
+    #[test]
+    fn the_compose_files_give_their_instances_valid_configurations() {
+        let files = [
+            (
+                "deploy/postgres.compose.yml",
+                include_str!("../deploy/postgres.compose.yml"),
+                QueueBackend::Postgres,
+            ),
+            (
+                "deploy/several-instances.compose.yml",
+                include_str!("../deploy/several-instances.compose.yml"),
+                QueueBackend::Sqs,
+            ),
+        ];
+        for (file, text, queue) in files {
+            let vars = compose_environment(text);
+            assert!(vars.len() >= 6, "{file}: {vars:?}");
+            let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
+            let settings =
+                Settings::from_figment(figment).unwrap_or_else(|err| panic!("{file}: {err:#}"));
+            assert_eq!(settings.queue.backend, queue, "{file}");
+            assert!(settings.storage.url.starts_with("postgres://"), "{file}");
+            assert_eq!(settings.limits.backend, LimitsBackend::Redis, "{file}");
+        }
+    }
+
     #[test]
     fn an_unknown_environment_key_is_rejected_with_its_name() {
         let vars = [("FAIRLANE__SERVER__LISTN".to_owned(), "x".to_owned())];
