@@ -478,7 +478,7 @@ async fn end_slice(
     let receipts: Vec<String> = worked.iter().map(|m| m.receipt.clone()).collect();
     own.delete_batch(Lane::Fast, &receipts).await.unwrap();
     attention
-        .delete_batch(Lane::Fast, &[signal.receipt.clone()])
+        .delete_batch(Lane::Fast, std::slice::from_ref(&signal.receipt))
         .await
         .unwrap();
     lanes.settle_attention(Lane::Fast, "big").await.unwrap()
