@@ -173,7 +173,14 @@ on_both_stores! {
             operator.find(Locator::Id(field)).await.unwrap().send_keys(value).await.unwrap();
         }
         operator.find(Locator::Css("form[action='/console/plans'] button")).await.unwrap().click().await.unwrap();
-        arrive(&operator, "/console/plans").await;
+        // The form posts to the page it is on: the plan's row, not the
+        // address, says the answer has arrived (a navigation started
+        // before it would race the form's).
+        operator
+            .wait()
+            .for_element(Locator::XPath("//tbody//th[normalize-space()='console']"))
+            .await
+            .unwrap();
         operator.goto(&app.url("/console/tenants")).await.unwrap();
         operator.find(Locator::Id("new-id")).await.unwrap().send_keys("acme").await.unwrap();
         operator.find(Locator::Id("new-name")).await.unwrap().send_keys("Acme Ltd").await.unwrap();
