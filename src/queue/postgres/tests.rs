@@ -465,6 +465,15 @@ async fn tenant_row(db: &Db, id: &str, isolation: &str) {
     .unwrap();
 }
 
+/// Tenant big's own queue in the fast lane.
+async fn big_queue(lanes: &PgLanes) -> Arc<dyn LaneQueue> {
+    lanes
+        .dedicated_queue(Lane::Fast, "big")
+        .await
+        .unwrap()
+        .expect("big's queue")
+}
+
 /// What an attention worker does when a slice of big's queue ends: the
 /// messages worked and the signal deleted, then the queue settled; returns
 /// whether backlog remains.
@@ -522,12 +531,7 @@ async fn a_dedicated_tenants_messages_wait_in_its_own_queue_behind_one_attention
         .unwrap();
     assert_eq!(signals.len(), 1, "{signals:?}");
     assert_eq!(signals[0].tenant_id, "big");
-    let own = f
-        .queue
-        .dedicated_queue(Lane::Fast, "big")
-        .await
-        .unwrap()
-        .expect("big's queue");
+    let own = big_queue(&f.queue).await;
     assert_eq!(own.stats(Lane::Fast).await.unwrap().depth, 3);
     let first = own.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
     assert_eq!(ids(&first), ["big-3"], "high first");
@@ -597,12 +601,7 @@ async fn a_dedicated_queue_is_signalled_when_its_rows_come_due_and_again_at_star
         .await
         .unwrap();
     assert_eq!(signal.len(), 1);
-    let own = f
-        .queue
-        .dedicated_queue(Lane::Fast, "big")
-        .await
-        .unwrap()
-        .unwrap();
+    let own = big_queue(&f.queue).await;
     assert_eq!(
         ids(&own.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap()),
         ["big-1"]
@@ -629,12 +628,7 @@ async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
         ])
         .await
         .unwrap();
-    let own = f
-        .queue
-        .dedicated_queue(Lane::Fast, "big")
-        .await
-        .unwrap()
-        .unwrap();
+    let own = big_queue(&f.queue).await;
     let held = own.receive(Lane::Fast, 1, Duration::ZERO).await.unwrap();
     assert_eq!(ids(&held), ["b1"]);
     let mut purged = f.queue.purge_dedicated("big").await.unwrap();
