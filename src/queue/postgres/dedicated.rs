@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use async_trait::async_trait;
 
-use super::{LaneBook, PgLanes, View};
+use super::{LaneBook, Names, PgLanes, View};
 use crate::model::{Lane, now_ms};
 use crate::queue::{LaneQueue, TenantQueues};
 use crate::store::postgres::lanes::{LaneRows, insert_lane_rows};
@@ -35,11 +35,11 @@ impl PgLanes {
     /// and their DLQs, its own queues and their DLQs.
     fn queues_of(tenant_id: &str) -> Vec<String> {
         let mut queues = Vec::new();
-        for lane in Lane::ALL {
-            queues.push(lane.as_str().to_owned());
-            queues.push(format!("{lane}-dlq"));
-            queues.push(format!("{lane}:t:{tenant_id}"));
-            queues.push(format!("{lane}:t:{tenant_id}:dlq"));
+        for &lane in Lane::ALL {
+            for names in [Names::lane(lane), Names::tenant(lane, tenant_id)] {
+                queues.push(names.main);
+                queues.push(names.dlq);
+            }
         }
         queues
     }
@@ -81,7 +81,7 @@ impl TenantQueues for PgLanes {
             "SELECT count(*), min(visible_at) FROM lane_messages \
              WHERE queue = $1 AND class = ANY('{0,1,2}'::smallint[]) AND tenant_id = $2",
         )
-        .bind(format!("{lane}:t:{tenant_id}"))
+        .bind(Names::tenant(lane, tenant_id).main)
         .bind(tenant_id)
         .fetch_one(&self.pool)
         .await
@@ -90,18 +90,10 @@ impl TenantQueues for PgLanes {
             return Ok(false);
         }
         let mut signal = LaneRows::default();
-        signal.push_to(
-            &format!("{lane}:attention"),
-            &crate::message::OutboundMessage {
-                message_id: tenant_id.to_owned(),
-                tenant_id: tenant_id.to_owned(),
-                channel: crate::model::Channel::Email,
-                priority: crate::model::Priority::Normal,
-                body: String::new(),
-                delay: std::time::Duration::from_millis(
-                    u64::try_from(next.unwrap_or(now) - now).unwrap_or(0),
-                ),
-            },
+        signal.push_signal(
+            &Names::attention(lane).main,
+            tenant_id,
+            next.map_or(0, |at| (at - now).max(0)),
         );
         let mut conn = self.pool.acquire().await?;
         insert_lane_rows(&mut conn, &signal, now)
@@ -137,7 +129,7 @@ impl TenantQueues for PgLanes {
         let now = now_ms();
         let own: Vec<String> = Lane::ALL
             .iter()
-            .map(|lane| format!("{lane}:t:{tenant_id}"))
+            .map(|&lane| Names::tenant(lane, tenant_id).main)
             .collect();
         let mut tx = self.pool.begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(
@@ -214,7 +206,7 @@ impl TenantQueues for PgLanes {
             // and the record that it had queues.
             let attention: Vec<String> = Lane::ALL
                 .iter()
-                .map(|lane| format!("{lane}:attention"))
+                .map(|&lane| Names::attention(lane).main)
                 .collect();
             sqlx::query(
                 "DELETE FROM lane_messages WHERE queue = ANY($1) AND class = 1 AND tenant_id = $2",

@@ -92,6 +92,24 @@ struct Names {
 }
 
 impl Names {
+    /// A shared lane: `fast`, dead letters in `fast-dlq`.
+    fn lane(lane: Lane) -> Names {
+        Names {
+            main: lane.as_str().to_owned(),
+            dlq: format!("{lane}-dlq"),
+        }
+    }
+
+    /// `lane`'s attention queue: `fast:attention`.
+    fn attention(lane: Lane) -> Names {
+        Names::suffixed(format!("{lane}:attention"))
+    }
+
+    /// `tenant_id`'s own queue in `lane`: `fast:t:acme`.
+    fn tenant(lane: Lane, tenant_id: &str) -> Names {
+        Names::suffixed(format!("{lane}:t:{tenant_id}"))
+    }
+
     /// A queue whose dead letters go to `{main}:dlq` (tenant ids have no
     /// `:`, so no two names collide).
     fn suffixed(main: String) -> Names {
@@ -215,12 +233,9 @@ impl PgLanes {
     /// This handle's queue in `lane`.
     fn names(&self, lane: Lane) -> Names {
         match &self.view {
-            View::Lanes => Names {
-                main: lane.as_str().to_owned(),
-                dlq: format!("{lane}-dlq"),
-            },
-            View::Attention => Names::suffixed(format!("{lane}:attention")),
-            View::Tenant { tenant_id, .. } => Names::suffixed(format!("{lane}:t:{tenant_id}")),
+            View::Lanes => Names::lane(lane),
+            View::Attention => Names::attention(lane),
+            View::Tenant { tenant_id, .. } => Names::tenant(lane, tenant_id),
         }
     }
 

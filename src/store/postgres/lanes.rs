@@ -49,6 +49,21 @@ impl LaneRows {
         self.delay_ms
             .push(i64::try_from(message.delay.as_millis()).unwrap_or(i64::MAX));
     }
+
+    /// An attention entry for `tenant_id` on the attention queue `queue`,
+    /// visible after `delay_ms`: the row [`insert_lane_rows`] writes for a
+    /// dedicated tenant's message (the tenant as its id, a normal class,
+    /// no body).
+    pub(crate) fn push_signal(&mut self, queue: &str, tenant_id: &str, delay_ms: i64) {
+        self.id.push(tenant_id.to_owned());
+        self.queue.push(queue.to_owned());
+        self.tenant_id.push(tenant_id.to_owned());
+        self.channel.push("email".to_owned());
+        self.priority.push("normal".to_owned());
+        self.body.push(String::new());
+        self.class.push(1);
+        self.delay_ms.push(delay_ms);
+    }
 }
 
 /// Puts `rows` on their queues, each tenant's turn in its queue and class
