@@ -54,6 +54,8 @@ echo "ceiling (bare axum): $ceiling requests/s"
 # call is delivered. WEBHOOK=h2 or WEBHOOK=h1: the same handler over https
 # (examples/tls_endpoint, its CA given to fairlane as webhooks.ca_file),
 # offering HTTP/2 and HTTP/1.1 in its handshake, or HTTP/1.1 only.
+# WEBHOOK_BATCH=N: the endpoint takes up to N events per call (its
+# `max_events_per_call`; 1, one event per call, by default).
 webhook=${WEBHOOK:-0}
 if [ "$webhook" != 0 ]; then
   hook_port=$(free_port)
@@ -92,7 +94,7 @@ KEY=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3
 export KEY
 if [ "$webhook" != 0 ]; then
   api -X PUT "http://127.0.0.1:$port/v1/admin/tenants/bench/webhook" \
-    -d "{\"url\":\"$scheme://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"]}" >/dev/null
+    -d "{\"url\":\"$scheme://127.0.0.1:$hook_port/v1/messages\",\"events\":[\"message.sent\"],\"max_events_per_call\":${WEBHOOK_BATCH:-1}}" >/dev/null
 fi
 # TEMPLATE=1: every send names a template (subject and text with two
 # placeholders) instead of carrying its content; otherwise the same email.
@@ -171,7 +173,7 @@ if [ -n "$hook" ]; then
   t_hooks=$(date +%s.%N)
   cpu_hooks=$(cpu_secs)
   hook_cpu1=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
-  python3 -c "import sys; a, t0, t1, th, c0, c1, h0, h1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook; the endpoint {1e6*(h1-h0)/a:.0f} µs per call')" \
+  python3 -c "import sys; a, t0, t1, th, c0, c1, h0, h1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook; the endpoint {1e6*(h1-h0)/a:.0f} µs per event')" \
     "$accepted" "$t0" "$t1" "$t_hooks" "$cpu0" "$cpu_hooks" "$hook_cpu0" "$hook_cpu1"
   kill "$hook"; wait "$hook" 2>/dev/null || true; hook=
 fi

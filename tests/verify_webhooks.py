@@ -2,7 +2,8 @@
 library (PyPI `standardwebhooks`), not with fairlane's own code.
 
 Reads a JSON file: {"secret": "whsec_…", "calls": [{"headers": {…}, "body": "…"}]}
-and exits non-zero, naming the call, if any signature does not verify.
+and exits non-zero, naming the call, if any signature does not verify or a
+body is neither one event nor a batch of them.
 """
 
 import json
@@ -21,9 +22,18 @@ def main(path: str) -> int:
         except Exception as err:  # noqa: BLE001 - report any failure by call
             print(f"call {index} ({call['headers'].get('webhook-id')}): {err!r}")
             return 1
-        if payload.get("type") is None or payload.get("data") is None:
-            print(f"call {index}: payload lacks type or data: {payload}")
+        # One event, or a batch of them (`max_events_per_call` above 1),
+        # each with its own id.
+        events = payload.get("events")
+        if events is None:
+            events = [payload]
+        elif not events or any(event.get("id") is None for event in events):
+            print(f"call {index}: a batch lacks events or their ids: {payload}")
             return 1
+        for event in events:
+            if event.get("type") is None or event.get("data") is None:
+                print(f"call {index}: event lacks type or data: {event}")
+                return 1
     print(f"{len(recorded['calls'])} calls verified")
     return 0
 

@@ -72,15 +72,16 @@ async fn put_for(
         known_tenant(state, tenant)?;
     }
     let policy = EndpointPolicy::new(&state.settings.webhooks);
-    let (url, events) =
+    let checked =
         webhooks::validate(&input, &policy).map_err(|(field, why)| ApiError::field(field, why))?;
-    if let Err(refusal) = policy.check_reachable(&url).await {
+    let url = &checked.url;
+    if let Err(refusal) = policy.check_reachable(url).await {
         // The tenant learns that the URL is refused, not what its host
         // resolves to: the log has that.
         tracing::info!(%tenant, %url, reason = %refusal, "Webhook URL refused: it does not lead to a public address.");
-        return Err(ApiError::field("url", endpoint::refused_because(&url)));
+        return Err(ApiError::field("url", endpoint::refused_because(url)));
     }
-    let (webhook, secret) = webhooks::put(&state.db, tenant, url.as_str(), &events).await?;
+    let (webhook, secret) = webhooks::put(&state.db, tenant, &checked).await?;
     let view = webhooks::view(&state.db, webhook).await?;
     tracing::info!(%tenant, url = %view.url, events = ?view.events, "Webhook set.");
     Ok(match secret {

@@ -49,6 +49,9 @@ pub struct Webhook {
     pub disabled_at: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Events one call may carry: 1 posts each event alone, more post
+    /// them as a batch (see `crate::webhooks::dispatch`).
+    pub max_events_per_call: i64,
 }
 
 impl Webhook {
@@ -69,10 +72,20 @@ impl Webhook {
 macro_rules! webhook_columns {
     () => {
         "tenant_id, url, events, secret, previous_secret, previous_until, \
-         failing_since, last_error, disabled_at, created_at, updated_at"
+         failing_since, last_error, disabled_at, created_at, updated_at, max_events_per_call"
     };
 }
 pub(super) use webhook_columns;
+
+/// What a `PUT` of a tenant's endpoint sets.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint<'a> {
+    pub url: &'a str,
+    /// Space-separated, with a space at each end.
+    pub events: &'a str,
+    /// At least 1.
+    pub max_events_per_call: i64,
+}
 
 /// A tenant's calls in one state.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -222,8 +235,7 @@ pub trait WebhookStore: Send + Sync {
     async fn put_webhook(
         &self,
         tenant_id: &str,
-        url: &str,
-        events: &str,
+        endpoint: &Endpoint<'_>,
         secret: String,
     ) -> StoreResult<(Webhook, Option<String>)>;
 
@@ -498,14 +510,12 @@ pub(crate) mod tests {
             anyhow::Ok(())
         };
         write("m0", "sent").await.unwrap();
-        db.put_webhook(
-            "t",
-            "https://example.com/h",
-            " message.sent message.delivered ",
-            "s".into(),
-        )
-        .await
-        .unwrap();
+        let endpoint = Endpoint {
+            url: "https://example.com/h",
+            events: " message.sent message.delivered ",
+            max_events_per_call: 1,
+        };
+        db.put_webhook("t", &endpoint, "s".into()).await.unwrap();
         for (message, kind) in [
             ("m1", "sent"),
             ("m1", "queued"),

@@ -51,13 +51,14 @@ use rand::Rng;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, warn};
 
+use super::body;
 use super::client::{CallError, WebhookClient};
 use super::endpoint::{EndpointPolicy, Refusal, refusal_in};
 use super::sign::sign;
 use crate::config::WebhookSettings;
 use crate::message::MessageView;
 use crate::metrics as names;
-use crate::model::{ms_to_rfc3339, now_ms};
+use crate::model::now_ms;
 use crate::store::webhooks::{Cursor, DueCall, Webhook};
 use crate::store::{CallsRecord, Db, PassRooms, StreamRead, TakenCalls, TenantRoom, Writer};
 
@@ -94,8 +95,11 @@ pub struct Dispatcher {
     /// Names this instance's dispatcher as the reader of the streams it
     /// holds.
     owner: String,
-    /// Event ids being called, with their message, by tenant.
-    in_flight: Mutex<HashMap<String, HashMap<i64, String>>>,
+    /// Each tenant's calls in flight and the events they carry.
+    in_flight: Mutex<HashMap<String, Busy>>,
+    /// Each tenant's `max_events_per_call` as its last pass found it, when
+    /// above 1: its room in a pass is that many events per call.
+    per_call: Mutex<HashMap<String, usize>>,
     /// The calls handed out from each stream this instance reads.
     streams: Mutex<HashMap<String, StreamTrack>>,
     /// `webhooks.concurrency`: calls at once for all tenants.
@@ -132,6 +136,7 @@ impl Dispatcher {
             client,
             owner: uuid::Uuid::new_v4().to_string(),
             in_flight: Mutex::default(),
+            per_call: Mutex::default(),
             streams: Mutex::default(),
             wake: Notify::new(),
         }))
@@ -198,18 +203,19 @@ impl Dispatcher {
 
     /// Each tenant's room as of now (see [`PassRooms`]): its limit (one
     /// while its endpoint is probed after a pause, none while paused) less
-    /// its calls in flight.
+    /// its calls in flight, times the events its endpoint takes per call.
     fn rooms(&self) -> PassRooms {
         let mut tenants: HashSet<String> = self.busy_tenants();
         tenants.extend(self.limits.lock().expect("limits lock").keys().cloned());
         tenants.extend(self.pauses.lock().expect("pauses lock").keys().cloned());
+        tenants.extend(self.per_call.lock().expect("per-call lock").keys().cloned());
         let tenants = tenants
             .into_iter()
             .map(|tenant| {
-                let busy = self.busy(&tenant);
+                let Busy { events, calls } = self.busy(&tenant);
                 let limit = self.limit_now(&tenant);
-                let room = limit.saturating_sub(busy.len());
-                let (busy, busy_messages) = busy.into_iter().unzip();
+                let room = limit.saturating_sub(calls) * self.per_call_of(&tenant);
+                let (busy, busy_messages) = events.into_iter().unzip();
                 (
                     tenant,
                     TenantRoom {
@@ -238,7 +244,8 @@ impl Dispatcher {
         }
     }
 
-    /// Starts the calls a pass took for one tenant.
+    /// Starts the calls a pass took for one tenant: each event alone, or
+    /// as many in one call as its endpoint takes, in order.
     async fn start(self: &Arc<Self>, taken: TakenCalls) -> anyhow::Result<()> {
         let TakenCalls {
             tenant,
@@ -255,40 +262,103 @@ impl Dispatcher {
         let limit = self.limit_now(&tenant);
         // As many due as room: the endpoint has a backlog to grow into.
         let backlog = wanted >= room;
+        let per_call = webhook.as_ref().map_or(1, per_call_of);
+        self.note_per_call(&tenant, per_call);
+        let batched = webhook
+            .as_ref()
+            .is_some_and(|webhook| webhook.max_events_per_call > 1);
         let webhook = webhook.map(Arc::new);
-        for due in calls {
-            let admitted = {
-                let mut in_flight = self.in_flight.lock().expect("in-flight lock");
-                let ids = in_flight.entry(due.tenant_id.clone()).or_default();
-                // Another pass may have got here first and taken its room;
-                // a stream's call is made anyway (its read has passed it).
-                let room = ids.len() < limit || due.cursor.is_some();
-                room && ids.insert(due.event_id, due.message_id.clone()).is_none()
-            };
-            if !admitted {
-                self.release(&due).await?;
+        let mut calls = calls.into_iter().peekable();
+        while calls.peek().is_some() {
+            let (admitted, refused) = self.admit(&tenant, calls.by_ref().take(per_call), limit);
+            for due in &refused {
+                self.release(due).await?;
+            }
+            if admitted.is_empty() {
                 continue;
             }
             let dispatcher = self.clone();
-            let webhook = webhook.clone();
-            let data = data.remove(&due.event_id).map(MessageView::from);
+            let data = admitted
+                .iter()
+                .map(|due| data.remove(&due.event_id).map(MessageView::from))
+                .collect();
+            let call = Call {
+                dues: admitted,
+                webhook: webhook.clone(),
+                data,
+                batched,
+                backlog,
+            };
             tokio::spawn(async move {
-                let (tenant, event_id, cursor) = (due.tenant_id.clone(), due.event_id, due.cursor);
-                let call = Call {
-                    due: &due,
-                    webhook: webhook.as_deref(),
-                    data,
-                    backlog,
-                };
-                if let Err(err) = dispatcher.call(call).await {
-                    warn!(%tenant, event_id, error = %format!("{err:#}"), "Could not record a webhook call; it is made again after its lease.");
+                let ended: Vec<(i64, Option<Cursor>)> = call
+                    .dues
+                    .iter()
+                    .map(|due| (due.event_id, due.cursor))
+                    .collect();
+                let tenant = call.dues[0].tenant_id.clone();
+                if let Err(err) = dispatcher.call(&call).await {
+                    warn!(%tenant, event_id = ended[0].0, events = ended.len(), error = %format!("{err:#}"), "Could not record a webhook call; it is made again after its lease.");
                 }
-                dispatcher.done(&tenant, event_id, cursor);
+                dispatcher.done(&tenant, &ended);
                 // Room again: the next pass starts now, not at its interval.
                 dispatcher.wake.notify_one();
             });
         }
         Ok(())
+    }
+
+    /// Takes one call's events into `tenant`'s calls in flight: all of
+    /// them while it has room for a call, or when one comes from its
+    /// stream (the read has passed it); never an event already in flight.
+    /// Returns those admitted, and those refused (to give back).
+    fn admit(
+        &self,
+        tenant: &str,
+        events: impl Iterator<Item = DueCall>,
+        limit: usize,
+    ) -> (Vec<DueCall>, Vec<DueCall>) {
+        let events: Vec<DueCall> = events.collect();
+        let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+        let busy = in_flight.entry(tenant.to_owned()).or_default();
+        // Another pass may have got here first and taken its room; a
+        // stream's call is made anyway.
+        let room = busy.calls < limit || events.iter().any(|due| due.cursor.is_some());
+        if !room {
+            if busy.events.is_empty() {
+                in_flight.remove(tenant);
+            }
+            return (Vec::new(), events);
+        }
+        let (admitted, refused): (Vec<DueCall>, Vec<DueCall>) =
+            events.into_iter().partition(|due| {
+                busy.events
+                    .insert(due.event_id, due.message_id.clone())
+                    .is_none()
+            });
+        if admitted.is_empty() {
+            if busy.events.is_empty() {
+                in_flight.remove(tenant);
+            }
+        } else {
+            busy.calls += 1;
+        }
+        (admitted, refused)
+    }
+
+    /// Keeps `tenant`'s events per call for its next passes' room.
+    fn note_per_call(&self, tenant: &str, per_call: usize) {
+        let mut known = self.per_call.lock().expect("per-call lock");
+        if per_call > 1 {
+            known.insert(tenant.to_owned(), per_call);
+        } else {
+            known.remove(tenant);
+        }
+    }
+
+    /// `tenant`'s events per call as last seen (1 until a pass finds more).
+    fn per_call_of(&self, tenant: &str) -> usize {
+        let known = self.per_call.lock().expect("per-call lock");
+        known.get(tenant).copied().unwrap_or(1)
     }
 
     /// Gives back a lease taken but not used: the call is due again now.
@@ -429,8 +499,8 @@ impl Dispatcher {
         tenants
     }
 
-    /// `tenant`'s calls in flight: event id and message.
-    fn busy(&self, tenant: &str) -> HashMap<i64, String> {
+    /// `tenant`'s calls in flight.
+    fn busy(&self, tenant: &str) -> Busy {
         self.in_flight
             .lock()
             .expect("in-flight lock")
@@ -439,48 +509,54 @@ impl Dispatcher {
             .unwrap_or_default()
     }
 
-    /// A call has ended and its outcome is recorded (a failure's row
-    /// committed): its stream's position may move past it.
-    fn done(&self, tenant: &str, event_id: i64, cursor: Option<Cursor>) {
+    /// A call has ended and the outcomes of its events are recorded (a
+    /// failure's row committed): its stream's position may move past them.
+    fn done(&self, tenant: &str, ended: &[(i64, Option<Cursor>)]) {
         {
             let mut in_flight = self.in_flight.lock().expect("in-flight lock");
-            if let Some(ids) = in_flight.get_mut(tenant) {
-                ids.remove(&event_id);
-                if ids.is_empty() {
+            if let Some(busy) = in_flight.get_mut(tenant) {
+                for (event_id, _) in ended {
+                    busy.events.remove(event_id);
+                }
+                busy.calls = busy.calls.saturating_sub(1);
+                if busy.events.is_empty() {
                     in_flight.remove(tenant);
                 }
             }
         }
-        let Some(cursor) = cursor else {
-            return;
-        };
         let advanced = {
             let mut streams = self.streams.lock().expect("streams lock");
-            streams
-                .get_mut(tenant)
-                .and_then(|track| track.ended(cursor))
+            streams.get_mut(tenant).and_then(|track| {
+                ended
+                    .iter()
+                    .filter_map(|&(_, cursor)| track.ended(cursor?))
+                    .last()
+            })
         };
         self.advance(tenant, advanced);
     }
 
-    /// Makes one call and records how it went.
-    async fn call(&self, call: Call<'_>) -> anyhow::Result<()> {
-        let Call {
-            due,
-            webhook,
-            data,
-            backlog,
-        } = call;
+    /// Makes one call (one event, or a batch) and records how it went for
+    /// each of its events.
+    async fn call(&self, call: &Call) -> anyhow::Result<()> {
         let _slot = self.slots.acquire().await?;
-        let (Some(webhook), Some(data)) = (webhook, data) else {
-            return self.forget(due).await;
+        let Some(webhook) = call.webhook.as_deref() else {
+            for due in &call.dues {
+                self.forget(due).await?;
+            }
+            return Ok(());
         };
-        let body = serde_json::to_vec(&Envelope {
-            kind: &due.kind,
-            timestamp: ms_to_rfc3339(due.created_at),
-            data: &data,
-        })?;
-        let id = format!("evt_{}", due.event_id);
+        let mut events = Vec::with_capacity(call.dues.len());
+        for (due, data) in call.dues.iter().zip(&call.data) {
+            match data {
+                Some(data) => events.push((due, data)),
+                None => self.forget(due).await?,
+            }
+        }
+        let Some(&(first, _)) = events.first() else {
+            return Ok(());
+        };
+        let (id, body) = body::of(&events, call.batched)?;
         let now = now_ms();
         let timestamp = now / 1000;
         let signatures = webhook
@@ -496,15 +572,17 @@ impl Dispatcher {
                 detail,
             }),
             Ok(url) => {
-                // Found from the message's trace by `messaging.message.id`.
+                // Found from the message's trace by `messaging.message.id`
+                // (a batch's: its first message).
                 let span = crate::telemetry::span!(
                     "webhook call",
-                    otel.name = %format!("webhook {}", due.kind),
+                    otel.name = %format!("webhook {}", first.kind),
                     otel.kind = "client",
-                    messaging.message.id = due.message_id.as_str(),
-                    fairlane.tenant_id = due.tenant_id.as_str(),
-                    fairlane.webhook.event_id = due.event_id,
-                    fairlane.webhook.attempt = due.attempts + 1,
+                    messaging.message.id = first.message_id.as_str(),
+                    fairlane.tenant_id = first.tenant_id.as_str(),
+                    fairlane.webhook.event_id = first.event_id,
+                    fairlane.webhook.events = events.len(),
+                    fairlane.webhook.attempt = first.attempts + 1,
                 );
                 let started = std::time::Instant::now();
                 let headers = [
@@ -522,15 +600,18 @@ impl Dispatcher {
                     crate::telemetry::failed(&span, failure.result);
                 }
                 let healthy = failure.is_none() && started.elapsed() <= SLOW_CALL;
-                self.adapt(&due.tenant_id, healthy, backlog);
+                self.adapt(&first.tenant_id, healthy, call.backlog);
                 failure
             }
         };
-        self.count_toward_pause(&due.tenant_id, failure.is_none());
-        match failure {
-            None => self.delivered(due).await,
-            Some(failure) => self.failed(due, &failure).await,
+        self.count_toward_pause(&first.tenant_id, failure.is_none());
+        for (due, _) in events {
+            match &failure {
+                None => self.delivered(due).await?,
+                Some(failure) => self.failed(due, failure).await?,
+            }
         }
+        Ok(())
     }
 
     /// The endpoint or the message is gone: the call is dropped (a
@@ -754,25 +835,35 @@ enum PauseState {
     Paused,
 }
 
-/// A call's body: one event, as the Standard Webhooks spec has it.
-/// Serialized straight from the message's view, with no JSON tree between.
-#[derive(serde::Serialize)]
-struct Envelope<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    timestamp: String,
-    data: &'a MessageView,
-}
-
 /// One call to make.
-struct Call<'a> {
-    due: &'a DueCall,
+struct Call {
+    /// Its events, in order: one, or up to the endpoint's
+    /// `max_events_per_call`.
+    dues: Vec<DueCall>,
     /// The tenant's endpoint; `None` when it has none any more.
-    webhook: Option<&'a Webhook>,
-    /// The message as it was at the event; `None` when it is gone.
-    data: Option<MessageView>,
+    webhook: Option<Arc<Webhook>>,
+    /// Each event's message as it was at the event; `None` when it is gone.
+    data: Vec<Option<MessageView>>,
+    /// Whether the body is a batch (the endpoint takes more than one).
+    batched: bool,
     /// Whether the tenant had more due than room when it was taken.
     backlog: bool,
+}
+
+/// A tenant's calls in flight.
+#[derive(Debug, Default, Clone)]
+struct Busy {
+    /// The events they carry, with their message.
+    events: HashMap<i64, String>,
+    /// How many calls.
+    calls: usize,
+}
+
+/// The events an endpoint takes per call, within 1 ..= the most allowed.
+fn per_call_of(webhook: &Webhook) -> usize {
+    webhook
+        .max_events_per_call
+        .clamp(1, super::MAX_EVENTS_PER_CALL) as usize
 }
 
 /// Why a call failed.

@@ -13,6 +13,7 @@
 //! fails for `webhooks.disable_after_secs` is disabled; its events are kept
 //! as failed, listed by [`failing`], and sent again by [`redrive`].
 
+mod body;
 pub mod client;
 pub mod dispatch;
 pub mod endpoint;
@@ -26,6 +27,7 @@ use self::endpoint::EndpointPolicy;
 
 use crate::model::{MessageStatus, ms_to_rfc3339, now_ms};
 use crate::store::Db;
+use crate::store::webhooks::Endpoint;
 pub use crate::store::webhooks::Webhook;
 
 /// A rotated-out secret keeps signing (beside the new one) this long.
@@ -74,7 +76,19 @@ pub struct WebhookInput {
     /// `scheduled` and `sending`.
     #[schema(value_type = Vec<EventType>, min_items = 1, max_items = 16)]
     pub events: Vec<String>,
+    /// Events one call may carry, 1 to 100; 1 when absent. With 1 every
+    /// call's body is one event (`{"type", "timestamp", "data"}`); with
+    /// more, every call's body is a batch, `{"events": [{"id", "type",
+    /// "timestamp", "data"}, …]}`, of the events due at once, in order,
+    /// never two of one message. Receivers of batches deduplicate by each
+    /// event's `id` (a retried event may come in another batch).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100, default = 1)]
+    pub max_events_per_call: Option<i64>,
 }
+
+/// The most events one webhook call may carry.
+pub const MAX_EVENTS_PER_CALL: i64 = 100;
 
 /// A webhook endpoint's settings and health.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -84,6 +98,9 @@ pub struct WebhookView {
     #[schema(format = "uri")]
     pub url: String,
     pub events: Vec<String>,
+    /// Events one call carries at most: 1, one event per call; more, a
+    /// batch per call.
+    pub max_events_per_call: i64,
     /// `active`, `failing` (its last call failed; retrying) or `disabled`
     /// (failed for `webhooks.disable_after_secs`; an admin redrive resumes it).
     pub state: String,
@@ -122,14 +139,29 @@ pub struct WebhookWithSecret {
     pub secret: String,
 }
 
-/// Checks a `PUT` body's form: the URL as parsed, and the event types as
-/// stored; Err names the field and what is wrong. Where the URL leads is
-/// checked next, by [`endpoint::EndpointPolicy::check_reachable`].
+/// A `PUT` body as checked: the URL as parsed, the event types as stored,
+/// and the events per call.
+pub struct Checked {
+    pub url: Url,
+    pub events: String,
+    pub max_events_per_call: i64,
+}
+
+/// Checks a `PUT` body's form; Err names the field and what is wrong.
+/// Where the URL leads is checked next, by
+/// [`endpoint::EndpointPolicy::check_reachable`].
 pub fn validate(
     input: &WebhookInput,
     policy: &EndpointPolicy,
-) -> Result<(Url, String), (&'static str, String)> {
+) -> Result<Checked, (&'static str, String)> {
     let url = policy.parse(&input.url).map_err(|why| ("url", why))?;
+    let per_call = input.max_events_per_call.unwrap_or(1);
+    if !(1..=MAX_EVENTS_PER_CALL).contains(&per_call) {
+        return Err((
+            "max_events_per_call",
+            format!("must be between 1 and {MAX_EVENTS_PER_CALL}; got {per_call}"),
+        ));
+    }
     if input.events.is_empty() {
         return Err(("events", "must name at least one event type".into()));
     }
@@ -149,7 +181,11 @@ pub fn validate(
             events.push(event);
         }
     }
-    Ok((url, format!(" {} ", events.join(" "))))
+    Ok(Checked {
+        url,
+        events: format!(" {} ", events.join(" ")),
+        max_events_per_call: per_call,
+    })
 }
 
 /// The endpoint with its counts of pending and failed events.
@@ -178,6 +214,7 @@ pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
             .split_whitespace()
             .map(str::to_owned)
             .collect(),
+        max_events_per_call: webhook.max_events_per_call,
         state: state.into(),
         failing_since: webhook.failing_since.map(ms_to_rfc3339),
         last_error: webhook.last_error,
@@ -193,11 +230,15 @@ pub async fn view(db: &Db, webhook: Webhook) -> anyhow::Result<WebhookView> {
 pub async fn put(
     db: &Db,
     tenant_id: &str,
-    url: &str,
-    events: &str,
+    checked: &Checked,
 ) -> anyhow::Result<(Webhook, Option<String>)> {
+    let endpoint = Endpoint {
+        url: checked.url.as_str(),
+        events: &checked.events,
+        max_events_per_call: checked.max_events_per_call,
+    };
     Ok(db
-        .put_webhook(tenant_id, url, events, sign::new_secret())
+        .put_webhook(tenant_id, &endpoint, sign::new_secret())
         .await?)
 }
 

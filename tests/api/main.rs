@@ -46,6 +46,7 @@ mod templates;
 mod test_keys;
 mod traces;
 mod unsubscribe;
+mod webhook_batches;
 mod webhook_transport;
 mod webhooks;
 mod worlds;

@@ -728,8 +728,11 @@ async fn store_webhook_unchecked(app: &TestApp, tenant: &str, url: &str) {
         .db
         .put_webhook(
             tenant,
-            url,
-            " message.sent ",
+            &fairlane::store::webhooks::Endpoint {
+                url,
+                events: " message.sent ",
+                max_events_per_call: 1,
+            },
             fairlane::webhooks::sign::new_secret(),
         )
         .await

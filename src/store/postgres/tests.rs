@@ -252,9 +252,12 @@ async fn a_webhook_stream_does_not_pass_an_event_still_to_commit() {
     ] {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
-    db.put_webhook("t", "https://example.com/h", " message.sent ", "s".into())
-        .await
-        .unwrap();
+    let endpoint = crate::store::webhooks::Endpoint {
+        url: "https://example.com/h",
+        events: " message.sent ",
+        max_events_per_call: 1,
+    };
+    db.put_webhook("t", &endpoint, "s".into()).await.unwrap();
     const EVENT: &str = "INSERT INTO message_events (message_id, tenant_id, at, event, status, attempts) \
          VALUES ($1, 't', 0, 'sent', 'sent', 1)";
     let mut open = pool.begin().await.unwrap();

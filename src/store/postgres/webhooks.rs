@@ -17,9 +17,9 @@ use crate::store::delivery::{
 };
 use crate::store::messages::MessageRecord;
 use crate::store::webhooks::{
-    CallsOf, Cursor, DeliveryCount, DueCall, FailedCall, SnapshotRow, StateRow, StreamBacklog,
-    Webhook, WebhookStore, counts_by_state, due_of, kept_count, record_at_event, to_disable,
-    webhook_columns,
+    CallsOf, Cursor, DeliveryCount, DueCall, Endpoint, FailedCall, SnapshotRow, StateRow,
+    StreamBacklog, Webhook, WebhookStore, counts_by_state, due_of, kept_count, record_at_event,
+    to_disable, webhook_columns,
 };
 
 /// The endpoint of tenant `$1`: the columns of [`Webhook`], in order.
@@ -456,17 +456,17 @@ impl WebhookStore for PgDb {
     async fn put_webhook(
         &self,
         tenant_id: &str,
-        url: &str,
-        events: &str,
+        endpoint: &Endpoint<'_>,
         secret: String,
     ) -> StoreResult<(Webhook, Option<String>)> {
         const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = $1";
         const CHANGE: &str = "UPDATE webhooks SET url = $1, events = $2, failing_since = NULL, \
-             last_error = NULL, disabled_at = NULL, updated_at = $3 WHERE tenant_id = $4";
+             last_error = NULL, disabled_at = NULL, updated_at = $3, max_events_per_call = $5 \
+             WHERE tenant_id = $4";
         // A new endpoint's stream starts at the tenant's newest event.
         const CREATE: &str = "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, \
-             updated_at, position_xid, position_id, read_xid, read_id) \
-             SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id FROM \
+             updated_at, position_xid, position_id, read_xid, read_id, max_events_per_call) \
+             SELECT $1, $2, $3, $4, $5, $5, top.xid, top.id, top.xid, top.id, $6 FROM \
              (SELECT xid, id FROM message_events WHERE tenant_id = $1 \
               UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top";
         let now = now_ms();
@@ -477,10 +477,11 @@ impl WebhookStore for PgDb {
             .await?;
         if existed.is_some() {
             sqlx::query(CHANGE)
-                .bind(url)
-                .bind(events)
+                .bind(endpoint.url)
+                .bind(endpoint.events)
                 .bind(now)
                 .bind(tenant_id)
+                .bind(endpoint.max_events_per_call)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(RESUME)
@@ -491,10 +492,11 @@ impl WebhookStore for PgDb {
         } else {
             sqlx::query(CREATE)
                 .bind(tenant_id)
-                .bind(url)
-                .bind(events)
+                .bind(endpoint.url)
+                .bind(endpoint.events)
                 .bind(&secret)
                 .bind(now)
+                .bind(endpoint.max_events_per_call)
                 .execute(&mut *tx)
                 .await?;
         }

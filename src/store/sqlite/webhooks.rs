@@ -18,8 +18,9 @@ use crate::store::delivery::{
     CallsRecord, NextEvent, PassRooms, StreamPass, StreamRead, TenantRoom, tenants_to_visit,
 };
 use crate::store::webhooks::{
-    CallsOf, Cursor, DeliveryCount, DueCall, FailedCall, SnapshotRow, StateRow, StreamBacklog,
-    Webhook, WebhookStore, counts_by_state, due_of, kept_count, to_disable, webhook_columns,
+    CallsOf, Cursor, DeliveryCount, DueCall, Endpoint, FailedCall, SnapshotRow, StateRow,
+    StreamBacklog, Webhook, WebhookStore, counts_by_state, due_of, kept_count, to_disable,
+    webhook_columns,
 };
 
 /// The endpoint of tenant `?1`: the columns of [`Webhook`], in order.
@@ -43,6 +44,7 @@ fn webhook_row(row: &rusqlite::Row) -> rusqlite::Result<Webhook> {
         disabled_at: row.get(8)?,
         created_at: row.get(9)?,
         updated_at: row.get(10)?,
+        max_events_per_call: row.get(11)?,
     })
 }
 
@@ -469,38 +471,41 @@ impl WebhookStore for SqliteDb {
     async fn put_webhook(
         &self,
         tenant_id: &str,
-        url: &str,
-        events: &str,
+        endpoint: &Endpoint<'_>,
         secret: String,
     ) -> StoreResult<(Webhook, Option<String>)> {
         const EXISTS: &str = "SELECT tenant_id FROM webhooks WHERE tenant_id = ?1";
         const CHANGE: &str = "UPDATE webhooks SET url = ?1, events = ?2, failing_since = NULL, \
-             last_error = NULL, disabled_at = NULL, updated_at = ?3 WHERE tenant_id = ?4";
+             last_error = NULL, disabled_at = NULL, updated_at = ?3, max_events_per_call = ?5 \
+             WHERE tenant_id = ?4";
         // A new endpoint's stream starts at the tenant's newest event.
         const CREATE: &str = "INSERT INTO webhooks (tenant_id, url, events, secret, created_at, \
-             updated_at, position_xid, position_id, read_xid, read_id) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?5, top.xid, top.id, top.xid, top.id FROM \
+             updated_at, position_xid, position_id, read_xid, read_id, max_events_per_call) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?5, top.xid, top.id, top.xid, top.id, ?6 FROM \
              (SELECT xid, id FROM message_events WHERE tenant_id = ?1 \
               UNION ALL SELECT 0, 0 ORDER BY 1 DESC, 2 DESC LIMIT 1) AS top";
         let now = now_ms();
         let created = {
             let (tenant_id, url, events, secret) = (
                 tenant_id.to_owned(),
-                url.to_owned(),
-                events.to_owned(),
+                endpoint.url.to_owned(),
+                endpoint.events.to_owned(),
                 secret.clone(),
             );
+            let per_call = endpoint.max_events_per_call;
             self.transact(move |tx| {
                 let existed = prepare(tx, EXISTS)?
                     .query_row([&tenant_id], |_| Ok(()))
                     .optional()?
                     .is_some();
                 if existed {
-                    prepare(tx, CHANGE)?.execute(rusqlite::params![url, events, now, tenant_id])?;
+                    prepare(tx, CHANGE)?
+                        .execute(rusqlite::params![url, events, now, tenant_id, per_call])?;
                     prepare(tx, RESUME)?.execute(rusqlite::params![now, tenant_id])?;
                 } else {
-                    prepare(tx, CREATE)?
-                        .execute(rusqlite::params![tenant_id, url, events, secret, now])?;
+                    prepare(tx, CREATE)?.execute(rusqlite::params![
+                        tenant_id, url, events, secret, now, per_call
+                    ])?;
                 }
                 Ok(!existed)
             })
