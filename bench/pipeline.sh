@@ -173,6 +173,8 @@ if [ -n "$hook" ]; then
   t_hooks=$(date +%s.%N)
   cpu_hooks=$(cpu_secs)
   hook_cpu1=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
+  hook_calls=$(counter fairlane_webhook_calls_total)
+  echo "webhook calls: ${hook_calls:-?} for $accepted events"
   python3 -c "import sys; a, t0, t1, th, c0, c1, h0, h1 = (float(x) for x in sys.argv[1:]); print(f'webhooks: {int(a)} delivered {th - t1:.1f} s after the last delivery; end to end with them {a/(th - t0):.0f}/s; CPU {1e6*(c1-c0)/a:.0f} µs per message with its webhook; the endpoint {1e6*(h1-h0)/a:.0f} µs per event')" \
     "$accepted" "$t0" "$t1" "$t_hooks" "$cpu0" "$cpu_hooks" "$hook_cpu0" "$hook_cpu1"
   kill "$hook"; wait "$hook" 2>/dev/null || true; hook=

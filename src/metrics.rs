@@ -143,6 +143,9 @@ pub const SUPPRESSED_TOTAL: &str = "fairlane_messages_suppressed_total";
 /// (not made: the URL or the address it resolved to is not allowed),
 /// `gave_up` (the event failed for `webhooks.disable_after_secs`).
 pub const WEBHOOK_ATTEMPTS_TOTAL: &str = "fairlane_webhook_attempts_total";
+/// Webhook calls made (HTTP requests, whatever their answer): with
+/// batching endpoints one call carries several events' attempts.
+pub const WEBHOOK_CALLS_TOTAL: &str = "fairlane_webhook_calls_total";
 /// Seconds from an event to its webhook's successful delivery.
 pub const WEBHOOK_LAG_SECONDS: &str = "fairlane_webhook_lag_seconds";
 /// Webhook calls due and not yet made, all tenants together (the same
@@ -336,6 +339,11 @@ fn describe_around_the_pipeline() {
         WEBHOOK_ATTEMPTS_TOTAL,
         Unit::Count,
         "Webhook calls, by result (delivered, rejected, unreachable, gave_up)."
+    );
+    describe_counter!(
+        WEBHOOK_CALLS_TOTAL,
+        Unit::Count,
+        "Webhook calls made (HTTP requests); a batch carries several events."
     );
     describe_histogram!(
         WEBHOOK_LAG_SECONDS,
@@ -551,6 +559,7 @@ fn register_known_labels() {
     metrics::counter!(STORE_ROWS_WRITTEN_TOTAL).increment(0);
     metrics::counter!(RETENTION_QUEUE_ERASED_TOTAL).increment(0);
     metrics::counter!(WEBHOOK_ENDPOINT_PAUSES_TOTAL).increment(0);
+    metrics::counter!(WEBHOOK_CALLS_TOTAL).increment(0);
     let _ = metrics::histogram!(WEBHOOK_LAG_SECONDS);
     metrics::gauge!(WEBHOOK_CALLS_DUE).set(0.0);
     metrics::gauge!(WEBHOOK_OLDEST_DUE_AGE_SECONDS).set(0.0);

@@ -585,6 +585,7 @@ impl Dispatcher {
                     fairlane.webhook.attempt = first.attempts + 1,
                 );
                 let started = std::time::Instant::now();
+                metrics::counter!(names::WEBHOOK_CALLS_TOTAL).increment(1);
                 let headers = [
                     ("webhook-id", HeaderValue::try_from(id)?),
                     ("webhook-timestamp", HeaderValue::from(timestamp)),
@@ -605,13 +606,15 @@ impl Dispatcher {
             }
         };
         self.count_toward_pause(&first.tenant_id, failure.is_none());
-        for (due, _) in events {
-            match &failure {
-                None => self.delivered(due).await?,
-                Some(failure) => self.failed(due, failure).await?,
+        match failure {
+            None => self.delivered(&first.tenant_id, events.iter().map(|(due, _)| *due)),
+            Some(failure) => {
+                for (due, _) in events {
+                    self.failed(due, &failure).await?;
+                }
+                Ok(())
             }
         }
-        Ok(())
     }
 
     /// The endpoint or the message is gone: the call is dropped (a
@@ -623,18 +626,28 @@ impl Dispatcher {
         Ok(self.db.forget_webhook_call(due.event_id).await?)
     }
 
-    /// Hands the call to the recorder: a retry's row is removed with
-    /// others, and the endpoint is no longer failing.
-    async fn delivered(&self, due: &DueCall) -> anyhow::Result<()> {
-        let row = due.cursor.is_none().then_some(due.event_id);
+    /// Hands a delivered call's events to the recorder: the rows of
+    /// retries among them are removed with others, and the endpoint is no
+    /// longer failing.
+    fn delivered<'a>(
+        &self,
+        tenant: &str,
+        events: impl Iterator<Item = &'a DueCall>,
+    ) -> anyhow::Result<()> {
+        let now = now_ms();
+        let lag = metrics::histogram!(names::WEBHOOK_LAG_SECONDS);
+        let mut rows = Vec::new();
+        let mut count = 0;
+        for due in events {
+            rows.extend(due.cursor.is_none().then_some(due.event_id));
+            lag.record((now - due.created_at).max(0) as f64 / 1000.0);
+            count += 1;
+            debug!(tenant = %due.tenant_id, message_id = %due.message_id, kind = %due.kind, event_id = due.event_id, "Webhook delivered.");
+        }
+        metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "delivered").increment(count);
         self.delivered
-            .send(Outcome::Delivered(due.tenant_id.clone(), row))
-            .map_err(|_| anyhow::anyhow!("the webhook recorder has stopped"))?;
-        let lag = (now_ms() - due.created_at).max(0) as f64 / 1000.0;
-        metrics::counter!(names::WEBHOOK_ATTEMPTS_TOTAL, "result" => "delivered").increment(1);
-        metrics::histogram!(names::WEBHOOK_LAG_SECONDS).record(lag);
-        debug!(tenant = %due.tenant_id, message_id = %due.message_id, kind = %due.kind, event_id = due.event_id, "Webhook delivered.");
-        Ok(())
+            .send(Outcome::Delivered(tenant.to_owned(), rows))
+            .map_err(|_| anyhow::anyhow!("the webhook recorder has stopped"))
     }
 
     /// Schedules the next try, or gives the event up once it has failed
@@ -676,10 +689,10 @@ impl Dispatcher {
     }
 }
 
-/// What the recorder writes: a call delivered (tenant, and the row of a
-/// retry), or a stream's new position.
+/// What the recorder writes: a call delivered (tenant, and the rows of the
+/// retries it carried), or a stream's new position.
 enum Outcome {
-    Delivered(String, Option<i64>),
+    Delivered(String, Vec<i64>),
     Advanced(String, Cursor),
 }
 
@@ -728,8 +741,8 @@ fn record_of(outcomes: impl Iterator<Item = Outcome>) -> CallsRecord {
         let mut positions: HashMap<String, Cursor> = HashMap::new();
         for outcome in outcomes {
             match outcome {
-                Outcome::Delivered(tenant, row) => {
-                    record.delivered_rows.extend(row);
+                Outcome::Delivered(tenant, rows) => {
+                    record.delivered_rows.extend(rows);
                     record.healthy.push(tenant);
                 }
                 Outcome::Advanced(tenant, to) => {
@@ -761,8 +774,14 @@ struct StreamTrack {
 impl StreamTrack {
     /// The call at `cursor` has ended; the new position, if it moved.
     fn ended(&mut self, cursor: Cursor) -> Option<Cursor> {
-        if let Some(call) = self.handed.iter_mut().find(|(at, _)| *at == cursor) {
-            call.1 = true;
+        // Handed out in stream order, so sorted: a batch's hundred events
+        // each find their place without walking thousands of others.
+        let at = match self.handed.binary_search_by_key(&cursor, |(at, _)| *at) {
+            Ok(at) => Some(at),
+            Err(_) => self.handed.iter().position(|(at, _)| *at == cursor),
+        };
+        if let Some(at) = at {
+            self.handed[at].1 = true;
         }
         self.settled()
     }
@@ -966,11 +985,11 @@ mod tests {
         let record = record_of(
             [
                 Outcome::Advanced("a".into(), (0, 5)),
-                Outcome::Delivered("a".into(), None),
+                Outcome::Delivered("a".into(), vec![]),
                 Outcome::Advanced("a".into(), (0, 9)),
                 Outcome::Advanced("a".into(), (0, 7)),
-                Outcome::Delivered("b".into(), Some(42)),
-                Outcome::Delivered("a".into(), None),
+                Outcome::Delivered("b".into(), vec![42]),
+                Outcome::Delivered("a".into(), vec![]),
             ]
             .into_iter(),
         );
