@@ -289,9 +289,9 @@ pub async fn get_message(
     TenantAuth(caller): TenantAuth,
     ApiPath(id): ApiPath<String>,
 ) -> Result<axum::Json<MessageView>, ApiError> {
-    let record = state
+    let (record, recipients) = state
         .db
-        .message_in(&caller.scope(), &id)
+        .message_with_recipients(&caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
     // Only a sent email can have had a report on its recipients.
@@ -300,7 +300,6 @@ pub async fn get_message(
         && record.erased_at.is_none();
     let mut view = MessageView::from(record);
     if reported {
-        let recipients = state.db.recipient_statuses(&id).await?;
         view.recipients = recipients.into_iter().map(Into::into).collect();
     }
     Ok(axum::Json(view))

@@ -122,6 +122,15 @@ pub trait MessageStore: Send + Sync {
     /// What providers reported of message `id`'s recipients, by address.
     async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>>;
 
+    /// [`Self::message_in`] with [`Self::recipient_statuses`], both read
+    /// at one moment: a receipt commits a message's status and its
+    /// recipients' together, so a view never shows one without the other.
+    async fn message_with_recipients(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> StoreResult<Option<(MessageRecord, Vec<RecipientRecord>)>>;
+
     /// The provider last called for message `id` and whether its next
     /// attempt must go to that provider again (see [`crate::store::Called`]).
     async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>>;

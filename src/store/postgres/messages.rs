@@ -38,6 +38,22 @@ fn bind_list<'q, O>(
     query
 }
 
+/// The recipients' statuses of message `$1`, by address.
+const RECIPIENTS: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
+     WHERE message_id = $1 ORDER BY address";
+
+/// A [`RECIPIENTS`] row: address, status, detail, updated at.
+type RecipientRow = (String, String, Option<String>, i64);
+
+fn recipient_of((address, status, detail, updated_at): RecipientRow) -> RecipientRecord {
+    RecipientRecord {
+        address,
+        status,
+        detail,
+        updated_at,
+    }
+}
+
 #[async_trait]
 impl MessageStore for PgDb {
     async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>> {
@@ -71,19 +87,41 @@ impl MessageStore for PgDb {
     }
 
     async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>> {
-        const LIST: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
-             WHERE message_id = $1 ORDER BY address";
-        let rows: Vec<(String, String, Option<String>, i64)> =
-            sqlx::query_as(LIST).bind(id).fetch_all(&self.pool).await?;
-        Ok(rows
-            .into_iter()
-            .map(|(address, status, detail, updated_at)| RecipientRecord {
-                address,
-                status,
-                detail,
-                updated_at,
-            })
-            .collect())
+        let rows: Vec<RecipientRow> = sqlx::query_as(RECIPIENTS)
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(recipient_of).collect())
+    }
+
+    async fn message_with_recipients(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> StoreResult<Option<(MessageRecord, Vec<RecipientRecord>)>> {
+        const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
+        // One snapshot for both statements (READ COMMITTED takes one per
+        // statement).
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let row: Option<MessageRow> = sqlx::query_as(IN_SCOPE)
+            .bind(id)
+            .bind(scope.tenant())
+            .bind(scope.is_test())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let recipients: Vec<RecipientRow> = sqlx::query_as(RECIPIENTS)
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let recipients = recipients.into_iter().map(recipient_of).collect();
+        Ok(Some((from_row(row)?, recipients)))
     }
 
     async fn last_provider(&self, id: &str) -> StoreResult<Option<(String, bool)>> {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use crate::store::StoreResult;
 use async_trait::async_trait;
+use rusqlite::OptionalExtension;
 
 use super::{Args, IDS_PER_STATEMENT, SqliteDb, args, id_list, tuple};
 use crate::model::{Lane, Scope, now_ms};
@@ -21,6 +22,19 @@ macro_rules! select_message {
 }
 
 /// A [`MessageRow`] from a row of [`MESSAGE_COLUMNS`].
+/// The recipients' statuses of message `?1`, by address.
+const RECIPIENTS: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
+     WHERE message_id = ?1 ORDER BY address";
+
+fn recipient_row(row: &rusqlite::Row) -> rusqlite::Result<RecipientRecord> {
+    Ok(RecipientRecord {
+        address: row.get(0)?,
+        status: row.get(1)?,
+        detail: row.get(2)?,
+        updated_at: row.get(3)?,
+    })
+}
+
 fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
     Ok(MessageRow {
         id: row.get(0)?,
@@ -69,6 +83,37 @@ impl MessageStore for SqliteDb {
         Ok(row.map(from_row).transpose()?)
     }
 
+    async fn message_with_recipients(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> StoreResult<Option<(MessageRecord, Vec<RecipientRecord>)>> {
+        const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
+        let (id, tenant, test) = (id.to_owned(), scope.tenant().to_owned(), scope.is_test());
+        let read = self
+            .read(move |conn| {
+                // One read transaction: both statements see one snapshot.
+                let tx = conn.unchecked_transaction()?;
+                let Some(row) = tx
+                    .prepare_cached(IN_SCOPE)?
+                    .query_row(rusqlite::params![id, tenant, test], message_row)
+                    .optional()?
+                else {
+                    return Ok(None);
+                };
+                let recipients = tx
+                    .prepare_cached(RECIPIENTS)?
+                    .query_map([&id], recipient_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(Some((row, recipients)))
+            })
+            .await?;
+        Ok(match read {
+            Some((row, recipients)) => Some((from_row(row)?, recipients)),
+            None => None,
+        })
+    }
+
     async fn message(&self, id: &str) -> StoreResult<Option<MessageRecord>> {
         const BY_ID: &str = select_message!("WHERE id = ?1");
         let row = self.row(BY_ID, args![id.to_owned()], message_row).await?;
@@ -94,17 +139,8 @@ impl MessageStore for SqliteDb {
     }
 
     async fn recipient_statuses(&self, id: &str) -> StoreResult<Vec<RecipientRecord>> {
-        const LIST: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
-             WHERE message_id = ?1 ORDER BY address";
         Ok(self
-            .rows(LIST, args![id.to_owned()], |row| {
-                Ok(RecipientRecord {
-                    address: row.get(0)?,
-                    status: row.get(1)?,
-                    detail: row.get(2)?,
-                    updated_at: row.get(3)?,
-                })
-            })
+            .rows(RECIPIENTS, args![id.to_owned()], recipient_row)
             .await?)
     }
 
