@@ -47,7 +47,10 @@ async fn get_once(address: std::net::SocketAddr, path: &str) -> String {
         .await
         .unwrap();
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+    // Generous: with RUST_BACKTRACE set, the first panic's backtrace loads
+    // the test binary's debug information, which took over 5 s once in CI
+    // on two busy cores. A slot that leaked never answers, whatever the wait.
+    let _ = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
         .await
         .expect("the server neither answered nor closed the connection");
     String::from_utf8_lossy(&answer).into_owned()
