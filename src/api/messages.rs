@@ -294,14 +294,8 @@ pub async fn get_message(
         .message_with_recipients(&caller.scope(), &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("No message {id:?} for this tenant.")))?;
-    // Only a sent email can have had a report on its recipients.
-    let reported = record.channel == crate::model::Channel::Email
-        && record.sent_at.is_some()
-        && record.erased_at.is_none();
     let mut view = MessageView::from(record);
-    if reported {
-        view.recipients = recipients.into_iter().map(Into::into).collect();
-    }
+    view.recipients = recipients.into_iter().map(Into::into).collect();
     Ok(axum::Json(view))
 }
 

@@ -40,6 +40,16 @@ pub(super) struct MessageRow {
     pub(super) attachment_bytes: Option<i64>,
 }
 
+impl MessageRow {
+    /// Whether a provider may have reported on its recipients: a sent
+    /// email whose personal data retention has not erased.
+    pub(super) fn may_have_recipients(&self) -> bool {
+        self.channel == crate::model::Channel::Email.as_str()
+            && self.sent_at.is_some()
+            && self.erased_at.is_none()
+    }
+}
+
 macro_rules! message_columns {
     () => {
         concat!(
@@ -125,6 +135,8 @@ pub trait MessageStore: Send + Sync {
     /// [`Self::message_in`] with [`Self::recipient_statuses`], both read
     /// at one moment: a receipt commits a message's status and its
     /// recipients' together, so a view never shows one without the other.
+    /// The recipients are read only for a sent email not erased (none
+    /// otherwise).
     async fn message_with_recipients(
         &self,
         scope: &Scope,

@@ -264,9 +264,7 @@ impl Dispatcher {
         let backlog = wanted >= room;
         let per_call = webhook.as_ref().map_or(1, per_call_of);
         self.note_per_call(&tenant, per_call);
-        let batched = webhook
-            .as_ref()
-            .is_some_and(|webhook| webhook.max_events_per_call > 1);
+        let batched = per_call > 1;
         let webhook = webhook.map(Arc::new);
         let mut calls = calls.into_iter().peekable();
         while calls.peek().is_some() {
@@ -323,24 +321,19 @@ impl Dispatcher {
         // Another pass may have got here first and taken its room; a
         // stream's call is made anyway.
         let room = busy.calls < limit || events.iter().any(|due| due.cursor.is_some());
-        if !room {
-            if busy.events.is_empty() {
-                in_flight.remove(tenant);
-            }
-            return (Vec::new(), events);
-        }
-        let (admitted, refused): (Vec<DueCall>, Vec<DueCall>) =
+        let (admitted, refused): (Vec<DueCall>, Vec<DueCall>) = if room {
             events.into_iter().partition(|due| {
                 busy.events
                     .insert(due.event_id, due.message_id.clone())
                     .is_none()
-            });
-        if admitted.is_empty() {
-            if busy.events.is_empty() {
-                in_flight.remove(tenant);
-            }
+            })
         } else {
+            (Vec::new(), events)
+        };
+        if !admitted.is_empty() {
             busy.calls += 1;
+        } else if busy.events.is_empty() {
+            in_flight.remove(tenant);
         }
         (admitted, refused)
     }

@@ -38,6 +38,9 @@ fn bind_list<'q, O>(
     query
 }
 
+/// Message `$1` if it is tenant `$2`'s in world `$3` (test or live).
+const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
+
 /// The recipients' statuses of message `$1`, by address.
 const RECIPIENTS: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
      WHERE message_id = $1 ORDER BY address";
@@ -57,7 +60,6 @@ fn recipient_of((address, status, detail, updated_at): RecipientRow) -> Recipien
 #[async_trait]
 impl MessageStore for PgDb {
     async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>> {
-        const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
         let row: Option<MessageRow> = sqlx::query_as(IN_SCOPE)
             .bind(id)
             .bind(scope.tenant())
@@ -99,7 +101,6 @@ impl MessageStore for PgDb {
         scope: &Scope,
         id: &str,
     ) -> StoreResult<Option<(MessageRecord, Vec<RecipientRecord>)>> {
-        const IN_SCOPE: &str = select_message!("WHERE id = $1 AND tenant_id = $2 AND test = $3");
         // One snapshot for both statements (READ COMMITTED takes one per
         // statement).
         let mut tx = self.pool.begin().await?;
@@ -115,6 +116,9 @@ impl MessageStore for PgDb {
         let Some(row) = row else {
             return Ok(None);
         };
+        if !row.may_have_recipients() {
+            return Ok(Some((from_row(row)?, Vec::new())));
+        }
         let recipients: Vec<RecipientRow> = sqlx::query_as(RECIPIENTS)
             .bind(id)
             .fetch_all(&mut *tx)

@@ -22,6 +22,9 @@ macro_rules! select_message {
 }
 
 /// A [`MessageRow`] from a row of [`MESSAGE_COLUMNS`].
+/// Message `?1` if it is tenant `?2`'s in world `?3` (test or live).
+const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
+
 /// The recipients' statuses of message `?1`, by address.
 const RECIPIENTS: &str = "SELECT address, status, detail, updated_at FROM recipient_statuses \
      WHERE message_id = ?1 ORDER BY address";
@@ -77,7 +80,6 @@ fn list_args(scope: &Scope, binds: &[ListValue]) -> Args {
 #[async_trait]
 impl MessageStore for SqliteDb {
     async fn message_in(&self, scope: &Scope, id: &str) -> StoreResult<Option<MessageRecord>> {
-        const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
         let args = args![id.to_owned(), scope.tenant().to_owned(), scope.is_test()];
         let row = self.row(IN_SCOPE, args, message_row).await?;
         Ok(row.map(from_row).transpose()?)
@@ -88,7 +90,6 @@ impl MessageStore for SqliteDb {
         scope: &Scope,
         id: &str,
     ) -> StoreResult<Option<(MessageRecord, Vec<RecipientRecord>)>> {
-        const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
         let (id, tenant, test) = (id.to_owned(), scope.tenant().to_owned(), scope.is_test());
         let read = self
             .read(move |conn| {
@@ -101,6 +102,9 @@ impl MessageStore for SqliteDb {
                 else {
                     return Ok(None);
                 };
+                if !row.may_have_recipients() {
+                    return Ok(Some((row, Vec::new())));
+                }
                 let recipients = tx
                     .prepare_cached(RECIPIENTS)?
                     .query_map([&id], recipient_row)?
