@@ -313,18 +313,23 @@ pub async fn message(
     session: Session,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Markup, ApiError> {
-    let message = state
+    let missing = || ApiError::NotFound(format!("No message {id:?}."));
+    // The first read only finds the message's tenant and world; its view
+    // and its recipients' statuses come from one snapshot, as the status
+    // poll's do (a receipt commits both together).
+    let found = state.db.message(&id).await?.ok_or_else(missing)?;
+    let scope = Scope::new(found.tenant_id, World::of_test(found.test));
+    let (message, recipients) = state
         .db
-        .message(&id)
+        .message_with_recipients(&scope, &id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("No message {id:?}.")))?;
+        .ok_or_else(missing)?;
     let events = state.db.message_events(&id).await?;
     let calls = state
         .db
         .failed_webhook_calls(CallsOf::Message(&id), TIMELINE_CALL_ROWS)
         .await?;
     let webhook = state.db.webhook(&message.tenant_id).await?;
-    let recipients = state.db.recipient_statuses(&id).await?;
     // `sent` is an event only for a tenant with a webhook; the row keeps
     // its time and provider for everyone.
     let sent_event = events.iter().any(|event| event.event == "sent");
