@@ -25,7 +25,9 @@
 //! with its fsyncs) run on a thread of their own every
 //! [`CHECKPOINT_INTERVAL`] instead of inside whichever commit crosses
 //! SQLite's automatic threshold, so no group waits for one: a passive
-//! checkpoint never blocks the writer.
+//! checkpoint never blocks the writer. Only when the log has grown to
+//! [`RESTART_FRAMES`] does the thread take the write turn for a restarting
+//! checkpoint (see [`checkpoint_until`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -369,8 +371,8 @@ pub(crate) fn open_connection(path: &Path, fsync: bool) -> rusqlite::Result<Conn
 /// Passive checkpoints every [`CHECKPOINT_INTERVAL`] until `stop` closes;
 /// then one more, so a clean shutdown leaves a short log. A passive
 /// checkpoint never waits, so under steady writes it never catches the
-/// log's end and the log would only grow (1.3 GB in a 100,000-message run,
-/// every frame written past the file's end); once the log holds
+/// log's end and the log would only grow (1.5–1.7 GB in a 100,000-message
+/// run, every frame written past the file's end); once the log holds
 /// [`RESTART_FRAMES`], a restarting checkpoint lets the writer's next
 /// transaction write the log from its start again.
 fn checkpoint_until(
