@@ -21,7 +21,6 @@ macro_rules! select_message {
     };
 }
 
-/// A [`MessageRow`] from a row of [`MESSAGE_COLUMNS`].
 /// Message `?1` if it is tenant `?2`'s in world `?3` (test or live).
 const IN_SCOPE: &str = select_message!("WHERE id = ?1 AND tenant_id = ?2 AND test = ?3");
 
@@ -38,6 +37,7 @@ fn recipient_row(row: &rusqlite::Row) -> rusqlite::Result<RecipientRecord> {
     })
 }
 
+/// A [`MessageRow`] from a row of [`MESSAGE_COLUMNS`].
 fn message_row(row: &rusqlite::Row) -> rusqlite::Result<MessageRow> {
     Ok(MessageRow {
         id: row.get(0)?,
