@@ -250,29 +250,38 @@ pub(super) async fn renew_if_parked_long(
     }
 }
 
-/// Extends a message's invisibility every half timeout while it is processed.
-fn heartbeat(context: &Context, message: &ReceivedMessage) -> tokio::task::JoinHandle<()> {
-    let queue = context.delivery.queue.clone();
-    let lane = context.lane;
-    let receipt = message.receipt.clone();
+/// Runs `work` while extending the message's invisibility every half
+/// timeout, in the same task: no task of its own per message to spawn and
+/// abort. The extensions stop when `work` ends, or at the first that fails.
+async fn kept_visible<F: std::future::Future>(
+    context: &Context,
+    message: &ReceivedMessage,
+    work: F,
+) -> F::Output {
     let visibility = Duration::from_secs(context.settings.visibility_timeout_secs);
-    tokio::spawn(async move {
+    let extend = async {
         loop {
             tokio::time::sleep(visibility / 2).await;
-            match queue
-                .change_visibility_batch(lane, &[(receipt.clone(), visibility)])
-                .await
-            {
-                Ok(results) if results.iter().all(Result::is_ok) => {
-                    debug!(%receipt, "Visibility extended.");
-                }
-                Ok(_) | Err(_) => {
-                    warn!(%receipt, "Could not extend visibility; the message may be delivered again.");
-                    return;
-                }
+            let extended = context
+                .delivery
+                .queue
+                .change_visibility_batch(context.lane, &[(message.receipt.clone(), visibility)])
+                .await;
+            if matches!(extended, Ok(results) if results.iter().all(Result::is_ok)) {
+                debug!(receipt = %message.receipt, "Visibility extended.");
+            } else {
+                warn!(receipt = %message.receipt, "Could not extend visibility; the message may be delivered again.");
+                return;
             }
         }
-    })
+    };
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        done = &mut work => return done,
+        () = extend => {}
+    }
+    work.await
 }
 
 /// A copy this instance could not claim: deleted if the message was sent
@@ -483,12 +492,19 @@ async fn deliver_payload(
     if !payload.attachments.is_empty() && !read_files(context, &message, &mut payload).await {
         return;
     }
-    let Some(turn) = take_turn(context, &message, &payload, cleared.retrying).await else {
-        return;
-    };
-    let gated = turn.gated;
-    let (outcome, done) = call_provider(&payload, turn).await;
-    settle(context, message, &payload, gated, outcome, done).await;
+    let called = kept_visible(context, &message, async {
+        let turn = take_turn(context, &message, &payload, cleared.retrying).await?;
+        let gated = turn.gated;
+        let (outcome, done) = call_provider(&payload, turn).await;
+        Ok::<_, NoTurn>((gated, outcome, done))
+    })
+    .await;
+    match called {
+        Ok((gated, outcome, done)) => {
+            settle(context, message, &payload, gated, outcome, done).await
+        }
+        Err(no_turn) => no_turn.settle(context, &message, &payload.id).await,
+    }
 }
 
 /// The bytes of the files an email carries read from the store into its
@@ -577,12 +593,11 @@ struct Cleared {
 }
 
 /// What [`take_turn`] holds for the call: the provider's pool member whose
-/// token it got, a worker slot, and the visibility heartbeat.
+/// token it got and a worker slot.
 struct Turn<'a> {
     gated: &'a GatedProvider,
     member: usize,
     worker: tokio::sync::OwnedSemaphorePermit,
-    beat: tokio::task::JoinHandle<()>,
     /// How long the call waited for its token.
     waited: Duration,
 }
@@ -725,15 +740,15 @@ async fn preflight(
 
 /// The message's turn at the provider: a token from the gate's line (by
 /// priority and tenant turn, no worker held meanwhile), then a worker, then
-/// the claim that makes this instance the one to call. `None` when the
-/// turn ended without a call (shutdown, another copy's claim, a store that
-/// cannot write): the message was put back or settled here.
+/// the claim that makes this instance the one to call. [`NoTurn`] when the
+/// turn ended without a call, for the caller to settle once the message's
+/// visibility is no longer extended.
 async fn take_turn<'a>(
     context: &'a Context,
     message: &ReceivedMessage,
     payload: &DeliveryPayload,
     retrying: bool,
-) -> Option<Turn<'a>> {
+) -> Result<Turn<'a>, NoTurn> {
     let lane = context.lane;
     let channel = payload.channel.as_str();
     let gated = context.delivery.provider_for(payload);
@@ -741,7 +756,6 @@ async fn take_turn<'a>(
         true if gated.members.len() > 1 => choose_after_failure(context, gated, &payload.id).await,
         _ => Choice::Any,
     };
-    let beat = heartbeat(context, message);
     let mut shutdown = context.shutdown.clone();
     // The token first, in the gate's line by priority and tenant turn, with
     // no worker held meanwhile; then a worker for the call itself.
@@ -765,11 +779,7 @@ async fn take_turn<'a>(
     .instrument(token_span);
     let (waited, member, worker) = tokio::select! {
         got = token_and_worker => got,
-        () = async { drop(shutdown.wait_for(|stop| *stop).await) } => {
-            beat.abort();
-            return_now(context.delivery.queue.as_ref(), lane, std::slice::from_ref(message)).await;
-            return None;
-        }
+        () = async { drop(shutdown.wait_for(|stop| *stop).await) } => return Err(NoTurn::ShuttingDown),
     };
     metrics::histogram!(names::GATE_WAIT_SECONDS, "channel" => channel, "priority" => payload.priority.as_str())
         .record(waited.as_secs_f64());
@@ -781,32 +791,48 @@ async fn take_turn<'a>(
     note_store_write(context, claimed.as_ref().map(|_| ()));
     match claimed {
         Ok(true) => {}
-        Ok(false) => {
-            drop(worker);
-            beat.abort();
-            settle_unclaimed(context, message, &payload.id).await;
-            return None;
-        }
+        Ok(false) => return Err(NoTurn::Unclaimed),
         Err(err) => {
-            drop(worker);
-            beat.abort();
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not claim the message for sending; putting it back.");
+            return Err(NoTurn::ClaimFailed);
+        }
+    }
+    Ok(Turn {
+        gated,
+        member,
+        worker,
+        waited,
+    })
+}
+
+/// Why a message's turn ended without a provider call.
+enum NoTurn {
+    /// The consumer is stopping: the message goes back at once.
+    ShuttingDown,
+    /// Another copy's claim took the message.
+    Unclaimed,
+    /// The store could not write the claim.
+    ClaimFailed,
+}
+
+impl NoTurn {
+    async fn settle(self, context: &Context, message: &ReceivedMessage, id: &str) {
+        match self {
+            NoTurn::ShuttingDown => {
+                let queue = context.delivery.queue.as_ref();
+                return_now(queue, context.lane, std::slice::from_ref(message)).await;
+            }
+            NoTurn::Unclaimed => settle_unclaimed(context, message, id).await,
             // Back soon rather than after the visibility timeout where the
             // queue can still take the change (SQS while the store is away);
             // on the embedded queue this write fails too and the timeout
             // brings it back.
-            let pause = context.delivery.store_trouble.retry_after();
-            defer(context, message, pause, "store").await;
-            return None;
+            NoTurn::ClaimFailed => {
+                let pause = context.delivery.store_trouble.retry_after();
+                defer(context, message, pause, "store").await;
+            }
         }
     }
-    Some(Turn {
-        gated,
-        member,
-        worker,
-        beat,
-        waited,
-    })
 }
 
 /// The provider call itself: spaced at the gate's pace, traced and timed,
@@ -850,7 +876,6 @@ async fn call_provider(
     metrics::histogram!(names::PROVIDER_CALL_SECONDS, "provider" => pool.name, "outcome" => outcome_label)
         .record(call_time.as_secs_f64());
     note_provider_health(turn.gated, turn.member, &outcome, call_time);
-    turn.beat.abort();
 
     (
         outcome,

@@ -599,6 +599,51 @@ async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_call_longer_than_the_visibility_timeout_keeps_the_message_in_flight() {
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .respond_with(
+            ResponseTemplate::new(201)
+                .set_body_json(json!({"sid": "SM-LONG"}))
+                .set_delay(Duration::from_secs(4)),
+        )
+        .mount(&sms_api)
+        .await;
+    let lanes =
+        "[lanes.fast]\nvisibility_timeout_secs = 2\n\n[lanes.slow]\nvisibility_timeout_secs = 2\n";
+    let app = TestApp::start(&delivery_settings(
+        &sms_api.uri(),
+        "http://127.0.0.1:9",
+        lanes,
+    ))
+    .await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let sent_at = Instant::now();
+    let id = app.send_accepted(&key, &sms()).await;
+
+    // The call outlasts the 2 s timeout; its visibility is extended every
+    // second meanwhile, so the message stays in flight the whole time
+    // instead of becoming receivable again (and being received, put back,
+    // received ...) while it is with the provider.
+    tokio::time::sleep_until((sent_at + Duration::from_millis(2400)).into()).await;
+    while sent_at.elapsed() < Duration::from_millis(3600) {
+        let stats = app.state.queue.stats(Lane::Fast).await.unwrap();
+        assert_eq!(
+            (stats.in_flight, stats.depth, stats.delayed),
+            (1, 0, 0),
+            "{:?} after {:?}: the message came back while its call was out",
+            stats,
+            sent_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let view = wait_for(&app, &key, &id, status_is("sent")).await;
+    assert_eq!(view["status"], "sent", "{view}");
+    assert_eq!(sms_requests(&sms_api).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_tenants_backlog_is_set_aside_not_received_again_and_again_then_delivered_in_full()
 {
     let sms_api = MockServer::start().await;
