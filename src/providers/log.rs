@@ -7,15 +7,23 @@
 //! text is included). Writes go through one mutex so concurrent deliveries
 //! never interleave inside a line. It fails only when the write fails, and
 //! then transiently.
+//!
+//! A file is appended to with plain writes on the calling task's thread: a
+//! line is a few hundred bytes into the page cache. A tokio `File` would
+//! hand every line to the blocking pool and back, two thread switches per
+//! delivery that cost more than the rest of the delivery's own work
+//! (bench/README.md, "The development provider's writes"). Stdout stays
+//! asynchronous: a pipe whose reader stalls must not stall a runtime
+//! thread.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 
 use anyhow::Context;
 use async_trait::async_trait;
 use serde::Serialize;
-use tokio::fs::{File, OpenOptions};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::Mutex;
+use tokio::io::AsyncWriteExt;
 use tracing::debug;
 
 use super::{Delivered, Failure, Provider, ProviderError};
@@ -25,16 +33,17 @@ use crate::model::{Channel, Priority};
 /// Writes deliveries as JSON lines.
 #[derive(Debug)]
 pub struct LogProvider {
-    /// Where lines go; the mutex keeps each line whole.
-    sink: Mutex<Sink>,
+    /// Where lines go.
+    sink: Sink,
     /// The file written to, for error messages; `None` for stdout.
     path: Option<PathBuf>,
 }
 
+/// Each behind a mutex that keeps each line whole.
 #[derive(Debug)]
 enum Sink {
-    File(File),
-    Stdout(tokio::io::Stdout),
+    File(std::sync::Mutex<std::fs::File>),
+    Stdout(tokio::sync::Mutex<tokio::io::Stdout>),
 }
 
 /// One line of the log.
@@ -72,18 +81,17 @@ impl LogProvider {
     /// cannot be written.
     pub async fn open(path: Option<&Path>) -> anyhow::Result<Self> {
         let sink = match path {
-            Some(path) => Sink::File(
-                OpenOptions::new()
+            Some(path) => Sink::File(std::sync::Mutex::new(
+                std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(path)
-                    .await
                     .with_context(|| format!("cannot open delivery log {}", path.display()))?,
-            ),
-            None => Sink::Stdout(tokio::io::stdout()),
+            )),
+            None => Sink::Stdout(tokio::sync::Mutex::new(tokio::io::stdout())),
         };
         Ok(Self {
-            sink: Mutex::new(sink),
+            sink,
             path: path.map(Path::to_path_buf),
         })
     }
@@ -117,12 +125,20 @@ impl Provider for LogProvider {
         })?;
         bytes.push(b'\n');
 
-        let mut sink = self.sink.lock().await;
-        let written = match &mut *sink {
-            Sink::File(file) => write_line(file, &bytes).await,
-            Sink::Stdout(stdout) => write_line(stdout, &bytes).await,
+        let written = match &self.sink {
+            Sink::File(file) => file
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .write_all(&bytes),
+            Sink::Stdout(stdout) => {
+                let mut stdout = stdout.lock().await;
+                match stdout.write_all(&bytes).await {
+                    // Waits until the line has left tokio's buffer.
+                    Ok(()) => stdout.flush().await,
+                    Err(err) => Err(err),
+                }
+            }
         };
-        drop(sink);
         written.map_err(|err| {
             let target = self
                 .path
@@ -142,13 +158,6 @@ impl Provider for LogProvider {
     fn name(&self) -> &'static str {
         "log"
     }
-}
-
-/// Writes the whole line and waits until it has left our buffers (a tokio
-/// `File` writes in the background until flushed).
-async fn write_line<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) -> std::io::Result<()> {
-    writer.write_all(bytes).await?;
-    writer.flush().await
 }
 
 #[cfg(test)]
