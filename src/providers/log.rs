@@ -12,7 +12,7 @@
 //! line is a few hundred bytes into the page cache. A tokio `File` would
 //! hand every line to the blocking pool and back, two thread switches per
 //! delivery that cost more than the rest of the delivery's own work
-//! (bench/README.md, "The development provider's writes"). Stdout stays
+//! (bench/README.md, "Where a message's CPU goes"). Stdout stays
 //! asynchronous: a pipe whose reader stalls must not stall a runtime
 //! thread.
 
