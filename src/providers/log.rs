@@ -10,8 +10,8 @@
 //!
 //! A file is appended to with plain writes on the calling task's thread: a
 //! line is a few hundred bytes into the page cache. A tokio `File` would
-//! hand every line to the blocking pool and back, two thread switches per
-//! delivery that cost more than the rest of the delivery's own work
+//! hand every line to the blocking pool and back: two thread switches per
+//! delivery, about a fifth of a message's CPU in the pipeline benchmark
 //! (bench/README.md, "Where a message's CPU goes"). Stdout stays
 //! asynchronous: a pipe whose reader stalls must not stall a runtime
 //! thread.

@@ -34,6 +34,19 @@ pub(crate) async fn mock_sms_ok(server: &MockServer, sid: &str) {
         .await;
 }
 
+/// The SMS API answers `sid` after `delay`.
+async fn mock_sms_after(server: &MockServer, sid: &str, delay: Duration) {
+    Mock::given(method("POST"))
+        .and(path(SMS_PATH))
+        .respond_with(
+            ResponseTemplate::new(201)
+                .set_body_json(json!({"sid": sid}))
+                .set_delay(delay),
+        )
+        .mount(server)
+        .await;
+}
+
 /// Polls the message until `done` holds or 15 s pass; returns the last view.
 pub(crate) async fn wait_for(
     app: &TestApp,
@@ -576,15 +589,7 @@ async fn at_the_parking_bound_another_tenants_message_is_received_without_waitin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
     let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path(SMS_PATH))
-        .respond_with(
-            ResponseTemplate::new(201)
-                .set_body_json(json!({"sid": "SM-SLOW"}))
-                .set_delay(Duration::from_secs(1)),
-        )
-        .mount(&sms_api)
-        .await;
+    mock_sms_after(&sms_api, "SM-SLOW", Duration::from_secs(1)).await;
     let app = TestApp::start(&delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "")).await;
     let key = app.tenant_with_key("acme", "pro").await;
     let id = app.send_accepted(&key, &sms()).await;
@@ -601,15 +606,7 @@ async fn a_copy_received_while_the_other_is_being_sent_is_not_sent_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_call_longer_than_the_visibility_timeout_keeps_the_message_in_flight() {
     let sms_api = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path(SMS_PATH))
-        .respond_with(
-            ResponseTemplate::new(201)
-                .set_body_json(json!({"sid": "SM-LONG"}))
-                .set_delay(Duration::from_secs(4)),
-        )
-        .mount(&sms_api)
-        .await;
+    mock_sms_after(&sms_api, "SM-LONG", Duration::from_secs(4)).await;
     let lanes =
         "[lanes.fast]\nvisibility_timeout_secs = 2\n\n[lanes.slow]\nvisibility_timeout_secs = 2\n";
     let app = TestApp::start(&delivery_settings(
