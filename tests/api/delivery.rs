@@ -27,11 +27,7 @@ pub(crate) fn delivery_settings(sms_base: &str, ses_endpoint: &str, extra: &str)
 }
 
 pub(crate) async fn mock_sms_ok(server: &MockServer, sid: &str) {
-    Mock::given(method("POST"))
-        .and(path(SMS_PATH))
-        .respond_with(ResponseTemplate::new(201).set_body_json(json!({"sid": sid})))
-        .mount(server)
-        .await;
+    mock_sms_after(server, sid, Duration::ZERO).await;
 }
 
 /// The SMS API answers `sid` after `delay`.
