@@ -81,6 +81,7 @@ fn entry(n: u64) -> AcceptEntry {
                 response_body: format!(r#"{{"id":"{id}","status":"queued"}}"#),
                 message_id: id,
                 created_at: now,
+                claimed_as: None,
             }]
         } else {
             Vec::new()

@@ -106,7 +106,7 @@ impl Application {
         }
         let relay = outbox.as_ref().map(|outbox| outbox.health());
         let backpressure = Arc::new(backpressure);
-        let redis = limits_in_redis(&settings, &mut background, &shutdown_rx).await?;
+        let redis = limits_in_redis(&settings, &db, &mut background, &shutdown_rx).await?;
 
         // One synchronous sample so the first requests see real depths.
         let mut previous = [
@@ -461,6 +461,7 @@ fn acceptor(
         backpressure.clone(),
         settings.server.max_batches_per_tenant,
     )
+    .with_accept_deadline(Duration::from_millis(settings.server.accept_deadline_ms))
 }
 
 /// The Redis limits' client (with its heartbeat) when limits are kept in
@@ -479,8 +480,14 @@ fn tenant_writes(
     }
 }
 
+/// The store's setting that keeps the fleet size last counted in Redis, so
+/// that an instance starting while Redis is down knows how many share the
+/// providers' rates.
+const FLEET_SIZE_SETTING: &str = "limits.fleet_size";
+
 async fn limits_in_redis(
     settings: &Settings,
+    db: &Db,
     background: &mut Vec<JoinHandle<()>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<Option<Arc<RedisLimits>>> {
@@ -490,11 +497,49 @@ async fn limits_in_redis(
             None
         }
         LimitsBackend::Redis => {
-            let redis = RedisLimits::connect(&settings.limits).await?;
+            let known = match db.setting(FLEET_SIZE_SETTING).await {
+                Ok(value) => value.and_then(|v| v.parse::<u32>().ok()).unwrap_or(1),
+                Err(err) => {
+                    warn!(error = %err, "Could not read the fleet size last counted; assuming limits.expected_instances.");
+                    1
+                }
+            };
+            let redis = RedisLimits::connect(&settings.limits, known).await?;
             background.push(redis.spawn_heartbeat(shutdown_rx.clone()));
+            background.push(tokio::spawn(remember_fleet_size(
+                db.clone(),
+                redis.clone(),
+                known,
+                shutdown_rx.clone(),
+            )));
             Some(redis)
         }
     })
+}
+
+/// Keeps the fleet size the heartbeats count in the store (setting
+/// [`FLEET_SIZE_SETTING`]) whenever it changes, checked every few seconds.
+async fn remember_fleet_size(
+    db: Db,
+    redis: Arc<RedisLimits>,
+    mut stored: u32,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let live = redis.live_instances();
+        if !redis.is_up() || live == stored {
+            continue;
+        }
+        match db.set_setting(FLEET_SIZE_SETTING, &live.to_string()).await {
+            Ok(()) => stored = live,
+            Err(err) => warn!(error = %err, "Could not keep the fleet size in the store."),
+        }
+    }
 }
 
 /// The lanes on the configured backend, and how the accept writer stages
@@ -692,7 +737,8 @@ async fn gated(
     })
 }
 
-/// Keeps `fairlane_provider_share` current, once a second.
+/// Keeps `fairlane_provider_share` current, and runs each gate's watchdog
+/// ([`ProviderGate::watch`]), once a second.
 async fn report_provider_shares(
     pools: Vec<(Channel, GatedProvider)>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -704,6 +750,16 @@ async fn report_provider_shares(
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         for (channel, pool) in &pools {
+            if pool.gate.watch() {
+                metrics::counter!(crate::metrics::GATE_STALLS_TOTAL, "channel" => channel.as_str())
+                    .increment(1);
+                warn!(
+                    channel = channel.as_str(),
+                    waiting = ?pool.gate.waiting(),
+                    stuck_for = ?pool.gate.stuck_for(),
+                    "A provider gate's line was stuck: messages waited while no one took the tokens; its head was woken."
+                );
+            }
             for (member, view) in pool.members.iter().zip(pool.gate.view()) {
                 let share = if view.paused_for.is_some() {
                     0.0

@@ -107,6 +107,15 @@ pub struct ServerSettings {
     /// (slow or idle clients). Default 10.
     #[serde(default = "default_header_read_timeout_secs")]
     pub header_read_timeout_secs: u64,
+    /// Longest a send waits for its durable write (the commit of its status
+    /// and queue rows) before it answers 503 with `Retry-After`: a stalled
+    /// store then costs the client this long, not its own timeout. The
+    /// write goes on and may still commit; a retry under the same
+    /// `Idempotency-Key` is answered 409 until it has ended, then with the
+    /// message if it committed (the book's "Errors and idempotency").
+    /// Default 5,000 ms.
+    #[serde(default = "default_accept_deadline_ms")]
+    pub accept_deadline_ms: u64,
     /// Most connections open at once; 0 (default): what the open-file
     /// limit leaves after a reserve of 128. At the cap the oldest
     /// connection waiting for a request head makes room; when all are busy,
@@ -141,6 +150,10 @@ pub struct ServerSettings {
 
 fn default_unsubscribe_link_days() -> u32 {
     90
+}
+
+fn default_accept_deadline_ms() -> u64 {
+    5_000
 }
 
 fn default_header_read_timeout_secs() -> u64 {
@@ -901,6 +914,20 @@ pub struct LimitsSettings {
     /// 20,000.
     #[serde(default = "default_list_scan_rows")]
     pub list_scan_rows: i64,
+    /// With `backend = "redis"`: how many instances this one assumes the
+    /// fleet has while it cannot count them, that is when it starts with
+    /// Redis unreachable. Its local shares of the provider gates and the
+    /// tenant limits are then the configured rates divided by the larger of
+    /// this and the fleet size last counted (kept in the store as the
+    /// setting `limits.fleet_size`), never the whole rate, and grow only
+    /// once a heartbeat counts the fleet. Set it to the number of replicas
+    /// you run. At least 1; default 1.
+    #[serde(default = "default_expected_instances")]
+    pub expected_instances: u32,
+}
+
+fn default_expected_instances() -> u32 {
+    1
 }
 
 fn default_tenant_list_reads() -> usize {
@@ -930,6 +957,7 @@ impl Default for LimitsSettings {
             tenant_writes_burst: default_tenant_writes_burst(),
             tenant_list_reads: default_tenant_list_reads(),
             list_scan_rows: default_list_scan_rows(),
+            expected_instances: default_expected_instances(),
         }
     }
 }
@@ -1292,6 +1320,9 @@ impl Settings {
         }
         if limits.tenant_writes_burst == 0 {
             bail!("limits.tenant_writes_burst must be at least 1");
+        }
+        if limits.expected_instances < 1 {
+            bail!("limits.expected_instances must be at least 1");
         }
         if limits.list_scan_rows < 1 {
             bail!("limits.list_scan_rows must be at least 1");

@@ -115,6 +115,14 @@ pub const BREAKER_OPENS_TOTAL: &str = "fairlane_provider_breaker_opens_total";
 /// Times a provider of a pool was marked down by its recent calls
 /// (`providers.health`), by `provider`.
 pub const PROVIDER_DOWNS_TOTAL: &str = "fairlane_provider_downs_total";
+/// Stalls of a channel's provider gate that its watchdog found and repaired
+/// (callers waiting, and the head of its line not acting when due), by
+/// `channel`. Each one is a bug in the gate's hand-over: report it.
+pub const GATE_STALLS_TOTAL: &str = "fairlane_provider_gate_stalls_total";
+/// Fleet-wide provider tokens given up because their call started too long
+/// after the grant (a stalled store or no free worker): the call took a
+/// fresh token first, so held-up calls are not released together.
+pub const GATE_STALE_GRANTS_TOTAL: &str = "fairlane_provider_gate_stale_grants_total";
 /// The share of its channel's new messages a provider gets now (0 to 1:
 /// weight × health, and 0 while paused), by `channel` and `provider`.
 pub const PROVIDER_SHARE: &str = "fairlane_provider_share";
@@ -440,6 +448,16 @@ fn describe_around_the_pipeline() {
         Unit::Seconds,
         "Time waited for a provider token, by channel and the message's priority."
     );
+    describe_counter!(
+        GATE_STALLS_TOTAL,
+        Unit::Count,
+        "Stalls of a provider gate found and repaired by its watchdog (callers waiting, the head of the line not acting when due), by channel."
+    );
+    describe_counter!(
+        GATE_STALE_GRANTS_TOTAL,
+        Unit::Count,
+        "Fleet-wide provider tokens given up because their call started more than 100 ms after the grant; the call took a fresh one."
+    );
     describe_gauge!(
         MESSAGES_WAITING,
         Unit::Count,
@@ -545,11 +563,13 @@ fn register_known_labels() {
     }
     for channel in CHANNELS {
         metrics::counter!(SUPPRESSED_TOTAL, "channel" => channel).increment(0);
+        metrics::counter!(GATE_STALLS_TOTAL, "channel" => channel).increment(0);
     }
     for result in WEBHOOK_RESULTS {
         metrics::counter!(WEBHOOK_ATTEMPTS_TOTAL, "result" => *result).increment(0);
     }
     metrics::counter!(WEBHOOKS_DISABLED_TOTAL).increment(0);
+    metrics::counter!(GATE_STALE_GRANTS_TOTAL).increment(0);
     for outcome in ["done", "skipped", "failed"] {
         metrics::counter!(RETENTION_RUNS_TOTAL, "outcome" => outcome).increment(0);
     }

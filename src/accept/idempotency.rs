@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -11,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::Refused;
 use crate::model::{Scope, now_ms};
 use crate::store::Db;
-use crate::store::idempotency::StoredResponse;
+use crate::store::idempotency::{KeyClaim, StoredResponse};
 
 /// Longest accepted idempotency key.
 pub const MAX_KEY_LEN: usize = 255;
@@ -76,7 +77,20 @@ pub(crate) fn feed_hash(hasher: &mut Sha256, value: &Value) {
 /// requests under the same key are apart.
 pub(crate) type InFlightKeys = Arc<Mutex<HashSet<(Scope, String)>>>;
 
-/// Marks an idempotency key as being answered; unmarks it when dropped.
+/// How long a repeat of a request still being answered is told to wait
+/// (409 with `Retry-After`): an accept commits within milliseconds, or
+/// within the accept deadline when the store is slow.
+pub(crate) const IN_FLIGHT_RETRY: Duration = Duration::from_secs(2);
+
+fn in_flight() -> Refused {
+    Refused::KeyInFlight {
+        detail: "A request with this Idempotency-Key is still being processed; retry after Retry-After, when it has been answered.".into(),
+        retry_after: IN_FLIGHT_RETRY,
+    }
+}
+
+/// Marks an idempotency key as being answered in this process; unmarks it
+/// when dropped.
 pub(crate) struct InFlightKey {
     keys: InFlightKeys,
     slot: (Scope, String),
@@ -88,9 +102,7 @@ impl InFlightKey {
         let slot = (scope.clone(), key.to_owned());
         let fresh = keys.lock().expect("idempotency lock").insert(slot.clone());
         if !fresh {
-            return Err(Refused::KeyInFlight(
-                "A request with this Idempotency-Key is still being processed; retry when it has been answered.".into(),
-            ));
+            return Err(in_flight());
         }
         Ok(InFlightKey {
             keys: keys.clone(),
@@ -108,20 +120,101 @@ impl Drop for InFlightKey {
     }
 }
 
-/// The answer remembered for `key` if its request had the same `hash`;
-/// 422 if it had another.
-pub(crate) async fn remembered(
+/// A key held for one request until it is answered: in this process (a
+/// repeat here is 409 at once) and, on a shared store, by a durable claim
+/// that every instance sees ([`IdempotencyStore::claim_key`]). Dropped
+/// unanswered, it gives the claim up, so a retry may go ahead.
+pub(crate) struct HeldKey {
+    _local: InFlightKey,
+    durable: Option<DurableClaim>,
+}
+
+/// A durable claim, given up when dropped unless it was answered.
+struct DurableClaim {
+    db: Db,
+    scope: Scope,
+    key: String,
+    token: String,
+    answered: bool,
+}
+
+impl HeldKey {
+    /// The token the accept's commit must find the claim under, if the
+    /// claim is durable.
+    pub(crate) fn token(&self) -> Option<String> {
+        self.durable.as_ref().map(|claim| claim.token.clone())
+    }
+
+    /// The accept committed (the answer replaced the claim), or its outcome
+    /// is not known yet and the claim must stay until it is (a commit still
+    /// under way answers it; a claim never answered goes stale).
+    pub(crate) fn keep(mut self) {
+        if let Some(claim) = self.durable.as_mut() {
+            claim.answered = true;
+        }
+    }
+}
+
+impl Drop for DurableClaim {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let (db, scope, key, token) = (
+            self.db.clone(),
+            self.scope.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        // Outside a runtime (never in the service) the claim goes stale.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = db.release_key(&scope, &key, &token).await {
+                    tracing::warn!(error = %err, "Could not give up an Idempotency-Key's claim; it goes stale in 30 s.");
+                }
+            });
+        }
+    }
+}
+
+/// What holding a key came to.
+pub(crate) enum Hold {
+    /// This request answers the key.
+    Fresh(HeldKey),
+    /// The key was answered within 24 hours, for the same request.
+    Replay(StoredResponse),
+}
+
+/// Holds `key` of `scope` for a request whose hash is `hash`: 409 (with
+/// `Retry-After`) while another request holds it here or on any instance,
+/// 422 when it was answered for another request, the answer when it was
+/// answered for this one.
+pub(crate) async fn hold(
+    keys: &InFlightKeys,
     db: &Db,
     scope: &Scope,
     key: &str,
     hash: &str,
-) -> Result<Option<StoredResponse>, Refused> {
-    match db.remembered_answer(scope, key, now_ms()).await? {
-        Some(stored) if stored.request_hash != hash => Err(Refused::KeyReused(
+) -> Result<Hold, Refused> {
+    let local = InFlightKey::claim(keys, scope, key)?;
+    let token = uuid::Uuid::new_v4().to_string();
+    match db.claim_key(scope, key, hash, &token, now_ms()).await? {
+        KeyClaim::Answered(stored) if stored.request_hash != hash => Err(Refused::KeyReused(
             "This Idempotency-Key was used within the last 24 hours with a different request body."
                 .into(),
         )),
-        stored => Ok(stored),
+        KeyClaim::Answered(stored) => Ok(Hold::Replay(stored)),
+        KeyClaim::Pending { .. } => Err(in_flight()),
+        KeyClaim::Claimed { durable } => Ok(Hold::Fresh(HeldKey {
+            _local: local,
+            durable: durable.then(|| DurableClaim {
+                db: db.clone(),
+                scope: scope.clone(),
+                key: key.to_owned(),
+                token,
+                answered: false,
+            }),
+        })),
     }
 }
 

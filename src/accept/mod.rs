@@ -30,7 +30,7 @@ use utoipa::ToSchema;
 
 pub use self::batch::MAX_ITEM_BYTES;
 use self::batch::{BatchSlot, BatchSlots};
-use self::idempotency::{InFlightKey, InFlightKeys, remembered};
+use self::idempotency::{HeldKey, Hold, InFlightKeys, hold};
 pub use self::idempotency::{MAX_KEY_LEN, header_key, is_valid_key, request_hash};
 use self::outbox::Outbox;
 use self::prepare::{Handed, Prepared, prepare};
@@ -111,9 +111,13 @@ pub enum Refused {
     /// The tenant is disabled (403).
     #[error("{0}")]
     Disabled(String),
-    /// A request with the same key is still being answered (409).
-    #[error("{0}")]
-    KeyInFlight(String),
+    /// A request with the same key is still being answered, here or on
+    /// another instance (409 with `Retry-After`).
+    #[error("{detail}")]
+    KeyInFlight {
+        detail: String,
+        retry_after: Duration,
+    },
     /// The key was used with another body (422).
     #[error("{0}")]
     KeyReused(String),
@@ -201,7 +205,12 @@ pub struct Acceptor {
     links: Option<Arc<crate::unsubscribe::Links>>,
     /// The tenants' templates, for sends by template.
     templates: Arc<crate::templates::Templates>,
+    /// `server.accept_deadline_ms`.
+    accept_deadline: Duration,
 }
+
+/// `server.accept_deadline_ms`'s default.
+const DEFAULT_ACCEPT_DEADLINE: Duration = Duration::from_secs(5);
 
 impl Acceptor {
     /// Each tenant's admitted sends in the last hour, by minute (this
@@ -275,7 +284,15 @@ impl Acceptor {
             in_flight: InFlightKeys::default(),
             batches: BatchSlots::new(max_batches_per_tenant),
             links: None,
+            accept_deadline: DEFAULT_ACCEPT_DEADLINE,
         }
+    }
+
+    /// Sets how long a send waits for its durable write
+    /// (`server.accept_deadline_ms`).
+    pub fn with_accept_deadline(mut self, deadline: Duration) -> Self {
+        self.accept_deadline = deadline;
+        self
     }
 
     /// The templates this acceptor reads, to share with the API and the
@@ -311,36 +328,43 @@ impl Acceptor {
     ) -> Result<Sent, Refused> {
         let message = validate(value).map_err(Refused::Invalid)?;
         let mut remembered_as = None;
-        let _in_flight = match header_key(key_header)? {
+        let held = match header_key(key_header)? {
             None => None,
             Some(key) => {
                 let hash = request_hash(value);
-                let scope = caller.scope();
-                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
-                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
-                    return Ok(Sent::Replayed {
-                        id: stored.message_id,
-                        status: stored.status_code,
-                        body: stored.response_body,
-                    });
+                match self.hold_key(caller, &key, &hash).await? {
+                    Hold::Replay(stored) => {
+                        return Ok(Sent::Replayed {
+                            id: stored.message_id,
+                            status: stored.status_code,
+                            body: stored.response_body,
+                        });
+                    }
+                    Hold::Fresh(held) => {
+                        remembered_as = Some((key, hash));
+                        Some(held)
+                    }
                 }
-                remembered_as = Some((key, hash));
-                Some(guard)
             }
         };
         let message = self.resolve(caller, message).await?;
-        let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
+        let mut prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
+        if let Some(held) = &held {
+            prepared.claimed_as(held.token());
+        }
         let charge = self.admit_and_claim(caller, &prepared).await?;
-        let (mut entry, mut handed) = prepared.into_parts(self.outbox.is_some());
-        let waiting = durable_wait_span(1);
-        entry.trace = crate::telemetry::span_context(&waiting);
-        if let Err(failed) = self.writer.accept(entry).instrument(waiting).await {
-            self.release(caller, &charge).await;
-            self.free_files(&handed).await;
-            return Err(Refused::Unavailable {
-                detail: "The message could not be queued durably; nothing was accepted.".into(),
-                retry_after: failed.retry_after,
-            });
+        let (entry, mut handed) = prepared.into_parts(self.outbox.is_some());
+        match self.write_durably(vec![entry], Vec::from_iter(held)).await {
+            Ok(()) => {}
+            Err(NotWritten::Failed(failed)) => {
+                self.release(caller, &charge).await;
+                self.free_files(&handed).await;
+                return Err(Refused::Unavailable {
+                    detail: "The message could not be queued durably; nothing was accepted.".into(),
+                    retry_after: failed.retry_after,
+                });
+            }
+            Err(NotWritten::Late) => return Err(late()),
         }
         self.hand_to_lane(&mut handed);
         self.counted(&handed);
@@ -349,6 +373,74 @@ impl Acceptor {
             body: handed.answer_body,
             rate: charge.info(),
         })
+    }
+
+    /// Holds `key` (see [`hold`]) within `server.accept_deadline_ms`: a
+    /// stalled store must not hold the request past it. A claim that was
+    /// still under way when the deadline passed may have been written; it
+    /// then answers 409 until it goes stale, never a second message.
+    async fn hold_key(&self, caller: &Caller, key: &str, hash: &str) -> Result<Hold, Refused> {
+        let scope = caller.scope();
+        let holding = hold(&self.in_flight, &self.db, &scope, key, hash);
+        match tokio::time::timeout(self.accept_deadline, holding).await {
+            Ok(held) => held,
+            Err(_) => {
+                metrics::counter!(names::REJECTED_TOTAL, "reason" => "deadline").increment(1);
+                tracing::warn!(
+                    deadline_ms = self.accept_deadline.as_millis() as u64,
+                    "Claiming a send's Idempotency-Key did not finish within the accept deadline; answered 503."
+                );
+                Err(late())
+            }
+        }
+    }
+
+    /// Hands `entries` to the store writer and waits for their commit, at
+    /// most `server.accept_deadline_ms`. The write goes on if the wait
+    /// ends first (its commit may land later, which the answer must not
+    /// deny), holding the keys `held` until it is done: a retry under
+    /// one of them meanwhile is 409, and after a commit gets its answer.
+    /// A failed write gives the keys' claims up.
+    async fn write_durably(
+        &self,
+        entries: Vec<AcceptEntry>,
+        held: Vec<HeldKey>,
+    ) -> Result<(), NotWritten> {
+        let waiting = durable_wait_span(entries.len());
+        let trace = crate::telemetry::span_context(&waiting);
+        let mut entries = entries;
+        for entry in &mut entries {
+            entry.trace = trace.clone();
+        }
+        let writer = self.writer.clone();
+        let write = tokio::spawn(
+            async move {
+                let committed = writer.accept_all(entries).await;
+                if committed.is_ok() {
+                    held.into_iter().for_each(HeldKey::keep);
+                }
+                committed
+            }
+            .instrument(waiting),
+        );
+        match tokio::time::timeout(self.accept_deadline, write).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(failed))) => Err(NotWritten::Failed(failed)),
+            Ok(Err(join)) => {
+                tracing::error!(error = %join, "The durable write's task failed.");
+                Err(NotWritten::Failed(crate::store::NotDurable {
+                    retry_after: self.writer.retry_after(),
+                }))
+            }
+            Err(_) => {
+                metrics::counter!(names::REJECTED_TOTAL, "reason" => "deadline").increment(1);
+                tracing::warn!(
+                    deadline_ms = self.accept_deadline.as_millis() as u64,
+                    "A send's durable write did not finish within the accept deadline; answered 503, the write goes on."
+                );
+                Err(NotWritten::Late)
+            }
+        }
     }
 
     /// Accepts a batch (`body`, the JSON text `{"messages": [...]}`): each
@@ -370,17 +462,17 @@ impl Acceptor {
         })?;
         let items = batch::items(body)?;
         let mut batch_key = None;
-        let _batch_in_flight = match header_key(key_header)? {
+        let batch_held = match header_key(key_header)? {
             None => None,
             Some(key) => {
                 let hash = batch::request_hash(&items);
-                let scope = caller.scope();
-                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
-                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
-                    return Ok(BatchSent::Replayed(stored.response_body));
+                match self.hold_key(caller, &key, &hash).await? {
+                    Hold::Replay(stored) => return Ok(BatchSent::Replayed(stored.response_body)),
+                    Hold::Fresh(held) => {
+                        batch_key = Some((key, hash));
+                        Some(held)
+                    }
                 }
-                batch_key = Some((key, hash));
-                Some(guard)
             }
         };
 
@@ -427,29 +519,29 @@ impl Acceptor {
                 response_body: answer_body.clone(),
                 message_id: first.record.id.clone(),
                 created_at: now_ms(),
+                claimed_as: batch_held.as_ref().and_then(HeldKey::token),
             });
         }
-        let waiting = durable_wait_span(entries.len());
-        let trace = crate::telemetry::span_context(&waiting);
-        for entry in &mut entries {
-            entry.trace = trace.clone();
-        }
-        if let Err(failed) = self.writer.accept_all(entries).instrument(waiting).await {
-            for (_, handed, charge) in &admitted {
-                self.release(caller, charge).await;
-                self.free_files(handed).await;
+        item_guards.extend(batch_held);
+        match self.write_durably(entries, item_guards).await {
+            Ok(()) => {}
+            Err(NotWritten::Failed(failed)) => {
+                for (_, handed, charge) in &admitted {
+                    self.release(caller, charge).await;
+                    self.free_files(handed).await;
+                }
+                return Err(Refused::Unavailable {
+                    detail: "The batch could not be queued durably; nothing was accepted.".into(),
+                    retry_after: failed.retry_after,
+                });
             }
-            return Err(Refused::Unavailable {
-                detail: "The batch could not be queued durably; nothing was accepted.".into(),
-                retry_after: failed.retry_after,
-            });
+            Err(NotWritten::Late) => return Err(late()),
         }
 
         for (_, mut handed, _) in admitted {
             self.hand_to_lane(&mut handed);
             self.counted(&handed);
         }
-        drop(item_guards);
         Ok(BatchSent::Answered(answer_body))
     }
 
@@ -472,25 +564,28 @@ impl Acceptor {
             _ => None,
         };
         let message = validate(&item).map_err(Refused::Invalid)?;
-        let (remembered_as, guard) = match key {
+        let (remembered_as, held) = match key {
             None => (None, None),
             Some(key) => {
                 let hash = request_hash(&item);
-                let scope = caller.scope();
-                let guard = InFlightKey::claim(&self.in_flight, &scope, &key)?;
-                if let Some(stored) = remembered(&self.db, &scope, &key, &hash).await? {
-                    let answer: SendAccepted =
-                        serde_json::from_str(&stored.response_body).map_err(anyhow::Error::from)?;
-                    return Ok(Admitted::Replayed(answer));
+                match self.hold_key(caller, &key, &hash).await? {
+                    Hold::Replay(stored) => {
+                        let answer: SendAccepted = serde_json::from_str(&stored.response_body)
+                            .map_err(anyhow::Error::from)?;
+                        return Ok(Admitted::Replayed(answer));
+                    }
+                    Hold::Fresh(held) => (Some((key, hash)), Some(held)),
                 }
-                (Some((key, hash)), Some(guard))
             }
         };
         drop(item);
         let message = self.resolve(caller, message).await?;
-        let prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
+        let mut prepared = prepare(caller, message, remembered_as, self.links.as_deref())?;
+        if let Some(held) = &held {
+            prepared.claimed_as(held.token());
+        }
         let charge = self.admit_and_claim(caller, &prepared).await?;
-        Ok(Admitted::Ready(Box::new(prepared), charge, guard))
+        Ok(Admitted::Ready(Box::new(prepared), charge, held))
     }
 
     /// [`Self::admit`], then the claim of the uploaded files the message
@@ -768,6 +863,26 @@ impl Acceptor {
     }
 }
 
+/// Why [`Acceptor::write_durably`] did not see its commit.
+enum NotWritten {
+    /// The write failed: nothing of it is durable.
+    Failed(crate::store::NotDurable),
+    /// The deadline passed first; the write goes on and may still commit.
+    Late,
+}
+
+/// The 503 of a send whose write outlived the accept deadline. What a
+/// client may conclude (the book's "Errors and idempotency"): the message
+/// may or may not be accepted, and a retry under the same Idempotency-Key
+/// is safe, answered 409 until the write has ended, then with the message
+/// if it committed.
+fn late() -> Refused {
+    Refused::Unavailable {
+        detail: "The store did not confirm the message within the accept deadline; it may still be accepted. Retry with the same Idempotency-Key: the retry is answered with this message if it was accepted, and accepts it otherwise.".into(),
+        retry_after: idempotency::IN_FLIGHT_RETRY,
+    }
+}
+
 /// The span of a request waiting for its messages' group commit; the
 /// group's span links to it.
 fn durable_wait_span(messages: usize) -> tracing::Span {
@@ -782,7 +897,7 @@ enum Admitted {
     /// The stored answer to an earlier send with the item's key.
     Replayed(SendAccepted),
     /// To be made durable, with its limit grant and the hold on its key.
-    Ready(Box<Prepared>, Charge, Option<InFlightKey>),
+    Ready(Box<Prepared>, Charge, Option<HeldKey>),
 }
 
 /// A refused batch item; an internal failure is logged here, once.

@@ -52,6 +52,14 @@ pub(crate) struct Handed {
 }
 
 impl Prepared {
+    /// Makes the message's own idempotency record answer the claim `token`
+    /// (see [`crate::store::idempotency::KeyClaim`]).
+    pub(crate) fn claimed_as(&mut self, token: Option<String>) {
+        for stored in &mut self.entry.idempotency {
+            stored.claimed_as = token.clone();
+        }
+    }
+
     /// Splits off the store entry; the queue message is copied only where
     /// the relay sends it at once (SQS mode, not scheduled).
     pub(crate) fn into_parts(self, sqs: bool) -> (AcceptEntry, Handed) {
@@ -287,6 +295,7 @@ pub(crate) fn prepare(
             response_body: answer_body.clone(),
             message_id: id.clone(),
             created_at: now,
+            claimed_as: None,
         })),
         trace: None,
     };

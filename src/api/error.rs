@@ -124,6 +124,13 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// 409 with `Retry-After`: a request under the same `Idempotency-Key`
+    /// is still being answered.
+    #[error("{detail}")]
+    KeyInFlight {
+        detail: String,
+        retry_after: Duration,
+    },
     #[error("{0}")]
     MethodNotAllowed(String),
     #[error("{0}")]
@@ -201,7 +208,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::KeyInFlight { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -218,7 +225,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("unauthorized", "Not authenticated"),
             ApiError::Forbidden(_) => ("forbidden", "Not allowed"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
-            ApiError::Conflict(_) => ("conflict", "Conflict"),
+            ApiError::Conflict(_) | ApiError::KeyInFlight { .. } => ("conflict", "Conflict"),
             ApiError::MethodNotAllowed(_) => ("method-not-allowed", "Method not allowed"),
             ApiError::PayloadTooLarge(_) => ("too-large", "Request too large"),
             ApiError::UnsupportedMediaType(_) => {
@@ -245,7 +252,8 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::TooManyRequests { retry_after, .. }
-            | ApiError::Unavailable { retry_after, .. } => Some(*retry_after),
+            | ApiError::Unavailable { retry_after, .. }
+            | ApiError::KeyInFlight { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -309,7 +317,8 @@ impl IntoResponse for ApiError {
                     insert_rate_headers(headers, info);
                 }
             }
-            ApiError::Unavailable { retry_after, .. } => {
+            ApiError::Unavailable { retry_after, .. }
+            | ApiError::KeyInFlight { retry_after, .. } => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from(retry_after_secs(*retry_after)),
@@ -356,7 +365,13 @@ impl From<&crate::accept::Refused> for ApiError {
                 ApiError::BadRequest(detail.clone())
             }
             Refused::Disabled(detail) => ApiError::Forbidden(detail.clone()),
-            Refused::KeyInFlight(detail) => ApiError::Conflict(detail.clone()),
+            Refused::KeyInFlight {
+                detail,
+                retry_after,
+            } => ApiError::KeyInFlight {
+                detail: detail.clone(),
+                retry_after: *retry_after,
+            },
             Refused::KeyReused(detail) => ApiError::IdempotencyMismatch(detail.clone()),
             Refused::TooLarge(detail) => ApiError::PayloadTooLarge(detail.clone()),
             Refused::Limited {

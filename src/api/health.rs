@@ -29,12 +29,16 @@ pub struct Health {
     /// `behind` (the outbox relay's calls to SQS fail: accepted messages
     /// wait in the outbox until SQS answers), and an SQS that does not
     /// answer is `queue` → `degraded`: neither makes the instance unready,
-    /// since sends are still accepted (into the outbox).
+    /// since sends are still accepted (into the outbox). With consumers
+    /// on, `provider_gates` → `ok` | `stuck`: a channel's gate has had
+    /// messages waiting and no one taking its tokens for 5 s although its
+    /// watchdog woke the line every second; this makes the instance
+    /// unready, since it holds every message of that channel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checks: Option<std::collections::BTreeMap<String, String>>,
     /// Per check that is not `ok`: why, as a code (`store_unreachable`,
     /// `store_full`, `store_writes_fail`, `queue_unreachable`,
-    /// `queue_relay_failing`). The
+    /// `queue_relay_failing`, `gate_stuck`). The
     /// error's own text goes to the log, not here: this route needs no
     /// authentication.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
@@ -100,6 +104,25 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
         let limits = if redis.is_up() { "ok" } else { "degraded" };
         checks.insert("limits".to_owned(), limits.to_owned());
     }
+    let stuck: Vec<&str> = state
+        .providers
+        .iter()
+        .filter(|(_, pool)| {
+            pool.gate
+                .stuck_for()
+                .is_some_and(|stuck| stuck >= crate::limits::gate::STUCK_UNREADY)
+        })
+        .map(|(channel, _)| channel.as_str())
+        .collect();
+    if !state.providers.is_empty() {
+        let word = if stuck.is_empty() { "ok" } else { "stuck" };
+        checks.insert("provider_gates".to_owned(), word.to_owned());
+    }
+    if !stuck.is_empty() {
+        tracing::warn!(channels = ?stuck, "Readiness: a provider gate's line is stuck.");
+        reasons.insert("provider_gates".to_owned(), "gate_stuck".to_owned());
+    }
+    let ready = ready && stuck.is_empty();
     (
         if ready {
             StatusCode::OK

@@ -600,6 +600,10 @@ struct Turn<'a> {
     worker: tokio::sync::OwnedSemaphorePermit,
     /// How long the call waited for its token.
     waited: Duration,
+    /// When the token was granted: a fleet-wide grant goes stale.
+    granted_at: tokio::time::Instant,
+    priority: crate::model::Priority,
+    tenant: String,
 }
 
 /// Which pool member answered a call, how long it took, and how long it
@@ -768,16 +772,17 @@ async fn take_turn<'a>(
             .gate
             .acquire_from(payload.priority, &message.tenant_id, choice)
             .await;
+        let granted_at = tokio::time::Instant::now();
         let worker = context
             .workers
             .clone()
             .acquire_owned()
             .await
             .expect("worker semaphore is never closed");
-        (waited, member, worker)
+        (waited, member, worker, granted_at)
     }
     .instrument(token_span);
-    let (waited, member, worker) = tokio::select! {
+    let (waited, member, worker, granted_at) = tokio::select! {
         got = token_and_worker => got,
         () = async { drop(shutdown.wait_for(|stop| *stop).await) } => return Err(NoTurn::ShuttingDown),
     };
@@ -802,6 +807,9 @@ async fn take_turn<'a>(
         member,
         worker,
         waited,
+        granted_at,
+        priority: payload.priority,
+        tenant: message.tenant_id.clone(),
     })
 }
 
@@ -844,7 +852,10 @@ async fn call_provider(
 ) -> (Result<Delivered, ProviderError>, CallDone) {
     // Spaced again at the call itself: the claim's write may have held a
     // group of granted messages up (see ProviderGate::pace_call).
-    turn.gated.gate.pace_call_of(turn.member).await;
+    turn.gated
+        .gate
+        .pace_call_of(turn.member, turn.granted_at, turn.priority, &turn.tenant)
+        .await;
     let pool = &turn.gated.members[turn.member];
     let call_span = crate::telemetry::span!(
         "provider call",

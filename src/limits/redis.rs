@@ -45,11 +45,25 @@ const HEARTBEAT_STALE_MS: u64 = 5_000;
 
 /// Heartbeat: records this instance, forgets stale ones, counts the rest.
 /// KEYS[1] instances; ARGV[1] instance id, ARGV[2] staleness in ms.
+///
+/// Staleness counts back from the fleet's newest heartbeat before this
+/// one, not from now: after an outage that kept every instance from
+/// beating, all their last beats are old by the outage's length, and
+/// counting from now would forget every other instance until it had
+/// beaten again (the first instance back would count itself alone). From
+/// the newest, the fleet is counted as it was before the outage at the
+/// first beat after it; an instance that died meanwhile is forgotten as
+/// soon as the others' beats move the newest on.
 const HEARTBEAT_LUA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local from = now
+if newest[2] then
+  from = math.min(now, tonumber(newest[2]))
+end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[2])))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (from - tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], 60000)
 return redis.call('ZCARD', KEYS[1])
 ";
@@ -224,24 +238,42 @@ impl RedisLimits {
     /// Sets up the connection from `[limits]` and sends a first heartbeat.
     /// Fails only on a malformed URL: an unreachable Redis means starting on
     /// local shares (one WARN line) and switching to Redis once it answers.
-    pub async fn connect(settings: &LimitsSettings) -> anyhow::Result<Arc<Self>> {
+    ///
+    /// Until a heartbeat counts the fleet, this instance assumes it has
+    /// `known_fleet` instances (the size last counted, as the store keeps
+    /// it) or `limits.expected_instances`, whichever is larger: an
+    /// instance that starts while Redis is down paces at that share.
+    pub async fn connect(settings: &LimitsSettings, known_fleet: u32) -> anyhow::Result<Arc<Self>> {
         let url = settings
             .redis_url
             .as_ref()
             .context("limits.redis_url is required when limits.backend = \"redis\"")?;
-        Self::connect_to(
+        Self::connect_to_fleet(
             url.expose_secret(),
             &settings.key_prefix,
             Duration::from_millis(settings.timeout_ms),
+            known_fleet.max(settings.expected_instances),
         )
         .await
     }
 
-    /// Like [`RedisLimits::connect`], from parts (tests use their own prefix).
+    /// Like [`RedisLimits::connect`], from parts (tests use their own
+    /// prefix), assuming a fleet of one until a heartbeat counts it.
     pub async fn connect_to(
         url: &str,
         prefix: &str,
         timeout: Duration,
+    ) -> anyhow::Result<Arc<Self>> {
+        Self::connect_to_fleet(url, prefix, timeout, 1).await
+    }
+
+    /// Like [`RedisLimits::connect_to`], assuming `assumed` instances until
+    /// a heartbeat counts them.
+    pub async fn connect_to_fleet(
+        url: &str,
+        prefix: &str,
+        timeout: Duration,
+        assumed: u32,
     ) -> anyhow::Result<Arc<Self>> {
         let client = redis::Client::open(url).context("limits.redis_url is not a Redis URL")?;
         let config = ConnectionManagerConfig::new()
@@ -259,7 +291,7 @@ impl RedisLimits {
             instance: uuid::Uuid::new_v4().to_string(),
             timeout,
             up: AtomicBool::new(false),
-            live: AtomicU32::new(1),
+            live: AtomicU32::new(assumed.max(1)),
             outages: AtomicU64::new(0),
             recoveries: watch::Sender::new(0),
             heartbeat: Script::new(HEARTBEAT_LUA),
@@ -281,9 +313,11 @@ impl RedisLimits {
             }
             Err(Unreachable) => {
                 redis.outages.fetch_add(1, Ordering::SeqCst);
+                metrics::gauge!(names::LIMITS_LIVE_INSTANCES).set(f64::from(assumed.max(1)));
                 warn!(
                     prefix,
-                    "Redis is unreachable at start-up; limits use this instance's share until it answers."
+                    assumed_instances = assumed.max(1),
+                    "Redis is unreachable at start-up; limits use this instance's share of the fleet it assumes until it answers."
                 );
             }
         }
@@ -325,6 +359,11 @@ impl RedisLimits {
     /// Live instances as last counted (at least 1).
     pub fn live_instances(&self) -> u32 {
         self.live.load(Ordering::SeqCst).max(1)
+    }
+
+    /// The longest one call waits for Redis (`limits.timeout_ms`).
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Outages so far (switches from up to down).

@@ -641,6 +641,96 @@ async fn a_redis_that_is_down_at_start_up_means_local_shares_until_it_answers() 
     server.kill();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_while_redis_is_down_paces_at_its_share_of_the_fleet_it_knows() {
+    let mut server = OwnRedis::start();
+    let url = server.url();
+    server.kill();
+    let prefix = Prefix::new(&url);
+    // The fleet last counted three instances (the store keeps that): the
+    // instance starting blind takes a third of the provider's 30/s, burst 3.
+    let redis = RedisLimits::connect_to_fleet(&url, &prefix.name, CALL_TIMEOUT, 3)
+        .await
+        .expect("a well-formed Redis URL");
+    assert!(!redis.is_up());
+    assert_eq!(redis.live_instances(), 3);
+    let gate = Arc::new(ProviderGate::new(30.0, 3).with_global_bucket(Arc::clone(&redis), "sms"));
+    let run_for = Duration::from_secs(2);
+    let grants = hammer_gates(std::slice::from_ref(&gate), 3, run_for).await;
+    let excess = worst_window_excess(&grants, 10.0, 1);
+    println!(
+        "started with Redis down, assuming 3 instances: {} grants in {run_for:?} against a share of 10/s burst 1 \
+         (worst window {excess:+.2})",
+        grants.len()
+    );
+    assert!(
+        excess <= 1.0,
+        "the share of 10/s burst 1 was exceeded by {excess:.2}: the instance took more than its third"
+    );
+    assert!(grants.len() >= 10, "only {} grants in 2 s", grants.len());
+    // Once Redis answers, the heartbeat counts the fleet (this instance
+    // alone now) and the gate is fleet-wide again.
+    server.restart();
+    let (stop, stopped) = watch::channel(false);
+    redis.spawn_heartbeat(stopped);
+    assert!(
+        eventually(Duration::from_secs(10), || redis.is_up()
+            && redis.live_instances() == 1)
+        .await,
+        "the heartbeat counted the fleet within 10 s of Redis answering"
+    );
+    stop.send_replace(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_of_every_instance_the_first_heartbeat_counts_the_whole_fleet() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let client = redis::Client::open(prefix.url.as_str()).expect("URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the shared Redis answers");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let server_ms = secs * 1000 + micros / 1000;
+    // The set as an 8 s outage of every instance leaves it: two instances
+    // last beat 8 s ago, a third died 20 s ago.
+    let key = format!("{}:instances", prefix.name);
+    let _: () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(server_ms - 8_000)
+        .arg("b")
+        .arg(server_ms - 8_000)
+        .arg("c")
+        .arg(server_ms - 20_000)
+        .arg("dead")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The first instance back counts itself and the two that beat until
+    // the outage, not itself alone; the one dead before it is forgotten.
+    let a = Instance::start(&prefix.url, &prefix).await;
+    assert!(a.redis.is_up());
+    assert_eq!(
+        a.redis.live_instances(),
+        3,
+        "the first heartbeat after the outage counted the fleet from now, not from its last beat"
+    );
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!members.contains(&"dead".to_owned()), "{members:?}");
+    // b and c do not come back: once a's beats have moved the newest on,
+    // they are stale by the same rule as ever and a counts itself alone.
+    assert!(
+        eventually(Duration::from_secs(4), || a.redis.live_instances() == 1).await,
+        "instances that never beat again are forgotten after the outage"
+    );
+}
+
 /// What one admission costs, local against Redis (one script call on the
 /// loopback): `cargo test --lib limits::redis_tests -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

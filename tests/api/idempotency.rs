@@ -203,3 +203,52 @@ on_both_stores! {
         assert_eq!(response.status(), StatusCode::ACCEPTED);
     }
 }
+
+/// A send whose durable write outlives `server.accept_deadline_ms` answers
+/// 503 with `Retry-After`, and the write goes on. Its key stays held until
+/// the write has ended: a retry meanwhile is 409 with `Retry-After`, and a
+/// retry after the commit is answered with the message the write made.
+/// One key, one message, even when the client retries a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_past_the_accept_deadline_is_a_503_and_its_key_answers_the_late_commit() {
+    let app = TestApp::start_custom("", |settings| settings.server.accept_deadline_ms = 400).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let writer = app.hold_write_lock().await;
+
+    let first = app.send_idempotent(&key, "slow-store", &email()).await;
+    let (headers, problem) = expect_problem(first, StatusCode::SERVICE_UNAVAILABLE).await;
+    assert!(header_u64(&headers, "retry-after") >= 1);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may still be accepted"),
+        "{problem}"
+    );
+    let retry = app.send_idempotent(&key, "slow-store", &email()).await;
+    let (headers, _) = expect_problem(retry, StatusCode::CONFLICT).await;
+    assert!(header_u64(&headers, "retry-after") >= 1);
+
+    writer.release().await;
+    // The held write commits; the next retry is its answer.
+    let mut replayed = None;
+    for _ in 0..50 {
+        let retry = app.send_idempotent(&key, "slow-store", &email()).await;
+        if retry.status() == StatusCode::ACCEPTED {
+            assert_eq!(
+                header(retry.headers(), "idempotent-replayed"),
+                Some("true"),
+                "the retry must replay the late commit, not accept a second message"
+            );
+            replayed = Some(expect_json(retry, StatusCode::ACCEPTED).await);
+            break;
+        }
+        assert_eq!(retry.status(), StatusCode::CONFLICT);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replayed = replayed.expect("the key was answered within 5 s of the store's release");
+    let id = replayed["id"].as_str().unwrap();
+    let view = expect_json(app.get_message(&key, id).await, StatusCode::OK).await;
+    assert_eq!(view["status"], "queued");
+    assert_eq!(fast_lane_depth(&app).await, 1, "one key, one message");
+}

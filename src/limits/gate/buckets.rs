@@ -55,14 +55,35 @@ impl ProviderGate {
     /// up for two seconds releases two seconds' worth of granted messages
     /// at once. This second bucket, of the same rate and one call more of
     /// burst (see `calls_quota`), spaces them again at the moment of the
-    /// call. Normally it has a token ready and costs one check. Fleet-wide gates (Redis) pace grants only: a local
-    /// bucket there would refuse what the fleet's bucket granted.
-    pub async fn pace_call_of(&self, member: usize) -> Duration {
-        let Some(member) = self.members.get(member) else {
+    /// call. Normally it has a token ready and costs one check.
+    ///
+    /// Fleet-wide gates (Redis) have no local bucket to space calls again
+    /// (it would refuse what the fleet's bucket granted, which other
+    /// instances do not take). There a grant goes stale instead: a call
+    /// starting more than [`STALE_GRANT`] (or one token interval, if
+    /// longer) after its grant (`granted_at`) takes a fresh token first,
+    /// on behalf of `priority` and `tenant`, from the same provider. The
+    /// stale token is lost, so the fleet calls less, never more: calls held
+    /// up by a stalled store are spaced again by the fleet's bucket rather
+    /// than released together.
+    pub async fn pace_call_of(
+        &self,
+        at: usize,
+        granted_at: tokio::time::Instant,
+        priority: Priority,
+        tenant: &str,
+    ) -> Duration {
+        let Some(member) = self.members.get(at) else {
             return Duration::ZERO;
         };
         if member.global.is_some() {
-            return Duration::ZERO;
+            let period = crate::limits::period_of(member.rate_per_second);
+            if granted_at.elapsed() <= STALE_GRANT.max(period) {
+                return Duration::ZERO;
+            }
+            metrics::counter!(crate::metrics::GATE_STALE_GRANTS_TOTAL).increment(1);
+            let (waited, _) = self.acquire_from(priority, tenant, Choice::Only(at)).await;
+            return waited;
         }
         let started = self.timeline.now();
         loop {
@@ -86,12 +107,19 @@ impl ProviderGate {
         }
     }
 
-    /// [`ProviderGate::pace_call_of`] the first provider.
+    /// [`ProviderGate::pace_call_of`] the first provider, granted now.
     #[cfg(test)]
     pub(crate) async fn pace_call(&self) -> Duration {
-        self.pace_call_of(0).await
+        self.pace_call_of(0, tokio::time::Instant::now(), Priority::Normal, "")
+            .await
     }
 }
+
+/// How long a fleet-wide grant stays good for its call (see
+/// [`ProviderGate::pace_call_of`]): a claim's commit and a free worker
+/// normally take a few milliseconds; a call this much later would land on
+/// the provider beside calls granted after it.
+pub const STALE_GRANT: Duration = Duration::from_millis(100);
 
 /// A quota of `rate_per_second` calls a second on average, `burst` at once
 /// (the period never panics, see [`crate::limits::period_of`]).

@@ -65,8 +65,16 @@ impl ProviderGate {
         let place = self.line().join(self, rank, tenant);
         'wait: loop {
             let candidates = {
-                let line = self.line();
-                (line.head_id() == Some(place.id)).then(|| self.candidates(&line, choice))
+                let mut line = self.line();
+                let head = line.head_id() == Some(place.id);
+                if head {
+                    // Each Redis call answers or fails within its timeout.
+                    let calls = u32::try_from(self.members.len()).unwrap_or(u32::MAX);
+                    let answered_by =
+                        self.timeline.now() + Nanos::from(self.redis_timeout() * calls);
+                    line.expect_head_by(answered_by);
+                }
+                head.then(|| self.candidates(&line, choice))
             };
             let Some((order, weights)) = candidates else {
                 place.wake.notified().await;
@@ -129,8 +137,27 @@ impl ProviderGate {
                 }
             }
             let due = due.expect("a gate has at least one provider and choice allows one");
+            {
+                let mut line = self.line();
+                if line.head_id() == Some(place.id) {
+                    line.expect_head_by(due);
+                }
+            }
             self.timeline.sleep_until(due).await;
         }
+    }
+}
+
+impl ProviderGate {
+    /// The longest a Redis call of the gate takes before it counts as
+    /// failed (`limits.timeout_ms`).
+    fn redis_timeout(&self) -> Duration {
+        self.members
+            .iter()
+            .filter_map(|member| member.global.as_ref())
+            .map(|global| global.redis.call_timeout())
+            .max()
+            .unwrap_or_default()
     }
 }
 

@@ -1,6 +1,17 @@
 //! The gate's line of waiters: per priority, tenants taking turns, each
 //! tenant's callers in arrival order; the head alone asks the buckets for
 //! a token (see the gate's module documentation).
+//!
+//! The hand-over rule, kept by construction: every change of the line
+//! (a waiter joining, leaving served, in turn or out of it, leaving
+//! cancelled or timed out, a grant to a caller who never waited) compares
+//! the head before and after, and when it moved, wakes the new head unless
+//! the new head is the caller making the change (it is running already).
+//! So at every moment the head is either running, asleep on the clock
+//! until the instant it asked for, or holds a wake-up; no waiter can sleep
+//! for ever with tokens to give. The head also notes when it will act
+//! next ([`Line::expect_head_by`]), which the watchdog
+//! ([`ProviderGate::watch`]) checks.
 
 use super::*;
 
@@ -27,7 +38,30 @@ pub(super) struct Line {
     /// served since it was last served (see [`Line::join`]).
     pub(super) grants: u64,
     pub(super) last_served: HashMap<Arc<str>, u64>,
+    /// What the watchdog reads: when the head is due to act.
+    pub(super) progress: Progress,
+    /// The gate's clock, for [`Progress`].
+    timeline: Timeline,
 }
+
+/// The head's promise to act, and what the watchdog made of it.
+pub(super) struct Progress {
+    /// By when the head of the line will act again: take a token, ask
+    /// Redis for one, or wake from its sleep until the instant a token is
+    /// due. Set to "now" whenever the head changes, since a new head acts
+    /// at once.
+    pub(super) due: Nanos,
+    /// Since when the watchdog has found the line stuck (waiters, and a
+    /// head past its `due` by [`STALL_GRACE`]); cleared when the head acts.
+    pub(super) stuck_since: Option<Nanos>,
+    /// Stalls found so far (each one repaired by waking the head).
+    pub(super) stalls: u64,
+}
+
+/// How far past its promised instant a head may be before the watchdog
+/// calls the line stuck: a woken task may wait for a busy runtime's thread,
+/// but not for seconds.
+pub(super) const STALL_GRACE: Duration = Duration::from_secs(2);
 
 /// How many tenants' last grants the line remembers; one forgotten counts
 /// as served long ago, which it was.
@@ -46,7 +80,7 @@ pub(super) struct Waiter {
 }
 
 impl Line {
-    pub(super) fn new(low_priority_share: f64, members: usize) -> Self {
+    pub(super) fn new(low_priority_share: f64, members: usize, timeline: Timeline) -> Self {
         Line {
             tiers: Default::default(),
             share: ShareCredit::new(low_priority_share),
@@ -55,7 +89,34 @@ impl Line {
             allowance: vec![0.0; members],
             grants: 0,
             last_served: HashMap::new(),
+            progress: Progress {
+                due: timeline.now(),
+                stuck_since: None,
+                stalls: 0,
+            },
+            timeline,
         }
+    }
+
+    /// The hand-over rule (see the module documentation): if the head is
+    /// no longer `before`, the new head is due now and is woken, unless it
+    /// is `actor`, the waiter making the change, which is running.
+    fn hand_over(&mut self, before: Option<u64>, actor: Option<u64>) {
+        let after = self.head_id();
+        if after == before {
+            return;
+        }
+        self.progress.due = self.timeline.now();
+        if let Some(head) = self.head().filter(|head| Some(head.id) != actor) {
+            head.wake.notify_one();
+        }
+    }
+
+    /// The head notes that it will act again by `at` (it sleeps until a
+    /// token is due then, or waits for Redis's answer until then).
+    pub(super) fn expect_head_by(&mut self, at: Nanos) {
+        self.progress.due = at;
+        self.progress.stuck_since = None;
     }
 
     /// Notes a grant to `tenant`.
@@ -144,9 +205,7 @@ impl Line {
         let mut waiting = self.waiting_ranks();
         waiting[rank] = true;
         self.share.record(rank, waiting);
-        if let Some(head) = self.head().filter(|head| Some(head.id) != before) {
-            head.wake.notify_one();
-        }
+        self.hand_over(before, None);
     }
 
     pub(super) fn head(&self) -> Option<&Waiter> {
@@ -176,6 +235,7 @@ impl Line {
         rank: usize,
         tenant: &str,
     ) -> Place<'g> {
+        let before = self.head_id();
         let id = self.next_id;
         self.next_id += 1;
         let wake = Arc::new(Notify::new());
@@ -203,6 +263,7 @@ impl Line {
                 );
             }
         }
+        self.hand_over(before, Some(id));
         Place {
             gate,
             rank,
@@ -212,11 +273,13 @@ impl Line {
         }
     }
 
-    /// Removes a waiter; if it was the head, wakes the new head so the next
-    /// token is not left waiting for someone who has gone. A tenant whose
-    /// waiter was `served` goes to the back of the rotation.
+    /// Removes a waiter, served (it got its token, as the head or out of
+    /// turn while its Redis call was under way) or not (cancelled, timed
+    /// out); whoever is the head afterwards, if that changed, is woken (the
+    /// hand-over rule). A tenant whose waiter was `served` goes to the back
+    /// of the rotation.
     pub(super) fn leave(&mut self, rank: usize, id: u64, served: bool) {
-        let was_head = self.head_id() == Some(id);
+        let before = self.head_id();
         if served {
             self.share.record(rank, self.waiting_ranks());
         }
@@ -237,9 +300,7 @@ impl Line {
                 tier.rotate_left(1);
             }
         }
-        if let Some(head) = self.head().filter(|_| was_head) {
-            head.wake.notify_one();
-        }
+        self.hand_over(before, None);
     }
 }
 

@@ -100,6 +100,8 @@ use crate::queue::priority::ShareCredit;
 
 mod buckets;
 mod global;
+#[cfg(test)]
+mod hand_over_tests;
 mod line;
 mod members;
 #[cfg(test)]
@@ -108,10 +110,15 @@ mod timeline;
 
 use buckets::{calls_quota, empty_bucket, quota};
 use global::GlobalBucket;
-use line::Line;
+use line::{Line, STALL_GRACE};
 pub use members::{Choice, MemberSpec, MemberView};
 use members::{Member, Weighed};
 use timeline::Timeline;
+
+/// How long a gate's line may stay stuck, its head woken by the watchdog
+/// at every round and still not acting, before `/readyz` takes the
+/// instance out: a stuck gate holds every message that needs its channel.
+pub const STUCK_UNREADY: Duration = Duration::from_secs(5);
 
 /// Number of priorities, indexed by [`Priority::rank`].
 const PRIORITIES: usize = 3;
@@ -213,7 +220,11 @@ impl ProviderGate {
             })
             .collect::<Vec<_>>();
         ProviderGate {
-            line: Mutex::new(Line::new(low_priority_share, members.len())),
+            line: Mutex::new(Line::new(
+                low_priority_share,
+                members.len(),
+                timeline.clone(),
+            )),
             members,
             timeline,
         }
@@ -224,6 +235,46 @@ impl ProviderGate {
     pub fn waiting(&self) -> [usize; PRIORITIES] {
         let line = self.line();
         std::array::from_fn(|rank| line.waiting(rank))
+    }
+
+    /// The watchdog's round, once a second from the service: with callers
+    /// waiting and the head of the line more than [`STALL_GRACE`] past the
+    /// instant it said it would act by (see [`Line::expect_head_by`]), the
+    /// line is stuck, which the hand-over rule should make impossible. The
+    /// round then repairs it by waking the head (a spare wake-up costs the
+    /// head one look at the line) and returns true, for the caller to log
+    /// and count. The head acting again ends the stall.
+    pub fn watch(&self) -> bool {
+        let now = self.timeline.now();
+        let mut line = self.line();
+        if (0..PRIORITIES).all(|rank| line.waiting(rank) == 0) {
+            line.progress.stuck_since = None;
+            return false;
+        }
+        let late = Duration::from(now.saturating_sub(line.progress.due));
+        if late < STALL_GRACE {
+            return false;
+        }
+        line.progress.stuck_since.get_or_insert(now);
+        line.progress.stalls += 1;
+        line.progress.due = now;
+        if let Some(head) = line.head() {
+            head.wake.notify_one();
+        }
+        true
+    }
+
+    /// How long the line has been stuck with the watchdog's wake-ups not
+    /// helping: `None` while the head acts when it should. `/readyz` reports
+    /// a gate stuck for [`STUCK_UNREADY`] or more.
+    pub fn stuck_for(&self) -> Option<Duration> {
+        let since = self.line().progress.stuck_since?;
+        Some(self.timeline.elapsed_since(since))
+    }
+
+    /// Stalls the watchdog found and repaired so far.
+    pub fn stalls(&self) -> u64 {
+        self.line().progress.stalls
     }
 
     /// Callers waiting right now by tenant, all priorities together: how
@@ -300,7 +351,10 @@ impl ProviderGate {
                             place.served();
                             return (self.timeline.elapsed_since(started), member);
                         }
-                        Err(due) => Some(due),
+                        Err(due) => {
+                            line.expect_head_by(due);
+                            Some(due)
+                        }
                     }
                 }
             };

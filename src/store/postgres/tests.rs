@@ -120,6 +120,7 @@ pub(crate) fn entry(id: &str, tenant: &str, key: Option<&str>) -> AcceptEntry {
             response_body: "{}".into(),
             message_id: id.into(),
             created_at: now,
+            claimed_as: None,
         })),
         trace: None,
     }
@@ -707,4 +708,142 @@ async fn a_group_of_receipts_reads_as_the_same_receipts_one_by_one() {
         [("someone@example.com".to_owned(), "complaint".to_owned())]
     );
     db.close().await;
+}
+
+/// `entry` answering the claim `token` on `key`.
+fn claimed_entry(id: &str, key: &str, token: &str) -> AcceptEntry {
+    let mut entry = entry(id, "acme", Some(key));
+    entry.idempotency[0].claimed_as = Some(token.to_owned());
+    entry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_is_claimed_once_answered_in_the_accepts_commit_and_never_replaced() {
+    use idempotency::KeyClaim;
+    let database = TestDatabase::create().await;
+    // Two instances: two connections to the same database.
+    let (one, two) = (database.open().await, database.open().await);
+    let scope = Scope::new("acme", World::Live);
+    let now = now_ms();
+    assert_eq!(
+        one.claim_key(&scope, "k", "h", "token-1", now)
+            .await
+            .unwrap(),
+        KeyClaim::Claimed { durable: true }
+    );
+    // The second instance finds it claimed and unanswered: 409.
+    assert!(matches!(
+        two.claim_key(&scope, "k", "h", "token-2", now)
+            .await
+            .unwrap(),
+        KeyClaim::Pending { .. }
+    ));
+    assert!(
+        two.remembered_answer(&scope, "k", now)
+            .await
+            .unwrap()
+            .is_none(),
+        "a claim is no answer"
+    );
+    // The first accept commits with the answer written over its claim.
+    let (writer, done) = Writer::start(&one, 64, 0).unwrap();
+    writer
+        .accept(claimed_entry("m1", "k", "token-1"))
+        .await
+        .expect("accepted");
+    match two
+        .claim_key(&scope, "k", "h", "token-3", now)
+        .await
+        .unwrap()
+    {
+        KeyClaim::Answered(stored) => assert_eq!(stored.message_id, "m1"),
+        other => panic!("expected the answer, got {other:?}"),
+    }
+
+    // A claim left unanswered goes stale and a retry takes it over; the
+    // first accept, committing after that, fails whole.
+    let late = now + idempotency::CLAIM_STALE_MS + 1;
+    assert_eq!(
+        one.claim_key(&scope, "k2", "h", "old", now).await.unwrap(),
+        KeyClaim::Claimed { durable: true }
+    );
+    assert!(matches!(
+        two.claim_key(&scope, "k2", "h", "new", now + 1_000)
+            .await
+            .unwrap(),
+        KeyClaim::Pending { .. }
+    ));
+    assert_eq!(
+        two.claim_key(&scope, "k2", "h", "new", late).await.unwrap(),
+        KeyClaim::Claimed { durable: true }
+    );
+    assert!(
+        writer
+            .accept(claimed_entry("m2", "k2", "old"))
+            .await
+            .is_err(),
+        "the stale claim's accept must not commit"
+    );
+    assert_eq!(
+        count(&one, "SELECT COUNT(*) FROM messages WHERE id = 'm2'").await,
+        0,
+        "nothing of the refused accept was written"
+    );
+    writer
+        .accept(claimed_entry("m3", "k2", "new"))
+        .await
+        .expect("the retry's accept commits");
+    let answer = one.remembered_answer(&scope, "k2", late).await.unwrap();
+    assert_eq!(answer.map(|a| a.message_id), Some("m3".to_owned()));
+
+    // A claim given up (its request was refused) frees the key.
+    assert_eq!(
+        one.claim_key(&scope, "k3", "h", "t", now).await.unwrap(),
+        KeyClaim::Claimed { durable: true }
+    );
+    one.release_key(&scope, "k3", "t").await.unwrap();
+    assert_eq!(
+        two.claim_key(&scope, "k3", "h", "u", now).await.unwrap(),
+        KeyClaim::Claimed { durable: true }
+    );
+    // Releasing with another token, or an answered key, changes nothing.
+    one.release_key(&scope, "k", "token-1").await.unwrap();
+    assert!(
+        one.remembered_answer(&scope, "k", now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    writer.stop().await;
+    done.await.unwrap();
+    one.close().await;
+    two.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_the_same_key_on_two_instances_at_once_make_one_winner() {
+    use idempotency::KeyClaim;
+    let database = TestDatabase::create().await;
+    let dbs: Vec<Db> = futures_util::future::join_all((0..4).map(|_| database.open())).await;
+    let scope = Scope::new("acme", World::Live);
+    for round in 0..20 {
+        let key = format!("key-{round}");
+        let claims = futures_util::future::join_all(dbs.iter().enumerate().map(|(i, db)| {
+            let (scope, key) = (scope.clone(), key.clone());
+            async move {
+                db.claim_key(&scope, &key, "h", &format!("t{i}"), now_ms())
+                    .await
+                    .unwrap()
+            }
+        }))
+        .await;
+        let won = claims
+            .iter()
+            .filter(|claim| matches!(claim, KeyClaim::Claimed { .. }))
+            .count();
+        assert_eq!(won, 1, "round {round}: {claims:?}");
+    }
+    for db in dbs {
+        db.close().await;
+    }
 }

@@ -513,6 +513,9 @@ struct AcceptColumns {
     idem_message: Vec<String>,
     idem_created: Vec<i64>,
     idem_test: Vec<bool>,
+    /// Of each idempotency record, the claim it answers (see
+    /// [`crate::store::idempotency::KeyClaim`]), `None` for a plain insert.
+    idem_claim: Vec<Option<String>>,
 }
 
 impl AcceptColumns {
@@ -550,6 +553,7 @@ impl AcceptColumns {
                 columns.idem_message.push(stored.message_id.clone());
                 columns.idem_created.push(stored.created_at);
                 columns.idem_test.push(stored.test);
+                columns.idem_claim.push(stored.claimed_as.clone());
             }
         }
         columns
@@ -707,7 +711,12 @@ async fn insert_accepts(
         .await
         .context("inserting outbox rows")?;
     }
-    if !rows.idem_key.is_empty() {
+    let (claimed, plain): (Vec<usize>, Vec<usize>) =
+        (0..rows.idem_key.len()).partition(|&at| rows.idem_claim[at].is_some());
+    if !claimed.is_empty() {
+        answer_claims(tx, rows, &claimed).await?;
+    }
+    if !plain.is_empty() {
         // An expired answer under the same key is replaced, as on SQLite.
         sqlx::query(
             "INSERT INTO idempotency_keys (tenant_id, key, request_hash, status_code, \
@@ -718,17 +727,68 @@ async fn insert_accepts(
              status_code = excluded.status_code, response_body = excluded.response_body, \
              message_id = excluded.message_id, created_at = excluded.created_at",
         )
-        .bind(&rows.idem_tenant)
-        .bind(&rows.idem_key)
-        .bind(&rows.idem_hash)
-        .bind(&rows.idem_code)
-        .bind(&rows.idem_body)
-        .bind(&rows.idem_message)
-        .bind(&rows.idem_created)
-        .bind(&rows.idem_test)
+        .bind(pick(&rows.idem_tenant, &plain))
+        .bind(pick(&rows.idem_key, &plain))
+        .bind(pick(&rows.idem_hash, &plain))
+        .bind(pick(&rows.idem_code, &plain))
+        .bind(pick(&rows.idem_body, &plain))
+        .bind(pick(&rows.idem_message, &plain))
+        .bind(pick(&rows.idem_created, &plain))
+        .bind(pick(&rows.idem_test, &plain))
         .execute(&mut **tx)
         .await
         .context("inserting idempotency records")?;
+    }
+    Ok(())
+}
+
+/// The items of `all` at the indices `at`, in their order.
+fn pick<T: Clone>(all: &[T], at: &[usize]) -> Vec<T> {
+    at.iter().map(|&i| all[i].clone()).collect()
+}
+
+/// Writes the answers of claimed keys over their claims, in the accept's
+/// transaction; fails (and with it the whole transaction, so nothing of
+/// these messages is written) when a claim is no longer the one this
+/// accept made: it went stale and a retry under the same key took it over,
+/// so the retry's message is the key's, and this one must not exist.
+async fn answer_claims(
+    tx: &mut Transaction<'static, Postgres>,
+    rows: &AcceptColumns,
+    claimed: &[usize],
+) -> anyhow::Result<()> {
+    let tokens: Vec<String> = claimed
+        .iter()
+        .map(|&at| rows.idem_claim[at].clone().unwrap_or_default())
+        .collect();
+    let answered = sqlx::query(
+        "UPDATE idempotency_keys AS k SET request_hash = u.hash, status_code = u.code, \
+         response_body = u.body, message_id = u.message, created_at = u.created \
+         FROM UNNEST($1::text[], $2::text[], $3::boolean[], $4::text[], $5::text[], \
+         $6::bigint[], $7::text[], $8::text[], $9::bigint[]) \
+         AS u(tenant_id, key, test, token, hash, code, body, message, created) \
+         WHERE k.tenant_id = u.tenant_id AND k.key = u.key AND k.test = u.test \
+         AND k.message_id = u.token AND k.status_code = 0",
+    )
+    .bind(pick(&rows.idem_tenant, claimed))
+    .bind(pick(&rows.idem_key, claimed))
+    .bind(pick(&rows.idem_test, claimed))
+    .bind(&tokens)
+    .bind(pick(&rows.idem_hash, claimed))
+    .bind(pick(&rows.idem_code, claimed))
+    .bind(pick(&rows.idem_body, claimed))
+    .bind(pick(&rows.idem_message, claimed))
+    .bind(pick(&rows.idem_created, claimed))
+    .execute(&mut **tx)
+    .await
+    .context("answering claimed idempotency keys")?;
+    let expected = claimed.len() as u64;
+    if answered.rows_affected() != expected {
+        anyhow::bail!(
+            "{} of {expected} claimed Idempotency-Keys are no longer this accept's \
+             (a retry took a stale claim over); nothing of it is written",
+            expected - answered.rows_affected()
+        );
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{SqliteDb, args, tuple};
 use crate::model::Scope;
-use crate::store::idempotency::{IdempotencyStore, RETENTION_MS, StoredResponse};
+use crate::store::idempotency::{IdempotencyStore, KeyClaim, RETENTION_MS, StoredResponse};
 
 /// Inserts `rows` in the accept writer's transaction (replacing an
 /// expired answer under the same key).
@@ -54,6 +54,26 @@ impl IdempotencyStore for SqliteDb {
         ];
         let row = self.row(LOOKUP, args, tuple).await?;
         Ok(row.map(|row| StoredResponse::from_row(scope, key, row)))
+    }
+
+    /// One process serves the file and holds its keys in flight in memory
+    /// (`crate::accept`), so the claim writes nothing: the answer, if any.
+    async fn claim_key(
+        &self,
+        scope: &Scope,
+        key: &str,
+        _request_hash: &str,
+        _token: &str,
+        now_ms: i64,
+    ) -> StoreResult<KeyClaim> {
+        Ok(match self.remembered_answer(scope, key, now_ms).await? {
+            Some(stored) => KeyClaim::Answered(stored),
+            None => KeyClaim::Claimed { durable: false },
+        })
+    }
+
+    async fn release_key(&self, _scope: &Scope, _key: &str, _token: &str) -> StoreResult<()> {
+        Ok(())
     }
 
     async fn purge_idempotency_keys(&self, now_ms: i64) -> StoreResult<Option<u64>> {
