@@ -40,22 +40,22 @@ use crate::crash::{ChildGuard, free_port};
 use crate::support::TestDatabase;
 
 /// The admin token of every instance in these tests.
-const ADMIN: &str = "instances-test-admin-token-0123";
+pub(crate) const ADMIN: &str = "instances-test-admin-token-0123";
 
 /// Names of the three instances (`server.instance`), also their index order.
-const NAMES: [&str; 3] = ["a", "b", "c"];
-const A: usize = 0;
-const B: usize = 1;
-const C: usize = 2;
+pub(crate) const NAMES: [&str; 3] = ["a", "b", "c"];
+pub(crate) const A: usize = 0;
+pub(crate) const B: usize = 1;
+pub(crate) const C: usize = 2;
 
 /// The SMS provider's contract in every cluster: 20 calls a second, bursts
 /// of 5, for the three instances together.
-const SMS_RATE: f64 = 20.0;
-const SMS_BURST: usize = 5;
+pub(crate) const SMS_RATE: f64 = 20.0;
+pub(crate) const SMS_BURST: usize = 5;
 
 /// `lanes.fast.concurrency` (the default): messages one instance's fast lane
 /// works on at once, so the most a killed instance can have had in flight.
-const FAST_CONCURRENCY: usize = 32;
+pub(crate) const FAST_CONCURRENCY: usize = 32;
 
 /// How long changes made on one instance may take to reach the others.
 const PROPAGATION: Duration = Duration::from_secs(1);
@@ -70,12 +70,12 @@ tokio::task_local! {
 // The services the cluster shares.
 // ---------------------------------------------------------------------------
 
-fn default_redis_url() -> String {
+pub(crate) fn default_redis_url() -> String {
     crate::servers::redis_url()
 }
 
 /// A random key prefix on a Redis; its keys are deleted on drop.
-struct RedisKeys {
+pub(crate) struct RedisKeys {
     client: redis::Client,
     url: String,
     prefix: String,
@@ -83,7 +83,7 @@ struct RedisKeys {
 
 impl RedisKeys {
     /// Fails the test when no Redis answers at `url`.
-    fn new(url: &str, prefix: &str) -> RedisKeys {
+    pub(crate) fn new(url: &str, prefix: &str) -> RedisKeys {
         let client = redis::Client::open(url)
             .unwrap_or_else(|err| panic!("{url} is not a Redis URL: {err}"));
         let pong = client
@@ -299,13 +299,13 @@ impl Answer {
 
 /// HTTP access to the three instances; cheap to clone into sender tasks.
 #[derive(Clone)]
-struct Api {
-    client: reqwest::Client,
-    bases: Arc<Vec<String>>,
+pub(crate) struct Api {
+    pub(crate) client: reqwest::Client,
+    pub(crate) bases: Arc<Vec<String>>,
 }
 
 impl Api {
-    fn url(&self, on: usize, path: &str) -> String {
+    pub(crate) fn url(&self, on: usize, path: &str) -> String {
         format!("{}{path}", self.bases[on])
     }
 
@@ -334,7 +334,7 @@ impl Api {
     }
 
     /// `GET /v1/messages/{id}` through instance `on`: the status and body.
-    async fn message(&self, on: usize, key: &str, id: &str) -> (StatusCode, Value) {
+    pub(crate) async fn message(&self, on: usize, key: &str, id: &str) -> (StatusCode, Value) {
         let response = self
             .client
             .get(self.url(on, &format!("/v1/messages/{id}")))
@@ -350,7 +350,7 @@ impl Api {
         )
     }
 
-    async fn admin(
+    pub(crate) async fn admin(
         &self,
         on: usize,
         method: reqwest::Method,
@@ -377,7 +377,14 @@ impl Api {
     }
 
     /// `PUT /v1/admin/plans/{name}` on the fast lane.
-    async fn put_plan(&self, on: usize, name: &str, rate: f64, burst: u32, max_in_flight: u32) {
+    pub(crate) async fn put_plan(
+        &self,
+        on: usize,
+        name: &str,
+        rate: f64,
+        burst: u32,
+        max_in_flight: u32,
+    ) {
         let plan = json!({
             "lane": "fast", "rate_per_second": rate, "burst": burst,
             "daily_quota": 1_000_000u64, "max_in_flight": max_in_flight,
@@ -393,7 +400,7 @@ impl Api {
         assert!(status.is_success(), "PUT plan {name}: {status} {body}");
     }
 
-    async fn create_tenant(&self, on: usize, id: &str, plan: &str) {
+    pub(crate) async fn create_tenant(&self, on: usize, id: &str, plan: &str) {
         let (status, body) = self
             .admin(
                 on,
@@ -406,7 +413,7 @@ impl Api {
     }
 
     /// Issues a key for `tenant`; returns `(key id, key)`.
-    async fn issue_key(&self, on: usize, tenant: &str) -> (String, String) {
+    pub(crate) async fn issue_key(&self, on: usize, tenant: &str) -> (String, String) {
         let (status, body) = self
             .admin(
                 on,
@@ -437,7 +444,7 @@ impl Api {
     /// Waits (up to 5 s) until every instance knows `key`, without sending
     /// anything (a send would spend the tenant's bucket): a status read of an
     /// unknown id answers 404 rather than 401 once the key is known.
-    async fn wait_key_known_everywhere(&self, key: &str) {
+    pub(crate) async fn wait_key_known_everywhere(&self, key: &str) {
         let deadline = Instant::now() + Duration::from_secs(5);
         for (on, name) in NAMES.iter().enumerate() {
             loop {
@@ -501,7 +508,7 @@ impl Api {
 
     /// The sum of the samples of `metric` on instance `on` whose labels
     /// contain every one of `labels` (e.g. `channel="sms"`).
-    async fn metric_sum(&self, on: usize, metric: &str, labels: &[&str]) -> f64 {
+    pub(crate) async fn metric_sum(&self, on: usize, metric: &str, labels: &[&str]) -> f64 {
         let text = self
             .client
             .get(self.url(on, "/metrics"))
@@ -696,7 +703,7 @@ impl Drop for Cluster {
 }
 
 /// The last `lines` lines of a log file.
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read(path)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .unwrap_or_else(|err| format!("(cannot read {}: {err})", path.display()));
@@ -725,7 +732,7 @@ fn strip_ansi(text: &str) -> String {
 
 /// One instance's configuration file: the same for the three but for
 /// `listen` and `instance`.
-fn instance_config(
+pub(crate) fn instance_config(
     name: &str,
     port: u16,
     db_url: &str,
@@ -789,7 +796,7 @@ burst = {SMS_BURST}
 }
 
 /// `config` with its lanes in PostgreSQL instead of SQS.
-fn lanes_in_postgres(config: &str) -> String {
+pub(crate) fn lanes_in_postgres(config: &str) -> String {
     let start = config.find("[queue]").expect("a [queue] table");
     let end = config.find("[lanes.fast]").expect("a [lanes.fast] table");
     format!(
@@ -800,7 +807,7 @@ fn lanes_in_postgres(config: &str) -> String {
 }
 
 /// Starts the binary with `config`, stdout and stderr going to `log`.
-fn start_binary(config: &Path, log: &Path, env: &[(&str, String)]) -> ChildGuard {
+pub(crate) fn start_binary(config: &Path, log: &Path, env: &[(&str, String)]) -> ChildGuard {
     let file = std::fs::File::create(log).expect("log file");
     ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_fairlane"))
@@ -863,12 +870,12 @@ fn seconds_from(origin: Instant, at: Instant) -> f64 {
 /// test sharing two cores: a CI run saw 173 calls in 8.288 s, 2.2 calls
 /// (about 110 ms at 20/s) above burst + rate × t. A gate that were not
 /// shared would exceed by tens of calls, which the test still catches.
-const ARRIVAL_JITTER_SECS: f64 = 0.15;
+pub(crate) const ARRIVAL_JITTER_SECS: f64 = 0.15;
 
 /// Of every window of `times` (seconds, sorted) the one whose count most
 /// exceeds what a bucket of `burst` refilled at `rate` allows:
 /// `(excess, count, seconds)`.
-fn worst_window(times: &[f64], rate: f64, burst: f64) -> (f64, usize, f64) {
+pub(crate) fn worst_window(times: &[f64], rate: f64, burst: f64) -> (f64, usize, f64) {
     let mut worst = (f64::MIN, 0, 0.0);
     for i in 0..times.len() {
         for j in i..times.len() {

@@ -15,6 +15,7 @@ mod crash;
 mod dedicated;
 mod delivery;
 mod docs;
+mod faults;
 mod full_store;
 mod hostile;
 mod idempotency;

@@ -767,3 +767,183 @@ impl Drop for TcpProxy {
         }
     }
 }
+
+/// What a [`FaultProxy`] does with the bytes it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// Forwarded at once.
+    Pass,
+    /// Every chunk, either way, waits this long before it is forwarded;
+    /// connections stay open.
+    Stall(Duration),
+    /// Every connection closed; new ones closed as soon as they open.
+    Cut,
+}
+
+/// What a [`FaultProxy`] has done, for a test to show that a fault it
+/// injected really took effect.
+#[derive(Debug, Default)]
+struct FaultCounts {
+    /// Connections closed because the proxy was cut, open ones and new ones.
+    closed: AtomicUsize,
+    /// Chunks forwarded late because the proxy was stalled.
+    delayed: AtomicUsize,
+}
+
+struct FaultState {
+    upstream: String,
+    flow: Mutex<Flow>,
+    counts: FaultCounts,
+    connections: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl FaultState {
+    fn flow(&self) -> Flow {
+        *self.flow.lock().unwrap()
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a server on 127.0.0.1 (PostgreSQL,
+/// Redis, moto) that can be cut, stalled (each chunk held for a while, the
+/// connections kept open: a server or network that answers slowly) and
+/// restored, for the fault-injection scenarios (`tests/api/faults.rs`).
+pub struct FaultProxy {
+    pub port: u16,
+    state: Arc<FaultState>,
+    accept: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// A proxy forwarding to `upstream` (`127.0.0.1:PORT` or
+    /// `localhost:PORT`: these proxies never reach past loopback).
+    pub async fn start(upstream: &str) -> FaultProxy {
+        assert!(
+            upstream.starts_with("127.0.0.1:") || upstream.starts_with("localhost:"),
+            "a fault proxy forwards to loopback only, not to {upstream:?}"
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(FaultState {
+            upstream: upstream.to_owned(),
+            flow: Mutex::new(Flow::Pass),
+            counts: FaultCounts::default(),
+            connections: Mutex::default(),
+        });
+        let shared = state.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if shared.flow() == Flow::Cut {
+                    shared.counts.closed.fetch_add(1, Ordering::SeqCst);
+                    drop(client);
+                    continue;
+                }
+                let connection = tokio::spawn(relay(client, shared.clone()));
+                let mut held = shared.connections.lock().unwrap();
+                held.retain(|task| !task.is_finished());
+                held.push(connection);
+            }
+        });
+        FaultProxy {
+            port,
+            state,
+            accept,
+        }
+    }
+
+    /// `127.0.0.1:PORT`, to put in a URL in place of the upstream's.
+    pub fn authority(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server "goes away": every connection through the proxy closes
+    /// and new ones are closed as soon as they open, until
+    /// [`FaultProxy::restore`].
+    pub fn cut(&self) {
+        *self.state.flow.lock().unwrap() = Flow::Cut;
+        for connection in self.state.connections.lock().unwrap().drain(..) {
+            if !connection.is_finished() {
+                self.state.counts.closed.fetch_add(1, Ordering::SeqCst);
+            }
+            connection.abort();
+        }
+    }
+
+    /// The server answers slowly: until [`FaultProxy::restore`], every chunk
+    /// read from either side waits `per_chunk` before it is passed on (the
+    /// next one is read after that). Connections stay open, new ones are
+    /// taken.
+    pub fn stall(&self, per_chunk: Duration) {
+        *self.state.flow.lock().unwrap() = Flow::Stall(per_chunk);
+    }
+
+    /// Back to forwarding at once.
+    pub fn restore(&self) {
+        *self.state.flow.lock().unwrap() = Flow::Pass;
+    }
+
+    /// Connections closed because the proxy was cut, so far.
+    pub fn closed(&self) -> usize {
+        self.state.counts.closed.load(Ordering::SeqCst)
+    }
+
+    /// Chunks held back because the proxy was stalled, so far.
+    pub fn delayed(&self) -> usize {
+        self.state.counts.delayed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for connection in self.state.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+}
+
+/// Carries one connection both ways until either side closes (or the task
+/// is aborted by a cut).
+async fn relay(client: tokio::net::TcpStream, state: Arc<FaultState>) {
+    let Ok(server) = tokio::net::TcpStream::connect(&state.upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::join!(
+        pump(client_read, server_write, &state),
+        pump(server_read, client_write, &state),
+    );
+}
+
+/// Copies `from` to `to` chunk by chunk, each held for the stall when the
+/// proxy is stalled; shuts `to` down when `from` ends.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: &FaultState,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        match state.flow() {
+            Flow::Pass => {}
+            Flow::Stall(per_chunk) => {
+                state.counts.delayed.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(per_chunk).await;
+            }
+            // A connection that opened as the cut began (and so escaped
+            // it) ends at its next chunk.
+            Flow::Cut => break,
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
