@@ -189,10 +189,14 @@ async fn dead_letter(
         )
         .await
     {
-        Ok(attempts) => Some(attempts),
+        Ok(attempts) => attempts,
         Err(err) => {
-            warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering.");
-            None
+            // Not moved without its status (a dead letter that says
+            // `queued` looks alive forever, issue 67): it returns after its
+            // visibility timeout, and a queue that dead-letters by receive
+            // count writes the status with that move.
+            warn!(message_id = %message.message_id, error = %err, "Could not record dead-lettering; the message stays on its lane and returns after its visibility timeout.");
+            return;
         }
     };
     match context

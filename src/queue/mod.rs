@@ -28,6 +28,11 @@ use crate::model::{Channel, Lane, MessageStatus, Priority};
 
 pub use crate::message::OutboundMessage;
 
+/// The `last_error` of a message its queue dead-lettered because it was
+/// received `max_receive_count` times and never deleted (its consumers
+/// kept dying or overran the visibility timeout).
+pub const RECEIVED_TOO_OFTEN: &str = "received max_receive_count times without being deleted";
+
 /// A message handed to a consumer. It stays invisible to other receivers
 /// until its visibility timeout ends or it is deleted.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,6 +189,10 @@ pub trait LaneQueue: Send + Sync {
 
     /// Moves a received message to the lane's DLQ at once (SQS can only
     /// move a message by re-sending its content, hence the whole message).
+    /// It writes no status: its one caller, the consumer's dead-lettering,
+    /// calls it only once the store has recorded the message
+    /// `dead_lettered`. A queue's own move by receive count writes the
+    /// status itself, in the move's transaction.
     async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()>;
 
     async fn stats(&self, lane: Lane) -> anyhow::Result<QueueStats>;

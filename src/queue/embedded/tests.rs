@@ -144,6 +144,41 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dlq() {
     assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 0);
 }
 
+/// The move to the DLQ by receive count and the message's move to
+/// `dead_lettered` are one commit: a dead letter never says `queued`
+/// (issue 67).
+#[tokio::test]
+async fn a_message_received_max_receive_count_times_is_dead_lettered_with_its_status() {
+    use crate::store::Db;
+    let dir = tempfile::tempdir().unwrap();
+    let queue = open_queue(&dir, 2).await;
+    let db = Db::open(&dir.path().join("q.db"), false).await.unwrap();
+    db.test_execute(
+        "INSERT INTO messages (id, tenant_id, channel, status, priority, lane, attempts, \
+         created_at, updated_at) VALUES ('a-1', 'a', 'sms', 'queued', 'normal', 'fast', 0, 1, 1)",
+    )
+    .await;
+    queue
+        .send_batch(Lane::Fast, vec![message("a", 1)])
+        .await
+        .unwrap();
+    receive_until_dead_lettered(&queue, 2).await;
+    assert_eq!(queue.stats(Lane::Fast).await.unwrap().dlq_depth, 1);
+    let row = db
+        .test_texts(
+            "SELECT status, last_error, CAST(attempts AS TEXT) FROM messages WHERE id = 'a-1'",
+        )
+        .await;
+    assert_eq!(
+        row,
+        [vec![
+            Some("dead_lettered".to_owned()),
+            Some(crate::queue::RECEIVED_TOO_OFTEN.to_owned()),
+            Some("0".to_owned())
+        ]]
+    );
+}
+
 #[tokio::test]
 async fn a_deferred_message_does_not_count_toward_the_dlq() {
     let dir = tempfile::tempdir().unwrap();

@@ -20,8 +20,9 @@
 //!   Receipts are `seq:receives`: receiving a message again invalidates the
 //!   receipt a slower consumer may still hold, as in SQS.
 //! - **Dead letters**: a receive that finds a message received
-//!   `max_receive_count` times already moves it to the lane's DLQ instead;
-//!   a redrive moves rows back and marks their messages `queued` in the same
+//!   `max_receive_count` times already moves it to the lane's DLQ instead,
+//!   and its message to `dead_lettered` in the same transaction; a redrive
+//!   moves rows back and marks their messages `queued` in the same
 //!   transaction.
 //! - **Wake-ups**: an accept, a redrive or a message given back sends
 //!   `NOTIFY fairlane_lanes` with the lane; every instance listens, so a
@@ -496,6 +497,8 @@ impl LaneQueue for PgLanes {
         Ok(())
     }
 
+    /// No status here: the consumer recorded the message `dead_lettered`
+    /// before it calls this (see [`LaneQueue::dead_letter`]).
     async fn dead_letter(&self, lane: Lane, message: &ReceivedMessage) -> anyhow::Result<()> {
         let Some((seq, receives)) = parse_receipt(&message.receipt) else {
             anyhow::bail!("not a receipt of this queue: {:?}", message.receipt);

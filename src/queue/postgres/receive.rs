@@ -11,9 +11,16 @@
 //! order, then each one's second, …). The second statement locks the
 //! chosen rows `FOR UPDATE SKIP LOCKED` (another instance's take skips
 //! them; a row another instance took since the read fails its visibility
-//! check and is left), leases them or moves the exhausted ones to the DLQ,
-//! gives the tenants it served a new turn behind everyone, and reads each
-//! message's status, all in one statement and one round trip.
+//! check and is left), leases them, gives the tenants it served a new turn
+//! behind everyone, and reads each message's status, all in one statement
+//! and one round trip.
+//!
+//! A row received `max_receive_count` times already is not leased: the
+//! take reports it spent, and a transaction of its own moves it to the DLQ
+//! and its message to `dead_lettered` in the same commit, so a dead letter
+//! never says `queued` (issue 67). Only a take that found such rows pays
+//! for that transaction; a crash between the two leaves the row visible in
+//! its lane, and the next take finds it spent again.
 //!
 //! A tenant whose turn came with nothing visible (its messages delayed or
 //! in flight) goes to the back of the line; one with no rows left loses its
@@ -26,11 +33,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::time::Instant;
+use tracing::{info, warn};
 
-use super::{Names, PgLanes};
+use super::{Names, PgLanes, View};
 use crate::model::{Lane, now_ms};
-use crate::queue::ReceivedMessage;
 use crate::queue::priority::CLASSES;
+use crate::queue::{RECEIVED_TOO_OFTEN, ReceivedMessage};
+use crate::store::postgres::lifecycle;
 
 /// Longest nap of an idle long poll between two looks: delayed messages
 /// coming due, leases running out and a missed notification cost at most
@@ -68,28 +77,30 @@ const CANDIDATES: &str = "\
                 LIMIT ($3 + c.n - 1) / c.n) AS s) AS v ON true) AS t";
 
 /// Takes the chosen rows that are still visible and not locked: leases
-/// them (or moves those received `$5` times already to the DLQ `$6`),
-/// gives the served tenants (and those `$7`/`$8` whose turn found nothing
-/// visible) a new turn, and returns each row with its message's status. A
-/// turn another instance's receive is moving at the same moment is left to
-/// it: receives never wait for one another.
+/// those received fewer than `$5` times, gives the served tenants (and
+/// those `$7`/`$8` whose turn found nothing visible) a new turn, and
+/// returns each leased row with its message's status. A row received `$5`
+/// times already is not leased: it comes back as bound for the DLQ (its
+/// queue given as `$6`, no status), for [`SPEND`] to move with its status.
+/// A turn another instance's receive is moving at the same moment is left
+/// to it: receives never wait for one another.
 const TAKE: &str = "\
     WITH picked AS ( \
         SELECT seq FROM lane_messages WHERE seq = ANY($1) AND visible_at <= $2 \
         ORDER BY seq FOR UPDATE SKIP LOCKED), \
     taken AS ( \
-        UPDATE lane_messages m SET \
-            queue = CASE WHEN m.receive_count >= $5 THEN $6 ELSE m.queue END, \
-            visible_at = CASE WHEN m.receive_count >= $5 THEN $2 ELSE $3 END, \
-            leased = m.receive_count < $5, \
-            receive_count = CASE WHEN m.receive_count >= $5 THEN m.receive_count \
-                ELSE m.receive_count + 1 END, \
-            receives = m.receives + 1 \
-        FROM picked WHERE m.seq = picked.seq \
+        UPDATE lane_messages m SET visible_at = $3, leased = true, \
+            receive_count = m.receive_count + 1, receives = m.receives + 1 \
+        FROM picked WHERE m.seq = picked.seq AND m.receive_count < $5 \
         RETURNING m.seq, m.queue, m.class, m.tenant_id, m.message_id, m.channel, m.priority, \
             m.body, m.enqueued_at, m.receive_count, m.receives), \
+    spent AS ( \
+        SELECT m.seq, m.class, m.tenant_id, m.message_id, m.channel, m.priority, \
+            m.enqueued_at, m.receive_count, m.receives \
+        FROM lane_messages m JOIN picked ON m.seq = picked.seq WHERE m.receive_count >= $5), \
     served AS ( \
         SELECT class, tenant_id FROM taken \
+        UNION SELECT class, tenant_id FROM spent \
         UNION SELECT * FROM UNNEST($7::smallint[], $8::text[])), \
     locked AS ( \
         SELECT t.class, t.tenant_id FROM lane_turns t JOIN served s \
@@ -101,7 +112,24 @@ const TAKE: &str = "\
     SELECT taken.seq, taken.queue, taken.tenant_id, taken.message_id, taken.channel, \
         taken.priority, taken.body, taken.enqueued_at, taken.receive_count, taken.receives, \
         s.status \
-    FROM taken LEFT JOIN messages s ON s.id = taken.message_id";
+    FROM taken LEFT JOIN messages s ON s.id = taken.message_id \
+    UNION ALL SELECT seq, $6::text, tenant_id, message_id, channel, priority, ''::text, \
+        enqueued_at, receive_count, receives, NULL::text FROM spent";
+
+/// Moves rows [`TAKE`] found spent (`$1`, each still at its hand-out `$2`:
+/// no receipt settled it since) from the queue `$3` to its DLQ `$4`, unless
+/// another instance's receive is moving them; returns the messages moved.
+/// It runs in one transaction with their move to `dead_lettered`.
+const SPEND: &str = "\
+    WITH picked AS ( \
+        SELECT m.seq FROM lane_messages m \
+        JOIN UNNEST($1::bigint[], $2::bigint[]) AS r(seq, receives) \
+        ON m.seq = r.seq AND m.receives = r.receives \
+        WHERE m.queue = $3 AND m.receive_count >= $5 AND m.visible_at <= $6 \
+        ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED) \
+    UPDATE lane_messages m SET queue = $4, visible_at = $6, leased = false, \
+        receives = m.receives + 1 \
+    FROM picked WHERE m.seq = picked.seq RETURNING m.message_id";
 
 /// One candidate row: a tenant's `rn`-th visible message of a class, or
 /// (no `seq`) a tenant with nothing visible.
@@ -181,10 +209,19 @@ impl PgLanes {
             let chosen = choice.seqs.len();
             let taken = self.take_rows(lane, &names, &choice, now).await?;
             let before = out.len();
+            let mut spent = Vec::new();
             for row in taken {
-                if let Some(message) = received(&names, row)? {
-                    out.push(message);
+                match received(&names, row)? {
+                    Took::Leased(message) => out.push(message),
+                    Took::Spent { seq, receives } => spent.push((seq, receives)),
                 }
+            }
+            // The messages leased are handed out whatever happens here: a
+            // spent row left in its lane is found spent again next time.
+            if !spent.is_empty()
+                && let Err(err) = self.spend(lane, &names, &spent, now).await
+            {
+                warn!(error = %format!("{err:#}"), queue = names.main, "Could not move spent rows to the DLQ; a later receive tries again.");
             }
             // Every chosen row handed out: the classes had no more (or only
             // idle turns were read, now moved back; the next look goes past
@@ -269,6 +306,41 @@ impl PgLanes {
             .context("taking messages from a lane")
     }
 
+    /// Moves the rows of `spent` (`(seq, receives)`) to the DLQ and their
+    /// messages to `dead_lettered`, in one transaction: a dead letter
+    /// never says `queued`. An attention entry has no message: only its
+    /// row moves.
+    async fn spend(
+        &self,
+        lane: Lane,
+        names: &Names,
+        spent: &[(i64, i64)],
+        now: i64,
+    ) -> anyhow::Result<()> {
+        let (seqs, receives): (Vec<i64>, Vec<i64>) = spent.iter().copied().unzip();
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(SPEND)
+            .bind(&seqs)
+            .bind(&receives)
+            .bind(&names.main)
+            .bind(&names.dlq)
+            .bind(i64::from(self.lanes.get(lane).max_receive_count))
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .context("moving spent lane rows to the DLQ")?;
+        if !ids.is_empty() && !matches!(self.view, View::Attention) {
+            lifecycle::dead_letter(&mut tx, &ids, RECEIVED_TOO_OFTEN, now)
+                .await
+                .context("marking spent messages dead-lettered")?;
+        }
+        tx.commit().await.context("committing dead letters")?;
+        if !ids.is_empty() {
+            info!(queue = names.main, count = ids.len(), message_ids = ?ids, "Messages received max_receive_count times without being deleted were dead-lettered.");
+        }
+        Ok(())
+    }
+
     /// Removes the turn rows of tenants that had no row left when read.
     /// Each under its turn lock in exclusive mode, taken without waiting
     /// (an accept adding rows under the turn holds it in shared mode until
@@ -304,8 +376,16 @@ impl PgLanes {
     }
 }
 
-/// A taken row as a received message; `None` for one moved to the DLQ.
-fn received(names: &Names, row: Taken) -> anyhow::Result<Option<ReceivedMessage>> {
+/// What [`TAKE`] did with a row.
+enum Took {
+    /// Leased: handed out.
+    Leased(ReceivedMessage),
+    /// Received `max_receive_count` times already: bound for the DLQ.
+    Spent { seq: i64, receives: i64 },
+}
+
+/// A taken row as a received message, or a spent one.
+fn received(names: &Names, row: Taken) -> anyhow::Result<Took> {
     let (
         seq,
         queue,
@@ -320,9 +400,9 @@ fn received(names: &Names, row: Taken) -> anyhow::Result<Option<ReceivedMessage>
         status,
     ) = row;
     if queue != names.main {
-        return Ok(None);
+        return Ok(Took::Spent { seq, receives });
     }
-    Ok(Some(ReceivedMessage {
+    Ok(Took::Leased(ReceivedMessage {
         receipt: format!("{seq}:{receives}"),
         message_id,
         tenant_id,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::config::Settings;
 use crate::model::{Channel, MessageStatus, Priority};
-use crate::queue::TenantQueues;
+use crate::queue::{RECEIVED_TOO_OFTEN, TenantQueues};
 use crate::store::postgres::tests::{TestDatabase, entry};
 use crate::store::{Db, Staging, Writer};
 
@@ -149,6 +149,63 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dlq_and_redrive
     let got = receive(&f.queue, 10).await;
     assert_eq!(ids(&got), ["b-1"]);
     assert_eq!(got[0].receive_count, 1, "a fresh receive budget");
+}
+
+/// The move to the DLQ by receive count and the message's move to
+/// `dead_lettered` are one commit: a dead letter never says `queued`
+/// (issue 67), and a redrive makes it `queued` again.
+#[tokio::test]
+async fn a_message_received_max_receive_count_times_is_dead_lettered_with_its_status() {
+    let f = fixture(2).await;
+    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    writer.stage_into(Staging::Lanes).unwrap();
+    writer
+        .accept_all(vec![entry("m1", "t", None)])
+        .await
+        .unwrap();
+    for expected in 1..=2 {
+        let got = receive(&f.queue, 10).await;
+        assert_eq!(ids(&got), ["m1"]);
+        assert_eq!(got[0].receive_count, expected);
+        assert_eq!(got[0].status_at_receive, Some(MessageStatus::Queued));
+        // Not deleted: its visibility lapses at once.
+        let back = [(got[0].receipt.clone(), Duration::ZERO)];
+        f.queue
+            .change_visibility_batch(Lane::Fast, &back)
+            .await
+            .unwrap();
+    }
+    assert!(receive(&f.queue, 10).await.is_empty());
+    let letters = f.queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
+    assert_eq!(
+        letters
+            .iter()
+            .map(|l| l.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["m1"]
+    );
+    let record = f.db.message("m1").await.unwrap().unwrap();
+    assert_eq!(record.status, MessageStatus::DeadLettered);
+    assert_eq!(record.last_error.as_deref(), Some(RECEIVED_TOO_OFTEN));
+    assert_eq!(record.attempts, 0, "no attempt counted");
+    let events = f.db.message_events("m1").await.unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last.event.as_str(), last.detail.as_deref()),
+        ("dead_lettered", Some(RECEIVED_TOO_OFTEN)),
+        "{events:?}"
+    );
+
+    let all = RedriveFilter {
+        tenant_id: None,
+        message_ids: None,
+    };
+    assert_eq!(f.queue.redrive(Lane::Fast, &all).await.unwrap(), ["m1"]);
+    let record = f.db.message("m1").await.unwrap().unwrap();
+    assert_eq!(record.status, MessageStatus::Queued);
+    let got = receive(&f.queue, 10).await;
+    assert_eq!(ids(&got), ["m1"]);
+    assert_eq!(got[0].receive_count, 1);
 }
 
 #[tokio::test]
@@ -652,4 +709,35 @@ async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
     .await
     .unwrap();
     assert_eq!(left, 0, "the attention entry went with the tenant");
+}
+
+/// A dedicated tenant's own queue dead-letters by receive count as the
+/// lanes do: the row to its DLQ, the message `dead_lettered`, one commit.
+#[tokio::test]
+async fn a_dedicated_queue_dead_letters_by_receive_count_with_the_status() {
+    let f = fixture(1).await;
+    tenant_row(&f.db, "big", "dedicated").await;
+    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    writer.stage_into(Staging::Lanes).unwrap();
+    writer
+        .accept_all(vec![entry("m1", "big", None)])
+        .await
+        .unwrap();
+    let own = big_queue(&f.queue).await;
+    let got = own.receive(Lane::Fast, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(ids(&got), ["m1"]);
+    let back = [(got[0].receipt.clone(), Duration::ZERO)];
+    own.change_visibility_batch(Lane::Fast, &back)
+        .await
+        .unwrap();
+    assert!(
+        own.receive(Lane::Fast, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(own.stats(Lane::Fast).await.unwrap().dlq_depth, 1);
+    let record = f.db.message("m1").await.unwrap().unwrap();
+    assert_eq!(record.status, MessageStatus::DeadLettered);
+    assert_eq!(record.last_error.as_deref(), Some(RECEIVED_TOO_OFTEN));
 }

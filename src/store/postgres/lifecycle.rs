@@ -190,6 +190,33 @@ pub(super) async fn fail(
     Ok(moved.map(|(_, attempts)| attempts))
 }
 
+/// [`Move::DeadLetter`] of `ids` by their queue, which moved their rows to
+/// a dead-letter queue in the same transaction (they were received
+/// `max_receive_count` times without being deleted): `error` becomes their
+/// `last_error`, and no attempt is counted. Returns the ids moved; a
+/// message not where the move starts (one already sent, say) keeps its
+/// status.
+pub(crate) async fn dead_letter(
+    tx: &mut PgConnection,
+    ids: &[String],
+    error: &str,
+    now: i64,
+) -> anyhow::Result<Vec<String>> {
+    static DEAD_LETTER: LazyLock<String> = LazyLock::new(|| {
+        with_effects(
+            Move::DeadLetter,
+            &update(Move::DeadLetter, ", last_error = $3", "", "m.id = ANY($2)"),
+        )
+    });
+    let moved: Vec<(String, i64)> = sqlx::query_as(DEAD_LETTER.as_str())
+        .bind(now)
+        .bind(ids)
+        .bind(error)
+        .fetch_all(tx)
+        .await?;
+    Ok(moved.into_iter().map(|(id, _)| id).collect())
+}
+
 /// [`Move::Cancel`] of those of `ids` of `tenant_id` (in the world `test`
 /// says; either when `None`) still waiting; returns the ids cancelled.
 pub(crate) async fn cancel(
