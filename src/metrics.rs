@@ -329,6 +329,21 @@ fn describe_pipeline() {
     );
 }
 
+/// `# HELP` and units of the gates' own fault counters.
+fn describe_gate_faults() {
+    use metrics::{Unit, describe_counter};
+    describe_counter!(
+        GATE_STALLS_TOTAL,
+        Unit::Count,
+        "Stalls of a provider gate found and repaired by its watchdog (callers waiting, the head of the line not acting when due), by channel."
+    );
+    describe_counter!(
+        GATE_STALE_GRANTS_TOTAL,
+        Unit::Count,
+        "Fleet-wide provider tokens given up because their call started more than 100 ms after the grant; the call took a fresh one."
+    );
+}
+
 /// `# HELP` and units of what runs beside the path: receipts, webhooks,
 /// retention, the lanes' figures, the gates and the limits' backend.
 fn describe_around_the_pipeline() {
@@ -448,16 +463,7 @@ fn describe_around_the_pipeline() {
         Unit::Seconds,
         "Time waited for a provider token, by channel and the message's priority."
     );
-    describe_counter!(
-        GATE_STALLS_TOTAL,
-        Unit::Count,
-        "Stalls of a provider gate found and repaired by its watchdog (callers waiting, the head of the line not acting when due), by channel."
-    );
-    describe_counter!(
-        GATE_STALE_GRANTS_TOTAL,
-        Unit::Count,
-        "Fleet-wide provider tokens given up because their call started more than 100 ms after the grant; the call took a fresh one."
-    );
+    describe_gate_faults();
     describe_gauge!(
         MESSAGES_WAITING,
         Unit::Count,
