@@ -17,6 +17,7 @@
 //! before sending keeps a redelivered, already-sent message from going out
 //! twice.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -31,7 +32,7 @@ use crate::message::DeliveryPayload;
 use crate::metrics as names;
 use crate::model::{Lane, MessageStatus, TenantStatus};
 use crate::providers::{Delivered, ProviderError};
-use crate::queue::{LaneQueue, ReceivedMessage};
+use crate::queue::{LaneQueue, RECEIVED_TOO_OFTEN, ReceivedMessage, StaleReceipt};
 use crate::store::Called;
 use crate::store::SendCheck;
 use crate::store::suppressions;
@@ -138,14 +139,63 @@ async fn defer(
 ) {
     metrics::counter!(names::DEFERRED_TOTAL, "lane" => context.lane.as_str(), "reason" => reason)
         .increment(1);
-    if let Err(err) = context
-        .delivery
-        .queue
-        .defer(context.lane, message, delay)
-        .await
-    {
-        warn!(message_id = %message.message_id, error = %err, reason, "Could not defer message; it returns after its visibility timeout.");
+    put_back(context, message, delay, reason).await;
+}
+
+/// First pause before a deferral the queue refused is tried again; it
+/// doubles up to [`PUT_BACK_RETRY_MAX`].
+const PUT_BACK_RETRY_FIRST: Duration = Duration::from_millis(250);
+const PUT_BACK_RETRY_MAX: Duration = Duration::from_secs(4);
+/// A refused deferral is given up this long after the first try.
+const PUT_BACK_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Returns `message` to its lane after `delay` ([`LaneQueue::defer`]). A
+/// queue that cannot be reached (a store outage, on PostgreSQL lanes)
+/// gets the same deferral again in the background, until it takes it or
+/// [`PUT_BACK_RETRY_FOR`] has passed: within the lease that keeps the
+/// receive from counting toward `max_receive_count`, and after it, where
+/// the queue can still give the receive back, too. Without this, every
+/// store outage cost each message in hand one receive, and a few faults
+/// in a row dead-lettered healthy messages (issue 67). Meanwhile the
+/// message returns after its visibility timeout as before.
+async fn put_back(context: &Context, message: &ReceivedMessage, delay: Duration, reason: &str) {
+    let queue = &context.delivery.queue;
+    let Err(err) = queue.defer(context.lane, message, delay).await else {
+        return;
+    };
+    if err.is::<StaleReceipt>() {
+        warn!(message_id = %message.message_id, error = %err, reason, "Could not defer message: it was received again meanwhile.");
+        return;
     }
+    warn!(message_id = %message.message_id, error = %format!("{err:#}"), reason, "Could not defer message; trying again in the background (it returns after its visibility timeout meanwhile).");
+    let (queue, lane, message) = (Arc::clone(queue), context.lane, message.clone());
+    let mut shutdown = context.shutdown.clone();
+    let since = Instant::now();
+    tokio::spawn(async move {
+        let mut pause = PUT_BACK_RETRY_FIRST;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => return,
+            }
+            let left = delay.saturating_sub(since.elapsed());
+            match queue.defer(lane, &message, left).await {
+                Ok(()) => {
+                    info!(message_id = %message.message_id, after_ms = since.elapsed().as_millis() as u64, "Deferred the message once the queue answered again.");
+                    return;
+                }
+                Err(err) if err.is::<StaleReceipt>() => {
+                    info!(message_id = %message.message_id, "Gave up deferring the message: it was received again meanwhile.");
+                    return;
+                }
+                Err(err) if since.elapsed() >= PUT_BACK_RETRY_FOR => {
+                    warn!(message_id = %message.message_id, error = %err, "Gave up deferring the message; its receive counts toward max_receive_count.");
+                    return;
+                }
+                Err(_) => pause = (pause * 2).min(PUT_BACK_RETRY_MAX),
+            }
+        }
+    });
 }
 
 /// What is known about a message being dead-lettered, for its log line:
@@ -256,7 +306,11 @@ pub(super) async fn renew_if_parked_long(
 
 /// Runs `work` while extending the message's invisibility every half
 /// timeout, in the same task: no task of its own per message to spawn and
-/// abort. The extensions stop when `work` ends, or at the first that fails.
+/// abort. The extensions stop when `work` ends, or when the queue no longer
+/// knows the receipt (received again elsewhere, or settled); a queue that
+/// cannot be reached is asked again every [`PUT_BACK_RETRY_FIRST`] until
+/// the lease would have run out, so a short store outage does not hand
+/// the message to another consumer.
 async fn kept_visible<F: std::future::Future>(
     context: &Context,
     message: &ReceivedMessage,
@@ -264,18 +318,30 @@ async fn kept_visible<F: std::future::Future>(
 ) -> F::Output {
     let visibility = Duration::from_secs(context.settings.visibility_timeout_secs);
     let extend = async {
+        let mut leased_until = Instant::now() + visibility;
+        let mut next = visibility / 2;
         loop {
-            tokio::time::sleep(visibility / 2).await;
+            tokio::time::sleep(next).await;
+            let asked = Instant::now();
             let extended = context
                 .delivery
                 .queue
                 .change_visibility_batch(context.lane, &[(message.receipt.clone(), visibility)])
                 .await;
-            if matches!(extended, Ok(results) if results.iter().all(Result::is_ok)) {
-                debug!(receipt = %message.receipt, "Visibility extended.");
-            } else {
-                warn!(receipt = %message.receipt, "Could not extend visibility; the message may be delivered again.");
-                return;
+            match extended {
+                Ok(results) if results.iter().all(Result::is_ok) => {
+                    debug!(receipt = %message.receipt, "Visibility extended.");
+                    leased_until = asked + visibility;
+                    next = visibility / 2;
+                }
+                Err(err) if Instant::now() + PUT_BACK_RETRY_FIRST < leased_until => {
+                    debug!(receipt = %message.receipt, error = %err, "Could not extend visibility yet; trying again.");
+                    next = PUT_BACK_RETRY_FIRST;
+                }
+                _ => {
+                    warn!(receipt = %message.receipt, "Could not extend visibility; the message may be delivered again.");
+                    return;
+                }
             }
         }
     };
@@ -684,6 +750,16 @@ async fn preflight(
         }
     }
 
+    // Received more often than the lane allows: only SQS hands such a
+    // message out (its redrive policy moves one a few receives later, see
+    // `queue::sqs::lanes::REDRIVE_MARGIN`); the embedded queue and
+    // PostgreSQL lanes dead-letter it in the receive. Its status is written
+    // first, so a dead letter never says `queued` (issue 67).
+    if message.receive_count > context.settings.max_receive_count {
+        dead_letter(context, message, unsent, RECEIVED_TOO_OFTEN, false).await;
+        return None;
+    }
+
     // The status comes before the tenant's pause: a held copy of a message
     // that was cancelled (or sent, or erased by retention) is deleted on
     // sight rather than put back for another `hold_delay_secs` with its
@@ -1069,7 +1145,7 @@ async fn settle_transient(
     let pinned = error.may_have_arrived();
     let failure = error.failure().clone();
     let tried = Some(Called { provider, pinned });
-    let attempts = context
+    let recorded = context
         .delivery
         .status
         .failure_of(
@@ -1079,8 +1155,19 @@ async fn settle_transient(
             true,
             tried,
         )
-        .await
-        .unwrap_or(retry.max_attempts);
+        .await;
+    let attempts = match recorded {
+        Ok(attempts) => attempts,
+        Err(err) => {
+            // Neither retried nor dead-lettered on an attempt the store
+            // did not count: back in the lane until the store writes
+            // again, its receive given back (the claim before the next
+            // call needs the store too).
+            warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not record the failed call; trying again once the store writes.");
+            let pause = context.delivery.store_trouble.retry_after();
+            return put_back(context, message, pause, "store").await;
+        }
+    };
     if attempts >= retry.max_attempts {
         let reason = format!("gave up after {attempts} attempts: {}", failure.reason);
         let known = Known {
@@ -1109,9 +1196,7 @@ async fn settle_transient(
         detail = %context.delivery.loggable(&failure.detail),
         "Transient failure; retrying later."
     );
-    if let Err(err) = context.delivery.queue.defer(lane, message, delay).await {
-        warn!(message_id = %payload.id, error = %err, "Could not schedule the retry; it returns after its visibility timeout.");
-    }
+    put_back(context, message, delay, "transient").await;
 }
 
 /// Which providers of the pool a retried message may go to: not the one

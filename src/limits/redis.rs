@@ -137,7 +137,9 @@ return -1
 
 /// Takes one token from a fleet-wide bucket (a provider's gate, a tenant's
 /// changes), with the same GCRA as [`ADMIT_LUA`]. KEYS[1] the bucket's
-/// key; ARGV[1] T (µs), ARGV[2] burst.
+/// key; ARGV[1] T (µs), ARGV[2] burst, ARGV[3] `1` to empty the bucket
+/// first (an instance charging the calls it paced on its own share during
+/// an outage, see [`RedisLimits::take_gate_token`]).
 /// Returns 0 when the token was taken, or the µs until one is due.
 const GATE_LUA: &str = r"
 local t = redis.call('TIME')
@@ -145,6 +147,10 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local period = tonumber(ARGV[1])
 local tau = period * (tonumber(ARGV[2]) - 1)
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if ARGV[3] == '1' and tat < now + tau + period then
+  tat = now + tau + period
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+end
 local earliest = tat - tau
 if now < earliest then
   return earliest - now
@@ -490,15 +496,21 @@ impl RedisLimits {
     }
 
     /// Takes one token of `provider`'s fleet-wide bucket: `None` when taken,
-    /// or how long until one is due.
+    /// or how long until one is due. With `empty_first`, the bucket is
+    /// emptied before the take: the bucket in Redis did not see the calls
+    /// this instance paced on its share during an outage, and a bucket left
+    /// full by the outage (or lost with a restarted Redis) would add its
+    /// whole burst on top of them.
     pub(crate) async fn take_gate_token(
         &self,
         provider: &str,
         period_us: u64,
         burst: u32,
+        empty_first: bool,
     ) -> Result<Option<Duration>, Unreachable> {
         let key = format!("{}:gate:{provider}", self.prefix);
-        self.take_token("gate", key, period_us, burst).await
+        self.take_token("gate", key, period_us, burst, empty_first)
+            .await
     }
 
     /// Takes one of `tenant`'s changes other than sends from its fleet-wide
@@ -510,7 +522,8 @@ impl RedisLimits {
         burst: u32,
     ) -> Result<Option<Duration>, Unreachable> {
         let key = self.tenant_key(tenant, "writes");
-        self.take_token("writes", key, period_us, burst).await
+        self.take_token("writes", key, period_us, burst, false)
+            .await
     }
 
     async fn take_token(
@@ -519,9 +532,14 @@ impl RedisLimits {
         key: String,
         period_us: u64,
         burst: u32,
+        empty_first: bool,
     ) -> Result<Option<Duration>, Unreachable> {
         let mut invocation = self.gate.prepare_invoke();
-        invocation.key(key).arg(period_us).arg(burst);
+        invocation
+            .key(key)
+            .arg(period_us)
+            .arg(burst)
+            .arg(u8::from(empty_first));
         let wait: i64 = self.invoke(operation, &invocation).await?;
         Ok((wait > 0).then(|| Duration::from_micros(wait as u64)))
     }

@@ -683,6 +683,62 @@ async fn an_instance_started_while_redis_is_down_paces_at_its_share_of_the_fleet
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_the_bucket_in_redis_adds_no_burst_on_top_of_the_shares() {
+    let mut server = OwnRedis::start();
+    let prefix = Prefix::new(&server.url());
+    let a = Instance::start(&server.url(), &prefix).await;
+    let b = Instance::start(&server.url(), &prefix).await;
+    assert!(
+        eventually(Duration::from_secs(5), || a.redis.live_instances() == 2
+            && b.redis.live_instances() == 2)
+        .await,
+        "both heartbeats counted"
+    );
+    let (rate, burst) = (20.0, 10);
+    let gates = [a.gate(rate, burst), b.gate(rate, burst)];
+    server.kill();
+    // One call each finds Redis gone and builds the instance's share
+    // (10/s, burst 5, empty); a second idle saves up both shares' bursts.
+    for gate in &gates {
+        gate.acquire(Priority::Normal).await;
+    }
+    assert!(
+        !a.redis.is_up() && !b.redis.is_up(),
+        "the outage was noticed"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both instances call back to back from here on: they spend their
+    // shares' bursts, pace at their shares, and go on in Redis once the
+    // heartbeat finds it again, whose bucket (a restarted Redis's) is full.
+    let hammer = tokio::spawn({
+        let gates = gates.clone();
+        async move { hammer_gates(&gates, 3, Duration::from_secs(4)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| server.restart());
+    assert!(
+        eventually(Duration::from_secs(3), || a.redis.is_up()
+            && b.redis.is_up())
+        .await,
+        "both instances found Redis again within 3 s"
+    );
+    let grants = hammer.await.expect("the hammer runs");
+    let excess = worst_window_excess(&grants, rate, burst);
+    println!(
+        "an outage of both instances and a restarted Redis: {} grants in 4 s of {rate}/s burst {burst} \
+         (worst window {excess:+.2})",
+        grants.len()
+    );
+    assert!(
+        excess <= 1.0,
+        "the fleet went {excess:.2} over burst + rate × t around Redis's return: \
+         the bucket in Redis added its burst on top of the shares'"
+    );
+    assert!(grants.len() >= 40, "only {} grants in 4 s", grants.len());
+    server.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_of_every_instance_the_first_heartbeat_counts_the_whole_fleet() {
     let prefix = Prefix::new(&shared_redis_url());
     let client = redis::Client::open(prefix.url.as_str()).expect("URL");

@@ -33,6 +33,20 @@ pub use crate::message::OutboundMessage;
 /// kept dying or overran the visibility timeout).
 pub const RECEIVED_TOO_OFTEN: &str = "received max_receive_count times without being deleted";
 
+/// A receipt the queue no longer knows: the message was received again
+/// since (its lease ran out), or settled. What was asked of it cannot be
+/// done, and trying again will not change that.
+#[derive(Debug)]
+pub struct StaleReceipt(pub String);
+
+impl std::fmt::Display for StaleReceipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "receipt {:?} is no longer valid", self.0)
+    }
+}
+
+impl std::error::Error for StaleReceipt {}
+
 /// A message handed to a consumer. It stays invisible to other receivers
 /// until its visibility timeout ends or it is deleted.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,6 +194,11 @@ pub trait LaneQueue: Send + Sync {
     /// `delay`, without the receive counting toward `max_receive_count`:
     /// for deferrals (tenant paused or at its in-flight cap, provider
     /// throttling, retry backoff) that must not dead-letter a healthy message.
+    /// The consumer retries a deferral the queue could not take (see
+    /// `consumer::process`); where a receipt gone stale in the meantime
+    /// still lets the queue give back that receive (PostgreSQL lanes), a
+    /// store outage that outlasted the lease does not count toward
+    /// dead-lettering either. SQS and the embedded queue count it.
     async fn defer(
         &self,
         lane: Lane,

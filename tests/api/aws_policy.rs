@@ -195,7 +195,14 @@ fn the_template_defaults_are_the_configuration_defaults() {
                     Some("visibility_timeout_secs") => {
                         Some(lane_settings.visibility_timeout_secs.into())
                     }
-                    Some("max_receive_count") => Some(lane_settings.max_receive_count.into()),
+                    // SQS's redrive is the backstop, a few receives after
+                    // fairlane dead-letters a message itself.
+                    Some("max_receive_count + 3") => Some(
+                        fairlane::queue::sqs::lanes::redrive_receive_count(
+                            lane_settings.max_receive_count,
+                        )
+                        .into(),
+                    ),
                     _ => None,
                 }
             }) {

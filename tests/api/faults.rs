@@ -12,6 +12,9 @@
 //! with Retry-After, and no window of provider calls went over the
 //! provider's burst + rate × t. A summary table is printed either way.
 //!
+//! The same harness runs the embedded default as one instance (kill -9 and
+//! a provider outage: there is nothing else to cut).
+//!
 //! The short scenarios run in `cargo test` (a minute or so each); the
 //! issue's whole timeline is `#[ignore]`d, a benchmark run by hand:
 //! `cargo test --test api faults::the_issue -- --ignored --nocapture`.
@@ -23,7 +26,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use harness::{
-    Fault, FaultCluster, Lanes, Outcome, Scenario, at, attempt, body_of, four_tenants, run, secs,
+    Fault, FaultCluster, Lanes, Outcome, Scenario, at, attempt, authority, body_of, four_tenants,
+    run, secs, with_authority,
 };
 
 use crate::instances::{A, B, C};
@@ -99,6 +103,37 @@ async fn an_sqs_cut_and_a_redis_cut_under_load_lose_no_message_on_sqs() {
         ],
         drain_limit: secs(60),
         sms_rate: 10.0,
+        sms_burst: SMS_BURST,
+    })
+    .await
+}
+
+/// The embedded default (one instance, its store and queue in one SQLite
+/// file): the SMS provider down for 8 s, then kill -9 while the outage's
+/// backlog drains through a saturated gate, the instance started again 3 s
+/// later on the same file, under about 9 sends a second for 30 s. The
+/// client has nowhere else to go: it retries the same key on the same
+/// instance until it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_outage_and_a_kill_under_load_lose_no_message_on_the_embedded_default() {
+    let _timed = crate::support::TIMED.read().await;
+    run(Scenario {
+        name: "provider outage and kill, embedded",
+        lanes: Lanes::Embedded,
+        tenants: four_tenants(0.5),
+        load_for: secs(30),
+        timeline: vec![
+            at(5.0, Fault::ProviderDown { lasting: secs(8) }),
+            at(
+                15.0,
+                Fault::KillAndRestart {
+                    instance: A,
+                    after: secs(3),
+                },
+            ),
+        ],
+        drain_limit: secs(60),
+        sms_rate: SMS_RATE,
         sms_burst: SMS_BURST,
     })
     .await
@@ -358,5 +393,81 @@ async fn one_key_sent_to_two_instances_at_once_one_with_its_database_stalled_is_
         1,
         "the provider received the key's text {} times",
         calls.len()
+    );
+}
+
+/// Cuts of the store shorter than the lease, one after another, cost the
+/// messages in hand no receive: a deferral (or a failed call's record) the
+/// store did not take is tried again until it does, and on PostgreSQL lanes
+/// one that lands after the lease ran out still gives that receive back
+/// (issue 67: receives lost to store outages dead-lettered healthy
+/// messages). Lanes in PostgreSQL with `max_receive_count = 2`; the provider
+/// answers 503 after 800 ms, so most messages are in hand at each cut and
+/// each would lose its lease there without the retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_cuts_shorter_than_the_lease_dead_letter_no_healthy_message() {
+    use crate::delivery::{delivery_settings, status_is, wait_for};
+    use crate::support::{FaultProxy, TestApp, TestDatabase, sms};
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let database = TestDatabase::create().await;
+    let proxy = FaultProxy::start(authority(&database.url)).await;
+    let store_url = with_authority(&database.url, &proxy.authority());
+    let sms_api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_delay(Duration::from_millis(800)))
+        .mount(&sms_api)
+        .await;
+    let app = TestApp::start_custom(
+        &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", ""),
+        |settings| {
+            settings.storage.url = store_url.clone();
+            settings.queue.backend = fairlane::config::QueueBackend::Postgres;
+            settings.lanes.fast.max_receive_count = 2;
+            settings.lanes.fast.visibility_timeout_secs = 3;
+            settings.retry.max_attempts = 1000;
+            settings.providers.sms.timeout_ms = Some(2000);
+            settings.providers.sms.breaker_failures = 0;
+        },
+    )
+    .await;
+    crate::sqs::bulk_plan(&app).await;
+    let key = app.tenant_with_key("acme", "bulk").await;
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(app.send_accepted(&key, &sms()).await);
+    }
+    for id in &ids {
+        wait_for(&app, &key, id, status_is("retrying")).await;
+    }
+    // Four cuts of 1.5 s (the lease is 3 s), 2.5 s apart.
+    let before = proxy.closed();
+    for _ in 0..4 {
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        proxy.restore();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    }
+    let closed = proxy.closed() - before;
+    assert!(closed > 0, "the cuts closed no connection");
+    // The provider answers again: every message is sent, none dead-lettered.
+    sms_api.reset().await;
+    crate::delivery::mock_sms_ok(&sms_api, "SM-after-cuts").await;
+    let mut statuses = Vec::new();
+    for id in &ids {
+        let view = wait_for(&app, &key, id, |view: &serde_json::Value| {
+            view["status"] == "sent" || view["status"] == "dead_lettered"
+        })
+        .await;
+        statuses.push(format!("{id}: {}", view["status"]));
+    }
+    let dead: Vec<&String> = statuses
+        .iter()
+        .filter(|line| line.contains("dead_lettered"))
+        .collect();
+    assert!(
+        dead.is_empty(),
+        "store cuts shorter than the lease dead-lettered healthy messages ({closed} connections cut): {dead:?}"
     );
 }

@@ -1120,3 +1120,83 @@ async fn until_queued(moto: &str, prefix: &str, what: &str, holds: impl Fn(i64) 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A message received more than `max_receive_count` times on SQS lanes (its
+/// consumers died with it) is dead-lettered by the next consumer that
+/// receives it, its status written first, and never sent (issue 67: SQS's
+/// own redrive moved it with the status left `queued`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqs_a_message_received_more_than_max_receive_count_times_is_dead_lettered_with_its_status()
+ {
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM-too-often").await;
+    let moto = moto_url();
+    let queue = sqs_settings(&moto, "often", "batch_window_ms = 10");
+    let extra = delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", &queue);
+    let tweak = |settings: &mut fairlane::config::Settings| {
+        settings.consumers.receive_wait_secs = 1;
+        settings.lanes.fast.max_receive_count = 2;
+    };
+    // No consumer yet: the message waits in its class queue.
+    let app = TestApp::start_custom(&extra, |settings| {
+        tweak(settings);
+        settings.consumers.enabled = false;
+    })
+    .await;
+    let prefix = app.state.settings.queue.sqs.queue_prefix.clone();
+    let key = bulk_tenant(&app).await;
+    let id = app.send_accepted(&key, &sms()).await;
+    until_in_lane(&app, &id).await;
+    // Received twice and never settled, as by two consumers that died.
+    let client = crate::backends::sqs_client(&moto);
+    let url = client
+        .get_queue_url()
+        .queue_name(format!("{prefix}-fast"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    let mut received = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while received < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "received {received} times by hand in 15 s"
+        );
+        let got = client
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(1)
+            .visibility_timeout(0)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        received += got.messages().len();
+    }
+    // The consumer receives it a third time.
+    let kept = app.stop_keeping().await;
+    let app = TestApp::start_on(kept, &extra, tweak).await;
+    let view = wait_for(&app, &key, &id, status_is("dead_lettered")).await;
+    assert_eq!(view["status"], "dead_lettered", "{view}");
+    assert!(
+        view["last_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("max_receive_count")),
+        "{view}"
+    );
+    assert_eq!(sms_requests(&sms_api).await, 0, "a spent message was sent");
+    let listing = expect_json(
+        app.admin(Method::GET, "/v1/admin/dlq?lane=fast")
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await;
+    let letters = listing["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{listing}");
+    assert_eq!(letters[0]["id"], id.as_str());
+}

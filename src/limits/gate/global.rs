@@ -15,6 +15,10 @@ pub(super) struct GlobalBucket {
     pub(super) period_us: u64,
     /// The local share, built afresh for each outage.
     share: Mutex<Option<ShareBucket>>,
+    /// The last outage whose share-paced calls the bucket in Redis was
+    /// charged for (emptied on the first take after it, see
+    /// [`GlobalBucket::owed_outage`]).
+    charged: AtomicU64,
 }
 
 /// This instance's share of a provider's rate during one outage.
@@ -44,6 +48,7 @@ impl ProviderGate {
                 provider: key,
                 period_us: period_micros(member.rate_per_second),
                 share: Mutex::new(None),
+                charged: AtomicU64::new(0),
             });
         }
         self
@@ -90,11 +95,20 @@ impl ProviderGate {
                     continue;
                 }
                 if global.redis.is_up() {
-                    match global
+                    let owed = global.owed_outage();
+                    let taken = global
                         .redis
-                        .take_gate_token(&global.provider, global.period_us, member.burst)
-                        .await
-                    {
+                        .take_gate_token(
+                            &global.provider,
+                            global.period_us,
+                            member.burst,
+                            owed.is_some(),
+                        )
+                        .await;
+                    if let (Some(outage), Ok(_)) = (owed, &taken) {
+                        global.charged.fetch_max(outage, Ordering::SeqCst);
+                    }
+                    match taken {
                         Ok(None) => {
                             {
                                 let mut line = self.line();
@@ -162,6 +176,20 @@ impl ProviderGate {
 }
 
 impl GlobalBucket {
+    /// The outage this instance paced calls on its share during and has not
+    /// yet charged to the bucket in Redis. The first take after it empties
+    /// that bucket: whatever it saved up while nobody took from it (or a
+    /// restarted Redis's fresh, full bucket) would otherwise come on top of
+    /// the calls the shares just made, up to a whole burst over
+    /// `burst + rate × t` at the provider. Emptying it costs the fleet at
+    /// most one burst's worth of calls after each outage this instance used
+    /// its share in; an outage it made no call in is not charged.
+    fn owed_outage(&self) -> Option<u64> {
+        let share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
+        let outage = share.as_ref()?.outage;
+        (outage > self.charged.load(Ordering::SeqCst)).then_some(outage)
+    }
+
     /// This instance's share of `member`'s bucket for the current outage:
     /// rate and burst divided by the live instances last counted (the burst
     /// at least one). It starts empty, so that the fleet's switch to shares

@@ -64,8 +64,12 @@
 //! whenever network delay bunches two grants together. While Redis is
 //! unreachable, the head takes from a local bucket of this instance's share
 //! instead (rate and burst divided by the live instances, burst at least 1),
-//! built empty at the start of each outage so the switch adds no burst. A
-//! caller cancelled while its Redis call is under way may waste that token:
+//! built empty at the start of each outage so the switch adds no burst.
+//! When Redis answers again, the first take of an instance that paced calls
+//! on its share empties the bucket in Redis before it takes: that bucket
+//! saw none of those calls, and would otherwise add its whole burst on top
+//! of them (issue 67 measured a fleet-wide burst right after a cut of every
+//! instance). A caller cancelled while its Redis call is under way may waste that token:
 //! the fleet then sends less, never more.
 //!
 //! Time comes from tokio's clock, in production and in the tests alike:

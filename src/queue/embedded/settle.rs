@@ -315,7 +315,9 @@ impl Work for MoveWork {
             self.due = None;
             let _ = answer(
                 &mut self.reply,
-                Err(anyhow::anyhow!("receipt {receipt:?} is no longer valid")),
+                Err(anyhow::Error::new(crate::queue::StaleReceipt(
+                    receipt.to_owned(),
+                ))),
             );
         }
         Ok(())

@@ -478,11 +478,19 @@ impl LaneQueue for PgLanes {
         };
         let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         // Behind the tenant's other visible messages (a receive reads a
-        // tenant's messages by visibility), its receive given back.
+        // tenant's messages by visibility), its receive given back. A
+        // receipt gone stale (the lease ran out while this deferral could
+        // not reach the database, and another receive took the row) leaves
+        // the row to its new holder but still gives back one receive: the
+        // lease ended because the store was away, not because of the
+        // message, and a store outage must not dead-letter healthy
+        // messages (issue 67).
         sqlx::query(
-            "UPDATE lane_messages SET visible_at = $3 + $4, leased = false, \
+            "UPDATE lane_messages SET \
+             visible_at = CASE WHEN receives = $2 THEN $3 + $4 ELSE visible_at END, \
+             leased = CASE WHEN receives = $2 THEN false ELSE leased END, \
              receive_count = GREATEST(receive_count - 1, 0) \
-             WHERE seq = $1 AND receives = $2",
+             WHERE seq = $1 AND receives >= $2",
         )
         .bind(seq)
         .bind(receives)

@@ -103,6 +103,54 @@ async fn a_received_message_is_invisible_until_its_visibility_timeout_ends() {
     assert_eq!((stats.depth, stats.in_flight), (0, 0), "{stats:?}");
 }
 
+/// A deferral that reaches the database only after its lease ran out (the
+/// store was away, issue 67) leaves the row to whoever received it since,
+/// but gives back the receive its lost lease cost: store outages do not
+/// dead-letter healthy messages.
+#[tokio::test]
+async fn a_deferral_taken_after_its_lease_ran_out_gives_that_receive_back() {
+    let f = fixture(2).await;
+    send(&f.queue, vec![message("a", 1)]).await;
+    let first = receive(&f.queue, 10).await;
+    assert_eq!(first[0].receive_count, 1);
+    // The lease runs out while the deferral cannot be made; another
+    // consumer receives the message.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = receive(&f.queue, 10).await;
+    assert_eq!(ids(&second), ["a-1"]);
+    assert_eq!(second[0].receive_count, 2);
+    // The first consumer's deferral gets through now: the row stays the
+    // second consumer's (still leased), one receive given back.
+    f.queue
+        .defer(Lane::Fast, &first[0], Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        receive(&f.queue, 10).await.is_empty(),
+        "a stale deferral made the row visible under its new holder"
+    );
+    // The second lease runs out as well (a second outage): received a
+    // third time, the message is still within its two counted receives.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let third = receive(&f.queue, 10).await;
+    assert_eq!(
+        ids(&third),
+        ["a-1"],
+        "the message was dead-lettered for receives its outages cost"
+    );
+    assert_eq!(third[0].receive_count, 2);
+    let stats = f.queue.stats(Lane::Fast).await.unwrap();
+    assert_eq!(stats.dlq_depth, 0, "{stats:?}");
+    // The second holder's receipt is as stale as the first's was: its
+    // deferral changes nothing but the count.
+    f.queue
+        .defer(Lane::Fast, &second[0], Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(receive(&f.queue, 10).await.is_empty());
+    delete(&f.queue, &third).await;
+}
+
 #[tokio::test]
 async fn a_message_received_max_receive_count_times_moves_to_the_dlq_and_redrive_brings_it_back() {
     let f = fixture(2).await;

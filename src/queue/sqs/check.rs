@@ -3,7 +3,7 @@
 //!
 //! For both lanes, and for both lanes' attention queues: each class queue
 //! and the DLQ exist; each class queue's redrive policy targets its lane's
-//! DLQ with the lane's `max_receive_count`; its visibility timeout is the
+//! DLQ with the lane's `max_receive_count` + 3 (`REDRIVE_MARGIN`); its visibility timeout is the
 //! lane's and outlasts the longest provider timeout; its retention (and the
 //! DLQ's) outlasts the longest retry backoff. For each SES provider of the
 //! email pool: the identity that verifies its `from` (the address or its
@@ -12,7 +12,9 @@
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use super::lanes::{class_queue_name, dlq_name, queue_attributes};
+use super::lanes::{
+    REDRIVE_MARGIN, class_queue_name, dlq_name, queue_attributes, redrive_receive_count,
+};
 use crate::config::{ProviderKind, Settings};
 use crate::model::{Channel, Lane, Priority};
 
@@ -166,9 +168,10 @@ async fn check_lane(
                 let count = policy["maxReceiveCount"]
                     .as_u64()
                     .or_else(|| policy["maxReceiveCount"].as_str()?.parse().ok());
-                if count != Some(u64::from(lane_settings.max_receive_count)) {
+                let want = redrive_receive_count(lane_settings.max_receive_count);
+                if count != Some(u64::from(want)) {
                     problems.push(format!(
-                        "queue {name} has maxReceiveCount {}, lanes.{lane}.max_receive_count is {}",
+                        "queue {name} has maxReceiveCount {}, not {want} (lanes.{lane}.max_receive_count {} + {REDRIVE_MARGIN}: fairlane dead-letters a message itself after max_receive_count receives, with its status)",
                         count.map_or("unset".to_owned(), |c| c.to_string()),
                         lane_settings.max_receive_count
                     ));

@@ -133,6 +133,22 @@ pub(super) fn count(
         .unwrap_or(0)
 }
 
+/// Receives more than `max_receive_count` that SQS allows a message before
+/// its redrive policy moves it to the DLQ on its own. The consumer
+/// dead-letters a message received more than `max_receive_count` times
+/// itself, its status written `dead_lettered` first (SQS's own move writes
+/// no status, and a dead letter that says `queued` looks alive forever,
+/// issue 67); the redrive policy stays as the backstop for a message the
+/// consumer could not record, for these few receives more (a store outage
+/// of about this many visibility timeouts).
+pub const REDRIVE_MARGIN: u32 = 3;
+
+/// The `maxReceiveCount` of a class queue's redrive policy for a lane of
+/// `max_receive_count` (see [`REDRIVE_MARGIN`]).
+pub fn redrive_receive_count(max_receive_count: u32) -> u32 {
+    max_receive_count.saturating_add(REDRIVE_MARGIN)
+}
+
 /// Creates or looks up `lane`'s DLQ and its three class queues.
 pub(super) async fn open_lane(
     client: &Client,
@@ -162,7 +178,7 @@ pub(super) async fn open_lane(
             .with_context(|| format!("SQS queue {dlq_name} has no ARN"))?;
         let redrive_policy = serde_json::json!({
             "deadLetterTargetArn": dlq_arn,
-            "maxReceiveCount": lane_settings.max_receive_count,
+            "maxReceiveCount": redrive_receive_count(lane_settings.max_receive_count),
         });
         let attributes = HashMap::from([
             (
@@ -207,6 +223,15 @@ pub(super) async fn open_lane(
                 .unwrap_or_default();
             if !policy.contains(&dlq_arn) {
                 warn!(queue = %name, dlq = %dlq_name, "The class queue does not dead-letter to its lane's DLQ; messages that keep failing will be redelivered until they expire.");
+            }
+            let redrive_at = serde_json::from_str::<serde_json::Value>(&policy)
+                .ok()
+                .and_then(|policy| {
+                    let count = &policy["maxReceiveCount"];
+                    count.as_u64().or_else(|| count.as_str()?.parse().ok())
+                });
+            if redrive_at.is_some_and(|at| at <= u64::from(lane_settings.max_receive_count)) {
+                warn!(queue = %name, max_receive_count = lane_settings.max_receive_count, redrive_at, expected = redrive_receive_count(lane_settings.max_receive_count), "The class queue's redrive policy moves messages to the DLQ before fairlane can: they keep the status `queued`. Set its maxReceiveCount to max_receive_count + 3 (fairlane check-aws).");
             }
         }
         (urls, dlq_url)

@@ -1,9 +1,12 @@
 //! The SQS backend. SQS has no priorities, so each lane is three SQS
 //! standard queues, one per priority class (`{prefix}-{lane}-high`,
 //! `{prefix}-{lane}` for normal, `{prefix}-{lane}-low`), sharing the
-//! dead-letter queue `{prefix}-{lane}-dlq` through their `RedrivePolicy` of
-//! the lane's `max_receive_count`, so code above [`LaneQueue`] sees the same
-//! semantics as with the embedded queue. Messages and their copies go to the
+//! dead-letter queue `{prefix}-{lane}-dlq` through their `RedrivePolicy`.
+//! Its `maxReceiveCount` is the lane's `max_receive_count` plus
+//! [`lanes::REDRIVE_MARGIN`]: the consumer moves a message received more
+//! than `max_receive_count` times itself, with its status, so code above
+//! [`LaneQueue`] sees the same semantics as with the embedded queue, and
+//! SQS's move (which writes no status) is the backstop. Messages and their copies go to the
 //! queue of their priority; receives serve the classes by the priority share
 //! rule ([`receiver`]).
 //!
@@ -30,7 +33,7 @@ mod batch;
 pub mod check;
 mod dedicated;
 mod envelope;
-mod lanes;
+pub mod lanes;
 mod receiver;
 
 use std::collections::{HashMap, HashSet};
@@ -665,7 +668,7 @@ impl LaneQueue for SqsQueue {
     /// dropped receive was waiting for stay stashed for the next one.
     ///
     /// Messages without fairlane's attributes are logged and left alone: the
-    /// redrive policy moves them to the DLQ after `max_receive_count`.
+    /// redrive policy moves them to the DLQ after its `maxReceiveCount`.
     async fn receive(
         &self,
         lane: Lane,
@@ -760,7 +763,9 @@ impl LaneQueue for SqsQueue {
     /// once that succeeded, deletes the
     /// received message, so the copy starts with a receive count of zero.
     /// If the delete fails, the message is delivered twice and the status
-    /// store deduplicates.
+    /// store deduplicates; the deferral counts as done then (`Ok`), so
+    /// that a caller that retries an `Err` never sends a second copy: an
+    /// `Err` means nothing was sent.
     async fn defer(
         &self,
         lane: Lane,
@@ -772,9 +777,10 @@ impl LaneQueue for SqsQueue {
         self.send_copy(to, &Envelope::copy_of(message, delay))
             .await
             .context("could not send the deferred copy")?;
-        self.delete_received(from, receipt)
-            .await
-            .context("the deferred copy was sent but the received message could not be deleted")
+        if let Err(err) = self.delete_received(from, receipt).await {
+            warn!(message_id = %message.message_id, error = %format!("{err:#}"), "The deferred copy was sent but the received message could not be deleted; it comes back after its visibility timeout and the status store settles it.");
+        }
+        Ok(())
     }
 
     /// Sends a copy to the lane's DLQ (shared by its class queues, with its lane receive count and
@@ -816,8 +822,8 @@ impl LaneQueue for SqsQueue {
     /// queues have no order, so "oldest first" sorts what was read by first
     /// enqueue time; with a DLQ deeper than `limit` it is an arbitrary
     /// subset. `receive_count` is the lane receive count recorded by
-    /// `dead_letter`, or `max_receive_count` for messages the redrive policy
-    /// moved (that is when SQS moves them).
+    /// `dead_letter`, or the redrive policy's `maxReceiveCount` for
+    /// messages SQS moved (that is when it moves them).
     async fn list_dead_letters(&self, lane: Lane, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
         let queues = self.queues(lane);
         let visible = self.dead_visible(lane).await?;
@@ -840,7 +846,9 @@ impl LaneQueue for SqsQueue {
                         Ok(parsed) => letters.push(DeadLetter {
                             receive_count: parsed
                                 .lane_receive_count
-                                .unwrap_or(self.lanes.get(lane).max_receive_count),
+                                .unwrap_or(lanes::redrive_receive_count(
+                                    self.lanes.get(lane).max_receive_count,
+                                )),
                             message_id: parsed.message_id,
                             tenant_id: parsed.tenant_id,
                             channel: parsed.channel,

@@ -234,7 +234,11 @@ async fn created_queues_get_the_redrive_policy_and_visibility_timeout_also_when_
             dlq[&QueueAttributeName::QueueArn].as_str(),
             "{name}"
         );
-        assert_eq!(policy["maxReceiveCount"].to_string().trim_matches('"'), "7");
+        assert_eq!(
+            policy["maxReceiveCount"].to_string().trim_matches('"'),
+            "10",
+            "max_receive_count 7 + the redrive margin"
+        );
         assert_eq!(
             class[&QueueAttributeName::MessageRetentionPeriod],
             MAX_RETENTION_SECS.to_string(),
@@ -483,11 +487,16 @@ async fn a_bogus_receipt_fails_alone_in_a_delete_batch() {
     assert_eq!((stats.depth, stats.in_flight), (0, 0));
 }
 
+/// SQS's redrive policy is the backstop: it moves a message three
+/// receives after `max_receive_count` (the consumer dead-letters one
+/// received more than `max_receive_count` times itself, with its status).
 #[tokio::test]
-async fn a_message_received_max_receive_count_times_moves_to_the_dlq() {
+async fn a_message_received_past_the_redrive_count_moves_to_the_dlq() {
     let Some(f) = fixture(2).await else { return };
     send(&f.queue, vec![message("acme", 1)]).await;
-    for expected in 1..=2 {
+    let redrive_at = lanes::redrive_receive_count(2);
+    assert_eq!(redrive_at, 5);
+    for expected in 1..=redrive_at {
         let got = f
             .queue
             .receive(Lane::Fast, 1, Duration::ZERO)
@@ -511,7 +520,7 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dlq() {
     let dead = f.queue.list_dead_letters(Lane::Fast, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].message_id, "acme-1");
-    assert_eq!(dead[0].receive_count, 2);
+    assert_eq!(dead[0].receive_count, redrive_at);
 }
 
 #[tokio::test]

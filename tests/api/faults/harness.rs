@@ -113,6 +113,21 @@ impl FaultySms {
         self.state.calls.lock().expect("calls").clone()
     }
 
+    /// Answers every call with `status` (503: down, 429: throttling) for
+    /// `lasting`; how many calls it refused so.
+    async fn refuse_for(&self, status: u16, lasting: Duration) -> usize {
+        let flag = match status {
+            503 => &self.state.down,
+            429 => &self.state.throttled,
+            other => panic!("the provider cannot answer {other} on its own"),
+        };
+        let since = Instant::now();
+        flag.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(lasting).await;
+        flag.fetch_sub(1, Ordering::SeqCst);
+        self.answered_since(status, since)
+    }
+
     /// Calls answered `status` since `since`.
     fn answered_since(&self, status: u16, since: Instant) -> usize {
         self.state
@@ -185,6 +200,9 @@ pub(crate) enum Lanes {
     Postgres,
     /// `queue.backend = "sqs"`, on a moto of the test's own.
     Sqs,
+    /// The embedded default: one instance, its SQLite store and queue in
+    /// one file, limits in the process (no PostgreSQL, Redis or SQS to cut).
+    Embedded,
 }
 
 impl Lanes {
@@ -192,6 +210,15 @@ impl Lanes {
         match self {
             Lanes::Postgres => "lanes in PostgreSQL",
             Lanes::Sqs => "SQS lanes on moto",
+            Lanes::Embedded => "the embedded default, one instance",
+        }
+    }
+
+    /// How many instances the cluster runs.
+    fn instances(self) -> usize {
+        match self {
+            Lanes::Embedded => 1,
+            Lanes::Postgres | Lanes::Sqs => NAMES.len(),
         }
     }
 }
@@ -204,7 +231,8 @@ struct Proc {
 }
 
 /// Three instances of the real binary on one PostgreSQL database, one Redis
-/// prefix (and one SQS queue prefix), each through proxies of its own.
+/// prefix (and one SQS queue prefix), each through proxies of its own; or
+/// one on the embedded default, with no proxy.
 ///
 /// Fields drop in order: the processes first, then the proxies, the
 /// provider, the database and the Redis keys.
@@ -219,6 +247,8 @@ pub(crate) struct FaultCluster {
     pub(crate) sqs: Vec<FaultProxy>,
     pub(crate) sms: FaultySms,
     pub(crate) db: TestDatabase,
+    /// The store's SQLite file, on the embedded default.
+    sqlite: Option<PathBuf>,
     _redis: RedisKeys,
     /// Set when the audit fails: the logs are shown and kept.
     failed: AtomicBool,
@@ -226,7 +256,7 @@ pub(crate) struct FaultCluster {
 }
 
 /// `host:port` of a URL (`scheme://[user@]host:port/…`).
-fn authority(url: &str) -> &str {
+pub(crate) fn authority(url: &str) -> &str {
     let start = url.find("://").map_or(0, |at| at + 3);
     let rest = &url[start..];
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -235,10 +265,27 @@ fn authority(url: &str) -> &str {
 }
 
 /// `url` with its `host:port` replaced by `by` (user and path kept).
-fn with_authority(url: &str, by: &str) -> String {
+pub(crate) fn with_authority(url: &str, by: &str) -> String {
     let old = authority(url);
     let start = url.find(old).expect("the authority is in the URL");
     format!("{}{by}{}", &url[..start], &url[start + old.len()..])
+}
+
+/// An instance configuration of [`instance_config`] moved onto the embedded
+/// default: its store and queue in the SQLite file `file`, its limits in
+/// the process.
+fn on_the_embedded_default(config: &str, file: &std::path::Path) -> String {
+    let storage = config.find("[storage]").expect("a [storage] table");
+    let lanes = config.find("[lanes.fast]").expect("a [lanes.fast] table");
+    let limits = config.find("[limits]").expect("a [limits] table");
+    let webhooks = config.find("[webhooks]").expect("a [webhooks] table");
+    format!(
+        "{}[storage]\nurl = \"sqlite://{}\"\n\n[queue]\nbackend = \"embedded\"\n\n{}{}",
+        &config[..storage],
+        file.display(),
+        &config[lanes..limits],
+        &config[webhooks..]
+    )
 }
 
 /// Whether this build knows `limits.expected_instances` (issue 67): when it
@@ -259,13 +306,14 @@ impl FaultCluster {
         let sms = FaultySms::start().await;
         let moto = match lanes {
             Lanes::Sqs => Some(crate::servers::own_sqs_url()),
-            Lanes::Postgres => None,
+            Lanes::Postgres | Lanes::Embedded => None,
         };
         let dir = tempfile::tempdir().expect("temporary directory");
+        let sqlite = (lanes == Lanes::Embedded).then(|| dir.path().join("fairlane.db"));
         let expected_instances = knows_expected_instances();
         let (mut pg, mut redis, mut sqs) = (Vec::new(), Vec::new(), Vec::new());
         let (mut procs, mut bases) = (Vec::new(), Vec::new());
-        for (on, name) in NAMES.iter().enumerate() {
+        for (on, name) in NAMES.iter().enumerate().take(lanes.instances()) {
             let pg_proxy = FaultProxy::start(authority(&db.url)).await;
             let redis_proxy = FaultProxy::start(authority(&redis_url)).await;
             let sqs_url = match &moto {
@@ -294,7 +342,9 @@ impl FaultCluster {
                 &rate,
                 &format!("rate_per_second = {sms_rate:.1}\nburst = {sms_burst}\n"),
             );
-            if expected_instances {
+            if let Some(file) = &sqlite {
+                text = on_the_embedded_default(&text, file);
+            } else if expected_instances {
                 let line = format!("key_prefix = \"{prefix}\"\n");
                 assert!(text.contains(&line), "the [limits] key prefix in:\n{text}");
                 text = text.replacen(&line, &format!("{line}expected_instances = 3\n"), 1);
@@ -311,8 +361,10 @@ impl FaultCluster {
                 logs: vec![log],
                 child: Some(child),
             });
-            pg.push(pg_proxy);
-            redis.push(redis_proxy);
+            if sqlite.is_none() {
+                pg.push(pg_proxy);
+                redis.push(redis_proxy);
+            }
             bases.push(format!("http://127.0.0.1:{port}"));
         }
         let client = reqwest::Client::builder()
@@ -330,17 +382,23 @@ impl FaultCluster {
             sqs,
             sms,
             db,
+            sqlite,
             _redis: redis_keys,
             failed: AtomicBool::new(false),
             dir: Mutex::new(Some(dir)),
         };
-        for on in 0..NAMES.len() {
+        for on in 0..cluster.size() {
             if let Err(err) = cluster.wait_ready(on, Duration::from_secs(30)).await {
                 cluster.failed.store(true, Ordering::SeqCst);
                 panic!("{err}");
             }
         }
         cluster
+    }
+
+    /// How many instances it runs.
+    pub(crate) fn size(&self) -> usize {
+        self.api.bases.len()
     }
 
     /// Whether `GET /readyz` on instance `on` answers 200 within a second.
@@ -433,6 +491,17 @@ impl FaultCluster {
     /// Every message row: `(id, reference, status)`, read directly (not
     /// through any proxy).
     pub(crate) async fn rows(&self) -> Vec<(String, Option<String>, String)> {
+        if let Some(file) = &self.sqlite {
+            let conn = crate::support::sqlite_file(file);
+            let mut statement = conn
+                .prepare("SELECT id, reference, status FROM messages")
+                .expect("read the messages");
+            return statement
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .expect("read the messages")
+                .collect::<Result<_, _>>()
+                .expect("read the messages");
+        }
         let mut conn = connect_pg(&self.db.url).await;
         sqlx::query_as("SELECT id, reference, status FROM messages")
             .fetch_all(&mut conn)
@@ -544,16 +613,24 @@ impl SendRecord {
 
 /// Which instances answered `/readyz` 200 last time they were asked.
 #[derive(Clone)]
-struct Readiness(Arc<[AtomicBool; 3]>);
+struct Readiness(Arc<Vec<AtomicBool>>);
 
 impl Readiness {
-    /// `from`, or the next instance after it that is ready (`from` when
-    /// none is).
+    /// All of `instances` taken as ready.
+    fn all(instances: usize) -> Self {
+        Readiness(Arc::new(
+            (0..instances).map(|_| AtomicBool::new(true)).collect(),
+        ))
+    }
+
+    /// Instance `from` (modulo their number), or the next one after it
+    /// that is ready (`from` when none is).
     fn pick(&self, from: usize) -> usize {
-        (0..NAMES.len())
-            .map(|step| (from + step) % NAMES.len())
+        let instances = self.0.len();
+        (0..instances)
+            .map(|step| (from + step) % instances)
             .find(|on| self.0[*on].load(Ordering::SeqCst))
-            .unwrap_or(from)
+            .unwrap_or(from % instances)
     }
 }
 
@@ -651,7 +728,7 @@ impl Client {
     async fn send(&self, tenant: usize, api_key: &str, key: String, n: usize) -> SendRecord {
         let body = body_of(&key, n);
         let started = Instant::now();
-        let mut on = self.ready.pick((tenant + n) % NAMES.len());
+        let mut on = self.ready.pick(tenant + n);
         let mut attempts = Vec::new();
         while attempts.len() < MAX_ATTEMPTS && started.elapsed() < GIVE_UP_AFTER {
             let attempt = self.attempt(on, api_key, &key, &body).await;
@@ -679,7 +756,7 @@ impl Client {
             attempts.push(attempt);
             tokio::time::sleep(pause).await;
             if other {
-                on = self.ready.pick((on + 1) % NAMES.len());
+                on = self.ready.pick(on + 1);
             }
         }
         SendRecord {
@@ -867,11 +944,7 @@ impl Step {
                 )
             }
             Fault::ProviderDown { lasting } => {
-                let since = Instant::now();
-                cluster.sms.state.down.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(lasting).await;
-                cluster.sms.state.down.fetch_sub(1, Ordering::SeqCst);
-                let refused = cluster.sms.answered_since(503, since);
+                let refused = cluster.sms.refuse_for(503, lasting).await;
                 (
                     format!("SMS provider down (503) for {} s", lasting.as_secs_f64()),
                     format!("{refused} calls answered 503"),
@@ -879,11 +952,7 @@ impl Step {
                 )
             }
             Fault::Provider429 { lasting } => {
-                let since = Instant::now();
-                cluster.sms.state.throttled.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(lasting).await;
-                cluster.sms.state.throttled.fetch_sub(1, Ordering::SeqCst);
-                let refused = cluster.sms.answered_since(429, since);
+                let refused = cluster.sms.refuse_for(429, lasting).await;
                 (
                     format!("SMS provider 429 storm for {} s", lasting.as_secs_f64()),
                     format!("{refused} calls answered 429"),
@@ -963,17 +1032,13 @@ pub(crate) async fn run(scenario: Scenario) {
         api_keys.push(key);
     }
 
-    let ready = Readiness(Arc::new([
-        AtomicBool::new(true),
-        AtomicBool::new(true),
-        AtomicBool::new(true),
-    ]));
+    let ready = Readiness::all(cluster.size());
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {
         let (cluster, ready, stop) = (cluster.clone(), ready.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                for on in 0..NAMES.len() {
+                for on in 0..cluster.size() {
                     let is_ready = cluster.is_ready(on).await;
                     ready.0[on].store(is_ready, Ordering::SeqCst);
                 }
@@ -1413,7 +1478,7 @@ async fn audit(
             ));
         }
     }
-    for (on, name) in NAMES.iter().enumerate() {
+    for (on, name) in NAMES.iter().enumerate().take(cluster.size()) {
         let state = cluster.state(on);
         if state != "running" {
             failures.push(format!("instance {name} is {state} at the end"));
