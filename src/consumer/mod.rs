@@ -253,6 +253,8 @@ struct Parked {
     message: ReceivedMessage,
     _gauge: GaugeHold,
     since: Instant,
+    /// When its lease was last set (received, or renewed while parked).
+    leased_at: Instant,
 }
 
 impl TieredQueue {
@@ -326,12 +328,55 @@ impl TenantSlots {
         let gauge = GaugeHold::new(
             metrics::gauge!(names::MESSAGES_WAITING, "lane" => self.lane.as_str(), "priority" => message.priority.as_str(), "stage" => "parked"),
         );
+        let now = Instant::now();
         state.parked.entry(key).or_default().0[rank].push_back(Parked {
             message,
             _gauge: gauge,
-            since: Instant::now(),
+            since: now,
+            leased_at: now,
         });
         Admission::Parked
+    }
+
+    /// Receipts of the parked messages whose lease was set `every` ago or
+    /// longer, their lease counted as set now (the caller renews them).
+    fn leases_to_renew(&self, every: Duration) -> Vec<String> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for parked in state
+            .parked
+            .values_mut()
+            .flat_map(|queue| queue.0.iter_mut().flatten())
+        {
+            if now.duration_since(parked.leased_at) >= every {
+                parked.leased_at = now;
+                due.push(parked.message.receipt.clone());
+            }
+        }
+        due
+    }
+
+    /// Drops the parked messages of `receipts`: their leases are lost (the
+    /// queue handed them to another consumer), so they are not this
+    /// consumer's to send any more.
+    fn forget_parked(&self, receipts: &HashSet<String>) -> usize {
+        let mut state = self.lock();
+        let mut forgotten = 0;
+        state.parked.retain(|_, queue| {
+            for tier in &mut queue.0 {
+                let before = tier.len();
+                tier.retain(|parked| !receipts.contains(&parked.message.receipt));
+                forgotten += before - tier.len();
+            }
+            !queue.is_empty()
+        });
+        state.parked_total -= forgotten;
+        drop(state);
+        if forgotten > 0 {
+            self.room.notify_waiters();
+        }
+        forgotten
     }
 
     /// Waits while `max_parked` or more messages are parked; then returns
@@ -471,6 +516,7 @@ impl LaneConsumer {
             delete_rx,
         ));
         let poller = tokio::spawn(self.clone().poll(shutdown.clone()));
+        let keeper = tokio::spawn(self.clone().keep_parked_leased(shutdown.clone()));
         let mut attention_workers = JoinSet::new();
         if let Some(attention) = self.delivery.tenant_queues.attention_queue(lane) {
             for _ in 0..self.delivery.consumers.attention_workers {
@@ -485,6 +531,7 @@ impl LaneConsumer {
         let mut running = JoinSet::new();
         self.dispatch(shutdown, &deletes, &mut running).await;
         let _ = poller.await;
+        let _ = keeper.await;
         self.delivery.queue.release_prefetched(lane).await;
 
         let mut held = self.buffer.drain();
@@ -567,6 +614,52 @@ impl LaneConsumer {
                     }
                     error_backoff = (error_backoff * 2).min(MAX_ERROR_BACKOFF);
                 }
+            }
+        }
+    }
+
+    /// Keeps the leases of parked messages: every third of the visibility
+    /// timeout, those whose lease is that old get a fresh one, in batches.
+    /// A tenant at its cap for longer than the visibility timeout (its
+    /// messages in flight held up by a provider outage, say) would
+    /// otherwise lose its parked messages' leases to other instances, which
+    /// park them in turn, and each such hand-over spent a receive: issue
+    /// 67's long run dead-lettered healthy messages so. A parked message
+    /// whose receipt the queue no longer knows is dropped here (another
+    /// consumer has it); one whose renewal failed with the store is tried
+    /// again at the next round.
+    async fn keep_parked_leased(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let visibility = Duration::from_secs(self.settings.visibility_timeout_secs);
+        let every = visibility / 3;
+        let queue = self.delivery.queue.clone();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
+            let due = self.tenants.leases_to_renew(every);
+            let mut lost = HashSet::new();
+            for chunk in due.chunks(queue.max_batch()) {
+                let changes: Vec<(String, Duration)> = chunk
+                    .iter()
+                    .map(|receipt| (receipt.clone(), visibility))
+                    .collect();
+                match queue.change_visibility_batch(self.lane, &changes).await {
+                    Ok(results) => lost.extend(
+                        chunk
+                            .iter()
+                            .zip(results)
+                            .filter(|(_, result)| result.is_err())
+                            .map(|(receipt, _)| receipt.clone()),
+                    ),
+                    Err(err) => {
+                        warn!(lane = %self.lane, error = %format!("{err:#}"), count = chunk.len(), "Could not renew the leases of parked messages; trying again at the next round.");
+                    }
+                }
+            }
+            if !lost.is_empty() {
+                let forgotten = self.tenants.forget_parked(&lost);
+                info!(lane = %self.lane, forgotten, "Parked messages whose leases another consumer holds now were dropped here.");
             }
         }
     }
@@ -768,6 +861,38 @@ mod tests {
         let room = tokio::time::timeout(Duration::from_millis(50), slots.wait_for_room()).await;
         assert!(room.is_ok(), "a resumed message makes room");
         assert_eq!(slots.drain_parked().len(), 2);
+    }
+
+    #[test]
+    fn parked_messages_come_up_for_lease_renewal_and_lost_ones_are_dropped() {
+        use crate::model::Priority;
+        let (slots, mut resumed) = TenantSlots::new(Lane::Fast, 10);
+        let Admission::Run(_, running) = slots.admit(received("a", "a1", Priority::Normal), 1)
+        else {
+            panic!("the first message runs");
+        };
+        for id in ["a2", "a3"] {
+            assert!(matches!(
+                slots.admit(received("a", id, Priority::Normal), 1),
+                Admission::Parked
+            ));
+        }
+        assert!(
+            slots.leases_to_renew(Duration::from_secs(60)).is_empty(),
+            "leases set just now are not due"
+        );
+        let mut due = slots.leases_to_renew(Duration::ZERO);
+        due.sort();
+        assert_eq!(due, ["a2:1", "a3:1"]);
+        assert_eq!(slots.room_now(), 8);
+        // a2's lease went to another consumer: it is not this one's to send.
+        let lost = HashSet::from(["a2:1".to_owned()]);
+        assert_eq!(slots.forget_parked(&lost), 1);
+        assert_eq!(slots.room_now(), 9);
+        drop(running);
+        let (next, _place, _) = resumed.try_recv().expect("a3 takes a1's place");
+        assert_eq!(next.message_id, "a3");
+        assert!(slots.drain_parked().is_empty());
     }
 
     #[test]

@@ -714,3 +714,61 @@ async fn a_failing_sms_provider_leaves_a_classified_last_error_without_its_url_o
         }
     }
 }
+
+/// A tenant at its `max_in_flight` for longer than the visibility timeout
+/// keeps its parked messages: their leases are renewed while they wait, so
+/// none is received again, sent twice or dead-lettered for it (issue 67's
+/// long run: during a provider outage, parked messages lost their leases
+/// to other instances, which parked them in turn, and the receives that
+/// cost dead-lettered healthy messages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_parked_longer_than_the_visibility_timeout_keep_their_leases() {
+    let sms_api = MockServer::start().await;
+    mock_sms_after(&sms_api, "SM-slow", Duration::from_secs(5)).await;
+    let app = TestApp::start_custom(
+        &delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", ""),
+        |settings| {
+            settings.lanes.fast.visibility_timeout_secs = 2;
+            settings.lanes.fast.max_receive_count = 2;
+            settings.providers.sms.timeout_ms = Some(10_000);
+        },
+    )
+    .await;
+    let plan = app
+        .admin(Method::PUT, "/v1/admin/plans/one-at-a-time")
+        .json(&json!({"lane": "fast", "rate_per_second": 1000.0, "burst": 1000, "daily_quota": 1000000u64, "max_in_flight": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success(), "{:?}", plan.status());
+    let key = app.tenant_with_key("acme", "one-at-a-time").await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(app.send_accepted(&key, &sms()).await);
+    }
+    // One call at a time, 5 s each: the last waits parked for 10 s, five
+    // visibility timeouts.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut statuses = Vec::new();
+    for id in &ids {
+        let view = wait_until(
+            &app,
+            &key,
+            id,
+            |view: &Value| view["status"] == "sent" || view["status"] == "dead_lettered",
+            deadline,
+        )
+        .await;
+        statuses.push(view["status"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(
+        statuses,
+        ["sent", "sent", "sent"],
+        "messages parked behind their tenant's cap lost their leases"
+    );
+    assert_eq!(
+        sms_requests(&sms_api).await,
+        3,
+        "a parked message was received again and sent twice"
+    );
+}
