@@ -125,7 +125,47 @@ on_every_backend!(
     a_strictly_serial_tenant_is_never_worked_by_two_workers_at_once,
     a_backlog_left_without_its_signal_is_found_at_start_up,
     a_tenants_own_dead_letters_are_listed_and_redriven_without_touching_another_tenant,
+    a_dedicated_tenants_plain_send_does_not_wait_for_its_scheduled_one,
 );
+
+/// A dedicated tenant schedules a text an hour ahead, then sends one now:
+/// the one due now goes at once (issue 68: it waited for the scheduled one,
+/// because the tenant's attention entry stayed due at the first delay),
+/// and the scheduled one keeps waiting.
+async fn a_dedicated_tenants_plain_send_does_not_wait_for_its_scheduled_one(backend: Backend) {
+    use crate::support::{sms, with};
+    let sms_api = MockServer::start().await;
+    mock_sms_ok(&sms_api, "SM1").await;
+    let app = TestApp::start(&settings(&sms_api.uri(), backend)).await;
+    let key = tenant(&app, "acme", "dedicated", 2).await;
+    let later = with(
+        with(sms(), "text", json!("in an hour")),
+        "send_at",
+        json!(crate::scheduled::rfc3339_in(chrono::Duration::hours(1))),
+    );
+    let scheduled = app.send_accepted(&key, &later).await;
+    // The worker settles the tenant's attention at the scheduled one's due
+    // time before the plain send comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = app
+        .send_accepted(&key, &with(sms(), "text", json!("now")))
+        .await;
+    let view = crate::delivery::wait_until(
+        &app,
+        &key,
+        &now,
+        |view| view["status"] == "sent",
+        Instant::now() + Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        view["status"], "sent",
+        "a send due now waited behind the tenant's scheduled one: {view}"
+    );
+    let view = crate::delivery::wait_for(&app, &key, &scheduled, |_| true).await;
+    assert_eq!(view["status"], "scheduled", "{view}");
+    assert_eq!(bodies(&sms_api).await, ["now"]);
+}
 
 async fn small_tenants_finish_within_a_few_slices_beside_a_dedicated_tenants_big_backlog(
     backend: Backend,

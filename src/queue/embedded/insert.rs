@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::Transaction;
+use rusqlite::{OptionalExtension, Transaction};
 
 use super::state::LaneState;
 use super::{EmbeddedQueue, Reply, answer, failed};
@@ -25,6 +25,14 @@ const INSERT_ATTENTION: &str = "INSERT INTO queue_messages (queue, message_id, t
      SELECT ?1, ?2, ?2, 'email', 'normal', '', ?3, ?4, 0, ?5 \
      WHERE NOT EXISTS (SELECT 1 FROM queue_messages WHERE queue IN (?1, ?6) AND tenant_id = ?2)";
 
+/// The due time of a tenant's waiting attention entry (not one set aside
+/// for a held tenant).
+const ATTENTION_DUE: &str =
+    "SELECT seq, visible_at FROM queue_messages WHERE queue = ?1 AND tenant_id = ?2";
+
+/// Brings an attention entry forward to `?2`.
+const BRING_FORWARD: &str = "UPDATE queue_messages SET visible_at = ?2 WHERE seq = ?1";
+
 /// What an insert put on which queue, for their books once committed.
 #[derive(Default)]
 pub struct Inserted {
@@ -36,10 +44,30 @@ struct Booked {
     count: u64,
     /// Due times (ms) of delayed messages.
     delayed: Vec<i64>,
+    /// Due times (ms) of rows brought forward, as they were.
+    undelayed: Vec<i64>,
 }
 
 impl Inserted {
     fn note(&mut self, state: &Arc<LaneState>, visible_at: i64, now: i64) {
+        let booked = self.booked(state);
+        booked.count += 1;
+        if visible_at > now {
+            booked.delayed.push(visible_at);
+        }
+    }
+
+    /// A row of `state`'s queue that was due at `was` is due at
+    /// `visible_at` now.
+    fn note_moved(&mut self, state: &Arc<LaneState>, was: i64, visible_at: i64, now: i64) {
+        let booked = self.booked(state);
+        booked.undelayed.push(was);
+        if visible_at > now {
+            booked.delayed.push(visible_at);
+        }
+    }
+
+    fn booked(&mut self, state: &Arc<LaneState>) -> &mut Booked {
         let at = match self
             .queues
             .iter()
@@ -51,15 +79,12 @@ impl Inserted {
                     state: state.clone(),
                     count: 0,
                     delayed: Vec::new(),
+                    undelayed: Vec::new(),
                 });
                 self.queues.len() - 1
             }
         };
-        let booked = &mut self.queues[at];
-        booked.count += 1;
-        if visible_at > now {
-            booked.delayed.push(visible_at);
-        }
+        &mut self.queues[at]
     }
 
     /// Books committed inserts and wakes each queue's long-polling receivers.
@@ -69,6 +94,9 @@ impl Inserted {
             {
                 let mut book = booked.state.book();
                 book.rows += booked.count;
+                for at in &booked.undelayed {
+                    book.remove_delayed(*at);
+                }
                 for at in &booked.delayed {
                     book.add_delayed(*at, now);
                 }
@@ -112,7 +140,8 @@ impl EmbeddedQueue {
                 if new {
                     target.load(tx)?;
                 }
-                self.signal_attention(tx, state.lane, &message.tenant_id, 0, inserted)?;
+                let delay_ms = i64::try_from(message.delay.as_millis()).unwrap_or(i64::MAX);
+                self.signal_attention(tx, state.lane, &message.tenant_id, delay_ms, inserted)?;
                 target
             } else {
                 state.clone()
@@ -163,8 +192,24 @@ impl EmbeddedQueue {
             inserted.note(attention, visible_at, now);
             metrics::counter!(crate::metrics::ATTENTION_SIGNALS_TOTAL, "lane" => lane.as_str(), "event" => "published")
                 .increment(1);
+            return Ok(true);
         }
-        Ok(added == 1)
+        // One is waiting: due later than this message (the tenant's
+        // scheduled send), it comes forward, so a send due now never waits
+        // for a scheduled one (issue 68). A leased entry's due time has
+        // passed, so one a worker holds is left alone.
+        let waiting: Option<(i64, i64)> = tx
+            .prepare_cached(ATTENTION_DUE)?
+            .query_row(rusqlite::params![attention.names.main, tenant_id], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()?;
+        if let Some((seq, was)) = waiting.filter(|(_, was)| *was > visible_at) {
+            tx.prepare_cached(BRING_FORWARD)?
+                .execute(rusqlite::params![seq, visible_at])?;
+            inserted.note_moved(attention, was, visible_at, now);
+        }
+        Ok(false)
     }
 
     /// Puts `messages` on `lane` outside the accept path, in a piece of

@@ -74,8 +74,11 @@ impl LaneRows {
 /// A row for a lane of a tenant whose `isolation` is `dedicated` goes to
 /// the tenant's own queue there (`fast:t:acme`), which is then listed in
 /// `lane_tenant_queues`, with an entry for the tenant in the lane's
-/// attention queue (`fast:attention`) unless one waits already (the
-/// `lane_messages_attention` index keeps one per tenant).
+/// attention queue (`fast:attention`), visible when the first of the
+/// tenant's rows is due. One waiting already (the `lane_messages_attention`
+/// index keeps one per tenant) is brought forward to that instant if it
+/// was due later and no worker holds it: a send due now never waits for
+/// the tenant's scheduled one (issue 68).
 ///
 /// Before it looks for a turn it holds the turn's advisory lock in shared
 /// mode until the transaction ends (key: `hashtextextended('{queue}:{class}:
@@ -92,15 +95,15 @@ pub(crate) async fn insert_lane_rows(
         "WITH given AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
              $5::text[], $6::text[], $7::smallint[], $8::bigint[]) \
              AS g(id, queue, tenant_id, channel, priority, body, class, delay_ms)), \
-         own AS (SELECT DISTINCT g.queue AS lane, g.tenant_id FROM given g \
+         own AS (SELECT g.queue AS lane, g.tenant_id, min(g.delay_ms) AS delay_ms FROM given g \
              JOIN tenants t ON t.id = g.tenant_id AND t.isolation = 'dedicated' \
-             WHERE g.queue IN ('fast', 'slow')), \
+             WHERE g.queue IN ('fast', 'slow') GROUP BY g.queue, g.tenant_id), \
          u AS (SELECT g.id, CASE WHEN o.lane IS NULL THEN g.queue \
                  ELSE g.queue || ':t:' || g.tenant_id END AS queue, \
                  g.tenant_id, g.channel, g.priority, g.body, g.class, g.delay_ms \
              FROM given g LEFT JOIN own o ON o.lane = g.queue AND o.tenant_id = g.tenant_id \
              UNION ALL SELECT o.tenant_id, o.lane || ':attention', o.tenant_id, 'email', \
-                 'normal', '', 1::smallint, 0::bigint FROM own o), \
+                 'normal', '', 1::smallint, o.delay_ms FROM own o), \
          turns AS (INSERT INTO lane_turns (queue, class, tenant_id, turn) \
              SELECT d.queue, d.class, d.tenant_id, nextval('lane_turn_seq') \
              FROM (SELECT DISTINCT queue, class, tenant_id FROM u) AS d \
@@ -110,7 +113,9 @@ pub(crate) async fn insert_lane_rows(
          queued AS (INSERT INTO lane_messages (queue, class, tenant_id, message_id, channel, \
              priority, body, enqueued_at, visible_at) \
              SELECT queue, class, tenant_id, id, channel, priority, body, $9, $9 + delay_ms FROM u \
-             ON CONFLICT (queue, tenant_id) WHERE queue LIKE '%:attention' DO NOTHING), \
+             ON CONFLICT (queue, tenant_id) WHERE queue LIKE '%:attention' DO UPDATE \
+             SET visible_at = EXCLUDED.visible_at \
+             WHERE NOT lane_messages.leased AND lane_messages.visible_at > EXCLUDED.visible_at), \
          listed AS (INSERT INTO lane_tenant_queues (tenant_id, lane) \
              SELECT tenant_id, lane FROM own ON CONFLICT DO NOTHING) \
          SELECT count(pg_notify('fairlane_lanes', queue)) \
