@@ -9,6 +9,7 @@
 //! lane ([`OutboundMessage`]), its status row ([`MessageRecord`]) and its
 //! status as clients and webhooks see it ([`MessageView`]).
 
+pub mod idn;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -672,7 +673,12 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
     match (errors.is_empty(), channel, to, text) {
         (true, Some(channel), Some(to), Some(text)) => Ok(NewMessage {
             channel,
-            to: to.to_owned(),
+            // An email address as the provider takes it (its domain in
+            // Punycode): stored, sent and matched against suppressions so.
+            to: match channel {
+                Channel::Email => sendable_address(to).unwrap_or_else(|_| to.to_owned()),
+                Channel::Sms => to.to_owned(),
+            },
             subject: subject.map(str::to_owned),
             text: match (text.is_empty(), html) {
                 (true, Some(html)) => text_of_html(html),
@@ -838,7 +844,14 @@ fn copies(
     to: Option<&str>,
     errors: &mut Errors,
 ) -> (Vec<String>, Vec<String>) {
-    let mut seen: Vec<String> = to.map(str::to_lowercase).into_iter().collect();
+    let mut seen: Vec<String> = to
+        .map(|to| {
+            sendable_address(to)
+                .unwrap_or_else(|_| to.to_owned())
+                .to_lowercase()
+        })
+        .into_iter()
+        .collect();
     let mut lists = [Vec::new(), Vec::new()];
     for (field, list) in ["cc", "bcc"].into_iter().zip(lists.iter_mut()) {
         let items = match object.get(field) {
@@ -851,22 +864,26 @@ fn copies(
         };
         for (i, item) in items.iter().enumerate() {
             let name = format!("{field}[{i}]");
-            match item.as_str() {
-                Some(address) if !is_email_address(address) => {
-                    errors.insert(
-                        name,
-                        "must be an email address like name@example.com".into(),
-                    );
+            let address = match item.as_str().map(|given| (given, is_email_address(given))) {
+                Some((given, true)) => {
+                    sendable_address(given).map_err(|refused| (name.clone(), refused))
                 }
-                Some(address) if seen.contains(&address.to_lowercase()) => {
+                Some((_, false)) => Err((
+                    name.clone(),
+                    "must be an email address like name@example.com",
+                )),
+                None => Err((name.clone(), "must be a string")),
+            };
+            match address {
+                Err((name, refused)) => {
+                    errors.insert(name, refused.into());
+                }
+                Ok(address) if seen.contains(&address.to_lowercase()) => {
                     errors.insert(name, "repeats another recipient of the message".into());
                 }
-                Some(address) => {
+                Ok(address) => {
                     seen.push(address.to_lowercase());
-                    list.push(address.to_owned());
-                }
-                None => {
-                    errors.insert(name, "must be a string".into());
+                    list.push(address);
                 }
             }
             if seen.len() > MAX_RECIPIENTS {
@@ -888,10 +905,24 @@ fn check_to(channel: Channel, to: &str, errors: &mut Errors) {
         Channel::Email if !is_email_address(to) => {
             "must be an email address like name@example.com (at most 254 characters, no display name)"
         }
+        Channel::Email => match sendable_address(to) {
+            Ok(_) => return,
+            Err(refused) => refused,
+        },
         Channel::Sms if !is_e164(to) => "must be a phone number in E.164 form, like +15551234567",
         _ => return,
     };
     errors.insert("to".into(), refused.into());
+}
+
+/// A valid email address as the provider takes it ([`idn::ascii_address`]),
+/// still within [`MAX_EMAIL_LEN`] once converted.
+fn sendable_address(address: &str) -> Result<String, &'static str> {
+    let ascii = idn::ascii_address(address)?;
+    if ascii.len() > MAX_EMAIL_LEN {
+        return Err("is longer than 254 characters once its domain is in Punycode");
+    }
+    Ok(ascii)
 }
 
 /// A send by template: its id, version, locale and personalisation, each

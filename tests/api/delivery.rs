@@ -772,3 +772,64 @@ async fn messages_parked_longer_than_the_visibility_timeout_keep_their_leases() 
         "a parked message was received again and sent twice"
     );
 }
+
+/// An internationalised domain reaches SES in Punycode (SES v2 takes 7-bit
+/// ASCII); a non-ASCII local part,
+/// which SES cannot take, is refused with 422 naming the field (issue 68:
+/// both were accepted and then dead-lettered by SES).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_internationalised_domain_goes_to_ses_in_punycode_and_a_non_ascii_local_part_is_refused()
+{
+    let ses = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v2/email/outbound-emails"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"MessageId": "ses-idn"})))
+        .mount(&ses)
+        .await;
+    let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
+    let key = app.tenant_with_key("acme", "pro").await;
+    let id = app
+        .send_accepted(
+            &key,
+            &json!({"channel":"email","to":"user@bücher.example","cc":["kopie@BÜCHER.example"],"subject":"Hallo","text":"Grüße"}),
+        )
+        .await;
+    let view = wait_for(&app, &key, &id, status_is("sent")).await;
+    assert_eq!(view["status"], "sent", "{view}");
+    let requests = ses.received_requests().await.unwrap();
+    let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
+    assert_eq!(
+        body["Destination"]["ToAddresses"],
+        json!(["user@xn--bcher-kva.example"]),
+        "{body}"
+    );
+    assert_eq!(
+        body["Destination"]["CcAddresses"],
+        json!(["kopie@xn--bcher-kva.example"]),
+        "{body}"
+    );
+    for (field, body) in [
+        (
+            "to",
+            json!({"channel":"email","to":"üser@example.com","subject":"Hi","text":"Hi"}),
+        ),
+        (
+            "cc[0]",
+            json!({"channel":"email","to":"ada@example.com","cc":["jürgen@example.com"],"subject":"Hi","text":"Hi"}),
+        ),
+    ] {
+        let response = app
+            .tenant(&key, Method::POST, "/v1/messages")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let problem = crate::support::expect_field_error(response, field).await;
+        assert!(
+            problem["errors"][field]
+                .as_str()
+                .is_some_and(|text| text.contains("non-ASCII")),
+            "{problem}"
+        );
+    }
+}
