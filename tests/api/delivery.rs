@@ -43,6 +43,17 @@ async fn mock_sms_after(server: &MockServer, sid: &str, delay: Duration) {
         .await;
 }
 
+/// A SES v2 endpoint that answers every send with `message_id`.
+async fn mock_ses_ok(message_id: &str) -> MockServer {
+    let ses = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v2/email/outbound-emails"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"MessageId": message_id})))
+        .mount(&ses)
+        .await;
+    ses
+}
+
 /// Polls the message until `done` holds or 15 s pass; returns the last view.
 pub(crate) async fn wait_for(
     app: &TestApp,
@@ -122,12 +133,7 @@ async fn an_sms_travels_from_post_to_sent_with_the_providers_sid() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_email_travels_through_ses_and_stores_its_message_id() {
-    let ses = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v2/email/outbound-emails"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"MessageId": "ses-0001"})))
-        .mount(&ses)
-        .await;
+    let ses = mock_ses_ok("ses-0001").await;
     let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
     let key = app.tenant_with_key("acme", "pro").await;
     let id = app
@@ -780,12 +786,7 @@ async fn messages_parked_longer_than_the_visibility_timeout_keep_their_leases() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internationalised_domain_goes_to_ses_in_punycode_and_a_non_ascii_local_part_is_refused()
 {
-    let ses = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v2/email/outbound-emails"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"MessageId": "ses-idn"})))
-        .mount(&ses)
-        .await;
+    let ses = mock_ses_ok("ses-idn").await;
     let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
     let key = app.tenant_with_key("acme", "pro").await;
     let id = app
