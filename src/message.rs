@@ -9,7 +9,10 @@
 //! lane ([`OutboundMessage`]), its status row ([`MessageRecord`]) and its
 //! status as clients and webhooks see it ([`MessageView`]).
 
-pub mod idn;
+pub mod addresses;
+
+use addresses::{check_to, copies, sendable_address};
+pub use addresses::{is_e164, is_email_address};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -501,34 +504,6 @@ pub enum SendMessageRequest {
     Sms(SendSmsRequest),
 }
 
-/// True for an E.164 number: `+`, a non-zero digit, then 7 to 14 digits.
-pub fn is_e164(number: &str) -> bool {
-    let Some(digits) = number.strip_prefix('+') else {
-        return false;
-    };
-    (8..=15).contains(&digits.len())
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && !digits.starts_with('0')
-}
-
-/// True for a deliverable-looking address: RFC 5322 `local@domain` syntax
-/// (checked by the `email_address` crate), no display name, at most 254
-/// characters, and a domain with at least one dot.
-pub fn is_email_address(address: &str) -> bool {
-    if address.len() > MAX_EMAIL_LEN || address.trim() != address {
-        return false;
-    }
-    let Ok(parsed) = address.parse::<email_address::EmailAddress>() else {
-        return false;
-    };
-    let domain = parsed.domain();
-    parsed.as_str() == address
-        && !address.contains('<')
-        && domain.contains('.')
-        && !domain.starts_with('.')
-        && !domain.ends_with('.')
-}
-
 type Errors = BTreeMap<String, String>;
 
 /// Most unknown fields of one request object named in its errors; the rest
@@ -835,94 +810,6 @@ fn attachments_of(value: Option<&Value>, errors: &mut Errors) -> Vec<AttachmentO
         }
     }
     out
-}
-
-/// An email's `cc` and `bcc`: arrays of addresses, each valid, none
-/// repeating another recipient, at most [`MAX_RECIPIENTS`] with `to`.
-fn copies(
-    object: &Map<String, Value>,
-    to: Option<&str>,
-    errors: &mut Errors,
-) -> (Vec<String>, Vec<String>) {
-    let mut seen: Vec<String> = to
-        .map(|to| {
-            sendable_address(to)
-                .unwrap_or_else(|_| to.to_owned())
-                .to_lowercase()
-        })
-        .into_iter()
-        .collect();
-    let mut lists = [Vec::new(), Vec::new()];
-    for (field, list) in ["cc", "bcc"].into_iter().zip(lists.iter_mut()) {
-        let items = match object.get(field) {
-            None | Some(Value::Null) => continue,
-            Some(Value::Array(items)) => items,
-            Some(_) => {
-                errors.insert(field.into(), "must be an array of email addresses".into());
-                continue;
-            }
-        };
-        for (i, item) in items.iter().enumerate() {
-            let name = format!("{field}[{i}]");
-            let address = match item.as_str().map(|given| (given, is_email_address(given))) {
-                Some((given, true)) => {
-                    sendable_address(given).map_err(|refused| (name.clone(), refused))
-                }
-                Some((_, false)) => Err((
-                    name.clone(),
-                    "must be an email address like name@example.com",
-                )),
-                None => Err((name.clone(), "must be a string")),
-            };
-            match address {
-                Err((name, refused)) => {
-                    errors.insert(name, refused.into());
-                }
-                Ok(address) if seen.contains(&address.to_lowercase()) => {
-                    errors.insert(name, "repeats another recipient of the message".into());
-                }
-                Ok(address) => {
-                    seen.push(address.to_lowercase());
-                    list.push(address);
-                }
-            }
-            if seen.len() > MAX_RECIPIENTS {
-                errors.insert(
-                    field.into(),
-                    format!("to, cc and bcc together must be at most {MAX_RECIPIENTS} addresses"),
-                );
-                break;
-            }
-        }
-    }
-    let [cc, bcc] = lists;
-    (cc, bcc)
-}
-
-/// The recipient checked for its channel.
-fn check_to(channel: Channel, to: &str, errors: &mut Errors) {
-    let refused = match channel {
-        Channel::Email if !is_email_address(to) => {
-            "must be an email address like name@example.com (at most 254 characters, no display name)"
-        }
-        Channel::Email => match sendable_address(to) {
-            Ok(_) => return,
-            Err(refused) => refused,
-        },
-        Channel::Sms if !is_e164(to) => "must be a phone number in E.164 form, like +15551234567",
-        _ => return,
-    };
-    errors.insert("to".into(), refused.into());
-}
-
-/// A valid email address as the provider takes it ([`idn::ascii_address`]),
-/// still within [`MAX_EMAIL_LEN`] once converted.
-fn sendable_address(address: &str) -> Result<String, &'static str> {
-    let ascii = idn::ascii_address(address)?;
-    if ascii.len() > MAX_EMAIL_LEN {
-        return Err("is longer than 254 characters once its domain is in Punycode");
-    }
-    Ok(ascii)
 }
 
 /// A send by template: its id, version, locale and personalisation, each
