@@ -220,27 +220,6 @@ impl Acceptor {
     }
 }
 
-/// What a send was charged: a grant per recipient. An email with copies
-/// counts each address against the tenant's rate and daily quota, as SES
-/// counts recipients against its own sending rate.
-pub(crate) struct Charge {
-    /// The first recipient's grant.
-    first: Grant,
-    /// One per copy.
-    copies: Vec<Grant>,
-}
-
-impl Charge {
-    /// The rate figures of the last grant, for the answer's headers.
-    fn info(&self) -> RateInfo {
-        self.copies.last().unwrap_or(&self.first).info
-    }
-
-    fn grants(&self) -> impl Iterator<Item = &Grant> {
-        std::iter::once(&self.first).chain(&self.copies)
-    }
-}
-
 /// Whose bucket and day count a caller's sends are taken from: the
 /// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
 /// test sends neither use the daily quota nor the live sends' rate.
@@ -371,7 +350,7 @@ impl Acceptor {
         Ok(Sent::Accepted {
             id: handed.id,
             body: handed.answer_body,
-            rate: charge.info(),
+            rate: charge.info,
         })
     }
 
@@ -595,7 +574,7 @@ impl Acceptor {
         &self,
         caller: &Caller,
         prepared: &Prepared,
-    ) -> Result<Charge, Refused> {
+    ) -> Result<Grant, Refused> {
         let charge = self
             .admit(caller, prepared.lane, prepared.recipients)
             .await?;
@@ -778,34 +757,40 @@ impl Acceptor {
         Ok(message)
     }
 
-    /// The lane's high-water mark and the tenant's rate and daily quota, in
-    /// that order: a refusal charges nothing.
-    async fn admit(&self, caller: &Caller, lane: Lane, units: usize) -> Result<Charge, Refused> {
-        let mut charge = Charge {
-            first: self.admit_one(caller, lane).await?,
-            copies: Vec::new(),
-        };
-        for _ in 1..units {
-            match self.admit_one(caller, lane).await {
-                Ok(grant) => charge.copies.push(grant),
-                Err(refused) => {
-                    self.release(caller, &charge).await;
-                    return Err(refused);
-                }
-            }
+    /// The lane's high-water mark, then the tenant's rate and daily quota
+    /// for all `recipients` at once (an email with copies counts each
+    /// address, as SES counts recipients against its own sending rate): a
+    /// refusal charges nothing, and a send
+    /// with more recipients than the plan's burst, which could never pass,
+    /// is a 422 rather than a 429 that no wait would end. Every charge is
+    /// taken here and given back by [`Self::release`].
+    async fn admit(
+        &self,
+        caller: &Caller,
+        lane: Lane,
+        recipients: usize,
+    ) -> Result<Grant, Refused> {
+        let units = u32::try_from(recipients).unwrap_or(u32::MAX).max(1);
+        if units > caller.plan.burst {
+            return Err(Refused::field(
+                "to",
+                format!(
+                    "the email has {units} recipients (to, cc and bcc together) and plan {:?} lets at most {} go at once (its burst); send it as several emails",
+                    caller.plan.name, caller.plan.burst
+                ),
+            ));
         }
-        Ok(charge)
+        self.admit_units(caller, lane, units).await
     }
 
-    /// Gives back the daily quota of a charge whose send was not accepted.
-    async fn release(&self, caller: &Caller, charge: &Charge) {
-        for grant in charge.grants() {
-            self.limits.release(&limits_key(caller), grant).await;
-        }
+    /// Gives back what a charge took when its send was not accepted: its
+    /// units in the tenant's bucket and of the day's quota.
+    async fn release(&self, caller: &Caller, charge: &Grant) {
+        self.limits.release(&limits_key(caller), charge).await;
     }
 
-    /// One unit of [`Self::admit`].
-    async fn admit_one(&self, caller: &Caller, lane: Lane) -> Result<Grant, Refused> {
+    /// [`Self::admit`] past its check of the burst.
+    async fn admit_units(&self, caller: &Caller, lane: Lane, units: u32) -> Result<Grant, Refused> {
         if let Err(full) = self.backpressure.check(lane) {
             metrics::counter!(names::REJECTED_TOTAL, "reason" => "lane").increment(1);
             return Err(Refused::Limited {
@@ -819,7 +804,7 @@ impl Acceptor {
             });
         }
         let plan = limits_plan(caller);
-        match self.limits.admit(&limits_key(caller), &plan).await? {
+        match self.limits.admit(&limits_key(caller), &plan, units).await? {
             Ok(grant) => Ok(grant),
             Err(Refusal::Rate { retry_after, info }) => {
                 metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);
@@ -837,9 +822,15 @@ impl Acceptor {
                 metrics::counter!(names::REJECTED_TOTAL, "reason" => "quota").increment(1);
                 Err(Refused::Limited {
                     reason: LimitReason::Quota,
-                    detail: format!(
-                        "The daily quota of {quota} messages is used up; it renews at 00:00 UTC."
-                    ),
+                    detail: if units == 1 {
+                        format!(
+                            "The daily quota of {quota} messages is used up; it renews at 00:00 UTC."
+                        )
+                    } else {
+                        format!(
+                            "The daily quota of {quota} messages has fewer than the {units} this email's recipients need left; it renews at 00:00 UTC."
+                        )
+                    },
                     retry_after,
                     rate: None,
                 })
@@ -897,7 +888,7 @@ enum Admitted {
     /// The stored answer to an earlier send with the item's key.
     Replayed(SendAccepted),
     /// To be made durable, with its limit grant and the hold on its key.
-    Ready(Box<Prepared>, Charge, Option<HeldKey>),
+    Ready(Box<Prepared>, Grant, Option<HeldKey>),
 }
 
 /// A refused batch item; an internal failure is logged here, once.

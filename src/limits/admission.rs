@@ -40,21 +40,24 @@ impl TenantLimits {
         }
     }
 
-    /// Takes one send from `tenant_id`'s bucket and quota, or says why not.
-    /// The quota is looked at first, so a tenant whose day is used up does
-    /// not also drain its bucket; a refusal takes nothing from either.
+    /// Takes `units` sends (one per recipient) from `tenant_id`'s bucket
+    /// and quota, all of them or none, or says why not. The quota is
+    /// looked at first, so a tenant whose day is used up does not also
+    /// drain its bucket; a refusal takes nothing from either.
     pub async fn admit(
         &self,
         tenant_id: &str,
         plan: &Plan,
+        units: u32,
     ) -> anyhow::Result<Result<Grant, Refusal>> {
         let admitted = match &self.backend {
-            Backend::Local(local) => local.admit(tenant_id, plan, |_| None).await,
-            Backend::Redis(redis) => redis.admit(tenant_id, plan).await,
+            Backend::Local(local) => local.admit(tenant_id, plan, units, |_| None).await,
+            Backend::Redis(redis) => redis.admit(tenant_id, plan, units).await,
         };
         // A test key's bucket is `{tenant}#test`: not the tenant's sends.
         if matches!(admitted, Ok(Ok(_))) && !tenant_id.ends_with("#test") {
-            self.last_hour.record(tenant_id, crate::model::now_ms());
+            self.last_hour
+                .record(tenant_id, crate::model::now_ms(), units);
         }
         admitted
     }
@@ -64,7 +67,8 @@ impl TenantLimits {
         &self.last_hour
     }
 
-    /// Gives back the quota of a grant whose send was not accepted.
+    /// Gives back what a grant took (its units in the bucket and the
+    /// day's count) when its send was not accepted after all.
     pub async fn release(&self, tenant_id: &str, grant: &Grant) {
         match &self.backend {
             Backend::Local(local) => local.release(tenant_id, grant),

@@ -41,8 +41,8 @@ pub struct LastHour {
 }
 
 impl LastHour {
-    /// Counts one admitted send of `tenant` at `now_ms`.
-    pub fn record(&self, tenant: &str, now_ms: i64) {
+    /// Counts `sends` admitted sends of `tenant` at `now_ms`.
+    pub fn record(&self, tenant: &str, now_ms: i64, sends: u32) {
         let minute = now_ms.div_euclid(MINUTE_MS);
         let mut tenants = self.tenants.lock().expect("last hour lock");
         let minutes = match tenants.get_mut(tenant) {
@@ -54,7 +54,7 @@ impl LastHour {
         };
         minutes.advance(minute);
         let slot = minute.rem_euclid(MINUTES as i64) as usize;
-        minutes.counts[slot] = minutes.counts[slot].saturating_add(1);
+        minutes.counts[slot] = minutes.counts[slot].saturating_add(sends);
     }
 
     /// `tenant`'s counts for the 60 minutes up to the one of `now_ms`,
@@ -86,9 +86,9 @@ mod tests {
     fn counts_fall_into_their_minutes_and_age_out_after_an_hour() {
         let hour = LastHour::default();
         let start = 1_000 * MINUTE_MS;
-        hour.record("a", start);
-        hour.record("a", start + 59_999);
-        hour.record("a", start + MINUTE_MS);
+        hour.record("a", start, 1);
+        hour.record("a", start + 59_999, 1);
+        hour.record("a", start + MINUTE_MS, 1);
         let now = hour.of("a", start + MINUTE_MS);
         assert_eq!(&now[58..], &[2, 1]);
         assert_eq!(now.iter().sum::<u32>(), 3);
@@ -97,7 +97,7 @@ mod tests {
         assert_eq!((later[0], later[1]), (2, 1));
         // An hour on, it is gone; two hours of silence clear everything.
         assert_eq!(hour.of("a", start + 60 * MINUTE_MS)[0], 1);
-        hour.record("a", start + 120 * MINUTE_MS);
+        hour.record("a", start + 120 * MINUTE_MS, 1);
         assert_eq!(hour.of("a", start + 120 * MINUTE_MS).iter().sum::<u32>(), 1);
         assert_eq!(hour.of("b", start), [0; MINUTES]);
     }

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::tenant::Grant;
 use crate::config::LimitsSettings;
 use crate::metrics as names;
 
@@ -68,18 +69,19 @@ redis.call('PEXPIRE', KEYS[1], 60000)
 return redis.call('ZCARD', KEYS[1])
 ";
 
-/// One tenant admission: the daily quota, then the plan's GCRA, both or
-/// neither charged. The arithmetic is governor's (what the local backend
-/// runs), in microseconds of server time: emission interval T, tolerance
-/// tau = T × (burst − 1); a send at `now` passes when `now ≥ tat − tau`,
-/// and moves `tat` to `max(tat, now) + T`.
+/// One tenant admission of n units (a send's recipients): the daily quota,
+/// then the plan's GCRA, both or neither charged, all n units or none. The
+/// arithmetic is governor's (what the local backend runs), in microseconds
+/// of server time: emission interval T, tolerance tau = T × (burst − 1);
+/// n units at `now` pass when `now ≥ tat − tau + (n − 1) × T`, and move
+/// `tat` to `max(tat, now) + n × T`. The caller passes a burst of at least n.
 ///
 /// KEYS[1] rate key, KEYS[2] quota key of day ARGV[4].
 /// ARGV[1] T (µs), ARGV[2] burst, ARGV[3] daily quota, ARGV[4] the day the
-/// caller thinks it is (days since 1970, UTC).
+/// caller thinks it is (days since 1970, UTC), ARGV[5] n.
 ///
 /// Returns `{code, value, used}`: code 1 granted (value = remaining burst),
-/// 0 over the rate (value = µs until the next send may pass), 2 over the
+/// 0 over the rate (value = µs until the n units may pass), 2 over the
 /// quota (value = µs until the server's next UTC midnight), 3 the day's
 /// counter does not exist yet (seed it, then ask again), 4 the server is on
 /// another day (value = the server's day; ask again with it). `used` is the
@@ -97,29 +99,43 @@ if not used then
   return {3, 0, 0}
 end
 used = tonumber(used)
-if used >= tonumber(ARGV[3]) then
+local units = tonumber(ARGV[5])
+if used + units > tonumber(ARGV[3]) then
   return {2, (day + 1) * 86400000000 - now, used}
 end
 local period = tonumber(ARGV[1])
 local tau = period * (tonumber(ARGV[2]) - 1)
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-local earliest = tat - tau
+local earliest = tat - tau + (units - 1) * period
 if now < earliest then
   return {0, earliest - now, used}
 end
-local next_tat = math.max(tat, now) + period
+local next_tat = math.max(tat, now) + units * period
 redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX', math.floor((next_tat - now) / 1000) + 1)
-used = redis.call('INCR', KEYS[2])
+used = redis.call('INCRBY', KEYS[2], units)
 local remaining = math.floor(math.min(now + tau + period - next_tat, tau + period) / period)
 return {1, remaining, used}
 ";
 
-/// Gives back one send of a day's quota, never below zero and never
-/// creating the counter. KEYS[1] quota key. Returns the count after.
+/// Gives back what an admission took: n units of the day's quota (never
+/// below zero, never creating the counter) and n × T of the bucket (never
+/// fuller than full). KEYS[1] quota key, KEYS[2] rate key; ARGV[1] n,
+/// ARGV[2] n × T (µs). Returns the day's count after.
 const RELEASE_LUA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = redis.call('GET', KEYS[2])
+if tat then
+  tat = tonumber(tat) - tonumber(ARGV[2])
+  if tat > now then
+    redis.call('SET', KEYS[2], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+  else
+    redis.call('DEL', KEYS[2])
+  end
+end
 local used = redis.call('GET', KEYS[1])
 if used and tonumber(used) > 0 then
-  return redis.call('DECR', KEYS[1])
+  return redis.call('DECRBY', KEYS[1], math.min(tonumber(used), tonumber(ARGV[1])))
 end
 return 0
 ";
@@ -171,6 +187,16 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 local held = math.floor((now + period * (burst - 1) - tat) / period) + 1
 return math.max(0, math.min(burst, held))
 ";
+
+/// What an admission asks of the script: the plan's figures and the
+/// send's units (its recipients).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admission {
+    pub period_us: u64,
+    pub burst: u32,
+    pub daily_quota: u64,
+    pub units: u32,
+}
 
 /// What one admission script run answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,19 +446,18 @@ impl RedisLimits {
     pub(crate) async fn admit(
         &self,
         tenant: &str,
-        period_us: u64,
-        burst: u32,
-        daily_quota: u64,
+        asked: &Admission,
         day: i64,
     ) -> Result<AdmitReply, Unreachable> {
         let mut invocation = self.admit.prepare_invoke();
         invocation
             .key(self.tenant_key(tenant, "rate"))
             .key(self.quota_key(tenant, day))
-            .arg(period_us)
-            .arg(burst)
-            .arg(daily_quota)
-            .arg(day);
+            .arg(asked.period_us)
+            .arg(asked.burst.max(asked.units))
+            .arg(asked.daily_quota)
+            .arg(day)
+            .arg(asked.units);
         let (code, value, used): (i64, i64, i64) = self.invoke("admit", &invocation).await?;
         let used = used.max(0) as u64;
         let micros = |value: i64| Duration::from_micros(value.max(0) as u64);
@@ -475,10 +500,15 @@ impl RedisLimits {
         self.query::<Option<String>>("seed", &cmd).await.map(drop)
     }
 
-    /// Gives back one send of `tenant`'s quota of `day`.
-    pub(crate) async fn release(&self, tenant: &str, day: i64) -> Result<(), Unreachable> {
+    /// Gives back what `grant` took of `tenant`'s bucket and quota.
+    pub(crate) async fn release(&self, tenant: &str, grant: &Grant) -> Result<(), Unreachable> {
+        let period_us = u64::try_from(grant.period.as_micros()).unwrap_or(u64::MAX);
         let mut invocation = self.release.prepare_invoke();
-        invocation.key(self.quota_key(tenant, day));
+        invocation
+            .key(self.quota_key(tenant, grant.day))
+            .key(self.tenant_key(tenant, "rate"))
+            .arg(grant.units)
+            .arg(period_us.saturating_mul(u64::from(grant.units)));
         self.invoke::<i64>("release", &invocation).await.map(drop)
     }
 

@@ -135,8 +135,12 @@ impl Instance {
     }
 
     async fn admit(&self, tenant: &str, plan: &Plan) -> Result<Grant, Refusal> {
+        self.admit_units(tenant, plan, 1).await
+    }
+
+    async fn admit_units(&self, tenant: &str, plan: &Plan, units: u32) -> Result<Grant, Refusal> {
         self.tenants
-            .admit(tenant, plan)
+            .admit(tenant, plan, units)
             .await
             .expect("admission answers without an error")
     }
@@ -310,6 +314,49 @@ async fn two_instances_share_one_daily_quota_and_a_release_gives_one_back() {
     ));
     // Another tenant has a day of its own.
     assert!(a.admit("other", &plan).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_of_several_units_is_charged_whole_and_a_release_gives_all_back() {
+    let prefix = Prefix::new(&shared_redis_url());
+    let a = Instance::on_shared_redis(&prefix).await;
+    let b = Instance::on_shared_redis(&prefix).await;
+    // A bucket of 3 refilling once in 100 s, 5 sends a day.
+    let plan = plan(0.01, 3, 5);
+    let three = a
+        .admit_units("acme", &plan, 3)
+        .await
+        .expect("three fit a full bucket of 3");
+    assert_eq!(three.info.remaining, 0);
+    assert!(matches!(
+        b.admit_units("acme", &plan, 1).await,
+        Err(Refusal::Rate { .. })
+    ));
+    assert!(matches!(
+        b.admit_units("acme", &plan, 2).await,
+        Err(Refusal::Rate { .. })
+    ));
+    // The refusals took nothing; the release gives all three back, to
+    // the bucket and to the day, for the other instance too.
+    a.tenants.release("acme", &three).await;
+    let again = b
+        .admit_units("acme", &plan, 3)
+        .await
+        .expect("the bucket is full again");
+    assert_eq!(again.info.remaining, 0);
+    b.tenants.release("acme", &again).await;
+    let two = a.admit_units("acme", &plan, 2).await.expect("two of three");
+    assert_eq!(two.info.remaining, 1);
+    // 2 of the day's 5 are used: 3 fit, 4 do not (the quota is looked at
+    // before the bucket, which holds only 1).
+    assert!(matches!(
+        b.admit_units("acme", &plan, 4).await,
+        Err(Refusal::Quota { .. })
+    ));
+    assert!(matches!(
+        b.admit_units("acme", &plan, 3).await,
+        Err(Refusal::Rate { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -803,7 +850,7 @@ async fn reports_the_time_one_admission_takes_local_and_redis() {
             let tenant = format!("t{}", i % 50);
             let asked = Instant::now();
             match run {
-                0 => assert!(local.admit(&tenant, &plan).await.unwrap().is_ok()),
+                0 => assert!(local.admit(&tenant, &plan, 1).await.unwrap().is_ok()),
                 1 => assert!(redis.admit(&tenant, &plan).await.is_ok()),
                 _ => drop(gate.acquire(Priority::Normal).await),
             }

@@ -3,7 +3,8 @@
 //! per tenant, so a tenant's plan holds for the fleet, not per instance.
 //!
 //! An admission is one script run (see [`super::redis`]): the day's quota,
-//! then the plan's GCRA, both charged or neither. The first admission of a
+//! then the plan's GCRA, both charged or neither, for all of a send's
+//! recipients at once; a release gives both back in one run. The first admission of a
 //! tenant on a day finds no counter and creates it from the store's count of
 //! the day's messages (`SET NX`, so the first instance wins), which keeps a
 //! tenant's day when the backend is switched from `local` to `redis`.
@@ -54,9 +55,11 @@ impl RedisTenantLimits {
         &self,
         tenant_id: &str,
         plan: &Plan,
+        units: u32,
     ) -> anyhow::Result<Result<Grant, Refusal>> {
+        let units = units.max(1);
         if self.redis.is_up()
-            && let Some(decision) = self.admit_in_redis(tenant_id, plan).await?
+            && let Some(decision) = self.admit_in_redis(tenant_id, plan, units).await?
         {
             return Ok(decision);
         }
@@ -68,7 +71,7 @@ impl RedisTenantLimits {
             .get(tenant_id)
             .copied();
         self.fallback
-            .admit(tenant_id, &share, |today| {
+            .admit(tenant_id, &share, units, |today| {
                 reported
                     .filter(|&(day, _)| day == today)
                     .map(|(_, used)| used)
@@ -81,16 +84,19 @@ impl RedisTenantLimits {
         &self,
         tenant_id: &str,
         plan: &Plan,
+        units: u32,
     ) -> anyhow::Result<Option<Result<Grant, Refusal>>> {
         let period = period_micros(plan.rate_per_second);
+        let asked = super::redis::Admission {
+            period_us: period,
+            burst: plan.burst,
+            daily_quota: plan.daily_quota,
+            units,
+        };
         let mut day = crate::model::now_ms().div_euclid(DAY_MS);
         // At most: seed the counter, learn the server's day, seed that one.
         for _ in 0..4 {
-            let Ok(reply) = self
-                .redis
-                .admit(tenant_id, period, plan.burst, plan.daily_quota, day)
-                .await
-            else {
+            let Ok(reply) = self.redis.admit(tenant_id, &asked, day).await else {
                 return Ok(None);
             };
             let decision = match reply {
@@ -100,6 +106,8 @@ impl RedisTenantLimits {
                         info: RateInfo::granted(plan, remaining),
                         day,
                         via: Via::Redis,
+                        units,
+                        period: std::time::Duration::from_micros(period),
                     })
                 }
                 AdmitReply::OverRate { wait, used } => {
@@ -151,15 +159,16 @@ impl RedisTenantLimits {
         }
     }
 
-    /// Gives the send back to the counter that charged it. A Redis grant
-    /// released while Redis is unreachable stays counted (one send of the
-    /// day's quota, never more per request).
+    /// Gives the send back to the bucket and counter that charged it. A
+    /// Redis grant released while Redis is unreachable stays charged (the
+    /// send's units of the day's quota and of the bucket, never more per
+    /// request).
     pub(crate) async fn release(&self, tenant_id: &str, grant: &Grant) {
         match grant.via {
             Via::Local => self.fallback.release(tenant_id, grant),
             Via::Redis => {
                 if self.redis.is_up() {
-                    let _ = self.redis.release(tenant_id, grant.day).await;
+                    let _ = self.redis.release(tenant_id, grant).await;
                 }
             }
         }

@@ -7,7 +7,10 @@ use serde_json::json;
 
 use crate::delivery::{delivery_settings, status_is, wait_for};
 use crate::senders::{mail_of, ses_calls, ses_ok};
-use crate::support::{TestApp, email, expect_field_error, expect_json, on_both_stores, sms, with};
+use crate::support::{
+    TestApp, email, expect_field_error, expect_json, expect_problem_kind, header_u64,
+    on_both_stores, sms, with,
+};
 
 on_both_stores! {
     /// An email with HTML only goes out as `multipart/alternative` with a
@@ -129,5 +132,60 @@ on_both_stores! {
         expect_json(app.send(&key, &email()).await, StatusCode::ACCEPTED).await;
         let over = app.send(&key, &email()).await;
         assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "the quota is used up");
+    }
+}
+
+/// An email to `n` addresses (`to` and `n - 1` copies).
+fn email_to(n: usize) -> serde_json::Value {
+    let copies: Vec<String> = (1..n).map(|i| format!("c{i}@example.com")).collect();
+    with(email(), "cc", json!(copies))
+}
+
+/// With a plan of burst 3 refilling once in 100 s: an email wider than the
+/// burst is 422 naming `to`, an email refused by the rate takes no token,
+/// and neither refusal keeps the next single send from going.
+pub(crate) async fn rate_refusals_charge_nothing(app: &TestApp) {
+    let plan = app
+        .admin(Method::PUT, "/v1/admin/plans/three")
+        .json(&json!({"lane": "fast", "rate_per_second": 0.01, "burst": 3,
+                      "daily_quota": 1000, "max_in_flight": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success(), "{}", plan.status());
+    let key = app.tenant_with_key("acme", "three").await;
+
+    let wide = app.send(&key, &email_to(4)).await;
+    let problem = expect_field_error(wide, "to").await;
+    let why = problem["errors"]["to"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("4 recipients") && why.contains("burst"),
+        "{problem}"
+    );
+
+    let two = app.send(&key, &email_to(2)).await;
+    assert_eq!(header_u64(two.headers(), "ratelimit-remaining"), 1);
+    expect_json(two, StatusCode::ACCEPTED).await;
+    for _ in 0..3 {
+        let refused = app.send(&key, &email_to(3)).await;
+        expect_problem_kind(refused, StatusCode::TOO_MANY_REQUESTS, "rate").await;
+    }
+    let one = app.send(&key, &email()).await;
+    assert_eq!(
+        one.status(),
+        StatusCode::ACCEPTED,
+        "the refused emails took nothing: {}",
+        one.text().await.unwrap()
+    );
+    let spent = app.send(&key, &email()).await;
+    expect_problem_kind(spent, StatusCode::TOO_MANY_REQUESTS, "rate").await;
+}
+
+on_both_stores! {
+    /// Every recipient counts against the rate, and a refusal charges
+    /// nothing (issue 68.2).
+    async fn an_email_refused_by_the_rate_gives_back_what_it_took() {
+        let app = TestApp::start("").await;
+        rate_refusals_charge_nothing(&app).await;
     }
 }

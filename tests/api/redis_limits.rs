@@ -168,6 +168,21 @@ async fn over_the_daily_quota_redis_answers_the_same_429_as_local() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_an_email_refused_by_the_rate_gives_back_what_it_took() {
+    let prefix = RedisPrefix::new();
+    let app = TestApp::start(&prefix.settings()).await;
+    crate::recipients::rate_refusals_charge_nothing(&app).await;
+    assert!(
+        prefix
+            .keys()
+            .iter()
+            .any(|key| key.ends_with(":tenant:acme:rate")),
+        "counted in Redis: {:?}",
+        prefix.keys()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_from_local_to_redis_keeps_the_tenants_day_count() {
     let prefix = RedisPrefix::new();
     let app = TestApp::start(CAPPED_PLAN).await;
