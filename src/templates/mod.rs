@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use self::placeholders::Escape;
+use self::placeholders::{Escape, Unit};
 pub use crate::message::is_locale;
 use crate::message::{
     MAX_EMAIL_BODY_BYTES, MAX_EMAIL_PART_BYTES, MAX_SMS_CHARS, MAX_SUBJECT_CHARS,
@@ -296,6 +296,19 @@ impl TemplateContent {
         if !errors.is_empty() {
             return Err(errors);
         }
+        // Bounded before it is built: the sizes the parts will have,
+        // from the template's pieces and the values' lengths.
+        let planned = |part: &Option<String>, escape, unit| {
+            part.as_deref()
+                .map(|part| placeholders::filled_len(part, values, escape, unit))
+        };
+        Sizes {
+            subject_chars: planned(&variant.subject, Escape::None, Unit::Chars),
+            text_chars: planned(&variant.text, Escape::None, Unit::Chars).unwrap_or(0),
+            text: planned(&variant.text, Escape::None, Unit::Bytes).unwrap_or(0),
+            html: planned(&variant.html, Escape::Html, Unit::Bytes).unwrap_or(0),
+        }
+        .check(self.channel)?;
         let mut rendered = Rendered {
             locale,
             subject: variant
@@ -314,7 +327,9 @@ impl TemplateContent {
             (None, Some(html)) => crate::message::text_of_html(html),
             (None, None) => String::new(),
         };
-        rendered.check(self.channel).map(|()| rendered)
+        // Measured again as built: a text derived from the HTML is known
+        // only now.
+        Sizes::of(&rendered).check(self.channel).map(|()| rendered)
     }
 }
 
@@ -327,8 +342,26 @@ fn variant_names(variant: &Variant) -> BTreeSet<String> {
         .collect()
 }
 
-impl Rendered {
-    /// The send's bounds, on what the personalisation made of the template.
+/// The sizes of a rendered template's parts, planned or as built.
+struct Sizes {
+    subject_chars: Option<usize>,
+    text_chars: usize,
+    /// Bytes of the text and of the HTML part.
+    text: usize,
+    html: usize,
+}
+
+impl Sizes {
+    fn of(rendered: &Rendered) -> Self {
+        Sizes {
+            subject_chars: rendered.subject.as_ref().map(|s| s.chars().count()),
+            text_chars: rendered.text.chars().count(),
+            text: rendered.text.len(),
+            html: rendered.html.as_ref().map_or(0, String::len),
+        }
+    }
+
+    /// The send's bounds, on what the personalisation makes of the template.
     fn check(&self, channel: Channel) -> Result<(), Errors> {
         let too_long = |what: &str, size: usize, limit: usize, unit: &str| {
             Err(Errors::from([(
@@ -338,28 +371,26 @@ impl Rendered {
         };
         match channel {
             Channel::Sms => {
-                let chars = self.text.chars().count();
-                if chars > MAX_SMS_CHARS {
-                    return too_long("text", chars, MAX_SMS_CHARS, "characters");
+                if self.text_chars > MAX_SMS_CHARS {
+                    return too_long("text", self.text_chars, MAX_SMS_CHARS, "characters");
                 }
             }
             Channel::Email => {
-                if let Some(subject) = &self.subject {
-                    let chars = subject.chars().count();
-                    if chars > MAX_SUBJECT_CHARS {
-                        return too_long("subject", chars, MAX_SUBJECT_CHARS, "characters");
-                    }
+                if let Some(chars) = self.subject_chars
+                    && chars > MAX_SUBJECT_CHARS
+                {
+                    return too_long("subject", chars, MAX_SUBJECT_CHARS, "characters");
                 }
-                let html = self.html.as_ref().map_or(0, String::len);
-                for (part, size) in [("text", self.text.len()), ("html", html)] {
+                for (part, size) in [("text", self.text), ("html", self.html)] {
                     if size > MAX_EMAIL_PART_BYTES {
                         return too_long(part, size, MAX_EMAIL_PART_BYTES, "bytes");
                     }
                 }
-                if self.text.len() + html > MAX_EMAIL_BODY_BYTES {
+                let body = self.text.saturating_add(self.html);
+                if body > MAX_EMAIL_BODY_BYTES {
                     return too_long(
                         "text and html together",
-                        self.text.len() + html,
+                        body,
                         MAX_EMAIL_BODY_BYTES,
                         "bytes",
                     );

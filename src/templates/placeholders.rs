@@ -116,6 +116,66 @@ pub fn fill(text: &str, values: &BTreeMap<String, String>, escape: Escape) -> St
     out
 }
 
+/// What a length is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Bytes,
+    Chars,
+}
+
+/// How long `text` is once filled (see [`fill`]), in `unit`, worked out
+/// from its pieces and the values' lengths with escaping counted, without
+/// building it: a template that uses one placeholder 2,000 times with a
+/// long value is refused before any of its 2,000 copies is written. Each
+/// value is measured once, however often it is used.
+pub fn filled_len(
+    text: &str,
+    values: &BTreeMap<String, String>,
+    escape: Escape,
+    unit: Unit,
+) -> usize {
+    let Ok(pieces) = pieces(text) else {
+        return measure(text, unit);
+    };
+    let mut measured: BTreeMap<&str, usize> = BTreeMap::new();
+    pieces.iter().fold(0usize, |total, piece| {
+        let len = match *piece {
+            Piece::Text(literal) => measure(literal, unit),
+            Piece::Field(name) => match values.get(name) {
+                Some(value) => *measured.entry(name).or_insert_with(|| {
+                    let extra = match escape {
+                        Escape::None => 0,
+                        Escape::Html => value.bytes().map(escape_extra).sum(),
+                    };
+                    measure(value, unit).saturating_add(extra)
+                }),
+                None => measure(name, unit) + 4,
+            },
+        };
+        total.saturating_add(len)
+    })
+}
+
+fn measure(text: &str, unit: Unit) -> usize {
+    match unit {
+        Unit::Bytes => text.len(),
+        Unit::Chars => text.chars().count(),
+    }
+}
+
+/// What [`escape_html`] adds to one byte: the entity's length less the
+/// byte it stands for (entities are ASCII, so bytes and characters alike).
+fn escape_extra(byte: u8) -> usize {
+    match byte {
+        b'&' => "&amp;".len() - 1,
+        b'<' => "&lt;".len() - 1,
+        b'>' => "&gt;".len() - 1,
+        b'"' => "&quot;".len() - 1,
+        b'\'' => "&#39;".len() - 1,
+        _ => 0,
+    }
+}
+
 /// `value` escaped for HTML text and attributes (quoted either way):
 /// maud's escaper, and `'` too, which maud leaves alone.
 fn escape_html(value: &str, out: &mut String) {
@@ -185,6 +245,39 @@ pub(super) mod tests {
         assert_eq!(
             fill("Hi ((name))", &v, Escape::None),
             "Hi <script>alert('x')</script> & co"
+        );
+    }
+
+    #[test]
+    fn the_filled_length_is_worked_out_exactly_without_filling() {
+        let v = values(&[("a", "<\"é'&>"), ("b", "plain")]);
+        for text in [
+            "((a))",
+            "<p title=\"((a))\">((b)) ((a)) ((missing))</p>",
+            "(((b)))",
+            "no fields",
+            "((unclosed",
+        ] {
+            for escape in [Escape::None, Escape::Html] {
+                let filled = fill(text, &v, escape);
+                assert_eq!(
+                    filled_len(text, &v, escape, Unit::Bytes),
+                    filled.len(),
+                    "{text}"
+                );
+                assert_eq!(
+                    filled_len(text, &v, escape, Unit::Chars),
+                    filled.chars().count(),
+                    "{text}"
+                );
+            }
+        }
+        // 2,000 uses of a 10,000-character value, measured, not built.
+        let text = "((a))".repeat(2_000);
+        let v = values(&[("a", &"\"".repeat(10_000))]);
+        assert_eq!(
+            filled_len(&text, &v, Escape::Html, Unit::Bytes),
+            120_000_000
         );
     }
 
