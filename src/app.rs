@@ -68,7 +68,14 @@ impl Application {
         registry.set_retention_default(settings.retention.default_days);
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let mut background = vec![tokio::spawn(registry.clone().follow(shutdown_rx.clone()))];
+        let mut background = vec![
+            tokio::spawn(registry.clone().follow(shutdown_rx.clone())),
+            tokio::spawn(
+                admin
+                    .clone()
+                    .follow_rotations(db.clone(), shutdown_rx.clone()),
+            ),
+        ];
         let released = db
             .release_interrupted_sends()
             .await
@@ -108,21 +115,7 @@ impl Application {
         let backpressure = Arc::new(backpressure);
         let redis = limits_in_redis(&settings, &db, &mut background, &shutdown_rx).await?;
 
-        // One synchronous sample so the first requests see real depths.
-        let mut previous = [
-            (
-                queue.deleted_total(crate::model::Lane::Fast),
-                std::time::Instant::now(),
-            ),
-            (
-                queue.deleted_total(crate::model::Lane::Slow),
-                std::time::Instant::now(),
-            ),
-        ];
-        backpressure.sample(queue.as_ref(), &mut previous).await;
-        background.push(tokio::spawn(
-            backpressure.clone().run(queue.clone(), shutdown_rx.clone()),
-        ));
+        background.push(sample_lanes(&backpressure, &queue, &shutdown_rx).await);
         spawn_jobs(
             &settings,
             &db,
@@ -183,6 +176,7 @@ impl Application {
             redis,
             settings,
             console_key: crate::api::console::SessionKey::load(&db).await?,
+            sign_ins: Default::default(),
             db,
             registry,
             queue,
@@ -317,6 +311,19 @@ impl PendingCounts for OutboxRows {
 /// receipts tried again, the SES events queues read, webhooks dispatched,
 /// retention, the usage roll-up (PostgreSQL) and expired idempotency keys
 /// forgotten, the API keys' last uses written.
+/// Samples the lanes' depths once, so the first requests see real ones,
+/// then starts the sampler that keeps them current.
+async fn sample_lanes(
+    backpressure: &Arc<LaneBackpressure>,
+    queue: &Arc<dyn LaneQueue>,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let mut previous =
+        [Lane::Fast, Lane::Slow].map(|lane| (queue.deleted_total(lane), std::time::Instant::now()));
+    backpressure.sample(queue.as_ref(), &mut previous).await;
+    tokio::spawn(backpressure.clone().run(queue.clone(), shutdown.clone()))
+}
+
 async fn spawn_jobs(
     settings: &Settings,
     db: &Db,

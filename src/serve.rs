@@ -231,8 +231,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(err) => {
                 // Out of file descriptors and the like: wait a little
                 // rather than spin.
@@ -258,7 +258,7 @@ pub async fn serve(
         );
         tasks.spawn(serve_one(
             id,
-            stream,
+            (stream, peer),
             router.clone(),
             builder.clone(),
             connections.clone(),
@@ -283,7 +283,7 @@ async fn refuse(mut stream: TcpStream) {
 
 async fn serve_one(
     id: u64,
-    stream: TcpStream,
+    (stream, peer): (TcpStream, std::net::SocketAddr),
     router: Router,
     builder: Arc<Builder<TokioExecutor>>,
     connections: Arc<Connections>,
@@ -298,8 +298,14 @@ async fn serve_one(
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let router = router.clone();
         let busy = BusyGuard::new(connections.clone(), id);
+        // The client's address, as `axum::serve` leaves it (ConnectInfo):
+        // the console's sign-in throttle counts by it.
+        let mut request = request.map(axum::body::Body::new);
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         async move {
-            let response = router.oneshot(request.map(axum::body::Body::new)).await;
+            let response = router.oneshot(request).await;
             drop(busy);
             Ok::<_, Infallible>(response.unwrap_or_else(|never| match never {}))
         }

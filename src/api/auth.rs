@@ -2,12 +2,14 @@
 //! token on `/v1/admin/*`. Both are checked against SHA-256 hashes held in
 //! memory; no secret is stored in clear.
 
+use std::sync::PoisonError;
+
 use axum::extract::FromRequestParts;
 use axum::http::Method;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use secrecy::ExposeSecret;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::api::AppState;
 use crate::api::error::{ApiError, LimitReason};
@@ -22,10 +24,17 @@ const ADMIN_HASH_KEY: &str = "admin_token_sha256";
 /// Prefix of generated admin tokens.
 pub const ADMIN_TOKEN_PREFIX: &str = "fla_";
 
-/// The admin token's hash.
+/// How often an instance whose root token is the stored one looks for a
+/// rotation (`fairlane admin-token --rotate` run beside it).
+pub const ROTATION_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The root admin token's hash. Clones share it, so a rotation noticed by
+/// [`AdminAuth::follow_rotations`] reaches every request at once.
 #[derive(Debug, Clone)]
 pub struct AdminAuth {
-    hash: [u8; 32],
+    hash: std::sync::Arc<std::sync::RwLock<[u8; 32]>>,
+    /// The hash is the store's (no `server.admin_token`): rotations apply.
+    stored: bool,
 }
 
 impl AdminAuth {
@@ -39,7 +48,8 @@ impl AdminAuth {
                 "server.admin_token must be at least 16 characters"
             );
             return Ok(AdminAuth {
-                hash: hash_secret(token.expose_secret()),
+                hash: std::sync::Arc::new(hash_secret(token.expose_secret()).into()),
+                stored: false,
             });
         }
         if db.setting(ADMIN_HASH_KEY).await?.is_none() {
@@ -50,27 +60,73 @@ impl AdminAuth {
                  keep it, or set FAIRLANE__SERVER__ADMIN_TOKEN, or run `fairlane admin-token --rotate`."
             );
         }
-        let stored = db
-            .setting(ADMIN_HASH_KEY)
+        let hash = stored_hash(db)
             .await?
             .ok_or_else(|| anyhow::anyhow!("admin token hash missing"))?;
-        let mut hash = [0u8; 32];
-        hex::decode_to_slice(stored.trim(), &mut hash)
-            .map_err(|e| anyhow::anyhow!("stored admin token hash is not valid hex: {e}"))?;
-        Ok(AdminAuth { hash })
+        Ok(AdminAuth {
+            hash: std::sync::Arc::new(hash.into()),
+            stored: true,
+        })
     }
 
-    /// Generates a new admin token, stores its hash and returns it.
+    /// Generates a new admin token, stores its hash and returns it. The
+    /// old token's console sessions end here; running instances stop
+    /// taking the old token within [`ROTATION_CHECK`].
     pub async fn rotate(db: &Db) -> anyhow::Result<String> {
+        let old = db.setting(ADMIN_HASH_KEY).await?;
         let token = format!("{ADMIN_TOKEN_PREFIX}{}", random_hex(32));
         db.set_setting(ADMIN_HASH_KEY, &hex::encode(hash_secret(&token)))
             .await?;
+        if let Some(old) = old {
+            db.end_console_sessions_of(old.trim()).await?;
+        }
         Ok(token)
     }
 
-    pub fn matches(&self, token: &str) -> bool {
-        hash_secret(token) == self.hash
+    fn current(&self) -> [u8; 32] {
+        *self.hash.read().unwrap_or_else(PoisonError::into_inner)
     }
+
+    pub fn matches(&self, token: &str) -> bool {
+        hash_secret(token) == self.current()
+    }
+
+    /// Until `shutdown`: every [`ROTATION_CHECK`], takes a root token hash
+    /// the store holds that differs from this instance's (a rotation made
+    /// beside the running instance). Nothing to follow when the token is
+    /// `server.admin_token`.
+    pub async fn follow_rotations(self, db: Db, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        if !self.stored {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(ROTATION_CHECK) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            match stored_hash(&db).await {
+                Ok(Some(hash)) if hash != self.current() => {
+                    *self.hash.write().unwrap_or_else(PoisonError::into_inner) = hash;
+                    info!("The admin token was rotated; the old one is refused from now on.");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    warn!(error = %err, "Could not look for a rotated admin token; trying again.");
+                }
+            }
+        }
+    }
+}
+
+/// The root token's hash the store holds, if any.
+async fn stored_hash(db: &Db) -> anyhow::Result<Option<[u8; 32]>> {
+    let Some(stored) = db.setting(ADMIN_HASH_KEY).await? else {
+        return Ok(None);
+    };
+    let mut hash = [0u8; 32];
+    hex::decode_to_slice(stored.trim(), &mut hash)
+        .map_err(|e| anyhow::anyhow!("stored admin token hash is not valid hex: {e}"))?;
+    Ok(Some(hash))
 }
 
 /// The bearer token in `headers`, if there is a well-formed one.
@@ -260,7 +316,7 @@ impl AdminAuth {
     /// holds at once on every instance); `None` when it is neither.
     pub async fn actor(&self, db: &Db, token: &str) -> Result<Option<Actor>, ApiError> {
         let hash = hash_secret(token);
-        if hash != self.hash && !token.starts_with(ADMIN_TOKEN_PREFIX) {
+        if hash != self.current() && !token.starts_with(ADMIN_TOKEN_PREFIX) {
             return Ok(None);
         }
         self.actor_by_hash(db, &hash).await
@@ -269,7 +325,7 @@ impl AdminAuth {
     /// The admin whose token hashes to `hash` (see [`AdminAuth::actor`]);
     /// the console's session keeps only this hash.
     pub async fn actor_by_hash(&self, db: &Db, hash: &[u8; 32]) -> Result<Option<Actor>, ApiError> {
-        if *hash == self.hash {
+        if *hash == self.current() {
             return Ok(Some(Actor::root()));
         }
         let Some(row) = db.admin_by_token(&hex::encode(hash)).await? else {
@@ -368,5 +424,41 @@ impl FromRequestParts<AppState> for OwnerOnly {
             )));
         }
         Ok(OwnerOnly(actor))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rotation made beside a running instance (the CLI's) ends the old
+    /// token's console sessions at once, and the instance refuses the old
+    /// token and takes the new one within [`ROTATION_CHECK`].
+    #[tokio::test]
+    async fn a_rotation_reaches_a_running_instance_and_ends_the_old_tokens_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("a.db"), false).await.unwrap();
+        let settings = Settings::from_toml_overlay("").unwrap();
+        assert!(settings.server.admin_token.is_none());
+        let old = AdminAuth::rotate(&db).await.unwrap();
+        let running = AdminAuth::init(&db, &settings).await.unwrap();
+        assert!(running.matches(&old));
+        let old_hash = hex::encode(hash_secret(&old));
+        db.start_console_session("s1", &old_hash, 1, i64::MAX)
+            .await
+            .unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let following = tokio::spawn(running.clone().follow_rotations(db.clone(), stopped));
+
+        let new = AdminAuth::rotate(&db).await.unwrap();
+        assert_eq!(db.console_session("s1", 2).await.unwrap(), None);
+        let deadline = tokio::time::Instant::now() + ROTATION_CHECK * 3;
+        while running.matches(&old) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!running.matches(&old), "the old token is refused");
+        assert!(running.matches(&new), "the new token is taken");
+        stop.send(true).unwrap();
+        following.await.unwrap();
     }
 }

@@ -76,6 +76,8 @@ pub struct AppInner {
     pub admin: AdminAuth,
     /// Signs the console's sessions and CSRF tokens.
     pub console_key: console::SessionKey,
+    /// The console's sign-in tries, per client and token prefix.
+    pub sign_ins: console::session::SignInThrottle,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Checks one-click unsubscribe links (none without a public URL).

@@ -148,6 +148,27 @@ pub trait AdminStore: Send + Sync {
 
     /// Removes the audit entries older than `before` (Unix ms); how many.
     async fn prune_audit(&self, before: i64) -> StoreResult<u64>;
+
+    /// Starts console session `id` for the admin token hashed to
+    /// `token_sha256`, ending at `expires_at` (Unix ms); sessions that
+    /// ended by `now` are deleted on the way.
+    async fn start_console_session(
+        &self,
+        id: &str,
+        token_sha256: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> StoreResult<()>;
+
+    /// The token hash of console session `id` if it has not ended by `now`.
+    async fn console_session(&self, id: &str, now: i64) -> StoreResult<Option<String>>;
+
+    /// Ends console session `id` (sign-out).
+    async fn end_console_session(&self, id: &str) -> StoreResult<()>;
+
+    /// Ends every console session of the token hashed to `token_sha256`
+    /// (the root token rotated); how many there were.
+    async fn end_console_sessions_of(&self, token_sha256: &str) -> StoreResult<u64>;
 }
 
 #[cfg(test)]

@@ -551,3 +551,72 @@ on_both_stores! {
         assert_eq!(log["entries"][0]["actor"]["name"], "root");
     }
 }
+
+on_both_stores! {
+    /// Issue 68.5: a signed-out cookie opens nothing and changes nothing;
+    /// every console answer forbids framing, script and caching; sign-in
+    /// is throttled with a Retry-After.
+    async fn sign_out_ends_the_session_on_the_server_and_sign_in_is_throttled() {
+        let app = TestApp::start("").await;
+        let (cookie, csrf) = session_of(&app, ADMIN_TOKEN).await;
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let overview = client
+            .get(app.url("/console"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(overview.status(), StatusCode::OK);
+        let headers = overview.headers();
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        for part in ["frame-ancestors 'none'", "default-src 'none'", "style-src 'self'"] {
+            assert!(csp.contains(part), "{csp}");
+        }
+        assert!(!csp.contains("script-src"), "no script is allowed: {csp}");
+        assert_eq!(headers["x-frame-options"], "DENY");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert_eq!(headers["cache-control"], "no-store");
+        assert!(headers.get("refresh").is_none(), "the page does not reload itself");
+        let body = overview.text().await.unwrap();
+        assert!(!body.contains("style=\""), "no inline style for the CSP to refuse");
+
+        assert_eq!(
+            post_form(&app, &cookie, "/console/logout", &[("csrf", &csrf)]).await,
+            StatusCode::SEE_OTHER
+        );
+        let after = client
+            .get(app.url("/console"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(after.status(), StatusCode::SEE_OTHER);
+        assert_eq!(after.headers()["location"], "/console/login");
+        let forged = [("csrf", csrf.as_str()), ("id", "afterwards"), ("name", "A"), ("plan", "pro")];
+        let created = post_form(&app, &cookie, "/console/tenants", &forged).await;
+        assert_eq!(created, StatusCode::SEE_OTHER, "sent to sign in");
+        let tenant = app.admin(Method::GET, "/v1/admin/tenants/afterwards").send().await.unwrap();
+        assert_eq!(tenant.status(), StatusCode::NOT_FOUND, "the old cookie changed nothing");
+
+        // One client may try 10 tokens at once (one try went on the
+        // session above), then one every 6 s.
+        let mut answers = Vec::new();
+        for i in 0..10 {
+            let answer = client
+                .post(app.url("/console/login"))
+                .form(&[("token", format!("fla_guess{i}"))])
+                .send()
+                .await
+                .unwrap();
+            answers.push((answer.status(), answer.headers().get("retry-after").cloned()));
+        }
+        assert!(answers[..9].iter().all(|(status, _)| *status == StatusCode::UNAUTHORIZED), "{answers:?}");
+        let (status, retry) = &answers[9];
+        assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS, "{answers:?}");
+        let secs: u64 = retry.as_ref().expect("Retry-After").to_str().unwrap().parse().unwrap();
+        assert!((1..=6).contains(&secs), "{secs}");
+    }
+}

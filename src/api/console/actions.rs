@@ -9,12 +9,12 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use serde::Deserialize;
 
-use super::session::{SESSION_MS, Session, cookie_headers};
+use super::session::{Session, cookie_headers};
 use super::{Refused, page};
 use crate::api::AppState;
 use crate::api::audit::AuditAfter;
 use crate::api::error::ApiError;
-use crate::model::{Lane, now_ms};
+use crate::model::Lane;
 use crate::queue::RedriveFilter;
 use crate::tenants::hash_secret;
 
@@ -41,20 +41,31 @@ pub struct SignIn {
     token: String,
 }
 
-/// Signs in with an admin token: a session cookie, and on to the
-/// overview.
+/// Signs in with an admin token: a session in the store, its cookie, and
+/// on to the overview. Throttled per client address and token prefix
+/// (429 with `Retry-After`, before the token is looked at).
 pub async fn login(
     State(state): State<AppState>,
+    extensions: axum::http::Extensions,
     Form(form): Form<SignIn>,
 ) -> Result<Response, ApiError> {
     let token = form.token.trim();
+    let client = extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or_else(|| "unknown".to_owned(), |peer| peer.0.ip().to_string());
+    if let Err(wait) = state.sign_ins.take(&client, token) {
+        let secs = crate::limits::retry_after_secs(wait);
+        let page = sign_in(Some(&format!(
+            "Too many sign-in tries; try again in {secs} s."
+        )));
+        let retry = [(axum::http::header::RETRY_AFTER, secs.to_string())];
+        return Ok((StatusCode::TOO_MANY_REQUESTS, retry, page).into_response());
+    }
     if state.admin.actor(&state.db, token).await?.is_none() {
         let page = sign_in(Some("That is not an admin token."));
         return Ok((StatusCode::UNAUTHORIZED, page).into_response());
     }
-    let value = state
-        .console_key
-        .session(&hash_secret(token), now_ms() + SESSION_MS);
+    let value = super::session::start(&state, &hash_secret(token)).await?;
     Ok((cookie_headers(&value, &state), Redirect::to("/console")).into_response())
 }
 
@@ -80,7 +91,8 @@ pub(super) fn admit(session: &Session, csrf: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Signs out: the cookie is removed.
+/// Signs out: the session ends in the store (on every instance) and the
+/// cookie is removed.
 pub async fn logout(
     State(state): State<AppState>,
     session: Session,
@@ -91,6 +103,7 @@ pub async fn logout(
             "The form's CSRF token is not this session's.".into(),
         ));
     }
+    state.db.end_console_session(&session.id).await?;
     Ok((cookie_headers("", &state), Redirect::to("/console/login")).into_response())
 }
 

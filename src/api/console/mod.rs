@@ -77,6 +77,28 @@ pub fn router() -> Router<AppState> {
         .route("/console/webhooks/{tenant}/replay", post(delivery::replay))
         .route("/console/audit", get(pages::audit))
         .route("/console/style.css", get(style))
+        .layer(axum::middleware::map_response(guarded))
+}
+
+/// What every console answer carries: no framing by another page
+/// (clickjacking), a Content-Security-Policy that allows no script at all
+/// and style only from the console's own sheet, no type sniffing, no
+/// referrer beyond the console, and no caching (pages show personal data,
+/// and the key-issued page a secret).
+async fn guarded(mut response: Response) -> Response {
+    const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+        form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// The console's one style sheet: readable at 375 px wide (tables scroll
@@ -91,8 +113,7 @@ main{padding:12px;max-width:1200px;margin:auto}.box{overflow-x:auto}\
 table{border-collapse:collapse;width:100%;background:#fff}th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;white-space:nowrap}\
 th{background:#eef1f4}.num{text-align:right}.warn{color:#a40000;font-weight:600}\
 form.inline{display:inline}label{display:block;margin:6px 0 2px}\
-.bar{background:#ddd;height:10px;width:120px;display:inline-block;vertical-align:middle}\
-.bar span{display:block;height:10px;background:#0b7a3e}.bar span.high{background:#a40000}\
+svg.bar{vertical-align:middle}svg.bar rect.track{fill:#ddd}svg.bar rect.fill{fill:#0b7a3e}svg.bar rect.high{fill:#a40000}\
 .note{color:#555}\
 svg.spark rect{fill:#0b7a3e}svg.spark rect.high{fill:#a40000}svg.spark line{stroke:#1b1b1b;stroke-dasharray:2 2}";
 
@@ -153,10 +174,13 @@ fn bar(used: u64, limit: u64) -> Markup {
     } else {
         (used as f64 / limit as f64).min(1.0)
     };
-    let width = format!("width:{:.0}%", share * 100.0);
+    // An SVG's own width, not a style attribute: the pages' CSP allows no
+    // inline style.
+    let width = format!("{:.0}", share * 120.0);
     html! {
-        span.bar role="img" aria-label=(format!("{used} of {limit}")) {
-            span class=(if share >= 0.8 { "high" } else { "" }) style=(width) {}
+        svg.bar width="120" height="10" role="img" aria-label=(format!("{used} of {limit}")) {
+            rect.track width="120" height="10" {}
+            rect class=(if share >= 0.8 { "high" } else { "fill" }) width=(width) height="10" {}
         }
         " " (used) " / " (limit)
     }

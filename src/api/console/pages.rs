@@ -82,7 +82,10 @@ pub async fn overview(
     let counts = TenantCounts::read(&state).await?;
     let now = now_ms();
     let body = html! {
-        p.note { "Live messages by UTC day; the page refreshes itself every 30 s." }
+        p.note {
+            "Live messages by UTC day, as of " (crate::model::ms_to_rfc3339(now)) ". "
+            a href="/console" { "Refresh" }
+        }
         h2 { "Lanes" }
         div.box { table {
             caption.skip { "Each lane's backlog against its high-water mark" }
@@ -129,8 +132,7 @@ pub async fn overview(
             } }
         } }
     };
-    let refresh = [(axum::http::header::REFRESH, "30")];
-    Ok((refresh, page("Overview", Some(&session), body)).into_response())
+    Ok(page("Overview", Some(&session), body).into_response())
 }
 
 /// Per tenant: messages delayed (scheduled, or waiting for a retry),

@@ -1,17 +1,24 @@
-//! Console sessions: a signed cookie, no session table.
+//! Console sessions: a signed cookie naming a session the store keeps.
 //!
-//! Signing in with an admin token sets `fairlane_console` to
-//! `{token hash}.{expiry}.{signature}`: the SHA-256 of the token (never
-//! the token), the session's end in Unix ms, and an HMAC-SHA256 of both
-//! with the console key, which every instance reads from the store (so a
-//! session made on one instance holds on the others). Each request checks
-//! the signature and the expiry, then resolves the admin from the hash as
-//! the API does: a revoked admin's session ends at its next request.
+//! Signing in with an admin token starts a session in the store (a random
+//! id, the SHA-256 of the token, never the token, and its end) and sets
+//! `fairlane_console` to `{id}.{signature}`, an HMAC-SHA256 of the id with
+//! the console key, which every instance reads from the store. Each
+//! request checks the signature (a forged cookie costs no store read),
+//! then that the session is still in the store and has not ended, then
+//! resolves the admin from the hash as the API does. So signing out ends
+//! the session on every instance at once, a revoked admin's session ends
+//! at its next request, and rotating the root token ends the old token's
+//! sessions.
 //!
 //! The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/console`, and
 //! `Secure` when `server.public_url` is https. Every change is a form
 //! `POST` carrying a CSRF token: an HMAC of the cookie's value, which a
 //! page of another site can neither read nor compute.
+//!
+//! Sign-in is throttled ([`SignInThrottle`]): per client address and per
+//! token prefix, so neither one client nor many guessing at one token can
+//! try more than a few tokens a minute.
 
 use axum::extract::FromRequestParts;
 use axum::http::header::{COOKIE, SET_COOKIE};
@@ -26,6 +33,14 @@ use crate::api::error::ApiError;
 use crate::model::now_ms;
 use crate::store::Db;
 use crate::tenants::random_hex;
+
+/// Sign-in tries a client (or a token prefix) may make at once, and how
+/// often one more is allowed after (10 a minute).
+pub const SIGN_IN_BURST: u32 = 10;
+pub const SIGN_IN_EVERY: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// Characters of a tried token that name its prefix for the throttle.
+const PREFIX_CHARS: usize = 8;
 
 /// The session cookie's name.
 pub const COOKIE_NAME: &str = "fairlane_console";
@@ -73,24 +88,15 @@ impl SessionKey {
         mac.verify_slice(&signature).is_ok()
     }
 
-    /// A session cookie's value for the token hash `hash`, ending `ends` (ms).
-    pub fn session(&self, hash: &[u8; 32], ends: i64) -> String {
-        let signed = format!("{}.{ends}", hex::encode(hash));
-        let signature = self.sign(&signed);
-        format!("{signed}.{signature}")
+    /// A session cookie's value for session `id`.
+    pub fn session(&self, id: &str) -> String {
+        format!("{id}.{}", self.sign(id))
     }
 
-    /// The token hash of a session cookie's value that is genuine and has
-    /// not ended at `now`.
-    fn open(&self, value: &str, now: i64) -> Option<[u8; 32]> {
-        let (signed, signature) = value.rsplit_once('.')?;
-        let (hash, ends) = signed.split_once('.')?;
-        if !self.verify(signed, signature) || ends.parse::<i64>().ok()? <= now {
-            return None;
-        }
-        let mut out = [0u8; 32];
-        hex::decode_to_slice(hash, &mut out).ok()?;
-        Some(out)
+    /// The session id of a genuine cookie value.
+    fn open<'a>(&self, value: &'a str) -> Option<&'a str> {
+        let (id, signature) = value.rsplit_once('.')?;
+        (!id.is_empty() && self.verify(id, signature)).then_some(id)
     }
 
     /// The CSRF token of the session whose cookie value is `session`.
@@ -143,6 +149,8 @@ fn cookie_value(headers: &HeaderMap) -> Option<&str> {
 pub struct Session {
     pub actor: Actor,
     pub csrf: String,
+    /// The store's id of the session.
+    pub id: String,
 }
 
 impl Session {
@@ -177,10 +185,15 @@ impl FromRequestParts<AppState> for Session {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let value = cookie_value(&parts.headers).ok_or(NoSession::SignIn)?;
-        let hash = state
-            .console_key
-            .open(value, now_ms())
+        let id = state.console_key.open(value).ok_or(NoSession::SignIn)?;
+        let stored = state
+            .db
+            .console_session(id, now_ms())
+            .await
+            .map_err(|err| NoSession::Failed(err.into()))?
             .ok_or(NoSession::SignIn)?;
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(stored.trim(), &mut hash).map_err(|_| NoSession::SignIn)?;
         let actor = state
             .admin
             .actor_by_hash(&state.db, &hash)
@@ -190,8 +203,71 @@ impl FromRequestParts<AppState> for Session {
         ActorSlot::fill(parts, &actor);
         Ok(Session {
             csrf: state.console_key.csrf(value),
+            id: id.to_owned(),
             actor,
         })
+    }
+}
+
+/// Starts a session for the admin token hashed to `hash`; the cookie's
+/// value.
+pub async fn start(state: &AppState, hash: &[u8; 32]) -> Result<String, ApiError> {
+    let id = random_hex(16);
+    let now = now_ms();
+    state
+        .db
+        .start_console_session(&id, &hex::encode(hash), now, now + SESSION_MS)
+        .await?;
+    Ok(state.console_key.session(&id))
+}
+
+type Keyed = governor::RateLimiter<
+    String,
+    governor::state::keyed::DefaultKeyedStateStore<String>,
+    governor::clock::DefaultClock,
+>;
+
+/// Sign-in tries, counted per client address and per token prefix in this
+/// instance: [`SIGN_IN_BURST`] at once, then one per [`SIGN_IN_EVERY`].
+pub struct SignInThrottle {
+    clients: Keyed,
+    prefixes: Keyed,
+}
+
+impl Default for SignInThrottle {
+    fn default() -> Self {
+        let quota = governor::Quota::with_period(SIGN_IN_EVERY)
+            .expect("a positive period")
+            .allow_burst(std::num::NonZeroU32::new(SIGN_IN_BURST).expect("a positive burst"));
+        SignInThrottle {
+            clients: governor::RateLimiter::keyed(quota),
+            prefixes: governor::RateLimiter::keyed(quota),
+        }
+    }
+}
+
+impl SignInThrottle {
+    /// Takes one try of `client` with `token`, or says how long until the
+    /// next may be made. Both counts are taken; the longer wait answers.
+    pub fn take(&self, client: &str, token: &str) -> Result<(), std::time::Duration> {
+        use governor::clock::Clock;
+        // Keys that are back to a full bucket are forgotten now and then,
+        // so many addresses or prefixes do not grow the maps for ever.
+        for limiter in [&self.clients, &self.prefixes] {
+            if limiter.len() > 10_000 {
+                limiter.retain_recent();
+            }
+        }
+        let prefix: String = token.chars().take(PREFIX_CHARS).collect();
+        let now = governor::clock::DefaultClock::default().now();
+        let waits = [
+            self.clients.check_key(&client.to_owned()),
+            self.prefixes.check_key(&prefix),
+        ]
+        .into_iter()
+        .filter_map(|checked| checked.err().map(|not| not.wait_time_from(now)))
+        .max();
+        waits.map_or(Ok(()), Err)
     }
 }
 
@@ -204,16 +280,35 @@ mod tests {
     }
 
     #[test]
-    fn a_session_opens_only_unaltered_and_before_it_ends() {
-        let hash = [7u8; 32];
-        let value = key().session(&hash, 2_000);
-        assert_eq!(key().open(&value, 1_999), Some(hash));
-        assert_eq!(key().open(&value, 2_000), None, "ended");
-        let later = value.replacen(".2000.", ".9000.", 1);
-        assert_eq!(key().open(&later, 1_000), None, "a changed expiry");
+    fn a_session_cookie_opens_only_unaltered() {
+        let value = key().session("0a1b");
+        assert_eq!(key().open(&value), Some("0a1b"));
+        let other_id = value.replacen("0a1b", "0a1c", 1);
+        assert_eq!(key().open(&other_id), None, "another id");
         let other = SessionKey(b"another key".to_vec().into());
-        assert_eq!(other.open(&value, 1_000), None, "another key");
-        assert_eq!(key().open("garbage", 0), None);
+        assert_eq!(other.open(&value), None, "another key");
+        assert_eq!(key().open("garbage"), None);
+        assert_eq!(key().open(".sig"), None);
+    }
+
+    #[test]
+    fn sign_in_is_throttled_per_client_and_per_token_prefix() {
+        let throttle = SignInThrottle::default();
+        for i in 0..SIGN_IN_BURST {
+            assert!(throttle.take("10.0.0.1", &format!("guess{i:04}")).is_ok());
+        }
+        let wait = throttle.take("10.0.0.1", "another").unwrap_err();
+        assert!(
+            wait > std::time::Duration::ZERO && wait <= SIGN_IN_EVERY,
+            "{wait:?}"
+        );
+        // Another client is not held up by the first, but one guessing at
+        // the same prefix from many addresses is.
+        assert!(throttle.take("10.0.0.2", "fla_0000aaaa").is_ok());
+        for i in 0..SIGN_IN_BURST - 1 {
+            let _ = throttle.take(&format!("10.1.0.{i}"), "fla_0000bbbb");
+        }
+        assert!(throttle.take("10.2.0.1", "fla_0000cccc").is_err());
     }
 
     #[test]

@@ -142,4 +142,56 @@ impl AdminStore for PgDb {
             .await?;
         Ok(done.rows_affected())
     }
+
+    async fn start_console_session(
+        &self,
+        id: &str,
+        token_sha256: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM console_sessions WHERE expires_at <= $1")
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO console_sessions (id, token_sha256, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(token_sha256)
+        .bind(now)
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn console_session(&self, id: &str, now: i64) -> StoreResult<Option<String>> {
+        const LIVE: &str =
+            "SELECT token_sha256 FROM console_sessions WHERE id = $1 AND expires_at > $2";
+        Ok(sqlx::query_scalar(LIVE)
+            .bind(id)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn end_console_session(&self, id: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM console_sessions WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn end_console_sessions_of(&self, token_sha256: &str) -> StoreResult<u64> {
+        let done = sqlx::query("DELETE FROM console_sessions WHERE token_sha256 = $1")
+            .bind(token_sha256)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }

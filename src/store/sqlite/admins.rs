@@ -149,4 +149,54 @@ impl AdminStore for SqliteDb {
         const PRUNE: &str = "DELETE FROM audit_log WHERE at < ?1";
         Ok(self.execute(PRUNE, args![before]).await? as u64)
     }
+
+    async fn start_console_session(
+        &self,
+        id: &str,
+        token_sha256: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> StoreResult<()> {
+        let (id, hash) = (id.to_owned(), token_sha256.to_owned());
+        Ok(self
+            .transact(move |tx| {
+                tx.execute(
+                    "DELETE FROM console_sessions WHERE expires_at <= ?1",
+                    rusqlite::params![now],
+                )?;
+                tx.execute(
+                    "INSERT INTO console_sessions (id, token_sha256, created_at, expires_at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                    rusqlite::params![id, hash, now, expires_at],
+                )?;
+                Ok(())
+            })
+            .await?)
+    }
+
+    async fn console_session(&self, id: &str, now: i64) -> StoreResult<Option<String>> {
+        const LIVE: &str =
+            "SELECT token_sha256 FROM console_sessions WHERE id = ?1 AND expires_at > ?2";
+        Ok(self
+            .row(LIVE, args![id.to_owned(), now], |row| row.get(0))
+            .await?)
+    }
+
+    async fn end_console_session(&self, id: &str) -> StoreResult<()> {
+        self.execute(
+            "DELETE FROM console_sessions WHERE id = ?1",
+            args![id.to_owned()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn end_console_sessions_of(&self, token_sha256: &str) -> StoreResult<u64> {
+        Ok(self
+            .execute(
+                "DELETE FROM console_sessions WHERE token_sha256 = ?1",
+                args![token_sha256.to_owned()],
+            )
+            .await? as u64)
+    }
 }
