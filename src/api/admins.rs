@@ -39,6 +39,7 @@ pub fn router() -> Router<AppState> {
 pub struct NewAdminInput {
     /// 1 to 64 of `A-Z a-z 0-9 . _ @ -`; unique among active admins;
     /// `root` is the root token's.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._@-]+$")]
     pub name: String,
     pub role: Role,
 }

@@ -91,6 +91,22 @@ audit_part!(
     AuditAfter
 );
 
+/// The resource a console change was made on, named as the admin API
+/// names it (`/v1/admin/tenants/acme`), so that the log's `target` filter
+/// finds a change whether it was made in the console or over the API. A
+/// response part, as [`AuditAfter`] is; without it the target is the path.
+#[derive(Clone, Debug)]
+pub struct AuditTarget(pub String);
+
+impl IntoResponseParts for AuditTarget {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        res.extensions_mut().insert(self);
+        Ok(res)
+    }
+}
+
 /// Whether a request is an admin change the log records: one on the
 /// admin API, or one made in the console (signing in and out change
 /// nothing).
@@ -146,6 +162,10 @@ pub async fn record_changes(
         .extensions
         .remove::<AuditBefore>()
         .map(|before| redacted(before.0));
+    let target = parts
+        .extensions
+        .remove::<AuditTarget>()
+        .map_or(path, |target| target.0);
     let entry = AuditRow {
         id: 0,
         at: now_ms(),
@@ -153,7 +173,7 @@ pub async fn record_changes(
         actor_name: actor.name.clone(),
         actor_role: actor.role.as_str().to_owned(),
         action,
-        target: path,
+        target,
         status: i64::from(parts.status.as_u16()),
         before: before.map(|value| value.to_string()),
         after: after.map(|value| value.to_string()),
@@ -206,6 +226,7 @@ pub struct AuditParams {
     /// Only changes before this instant (RFC 3339).
     pub until: Option<String>,
     /// Entries per page, 1 to 500; 100 when not given.
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next` of the previous page.
     pub cursor: Option<String>,

@@ -42,7 +42,11 @@ pub struct ListQuery {
     /// E.164 number. Retention erases it from settled messages, which no
     /// longer match. Without `reference`, a page reads at most
     /// `limits.list_scan_rows` messages, as with `status`.
-    #[param(max_length = 320)]
+    #[param(
+        min_length = 3,
+        max_length = 320,
+        pattern = r"^(?:\+[1-9][0-9]{1,14}|[^@\s]+@[^@\s]+)$"
+    )]
     pub recipient: Option<String>,
     /// Only messages in this status.
     #[param(value_type = Option<MessageStatus>)]

@@ -65,7 +65,13 @@ pub struct Variant {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateContent {
-    /// 1-100 characters, unique among the tenant's templates.
+    /// 1-100 characters, unique among the tenant's templates, without
+    /// spaces around or control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = r"^[^\s\u0000-\u001F\u007F-\u009F](?:[^\u0000-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F])?$"
+    )]
     pub name: String,
     pub channel: Channel,
     /// The priority every send of it gets, whatever the send asks (a

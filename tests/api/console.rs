@@ -99,6 +99,55 @@ async fn arrive(browser: &Client, path: &str) {
     panic!("the browser is at {at}, not {path}");
 }
 
+/// Runs axe-core in the page `browser` shows (`what` names it); fails on
+/// any serious or critical violation, naming each with its elements.
+async fn accessible(browser: &Client, what: &str) {
+    browser
+        .execute(&crate::servers::axe_source(), vec![])
+        .await
+        .expect("axe-core loads in the page");
+    let found = browser
+        .execute_async(
+            r#"const done = arguments[arguments.length - 1];
+            axe.run(document, {resultTypes: ['violations']}).then(
+              (result) => done(result.violations
+                .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+                .map((v) => ({id: v.id, impact: v.impact, help: v.help,
+                              nodes: v.nodes.map((n) => n.target.join(' '))}))),
+              (error) => done({error: String(error)}));"#,
+            vec![],
+        )
+        .await
+        .expect("axe-core runs");
+    assert_eq!(found, json!([]), "axe-core on {what}: {found:#}");
+}
+
+/// Every console page an operator reaches, with `id` a message of tenant
+/// `acme` (dead-lettered, so every page has rows), at `width` px: axe-core
+/// finds no serious or critical violation on any (issue 68.6).
+async fn every_page_is_accessible(app: &TestApp, width: u32, id: &str) {
+    let browser = browser(width).await;
+    browser.goto(&app.url("/console/login")).await.unwrap();
+    accessible(&browser, &format!("/console/login at {width} px")).await;
+    sign_in(&browser, app, ADMIN_TOKEN).await;
+    for path in [
+        "/console".to_owned(),
+        "/console/tenants".to_owned(),
+        "/console/tenants/acme".to_owned(),
+        "/console/plans".to_owned(),
+        "/console/messages?tenant=acme&reference=order-42".to_owned(),
+        format!("/console/messages/{id}"),
+        "/console/dlq?tenant=acme".to_owned(),
+        "/console/webhooks".to_owned(),
+        "/console/providers".to_owned(),
+        "/console/audit".to_owned(),
+    ] {
+        browser.goto(&app.url(&path)).await.unwrap();
+        accessible(&browser, &format!("{path} at {width} px")).await;
+    }
+    browser.close().await.unwrap();
+}
+
 async fn text(browser: &Client) -> String {
     browser
         .find(Locator::Css("main"))
@@ -198,6 +247,7 @@ on_both_stores! {
             .unwrap()
             .expect("the issued key is shown");
         assert!(key.starts_with("fl_"), "{key}");
+        accessible(&operator, "the page of an issued key").await;
 
         let id = app.send_accepted(&key, &with(sms(), "reference", json!("order-42"))).await;
         wait_for(&app, &key, &id, status_is("dead_lettered")).await;
@@ -225,6 +275,9 @@ on_both_stores! {
         assert!(timeline.contains("Timeline") && timeline.contains("dead_lettered"), "{timeline}");
         assert!(timeline.contains("21211"), "the provider's refusal is on the timeline: {timeline}");
         screenshot(&operator, "timeline").await;
+        for width in [1280, 375] {
+            every_page_is_accessible(&app, width, &id).await;
+        }
 
         // The provider recovers; the operator redrives the dead letter.
         drop(refusal);
@@ -241,7 +294,7 @@ on_both_stores! {
         arrive(&operator, "/console/dlq").await;
         wait_for(&app, &key, &id, status_is("sent")).await;
         let log = expect_json(
-            app.admin(Method::GET, "/v1/admin/audit?target=/console/").send().await.unwrap(),
+            app.admin(Method::GET, "/v1/admin/audit?action=POST%20/console/").send().await.unwrap(),
             StatusCode::OK,
         )
         .await;
@@ -254,6 +307,18 @@ on_both_stores! {
         assert_eq!(entries[0]["after"]["redriven"], 1);
         assert_eq!(entries[0]["after"]["ids"], json!([id]), "the selected dead letter");
         assert_eq!(entries[1]["after"]["kind"], "live");
+        // The targets are the API's names of what changed, so a search by
+        // the tenant finds its changes made in the console (issue 68.6).
+        let targets: Vec<&str> = entries.iter().map(|entry| entry["target"].as_str().unwrap()).collect();
+        assert_eq!(targets, ["/v1/admin/dlq/redrive", "/v1/admin/tenants/acme/keys",
+            "/v1/admin/tenants/acme", "/v1/admin/plans/console"], "{log}");
+        let of_acme = expect_json(
+            app.admin(Method::GET, "/v1/admin/audit?target=/v1/admin/tenants/acme").send().await.unwrap(),
+            StatusCode::OK,
+        )
+        .await;
+        let of_acme: Vec<&str> = of_acme["entries"].as_array().unwrap().iter().map(|entry| entry["action"].as_str().unwrap()).collect();
+        assert!(of_acme.contains(&"POST /console/tenants"), "{of_acme:?}");
         assert!(!log.to_string().contains(&key), "the key is not in the log");
         assert_eq!(entries[2]["after"]["plan"], "console");
         assert_eq!(entries[3]["after"]["burst"], 10);
@@ -342,7 +407,7 @@ on_both_stores! {
         let to_ann = app.send_accepted(&key, &with(crate::support::email(), "to", json!("Ann@Example.com"))).await;
         let to_bob = app.send_accepted(&key, &with(sms(), "to", json!("+15550001111"))).await;
         let found = console_page(&app, &cookie, "/console/messages?tenant=acme&recipient=ann%40EXAMPLE.com").await;
-        assert!(found.contains(&to_ann) && !found.contains(&to_bob) && found.contains("1 messages"), "{found}");
+        assert!(found.contains(&to_ann) && !found.contains(&to_bob) && found.contains("1 message."), "{found}");
         let found = console_page(&app, &cookie, "/console/messages?tenant=acme&recipient=%2B15550001111").await;
         assert!(found.contains(&to_bob) && !found.contains(&to_ann), "{found}");
         let timeline = console_page(&app, &cookie, &format!("/console/messages/{to_ann}")).await;
@@ -429,7 +494,7 @@ on_both_stores! {
         assert_eq!(status, StatusCode::NOT_FOUND);
 
         // Every change is in the log, by action.
-        let log = expect_json(app.admin(Method::GET, "/v1/admin/audit?target=/console/&limit=50").send().await.unwrap(), StatusCode::OK).await;
+        let log = expect_json(app.admin(Method::GET, "/v1/admin/audit?action=POST%20/console/&limit=50").send().await.unwrap(), StatusCode::OK).await;
         let mut actions: Vec<&str> = log["entries"].as_array().unwrap().iter().map(|entry| entry["action"].as_str().unwrap()).collect();
         actions.sort_unstable();
         assert_eq!(actions, [
@@ -547,7 +612,7 @@ on_both_stores! {
         }
         assert!(page.contains("No webhook endpoint is failing"), "{page}");
         let log = expect_json(app.admin(Method::GET, "/v1/admin/audit?action=POST%20/console/webhooks").send().await.unwrap(), StatusCode::OK).await;
-        assert_eq!(log["entries"][0]["target"], replay, "{log}");
+        assert_eq!(log["entries"][0]["target"], "/v1/admin/tenants/acme/webhook/redrive", "{log}");
         assert_eq!(log["entries"][0]["actor"]["name"], "root");
     }
 }

@@ -135,6 +135,49 @@ pub fn webdriver_url() -> String {
     })
 }
 
+/// axe-core's version, from the npm registry: the accessibility rules the
+/// console's browser tests run in each page.
+pub const AXE_VERSION: &str = "4.14.1";
+
+/// The source of axe-core (`axe.min.js`) to run in a page: from
+/// `FAIRLANE_TEST_AXE_JS`, else installed with npm into the cache when
+/// it is not there yet (once per machine).
+pub fn axe_source() -> String {
+    static SOURCE: OnceLock<Result<String, String>> = OnceLock::new();
+    shared(&SOURCE, || {
+        let path = match nonempty_var("FAIRLANE_TEST_AXE_JS") {
+            Some(path) => PathBuf::from(path),
+            None => {
+                let root = cache_dir().join(format!("fairlane-axe-{AXE_VERSION}"));
+                let path = root.join("node_modules/axe-core/axe.min.js");
+                if !path.is_file() {
+                    let npm = find_program("npm").ok_or(
+                        "the console's accessibility checks need axe-core, installed with npm, which is not on PATH",
+                    )?;
+                    std::fs::create_dir_all(&root)
+                        .map_err(|err| format!("cannot create {}: {err}", root.display()))?;
+                    let installed = Command::new(npm)
+                        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+                        .arg(&root)
+                        .arg(format!("axe-core@{AXE_VERSION}"))
+                        .stdin(Stdio::null())
+                        .status()
+                        .map_err(|err| format!("npm did not run: {err}"))?;
+                    if !installed.success() || !path.is_file() {
+                        return Err(format!(
+                            "npm install axe-core@{AXE_VERSION} into {} failed ({installed})",
+                            root.display()
+                        ));
+                    }
+                }
+                path
+            }
+        };
+        std::fs::read_to_string(&path)
+            .map_err(|err| format!("cannot read axe-core at {}: {err}", path.display()))
+    })
+}
+
 /// For a test that reads the standard AWS credential chain (environment
 /// variables), which a test must not set in its own process: in the test
 /// process, runs test `name` of `module` (`module_path!()`) again in a child

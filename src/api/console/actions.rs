@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::session::{Session, cookie_headers};
 use super::{Refused, page};
 use crate::api::AppState;
-use crate::api::audit::AuditAfter;
+use crate::api::audit::{AuditAfter, AuditTarget};
 use crate::api::error::ApiError;
 use crate::model::Lane;
 use crate::queue::RedriveFilter;
@@ -143,5 +143,6 @@ pub async fn redrive(
         Some(tenant) => format!("/console/dlq?tenant={tenant}"),
         None => "/console/dlq".to_owned(),
     };
-    Ok((AuditAfter::of(&after), Redirect::to(&back)).into_response())
+    let target = AuditTarget("/v1/admin/dlq/redrive".into());
+    Ok((target, AuditAfter::of(&after), Redirect::to(&back)).into_response())
 }

@@ -10,7 +10,7 @@ use maud::{Markup, html};
 use super::forms::field;
 use super::session::Session;
 use super::{Refused, bar, csrf_field, page};
-use crate::api::audit::AuditAfter;
+use crate::api::audit::{AuditAfter, AuditTarget};
 use crate::api::error::ApiError;
 use crate::api::{ApiPath, AppState};
 use crate::model::ms_to_rfc3339;
@@ -25,7 +25,7 @@ pub async fn providers(State(state): State<AppState>, session: Session) -> Marku
     let body = html! {
         @if !views.consumers { p.warn { "Consumers are off on this instance: it sends nothing." } }
         p.note { "This instance's view: each instance judges the providers by its own calls. Traffic moves away from a provider that is down (its recent calls or receipts failed, or were slow) or paused (a 429's Retry-After, an open breaker), and back as it recovers." }
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "Provider" } th scope="col" { "Channel" } th scope="col" { "Kind" }
                 th scope="col" { "State" } th scope="col" { "Weight" } th scope="col" { "Share now" }
                 th scope="col" { "Rate / s" } th scope="col" { "Tokens / burst" } th scope="col" { "Breaker" }
@@ -97,7 +97,7 @@ pub async fn webhooks(State(state): State<AppState>, session: Session) -> Result
 /// A table of failed webhook calls: the attempt log.
 pub fn failed_calls(calls: &[FailedCall]) -> Markup {
     html! {
-        @if !calls.is_empty() { div.box { table {
+        @if !calls.is_empty() { div.box tabindex="0" { table {
             caption.skip { "Calls that failed at least once" }
             thead { tr { th scope="col" { "Event" } th scope="col" { "Message" } th scope="col" { "Type" }
                 th scope="col" { "Event at" } th scope="col" { "Attempts" } th scope="col" { "State" }
@@ -130,5 +130,11 @@ pub async fn replay(
         .ok_or_else(|| ApiError::NotFound(format!("Tenant {tenant:?} has no webhook.")))?;
     tracing::info!(%tenant, replayed, "Webhook replayed from the console.");
     let after = serde_json::json!({"tenant": tenant, "replayed": replayed});
-    Ok((AuditAfter::of(&after), Redirect::to("/console/webhooks")).into_response())
+    let target = AuditTarget(format!("/v1/admin/tenants/{tenant}/webhook/redrive"));
+    Ok((
+        target,
+        AuditAfter::of(&after),
+        Redirect::to("/console/webhooks"),
+    )
+        .into_response())
 }

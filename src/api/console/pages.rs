@@ -87,7 +87,7 @@ pub async fn overview(
             a href="/console" { "Refresh" }
         }
         h2 { "Lanes" }
-        div.box { table {
+        div.box tabindex="0" { table {
             caption.skip { "Each lane's backlog against its high-water mark" }
             thead { tr { th scope="col" { "Lane" } th scope="col" { "Backlog / high-water mark" }
                 th scope="col" { "In flight" } th scope="col" { "Delayed" } th scope="col" { "Held" }
@@ -102,7 +102,7 @@ pub async fn overview(
             } } }
         } }
         h2 { "Tenants" }
-        div.box { table {
+        div.box tabindex="0" { table {
             thead {
                 tr { th scope="col" rowspan="2" { "Tenant" } th scope="col" rowspan="2" { "Status" }
                     th scope="col" rowspan="2" { "Quota today" }
@@ -292,14 +292,17 @@ pub async fn messages(
         @if !id.is_empty() { p.warn role="status" { "No message has the id " (id) "." } }
         @if let Some(page) = &found {
             @let rows = &page.rows;
-            p role="status" { (rows.len()) " messages" @if rows.len() as i64 == SEARCH_ROWS { " (the newest " (SEARCH_ROWS) ")" } "."
+            p role="status" { (rows.len()) @if rows.len() == 1 { " message" } @else { " messages" } @if rows.len() as i64 == SEARCH_ROWS { " (the newest " (SEARCH_ROWS) ")" } "."
                 @if page.scanned_to.is_some() { " The search read the tenant's newest " (state.settings.limits.list_scan_rows) " messages (limits.list_scan_rows); older ones were not searched." } }
-            div.box { table {
+            div.box tabindex="0" { table {
                 thead { tr { th scope="col" { "Id" } th scope="col" { "Created" } th scope="col" { "Channel" }
+                    th scope="col" { "Recipient" }
                     th scope="col" { "Status" } th scope="col" { "Attempts" } th scope="col" { "Reference" } } }
                 tbody { @for message in rows { tr {
                     td { a href=(format!("/console/messages/{}", message.id)) { (message.id) } }
                     td { (ms_to_rfc3339(message.created_at)) } td { (message.channel.as_str()) }
+                    // Erased by retention once the message settled.
+                    td { (message.recipient.as_deref().unwrap_or("(erased)")) }
                     td { (message.status.as_str()) } td.num { (message.attempts) }
                     td { (message.reference.as_deref().unwrap_or("")) }
                 } } }
@@ -350,7 +353,7 @@ pub async fn message(
         }
         @if !recipients.is_empty() {
             h2 { "Recipients" }
-            div.box { table {
+            div.box tabindex="0" { table {
                 thead { tr { th scope="col" { "Address" } th scope="col" { "Status" }
                     th scope="col" { "Reported" } th scope="col" { "Detail" } } }
                 tbody { @for recipient in &recipients { tr {
@@ -360,7 +363,7 @@ pub async fn message(
             } }
         }
         h2 { "Timeline" }
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "At" } th scope="col" { "Event" } th scope="col" { "Status after" }
                 th scope="col" { "Attempts" } th scope="col" { "Detail" } } }
             tbody {
@@ -433,7 +436,7 @@ pub async fn dead_letters(
                         input type="hidden" name="lane" value=(lane.as_str());
                         input type="hidden" name="tenant" value=(tenant);
                     }
-                    div.box { table {
+                    div.box tabindex="0" { table {
                         thead { tr { @if session.may_change() { th scope="col" { "Select" } }
                             th scope="col" { "Message" } th scope="col" { "Tenant" } th scope="col" { "Attempts" }
                             th scope="col" { "Last error" } th scope="col" { "Since" } } }
@@ -467,7 +470,7 @@ pub async fn audit(State(state): State<AppState>, session: Session) -> Result<Ma
     let entries = state.db.audit_page(&query).await?;
     let body = html! {
         p.note { "The newest " (AUDIT_ROWS) " changes; all of them: GET /v1/admin/audit." }
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "At" } th scope="col" { "Admin" } th scope="col" { "Action" }
                 th scope="col" { "Target" } th scope="col" { "Status" } } }
             tbody { @for entry in &entries { tr {

@@ -16,7 +16,7 @@ use super::{Refused, csrf_field, page, row_button};
 use crate::api::admin::{
     CreateTenant, PatchTenant, PlanInput, create_tenant_with, patch_tenant_with, tenant_before,
 };
-use crate::api::audit::{AuditAfter, AuditBefore};
+use crate::api::audit::{AuditAfter, AuditBefore, AuditTarget};
 use crate::api::error::ApiError;
 use crate::api::suppressions::{SuppressionInput, add_entry, remove_for};
 use crate::api::{ApiPath, AppState};
@@ -55,7 +55,7 @@ pub async fn list(State(state): State<AppState>, session: Session) -> Markup {
     let tenants = state.registry.tenants();
     let plans = state.registry.plans();
     let body = html! {
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "Tenant" } th scope="col" { "Name" } th scope="col" { "Plan" }
                 th scope="col" { "Status" } @if session.may_change() { th scope="col" { "Change" } } } }
             tbody { @for tenant in &tenants { tr {
@@ -106,7 +106,8 @@ pub async fn create(
     ];
     let input: CreateTenant = typed(&fields, &kinds)?;
     let tenant = create_tenant_with(&state, input).await?;
-    back_to_tenant(&tenant.id, AuditAfter::of(&tenant))
+    let target = AuditTarget(format!("/v1/admin/tenants/{}", tenant.id));
+    back_to_tenant(&tenant.id, (target, AuditAfter::of(&tenant)))
 }
 
 /// Changes a tenant (plan, consumers, retention, status), as `PATCH
@@ -133,7 +134,8 @@ pub async fn change(
     } else {
         format!("/console/tenants/{id}")
     };
-    Ok((before, AuditAfter::of(&tenant), Redirect::to(&to)).into_response())
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}"));
+    Ok((target, before, AuditAfter::of(&tenant), Redirect::to(&to)).into_response())
 }
 
 /// One tenant: its settings, keys, sender identities and suppressions,
@@ -189,7 +191,7 @@ pub async fn detail(
 fn keys_section(session: &Session, id: &str, keys: &[crate::tenants::KeyInfo]) -> Markup {
     html! {
         h2 { "API keys" }
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "Key" } th scope="col" { "Kind" } th scope="col" { "Issued" }
                 th scope="col" { "Last used" } th scope="col" { "Revoked" } @if session.may_change() { th scope="col" { "Change" } } } }
             tbody { @for key in keys { tr {
@@ -223,7 +225,7 @@ fn senders_section(
     html! {
         h2 { "Sender identities" }
         @if senders.is_empty() { p { "None: its sends use the configured sender." } } @else {
-            div.box { table {
+            div.box tabindex="0" { table {
                 thead { tr { th scope="col" { "Identity" } th scope="col" { "Channel" } th scope="col" { "From" }
                     th scope="col" { "Name" } th scope="col" { "Default" } @if session.may_change() { th scope="col" { "Change" } } } }
                 tbody { @for sender in senders { tr {
@@ -260,7 +262,7 @@ fn suppressions_section(
         h2 { "Suppressions" }
         @if suppressed.is_empty() { p { "No address is suppressed." } } @else {
             p.note { "The first " (SUPPRESSION_ROWS) " by address; all of them: GET /v1/admin/tenants/" (id) "/suppressions." }
-            div.box { table {
+            div.box tabindex="0" { table {
                 thead { tr { th scope="col" { "Address" } th scope="col" { "Channel" } th scope="col" { "Reason" }
                     th scope="col" { "Detail" } th scope="col" { "Since" } @if session.may_change() { th scope="col" { "Change" } } } }
                 tbody { @for entry in suppressed { tr {
@@ -306,7 +308,8 @@ pub async fn issue_key(
     };
     let after = serde_json::json!({"tenant": id, "key_id": key_id, "kind": kind});
     let page = page("Key issued", Some(&session), body);
-    Ok((StatusCode::CREATED, AuditAfter::of(&after), page).into_response())
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/keys"));
+    Ok((StatusCode::CREATED, target, AuditAfter::of(&after), page).into_response())
 }
 
 /// Revokes a key, as `DELETE /v1/admin/tenants/{id}/keys/{key_id}` does.
@@ -319,7 +322,8 @@ pub async fn revoke_key(
     admit(&session, &fields)?;
     state.registry.revoke_key(&id, &key_id).await?;
     let after = serde_json::json!({"tenant": id, "key_id": key_id, "revoked": true});
-    back_to_tenant(&id, AuditAfter::of(&after))
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/keys/{key_id}"));
+    back_to_tenant(&id, (target, AuditAfter::of(&after)))
 }
 
 /// Adds a sender identity, as `POST /v1/admin/tenants/{id}/senders` does.
@@ -332,7 +336,8 @@ pub async fn add_sender(
     admit(&session, &fields)?;
     let input: NewSender = typed(&fields, &[("default", Kind::Checkbox)])?;
     let sender = state.registry.add_sender(&id, &input).await?;
-    back_to_tenant(&id, AuditAfter::of(&sender))
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/senders/{}", sender.id));
+    back_to_tenant(&id, (target, AuditAfter::of(&sender)))
 }
 
 /// Removes a sender identity, as `DELETE
@@ -352,7 +357,8 @@ pub async fn remove_sender(
         .find(|sender| sender.id == sender_id)
         .map(|sender| AuditBefore::of(&sender));
     state.registry.remove_sender(&id, &sender_id).await?;
-    back_to_tenant(&id, before)
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/senders/{sender_id}"));
+    back_to_tenant(&id, (target, before))
 }
 
 /// Suppresses an address, as `POST /v1/admin/tenants/{id}/suppressions`
@@ -367,7 +373,8 @@ pub async fn suppress(
     let input: SuppressionInput = typed(&fields, &[])?;
     crate::api::known_tenant(&state, &id)?;
     let (_, entry) = add_entry(&state, &id, &input).await?;
-    back_to_tenant(&id, AuditAfter::of(&entry))
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/suppressions"));
+    back_to_tenant(&id, (target, AuditAfter::of(&entry)))
 }
 
 /// Takes an address off the list, as `DELETE
@@ -383,14 +390,15 @@ pub async fn unsuppress(
     crate::api::known_tenant(&state, &id)?;
     remove_for(&state, &id, address).await?;
     let after = serde_json::json!({"tenant": id, "address": address, "removed": true});
-    back_to_tenant(&id, AuditAfter::of(&after))
+    let target = AuditTarget(format!("/v1/admin/tenants/{id}/suppressions/{address}"));
+    back_to_tenant(&id, (target, AuditAfter::of(&after)))
 }
 
 /// The plans, with a form that creates or replaces one.
 pub async fn plans(State(state): State<AppState>, session: Session) -> Markup {
     let plans = state.registry.plans();
     let body = html! {
-        div.box { table {
+        div.box tabindex="0" { table {
             thead { tr { th scope="col" { "Plan" } th scope="col" { "Lane" } th scope="col" { "Rate / s" }
                 th scope="col" { "Burst" } th scope="col" { "Daily quota" } th scope="col" { "In flight" } } }
             tbody { @for plan in &plans { tr {
@@ -436,6 +444,7 @@ pub async fn put_plan(
     let before = state.registry.plan(&name).map(|old| AuditBefore::of(&*old));
     state.registry.put_plan(plan.clone()).await?;
     Ok((
+        AuditTarget(format!("/v1/admin/plans/{name}")),
         before,
         AuditAfter::of(&plan),
         Redirect::to("/console/plans"),
