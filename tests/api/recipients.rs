@@ -116,15 +116,7 @@ on_both_stores! {
     /// whose copies do not fit is refused whole and charges nothing.
     async fn every_recipient_counts_against_the_daily_quota() {
         let app = TestApp::start("").await;
-        let plan = app
-            .admin(Method::PUT, "/v1/admin/plans/four")
-            .json(&json!({"lane": "fast", "rate_per_second": 1000.0, "burst": 1000,
-                          "daily_quota": 4, "max_in_flight": 10}))
-            .send()
-            .await
-            .unwrap();
-        assert!(plan.status().is_success(), "{}", plan.status());
-        let key = app.tenant_with_key("acme", "four").await;
+        let key = tenant_on_plan(&app, "four", 1000.0, 1000, 4).await;
         let three = with(email(), "bcc", json!(["b1@example.com", "b2@example.com"]));
         expect_json(app.send(&key, &three).await, StatusCode::ACCEPTED).await;
         let refused = app.send(&key, &three).await;
@@ -133,6 +125,22 @@ on_both_stores! {
         let over = app.send(&key, &email()).await;
         assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "the quota is used up");
     }
+}
+
+/// Tenant `acme`'s key, on plan `name` of the given rate, burst and
+/// daily quota (made here).
+async fn tenant_on_plan(app: &TestApp, name: &str, rate: f64, burst: u32, quota: u64) -> String {
+    let plan = app
+        .admin(Method::PUT, &format!("/v1/admin/plans/{name}"))
+        .json(
+            &json!({"lane": "fast", "rate_per_second": rate, "burst": burst,
+                      "daily_quota": quota, "max_in_flight": 10}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(plan.status().is_success(), "{}", plan.status());
+    app.tenant_with_key("acme", name).await
 }
 
 /// An email to `n` addresses (`to` and `n - 1` copies).
@@ -145,15 +153,7 @@ fn email_to(n: usize) -> serde_json::Value {
 /// burst is 422 naming `to`, an email refused by the rate takes no token,
 /// and neither refusal keeps the next single send from going.
 pub(crate) async fn rate_refusals_charge_nothing(app: &TestApp) {
-    let plan = app
-        .admin(Method::PUT, "/v1/admin/plans/three")
-        .json(&json!({"lane": "fast", "rate_per_second": 0.01, "burst": 3,
-                      "daily_quota": 1000, "max_in_flight": 10}))
-        .send()
-        .await
-        .unwrap();
-    assert!(plan.status().is_success(), "{}", plan.status());
-    let key = app.tenant_with_key("acme", "three").await;
+    let key = tenant_on_plan(app, "three", 0.01, 3, 1000).await;
 
     let wide = app.send(&key, &email_to(4)).await;
     let problem = expect_field_error(wide, "to").await;
