@@ -67,11 +67,7 @@ pub struct Variant {
 pub struct TemplateContent {
     /// 1-100 characters, unique among the tenant's templates, without
     /// spaces around or control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 100,
-        pattern = r"^[^\s\u0000-\u001F\u007F-\u009F](?:[^\u0000-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F])?$"
-    )]
+    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
     pub channel: Channel,
     /// The priority every send of it gets, whatever the send asks (a
