@@ -135,7 +135,7 @@ struct State {
     days: HashMap<String, DayCount>,
 }
 
-/// The emission interval of `rate_per_second` in nanoseconds, at least 1.
+/// `period` (a bucket's emission interval) in nanoseconds, at least 1.
 fn period_nanos(period: Duration) -> u64 {
     u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
