@@ -25,17 +25,17 @@ from fairlane_client.models import (
     Preview,
     PreviewRequest,
     PreviewRequestPersonalisationType0,
-    SendEmailRequestPersonalisationType0,
+    SendEmailRequestByTemplatePersonalisationType0,
     TemplateContent,
     TemplateContentLocales,
     TemplateView,
-    BatchSmsItem,
+    BatchSmsItemByContent,
     IssueKey,
     KeyKind,
     NewSmsSender,
     NewSmsSenderChannel,
     SenderIdentity,
-    BatchSmsItemChannel,
+    BatchSmsItemByContentChannel,
     CreateTenant,
     Lane,
     MessageStatus,
@@ -44,10 +44,12 @@ from fairlane_client.models import (
     Problem,
     SendAccepted,
     SendBatchRequest,
-    SendEmailRequest,
-    SendEmailRequestChannel,
-    SendSmsRequest,
-    SendSmsRequestChannel,
+    SendEmailRequestByContent,
+    SendEmailRequestByContentChannel,
+    SendEmailRequestByTemplate,
+    SendEmailRequestByTemplateChannel,
+    SendSmsRequestByContent,
+    SendSmsRequestByContentChannel,
 )
 
 
@@ -71,8 +73,8 @@ tenant = AuthenticatedClient(base_url=base, token=key)
 email = expect(
     send_message.sync(
         client=tenant,
-        body=SendEmailRequest(
-            channel=SendEmailRequestChannel.EMAIL,
+        body=SendEmailRequestByContent(
+            channel=SendEmailRequestByContentChannel.EMAIL,
             to="someone@example.com",
             subject="Your receipt",
             text="Thanks for your order.",
@@ -89,8 +91,8 @@ later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=
 sms = expect(
     send_message.sync(
         client=tenant,
-        body=SendSmsRequest(
-            channel=SendSmsRequestChannel.SMS, to="+15551234567", text="Your code is 123456", send_at=later
+        body=SendSmsRequestByContent(
+            channel=SendSmsRequestByContentChannel.SMS, to="+15551234567", text="Your code is 123456", send_at=later
         ),
     ),
     SendAccepted,
@@ -100,7 +102,7 @@ assert sms.status == MessageStatus.SCHEDULED, sms
 refused = expect(
     send_message.sync(
         client=tenant,
-        body=SendSmsRequest(channel=SendSmsRequestChannel.SMS, to="+0", text="x"),
+        body=SendSmsRequestByContent(channel=SendSmsRequestByContentChannel.SMS, to="+0", text="x"),
     ),
     Problem,
     "a bad number is refused",
@@ -111,10 +113,10 @@ batch = send_batch.sync(
     client=tenant,
     body=SendBatchRequest(
         messages=[
-            BatchSmsItem(channel=BatchSmsItemChannel.SMS, to="+15551234567", text="one", reference="blast"),
-            BatchSmsItem(channel=BatchSmsItemChannel.SMS, to="not a number", text="two", reference="blast"),
-            BatchSmsItem(
-                channel=BatchSmsItemChannel.SMS, to="+15551234568", text="three", reference="blast",
+            BatchSmsItemByContent(channel=BatchSmsItemByContentChannel.SMS, to="+15551234567", text="one", reference="blast"),
+            BatchSmsItemByContent(channel=BatchSmsItemByContentChannel.SMS, to="not a number", text="two", reference="blast"),
+            BatchSmsItemByContent(
+                channel=BatchSmsItemByContentChannel.SMS, to="+15551234568", text="three", reference="blast",
                 idempotency_key="walk-item-3", send_at=later,
             ),
         ]
@@ -146,8 +148,8 @@ tester = AuthenticatedClient(base_url=base, token=test_key.key)
 trial = expect(
     send_message.sync(
         client=tester,
-        body=SendSmsRequest(
-            channel=SendSmsRequestChannel.SMS, to="+15005550001", text="Trying it out", sender_id=sender.id
+        body=SendSmsRequestByContent(
+            channel=SendSmsRequestByContentChannel.SMS, to="+15005550001", text="Trying it out", sender_id=sender.id
         ),
     ),
     SendAccepted,
@@ -157,7 +159,7 @@ assert get_message.sync(trial.id, client=tester).test is True, trial
 foreign = expect(
     send_message.sync(
         client=tenant,
-        body=SendSmsRequest(channel=SendSmsRequestChannel.SMS, to="+15551234567", text="x", sender_id="snd_none"),
+        body=SendSmsRequestByContent(channel=SendSmsRequestByContentChannel.SMS, to="+15551234567", text="x", sender_id="snd_none"),
     ),
     Problem,
     "an unknown sender identity is refused",
@@ -200,11 +202,11 @@ assert (shown.locale, shown.subject) == ("fr", "Votre reçu, Ann"), shown
 by_template = expect(
     send_message.sync(
         client=tenant,
-        body=SendEmailRequest(
-            channel=SendEmailRequestChannel.EMAIL,
+        body=SendEmailRequestByTemplate(
+            channel=SendEmailRequestByTemplateChannel.EMAIL,
             to="someone@example.com",
             template_id=template.id,
-            personalisation=SendEmailRequestPersonalisationType0.from_dict(values),
+            personalisation=SendEmailRequestByTemplatePersonalisationType0.from_dict(values),
         ),
     ),
     SendAccepted,
@@ -216,8 +218,8 @@ assert (sent_by_template.template_id, sent_by_template.template_version) == (tem
 missing = expect(
     send_message.sync(
         client=tenant,
-        body=SendEmailRequest(
-            channel=SendEmailRequestChannel.EMAIL, to="someone@example.com", template_id=template.id
+        body=SendEmailRequestByTemplate(
+            channel=SendEmailRequestByTemplateChannel.EMAIL, to="someone@example.com", template_id=template.id
         ),
     ),
     Problem,
@@ -242,8 +244,8 @@ assert (file.filename, file.size) == ("Invoice 17.pdf", len(pdf)), file
 with_file = expect(
     send_message.sync(
         client=tenant,
-        body=SendEmailRequest(
-            channel=SendEmailRequestChannel.EMAIL,
+        body=SendEmailRequestByContent(
+            channel=SendEmailRequestByContentChannel.EMAIL,
             to="someone@example.com",
             subject="Invoice 17",
             text="Attached.",
@@ -258,8 +260,8 @@ assert claimed.message_id == with_file.id, claimed
 again = expect(
     send_message.sync(
         client=tenant,
-        body=SendEmailRequest(
-            channel=SendEmailRequestChannel.EMAIL, to="someone@example.com", subject="Again", text="x", attachments=[file.id]
+        body=SendEmailRequestByContent(
+            channel=SendEmailRequestByContentChannel.EMAIL, to="someone@example.com", subject="Again", text="x", attachments=[file.id]
         ),
     ),
     Problem,

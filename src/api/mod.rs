@@ -16,6 +16,7 @@ pub mod messages;
 pub mod providers;
 pub mod receipts;
 pub mod senders;
+pub mod spec;
 pub mod suppressions;
 pub mod templates;
 pub mod tenant_queue;
@@ -38,8 +39,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tracing::Instrument;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::api::auth::AdminAuth;
@@ -49,6 +49,7 @@ use crate::queue::{LaneQueue, TenantQueues};
 use crate::store::Db;
 use crate::tenants::Registry;
 use error::ApiError;
+pub use spec::ApiDoc;
 
 /// Everything a handler may need, shared by reference.
 #[derive(Clone)]
@@ -498,334 +499,25 @@ pub(crate) fn read_json_bytes(
     })
 }
 
-/// Responses every operation can give, whatever it does: 500 (an
-/// unexpected failure, logged; the problem shows no internals) and 503 (the
-/// request took longer than `server.request_timeout_secs`, or the store or
-/// queue could not be reached), added where an operation does not describe
-/// them itself. Operations that need no credentials say so (`security:
-/// [{}]`), so every operation names its security.
-struct CommonResponses;
+/// `axum::extract::Path` whose refusals (a segment that is not valid UTF-8,
+/// for instance) answer problem+json like every other error, not axum's
+/// plain-text 400.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
 
-impl Modify for CommonResponses {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::header::HeaderBuilder;
-        use utoipa::openapi::security::SecurityRequirement;
-        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-        let problem = || {
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("Problem")))
-                .build()
-        };
-        let internal = ResponseBuilder::new()
-            .description("Unexpected failure; it is logged, and the problem shows no internals.")
-            .content("application/problem+json", problem())
-            .build();
-        let unavailable = ResponseBuilder::new()
-            .description(
-                "The request took longer than server.request_timeout_secs, or the store could \
-                 not be reached; see Retry-After.",
-            )
-            .content("application/problem+json", problem())
-            .header(
-                "Retry-After",
-                HeaderBuilder::new()
-                    .schema(Some(
-                        utoipa::openapi::ObjectBuilder::new()
-                            .schema_type(utoipa::openapi::schema::Type::Integer)
-                            .build(),
-                    ))
-                    .description(Some("Seconds"))
-                    .build(),
-            )
-            .build();
-        for item in openapi.paths.paths.values_mut() {
-            for operation in [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let responses = &mut operation.responses.responses;
-                responses
-                    .entry("500".to_owned())
-                    .or_insert_with(|| internal.clone().into());
-                responses
-                    .entry("503".to_owned())
-                    .or_insert_with(|| unavailable.clone().into());
-                operation
-                    .security
-                    .get_or_insert_with(|| vec![SecurityRequirement::default()]);
-            }
-        }
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::BadRequest(format!(
+            "The URL path is not valid: {}.",
+            rejection.body_text()
+        ))
     }
 }
-
-/// A batch's messages are send requests that may each carry an
-/// `idempotency_key` of their own: `BatchEmailItem` and `BatchSmsItem` are
-/// the send request schemas with that one property more, told apart by
-/// `channel` like the single sends, and `SendBatchRequest.messages` lists
-/// them. Built from the single sends' schemas, so the two never drift.
-/// Request bodies that may be left out. utoipa marks a body `required`
-/// unless its type is an `Option`, and an `Option` becomes a `oneOf` with
-/// `null`, which client generators send as a JSON `null`; so the body is
-/// documented as its plain schema and marked optional here.
-struct OptionalBodies;
-
-impl Modify for OptionalBodies {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::Required;
-        for (path, method) in [("/v1/admin/tenants/{id}/keys", "post")] {
-            let Some(item) = openapi.paths.paths.get_mut(path) else {
-                continue;
-            };
-            let operation = match method {
-                "post" => item.post.as_mut(),
-                _ => None,
-            };
-            if let Some(utoipa::openapi::RefOr::T(body)) =
-                operation.and_then(|op| op.request_body.as_mut())
-            {
-                body.required = Some(Required::False);
-            }
-        }
-    }
-}
-
-struct BatchItems;
-
-impl Modify for BatchItems {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::schema::{ArrayItems, Discriminator, Schema};
-        use utoipa::openapi::{ObjectBuilder, OneOfBuilder, Ref, RefOr};
-        let Some(components) = openapi.components.as_mut() else {
-            return;
-        };
-        let key = ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .min_length(Some(1))
-            .max_length(Some(255))
-            .pattern(Some("^[!-~]+$"))
-            .description(Some(
-                "Makes a retry of this message safe, like the Idempotency-Key header of a single send.",
-            ))
-            .build();
-        let mut mapping = Vec::new();
-        for (single, item, channel) in [
-            ("SendEmailRequest", "BatchEmailItem", "email"),
-            ("SendSmsRequest", "BatchSmsItem", "sms"),
-        ] {
-            let Some(RefOr::T(Schema::Object(mut object))) =
-                components.schemas.get(single).cloned()
-            else {
-                continue;
-            };
-            object
-                .properties
-                .insert("idempotency_key".to_owned(), key.clone().into());
-            object.description = Some(format!("One message of a batch: {channel}."));
-            components
-                .schemas
-                .insert(item.to_owned(), RefOr::T(Schema::Object(object)));
-            mapping.push((channel, item));
-        }
-        let mut union = OneOfBuilder::new().description(Some(
-            "One message of a batch: an email or an SMS, told apart by `channel`.",
-        ));
-        for (_, item) in &mapping {
-            union = union.item(Ref::from_schema_name(*item));
-        }
-        let mut union = union.build();
-        let mut discriminator = Discriminator::new("channel");
-        for (channel, item) in &mapping {
-            discriminator.mapping.insert(
-                (*channel).to_owned(),
-                format!("#/components/schemas/{item}"),
-            );
-        }
-        union.discriminator = Some(discriminator);
-        components
-            .schemas
-            .insert("BatchMessage".to_owned(), RefOr::T(Schema::OneOf(union)));
-        if let Some(RefOr::T(Schema::Object(batch))) =
-            components.schemas.get_mut("SendBatchRequest")
-            && let Some(RefOr::T(Schema::Array(messages))) = batch.properties.get_mut("messages")
-        {
-            messages.items =
-                ArrayItems::RefOrSchema(Box::new(Ref::from_schema_name("BatchMessage").into()));
-        }
-    }
-}
-
-struct SecurityAddon;
-
-impl Modify for SecurityAddon {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "tenant_key",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Tenant API key (`fl_…`), issued by an admin."))
-                    .build(),
-            ),
-        );
-        components.add_security_scheme(
-            "admin_token",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some(
-                        "Admin token: `server.admin_token`, or the one generated on first start.",
-                    ))
-                    .build(),
-            ),
-        );
-    }
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "fairlane",
-        description = "Multi-tenant notification gateway: email and SMS with fair queues, provider rate gates and a dead-letter queue. Errors are application/problem+json (RFC 9457)."
-    ),
-    paths(
-        messages::send_message,
-        messages::send_batch,
-        messages::get_message,
-        message_list::list_messages,
-        usage::tenant_usage,
-        messages::cancel_message,
-        messages::cancel_by_reference,
-        receipts::list_events,
-        receipts::sms_callback,
-        receipts::sms_callback_of,
-        unsubscribe::unsubscribe_page,
-        unsubscribe::unsubscribe,
-        webhooks::put_webhook,
-        webhooks::get_webhook,
-        webhooks::delete_webhook,
-        webhooks::rotate_webhook,
-        suppressions::list_suppressions,
-        suppressions::add_suppression,
-        suppressions::get_suppression,
-        suppressions::remove_suppression,
-        admin::put_plan,
-        admin::list_plans,
-        admin::get_plan,
-        admin::create_tenant,
-        admin::list_tenants,
-        admin::get_tenant,
-        admin::patch_tenant,
-        admin::delete_tenant,
-        admin::issue_key,
-        admin::revoke_key,
-        admins::create_admin,
-        admins::list_admins,
-        admins::revoke_admin,
-        audit::list_audit,
-        webhooks::put_tenant_webhook,
-        webhooks::get_tenant_webhook,
-        webhooks::delete_tenant_webhook,
-        webhooks::rotate_tenant_webhook,
-        webhooks::redrive_tenant_webhook,
-        webhooks::list_failing,
-        suppressions::list_tenant_suppressions,
-        suppressions::add_tenant_suppression,
-        suppressions::get_tenant_suppression,
-        suppressions::remove_tenant_suppression,
-        message_list::list_tenant_messages,
-        usage::admin_tenant_usage,
-        usage::admin_usage,
-        providers::list_providers,
-        senders::list_own_senders,
-        senders::list_senders,
-        senders::add_sender,
-        senders::patch_sender,
-        senders::remove_sender,
-        templates::list_own,
-        templates::create_own,
-        templates::get_own,
-        templates::replace_own,
-        templates::delete_own,
-        templates::preview,
-        templates::list_tenant_templates,
-        templates::create_tenant_template,
-        templates::get_tenant_template,
-        templates::replace_tenant_template,
-        templates::delete_tenant_template,
-        attachments::upload_attachment,
-        attachments::get_attachment,
-        tenant_queue::tenant_queue,
-        tenant_queue::purge_tenant_queue,
-        tenant_queue::tenant_dlq,
-        tenant_queue::redrive_tenant_dlq,
-        dlq::queues,
-        dlq::list_dlq,
-        dlq::redrive,
-        dlq::metrics_text,
-        health::healthz,
-        health::readyz,
-    ),
-    components(
-        schemas(
-            error::Problem,
-            crate::message::SendMessageRequest,
-            crate::message::SendEmailRequest,
-            crate::message::SendSmsRequest,
-            dlq::RedriveRequest,
-        ),
-        responses(
-            error::AdminUnauthorized,
-            error::AdminForbidden,
-            error::TenantUnauthorized,
-            error::TenantDisabled,
-            error::TenantDisabledChange,
-            error::LiveKeyChange,
-            error::TooManyChanges,
-            error::IdempotencyInFlight,
-            error::Malformed,
-            error::PayloadTooLarge,
-            error::UnsupportedMediaType,
-        )
-    ),
-    modifiers(&SecurityAddon, &CommonResponses, &BatchItems, &OptionalBodies),
-    tags(
-        (name = "messages", description = "Send and track messages (tenant API key)."),
-        (name = "templates", description = "The tenant's templates, their versions and previews (tenant API key; changes need a live key)."),
-        (name = "attachments", description = "Files to attach to emails, uploaded before the send that names them (tenant API key)."),
-        (name = "webhooks", description = "The tenant's signed webhook endpoint (tenant API key)."),
-        (name = "suppressions", description = "The tenant's suppression list (tenant API key)."),
-        (name = "receipts", description = "Delivery reports from providers (signed by the provider)."),
-        (name = "unsubscribe", description = "One-click unsubscribe links in emails (signed token, no key)."),
-        (name = "admin", description = "Plans, tenants, keys, webhooks, suppressions, queues, dead letters, admins and the audit log (an admin token: any role reads, an operator or owner changes, an owner manages admins)."),
-        (name = "ops", description = "Health, readiness and metrics."),
-    )
-)]
-pub struct ApiDoc;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `openapi/openapi.json` is what `fairlane openapi` prints; regenerate it
-    /// with `cargo run -- openapi > openapi/openapi.json` when this fails.
-    #[test]
-    fn committed_openapi_document_is_current() {
-        let committed =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
-                .expect("openapi/openapi.json is committed");
-        let current = ApiDoc::openapi().to_pretty_json().unwrap();
-        assert!(
-            committed.trim_end() == current.trim_end(),
-            "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json`"
-        );
-    }
 
     /// A span names a standard method as it is and any other as
     /// `_OTHER`: a client cannot write a 20,000-character method into an
@@ -843,47 +535,5 @@ mod tests {
             OTHER_METHOD,
             "methods are case-sensitive"
         );
-    }
-
-    #[test]
-    fn every_route_is_documented() {
-        let doc = ApiDoc::openapi();
-        for path in [
-            "/v1/messages",
-            "/v1/messages/{id}",
-            "/v1/admin/plans",
-            "/v1/admin/plans/{name}",
-            "/v1/admin/tenants",
-            "/v1/admin/tenants/{id}",
-            "/v1/admin/tenants/{id}/keys",
-            "/v1/admin/tenants/{id}/keys/{key_id}",
-            "/healthz",
-            "/readyz",
-            "/v1/admin/queues",
-            "/v1/admin/dlq",
-            "/v1/admin/dlq/redrive",
-            "/metrics",
-        ] {
-            assert!(
-                doc.paths.paths.contains_key(path),
-                "{path} is not documented"
-            );
-        }
-    }
-}
-
-/// `axum::extract::Path` whose refusals (a segment that is not valid UTF-8,
-/// for instance) answer problem+json like every other error, not axum's
-/// plain-text 400.
-#[derive(FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(ApiError))]
-pub struct ApiPath<T>(pub T);
-
-impl From<PathRejection> for ApiError {
-    fn from(rejection: PathRejection) -> Self {
-        ApiError::BadRequest(format!(
-            "The URL path is not valid: {}.",
-            rejection.body_text()
-        ))
     }
 }

@@ -61,8 +61,13 @@ pub struct UsageCounts {
     pub complained: i64,
     /// Reported failed by the provider after it took the message.
     pub failed: i64,
-    /// Given up after a permanent failure or the last attempt.
+    /// Given up after a permanent failure or the last attempt: each move
+    /// into the dead-letter queue (a redrive that could not move a message
+    /// puts it back, and counts it again).
     pub dead_lettered: i64,
+    /// Moved back from the dead-letter queue by a redrive: `dead_lettered`
+    /// less `redriven` is what a period left there.
+    pub redriven: i64,
     /// Not sent: the address was on the suppression list.
     pub suppressed: i64,
     pub cancelled: i64,
@@ -83,6 +88,7 @@ impl UsageCounts {
         self.complained += row.complained;
         self.failed += row.failed;
         self.dead_lettered += row.dead_lettered;
+        self.redriven += row.redriven;
         self.suppressed += row.suppressed;
         self.cancelled += row.cancelled;
         self.rejected += row.rejected;

@@ -161,12 +161,18 @@ pub enum Recorded {
     WithWebhook,
 }
 
+/// The detail of a redrive's event.
+pub const REDRIVEN: &str = "redriven: back in its lane, its attempts counted from 0 again";
+
 /// What a change of status to a state writes besides the status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Effects {
     pub event: Recorded,
     /// The event carries the message's `last_error` as its detail.
     pub detail: bool,
+    /// The event's detail when it is not an error: what the move was, where
+    /// its status alone does not say (a redrive's `queued`).
+    pub note: Option<&'static str>,
     /// The usage counter the change adds one to (`usage`'s column).
     pub counter: Option<&'static str>,
     /// A change after the message's erasure marks it unerased, so the next
@@ -176,8 +182,9 @@ pub struct Effects {
 
 impl Effects {
     /// The effects of `step` (the store writes none when the status
-    /// stays). A restore is no new dead letter: it undoes a redrive, and
-    /// the message was counted when it was first dead-lettered.
+    /// stays). A redrive counts `redriven`, so that `dead_lettered` less
+    /// `redriven` is what the dead-letter queue holds of a period; a
+    /// restore undoes a redrive, so it counts the dead letter again.
     pub fn of(step: Move) -> Effects {
         let to = step.to();
         let event = match to {
@@ -195,12 +202,13 @@ impl Effects {
             Suppressed => Some("suppressed"),
             Cancelled => Some("cancelled"),
             Rejected => Some("rejected"),
+            Queued if step == Move::Redrive => Some("redriven"),
             Scheduled | Queued | Sending | Retrying => None,
-        }
-        .filter(|_| step != Move::Restore);
+        };
         Effects {
             event,
             detail: matches!(to, Retrying | DeadLettered | Suppressed | Rejected),
+            note: (step == Move::Redrive).then_some(REDRIVEN),
             counter,
             unerases: !matches!(to, Scheduled | Queued | Sending | Sent),
         }
@@ -300,10 +308,14 @@ pub(crate) mod tests {
     fn every_counted_outcome_has_its_counter_and_only_those() {
         for step in ALL_MOVES.iter().chain(RECEIPT_MOVES.iter()) {
             let counter = Effects::of(*step).counter;
-            let counted = COUNTED.contains(&step.to()) && *step != Move::Restore;
+            let counted = COUNTED.contains(&step.to()) || *step == Move::Redrive;
             assert_eq!(counter.is_some(), counted, "{step:?}");
             if let Some(column) = counter {
-                assert_eq!(column, step.to().as_str());
+                let expected = match step {
+                    Move::Redrive => "redriven",
+                    _ => step.to().as_str(),
+                };
+                assert_eq!(column, expected);
             }
         }
     }

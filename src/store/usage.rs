@@ -36,6 +36,8 @@ pub struct UsageRow {
     pub fragments: i64,
     /// Bytes of the files attached to the messages accepted.
     pub attachment_bytes: i64,
+    /// Moved back from the dead-letter queue by a redrive.
+    pub redriven: i64,
 }
 
 /// Whose usage a read covers.

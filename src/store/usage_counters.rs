@@ -3,7 +3,7 @@
 //! nothing of each other.
 
 /// The counters, in column order.
-pub(crate) const COUNTERS: [&str; 12] = [
+pub(crate) const COUNTERS: [&str; 13] = [
     "accepted",
     "sent",
     "delivered",
@@ -16,4 +16,5 @@ pub(crate) const COUNTERS: [&str; 12] = [
     "rejected",
     "fragments",
     "attachment_bytes",
+    "redriven",
 ];

@@ -251,16 +251,32 @@ fn every_client_error_is_documented_as_a_problem_document() {
 fn the_send_request_tells_email_from_sms_by_a_channel_enum() {
     let doc = document();
     let schemas = &doc["components"]["schemas"];
+    // Each channel's request is one of two shapes (its own content, or a
+    // template); both name the channel.
     for (schema, channel) in [("SendEmailRequest", "email"), ("SendSmsRequest", "sms")] {
-        let property = &schemas[schema]["properties"]["channel"];
-        assert_eq!(property["type"], "string", "{schema}.channel: {property}");
-        assert_eq!(property["enum"], json!([channel]), "{schema}.channel");
-        assert!(
-            schemas[schema]["required"]
-                .as_array()
-                .is_some_and(|r| r.contains(&json!("channel"))),
-            "{schema} requires channel"
-        );
+        let shapes = schemas[schema]["oneOf"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema} is oneOf"));
+        assert_eq!(shapes.len(), 2, "{schema}: by content and by template");
+        for shape in shapes {
+            let name = shape["$ref"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("#/components/schemas/");
+            let object = match schemas[name].get("allOf") {
+                Some(parts) => &parts[0],
+                None => &schemas[name],
+            };
+            let property = &object["properties"]["channel"];
+            assert_eq!(property["type"], "string", "{name}.channel: {property}");
+            assert_eq!(property["enum"], json!([channel]), "{name}.channel");
+            assert!(
+                object["required"]
+                    .as_array()
+                    .is_some_and(|r| r.contains(&json!("channel"))),
+                "{name} requires channel"
+            );
+        }
     }
     let request = &schemas["SendMessageRequest"];
     assert_eq!(request["discriminator"]["propertyName"], "channel");

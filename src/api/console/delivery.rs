@@ -25,29 +25,31 @@ pub async fn providers(State(state): State<AppState>, session: Session) -> Marku
     let body = html! {
         @if !views.consumers { p.warn { "Consumers are off on this instance: it sends nothing." } }
         p.note { "This instance's view: each instance judges the providers by its own calls. Traffic moves away from a provider that is down (its recent calls or receipts failed, or were slow) or paused (a 429's Retry-After, an open breaker), and back as it recovers." }
-        div.box tabindex="0" { table {
+        // Thirteen columns: below 700 px each provider is a card of
+        // labelled cells (the style sheet's `table.cards`).
+        div.box tabindex="0" { table.cards {
             thead { tr { th scope="col" { "Provider" } th scope="col" { "Channel" } th scope="col" { "Kind" }
                 th scope="col" { "State" } th scope="col" { "Weight" } th scope="col" { "Share now" }
                 th scope="col" { "Rate / s" } th scope="col" { "Tokens / burst" } th scope="col" { "Breaker" }
                 th scope="col" { "Recent calls" } th scope="col" { "Failed" } th scope="col" { "Mean latency (ms)" }
                 th scope="col" { "Times down" } } }
             tbody { @for provider in &views.providers { tr {
-                th scope="row" { (provider.name) } td { (provider.channel.as_str()) } td { (provider.kind) }
-                td class=(if provider.state == "healthy" { "" } else { "warn" }) {
+                th scope="row" { (provider.name) } td data-label="Channel" { (provider.channel.as_str()) } td data-label="Kind" { (provider.kind) }
+                td data-label="State" class=(if provider.state == "healthy" { "" } else { "warn" }) {
                     (provider.state)
                     @if let Some(ms) = provider.paused_for_ms { " (" (ms) " ms left)" }
                 }
-                td.num { (provider.weight) } td.num { (format!("{:.0} %", provider.share * 100.0)) }
-                td.num { (provider.rate_per_second) }
-                td { @match provider.tokens {
+                td.num data-label="Weight" { (provider.weight) } td.num data-label="Share now" { (format!("{:.0} %", provider.share * 100.0)) }
+                td.num data-label="Rate / s" { (provider.rate_per_second) }
+                td data-label="Tokens / burst" { @match provider.tokens {
                     // A full bucket is an idle gate; an empty one a saturated gate.
                     Some(tokens) => (bar(u64::from(provider.burst - tokens.min(provider.burst)), u64::from(provider.burst))),
                     None => "–",
                 } }
-                td { @if provider.breaker_open { span.warn { "open" } } @else { "closed" } " (" (provider.breaker_failures) " failures)" }
-                td.num { (provider.window_calls) } td.num { (provider.window_failures) }
-                td.num { (provider.window_mean_latency_ms.map_or("–".to_owned(), |ms| format!("{ms:.0}"))) }
-                td.num { (provider.downs) }
+                td data-label="Breaker" { @if provider.breaker_open { span.warn { "open" } } @else { "closed" } " (" (provider.breaker_failures) " failures)" }
+                td.num data-label="Recent calls" { (provider.window_calls) } td.num data-label="Failed" { (provider.window_failures) }
+                td.num data-label="Mean latency (ms)" { (provider.window_mean_latency_ms.map_or("–".to_owned(), |ms| format!("{ms:.0}"))) }
+                td.num data-label="Times down" { (provider.downs) }
             } } }
         } }
         p.note { "Tokens / burst: the bar shows how much of the bucket is used; a full bar is a gate at its rate limit." }
@@ -97,17 +99,17 @@ pub async fn webhooks(State(state): State<AppState>, session: Session) -> Result
 /// A table of failed webhook calls: the attempt log.
 pub fn failed_calls(calls: &[FailedCall]) -> Markup {
     html! {
-        @if !calls.is_empty() { div.box tabindex="0" { table {
+        @if !calls.is_empty() { div.box tabindex="0" { table.cards {
             caption.skip { "Calls that failed at least once" }
             thead { tr { th scope="col" { "Event" } th scope="col" { "Message" } th scope="col" { "Type" }
                 th scope="col" { "Event at" } th scope="col" { "Attempts" } th scope="col" { "State" }
                 th scope="col" { "Next attempt" } th scope="col" { "Last error" } } }
             tbody { @for (event, message, kind, at, next, attempts, state, error) in calls { tr {
-                td { "evt_" (event) } td { a href=(format!("/console/messages/{message}")) { (message) } }
-                td { (kind) } td { (ms_to_rfc3339(*at)) } td.num { (attempts) }
-                td { (if state == "failed" { "given up" } else { "retrying" }) }
-                td { @if state == "pending" { (ms_to_rfc3339(*next)) } }
-                td { (error.as_deref().unwrap_or("")) }
+                td data-label="Event" { "evt_" (event) } td data-label="Message" { a href=(format!("/console/messages/{message}")) { (message) } }
+                td data-label="Type" { (kind) } td data-label="Event at" { (ms_to_rfc3339(*at)) } td.num data-label="Attempts" { (attempts) }
+                td data-label="State" { (if state == "failed" { "given up" } else { "retrying" }) }
+                td data-label="Next attempt" { @if state == "pending" { (ms_to_rfc3339(*next)) } }
+                td data-label="Last error" { (error.as_deref().unwrap_or("")) }
             } } }
         } } }
     }

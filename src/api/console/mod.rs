@@ -101,8 +101,10 @@ async fn guarded(mut response: Response) -> Response {
     response
 }
 
-/// The console's one style sheet: readable at 375 px wide (tables scroll
-/// inside their box), visible focus for keyboard users.
+/// The console's one style sheet: readable at 375 px wide (a table's
+/// cells wrap, long ids anywhere, so a table fits its box; the box still
+/// scrolls, by keyboard too, should one not), visible focus for keyboard
+/// users.
 const STYLE: &str = "\
 body{font:16px/1.45 system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}\
 a{color:#0b4fa8}a:focus,button:focus,input:focus,select:focus{outline:3px solid #f4b400;outline-offset:1px}\
@@ -110,11 +112,15 @@ a{color:#0b4fa8}a:focus,button:focus,input:focus,select:focus{outline:3px solid 
 header{background:#1d2b3a;color:#fff;padding:8px 12px;display:flex;flex-wrap:wrap;gap:12px;align-items:center}\
 header a{color:#fff}header nav ul{list-style:none;display:flex;flex-wrap:wrap;gap:12px;margin:0;padding:0}\
 main{padding:12px;max-width:1200px;margin:auto}.box{overflow-x:auto}\
-table{border-collapse:collapse;width:100%;background:#fff}th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;white-space:nowrap}\
+table{border-collapse:collapse;width:100%;background:#fff}th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;overflow-wrap:anywhere}\
 th{background:#eef1f4}.num{text-align:right}.warn{color:#a40000;font-weight:600}\
 form.inline{display:inline}label{display:block;margin:6px 0 2px}\
 svg.bar{vertical-align:middle}svg.bar rect.track{fill:#ddd}svg.bar rect.fill{fill:#0b7a3e}svg.bar rect.high{fill:#a40000}\
 .note{color:#555}\
+@media (max-width:700px){table.cards thead{position:absolute;left:-9999px}\
+table.cards,table.cards tbody,table.cards tr,table.cards th,table.cards td{display:block}\
+table.cards tr{border:1px solid #ddd;margin:0 0 8px}table.cards th,table.cards td{border:0;text-align:left}\
+table.cards td::before{content:attr(data-label) \": \";font-weight:600}}\
 svg.spark rect{fill:#0b7a3e}svg.spark rect.high{fill:#a40000}svg.spark line{stroke:#1b1b1b;stroke-dasharray:2 2}";
 
 async fn style() -> impl axum::response::IntoResponse {

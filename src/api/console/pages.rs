@@ -14,6 +14,8 @@ use crate::api::error::ApiError;
 use crate::api::{ApiPath, AppState};
 use crate::model::{Lane, MessageStatus, Scope, TenantStatus, World, ms_to_rfc3339, now_ms};
 use crate::store::admins::AuditQuery;
+use crate::store::events::EventRecord;
+use crate::store::lifecycle::REDRIVEN;
 use crate::store::messages::ListFilter;
 use crate::store::usage::{UsageRow, Whose};
 use crate::store::webhooks::CallsOf;
@@ -43,15 +45,21 @@ impl Outcomes {
         self.accepted += row.accepted;
         self.sent += row.sent;
         self.delivered += row.delivered;
-        self.failed += row.failed + row.dead_lettered;
+        // A redriven dead letter is no failure any more: whatever became of
+        // it next is counted where it ended.
+        self.failed += row.failed + row.dead_lettered - row.redriven;
         self.bounced += row.bounced;
         self.complained += row.complained;
     }
 
-    fn cells(&self) -> Markup {
+    /// The five cells, each labelled `{when}: …` for the narrow layout.
+    fn cells(&self, when: &str) -> Markup {
+        let cell = |what: &str, count: i64| {
+            html! { td.num data-label=(format!("{when}: {what}")) { (count) } }
+        };
         html! {
-            td.num { (self.sent) } td.num { (self.delivered) } td.num { (self.failed) }
-            td.num { (self.bounced) } td.num { (self.complained) }
+            (cell("sent", self.sent)) (cell("delivered", self.delivered)) (cell("failed", self.failed))
+            (cell("bounced", self.bounced)) (cell("complaints", self.complained))
         }
     }
 }
@@ -102,7 +110,9 @@ pub async fn overview(
             } } }
         } }
         h2 { "Tenants" }
-        div.box tabindex="0" { table {
+        // Too many columns for a phone: below 700 px each row is a card of
+        // labelled cells (the style sheet's `table.cards`).
+        div.box tabindex="0" { table.cards {
             thead {
                 tr { th scope="col" rowspan="2" { "Tenant" } th scope="col" rowspan="2" { "Status" }
                     th scope="col" rowspan="2" { "Quota today" }
@@ -121,13 +131,13 @@ pub async fn overview(
                 @let per_minute = plan.as_ref().map_or(0.0, |plan| plan.rate_per_second * 60.0);
                 tr {
                     th scope="row" { a href=(format!("/console/tenants/{}", tenant.id)) { (tenant.id) } }
-                    td class=(if tenant.status == TenantStatus::Active { "" } else { "warn" }) { (tenant.status.as_str()) }
-                    td { (bar(day.accepted.max(0) as u64, quota)) }
-                    td { (last_hour(&state.accept.last_hour().of(&tenant.id, now), per_minute)) }
-                    td.num { (counts.delayed(&tenant.id)) }
-                    td.num { (counts.held(&tenant.id)) }
-                    td.num { (counts.at_gate(&tenant.id)) }
-                    (day.cells()) (days.cells())
+                    td data-label="Status" class=(if tenant.status == TenantStatus::Active { "" } else { "warn" }) { (tenant.status.as_str()) }
+                    td data-label="Quota today" { (bar(day.accepted.max(0) as u64, quota)) }
+                    td data-label="Last hour" { (last_hour(&state.accept.last_hour().of(&tenant.id, now), per_minute)) }
+                    td.num data-label="Scheduled or retrying" { (counts.delayed(&tenant.id)) }
+                    td.num data-label="Held" { (counts.held(&tenant.id)) }
+                    td.num data-label="At the gate" { (counts.at_gate(&tenant.id)) }
+                    (day.cells("Today")) (days.cells("7 days"))
                 }
             } }
         } }
@@ -338,13 +348,15 @@ pub async fn message(
     // `sent` is an event only for a tenant with a webhook; the row keeps
     // its time and provider for everyone.
     let sent_event = events.iter().any(|event| event.event == "sent");
+    let (in_all, redrives) = attempts_in_all(&events, i64::from(message.attempts));
     let body = html! {
         dl {
             dt { "Tenant" } dd { (message.tenant_id) @if message.test { " (test)" } }
             dt { "Recipient" } dd { (message.recipient.as_deref().unwrap_or(if message.erased_at.is_some() { "erased by retention" } else { "–" })) }
             dt { "Channel, priority, lane" } dd { (message.channel.as_str()) ", " (message.priority.as_str()) ", " (message.lane.as_str()) }
             dt { "Status" } dd { (message.status.as_str()) }
-            dt { "Attempts" } dd { (message.attempts) }
+            dt { "Attempts" } dd { (message.attempts)
+                @if redrives > 0 { " since its last redrive; " (in_all) " in all, over " (redrives) @if redrives == 1 { " redrive" } @else { " redrives" } } }
             @if let (Some(sent), Some(ms)) = (message.sent_at, message.gate_wait_ms) {
                 dt { "Accepted to sent" } dd { (sent - message.created_at) " ms, of which " (ms) " ms at the provider's gate (its last attempt)" }
             }
@@ -393,6 +405,21 @@ pub async fn message(
         }
     };
     Ok(page(&format!("Message {id}"), Some(&session), body))
+}
+
+/// A message's provider attempts in all, and its redrives: a redrive
+/// counts its attempts from 0 again, so those it had before each redrive
+/// (the attempts of the event just before it) are added to `since`.
+fn attempts_in_all(events: &[EventRecord], since: i64) -> (i64, usize) {
+    let (mut before, mut last, mut redrives) = (0, 0, 0);
+    for event in events {
+        if event.detail.as_deref() == Some(REDRIVEN) {
+            before += last;
+            redrives += 1;
+        }
+        last = event.attempts;
+    }
+    (before + since, redrives)
 }
 
 /// Which tenant's dead letters the page shows (empty: everyone's).

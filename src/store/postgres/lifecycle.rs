@@ -46,7 +46,11 @@ fn with_effects(step: Move, update: &str) -> String {
         }
     };
     if let Some(condition) = recorded {
-        let detail = if effects.detail { "last_error" } else { "NULL" };
+        let detail = match effects.note {
+            Some(note) => format!("'{}'", note.replace('\'', "''")),
+            None if effects.detail => "last_error".to_owned(),
+            None => "NULL".to_owned(),
+        };
         parts.push(format!(
             "events AS (INSERT INTO message_events (message_id, tenant_id, at, event, status, \
              attempts, detail, provider_message_id) \

@@ -87,7 +87,10 @@ fn effects(tx: &Connection, step: Move, row: &Moved, now: i64) -> rusqlite::Resu
                 name: to.as_str(),
                 status: to,
                 attempts: row.attempts,
-                detail: row.last_error.as_deref().filter(|_| effects.detail),
+                detail: match effects.note {
+                    Some(note) => Some(note),
+                    None => row.last_error.as_deref().filter(|_| effects.detail),
+                },
                 provider_message_id: row.provider_message_id.as_deref(),
             },
         )?;

@@ -161,6 +161,7 @@ impl UsageStore for SqliteDb {
                     rejected: row.get(13)?,
                     fragments: row.get(14)?,
                     attachment_bytes: row.get(15)?,
+                    redriven: row.get(16)?,
                 })
             })
             .await?)
