@@ -21,13 +21,13 @@ from fairlane_client.api.messages import (
 )
 from fairlane_client.models import (
     AttachmentView,
-    Channel,
     Preview,
     PreviewRequest,
     PreviewRequestPersonalisationType0,
     SendEmailRequestByTemplatePersonalisationType0,
-    TemplateContent,
-    TemplateContentLocales,
+    EmailTemplateContent,
+    EmailTemplateContentChannel,
+    EmailTemplateContentLocales,
     TemplateView,
     BatchSmsItemByContent,
     IssueKey,
@@ -172,14 +172,14 @@ assert foreign.status == 422 and "sender_id" in foreign.errors.additional_proper
 template = expect(
     create_own.sync(
         client=tenant,
-        body=TemplateContent(
+        body=EmailTemplateContent(
             name="receipt",
-            channel=Channel.EMAIL,
+            channel=EmailTemplateContentChannel.EMAIL,
             priority=Priority.HIGH,
             subject="Your receipt, ((name))",
             text="Thanks for order ((order)).",
             html="<p>Thanks for order <b>((order))</b>, ((name)).</p>",
-            locales=TemplateContentLocales.from_dict(
+            locales=EmailTemplateContentLocales.from_dict(
                 {"fr": {"subject": "Votre reçu, ((name))", "text": "Merci pour la commande ((order))."}}
             ),
         ),

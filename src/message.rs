@@ -414,7 +414,7 @@ pub struct SendEmailRequest {
     personalisation: Option<Value>,
     /// The template variant's locale (`fr-CA` falls back to `fr`, then to
     /// the default).
-    #[schema(max_length = 35)]
+    #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")]
     locale: Option<String>,
     priority: Option<Priority>,
     /// Caller's own reference, at most 255 characters; returned by the status endpoint.
@@ -487,7 +487,7 @@ pub struct SendSmsRequest {
     #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
     personalisation: Option<Value>,
     /// The template variant's locale, as for email.
-    #[schema(max_length = 35)]
+    #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")]
     locale: Option<String>,
 }
 

@@ -222,13 +222,16 @@ pub struct AuditParams {
     /// Only targets starting with this, e.g. `/v1/admin/tenants/acme`.
     pub target: Option<String>,
     /// Only changes at or after this instant (RFC 3339).
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Only changes before this instant (RFC 3339).
+    #[param(format = DateTime)]
     pub until: Option<String>,
     /// Entries per page, 1 to 500; 100 when not given.
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
-    /// The `next` of the previous page.
+    /// The `next` of the previous page (an entry's number).
+    #[param(pattern = r"^[1-9][0-9]{0,17}$")]
     pub cursor: Option<String>,
 }
 

@@ -44,8 +44,8 @@ pub struct ListQuery {
     /// `limits.list_scan_rows` messages, as with `status`.
     #[param(
         min_length = 3,
-        max_length = 320,
-        pattern = r"^(?:\+[1-9][0-9]{1,14}|[^@\s]+@[^@\s]+)$"
+        max_length = 254,
+        pattern = r"^(?:\+[1-9][0-9]{7,14}|[^@\s]+@[^@\s.]+(?:\.[^@\s.]+)+)$"
     )]
     pub recipient: Option<String>,
     /// Only messages in this status.

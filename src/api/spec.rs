@@ -80,27 +80,30 @@ impl Modify for CommonResponses {
     }
 }
 
-/// Request bodies that may be left out. utoipa marks a body `required`
-/// unless its type is an `Option`, and an `Option` becomes a `oneOf` with
-/// `null`, which client generators send as a JSON `null`; so the body is
-/// documented as its plain schema and marked optional here.
-struct OptionalBodies;
+/// Whether a request body may be left out, where utoipa cannot say it.
+/// utoipa marks a body `required` unless its type is an `Option`, and an
+/// `Option` becomes a `oneOf` with `null`, which client generators send as
+/// a JSON `null`; so an optional body is documented as its plain schema and
+/// marked optional here. An upload's body is raw bytes that no type
+/// describes, so utoipa leaves it optional: a file must have one (a
+/// request without a Content-Type is 415).
+struct BodyRequirements;
 
-impl Modify for OptionalBodies {
+impl Modify for BodyRequirements {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::Required;
-        for (path, method) in [("/v1/admin/tenants/{id}/keys", "post")] {
-            let Some(item) = openapi.paths.paths.get_mut(path) else {
-                continue;
-            };
-            let operation = match method {
-                "post" => item.post.as_mut(),
-                _ => None,
-            };
-            if let Some(utoipa::openapi::RefOr::T(body)) =
-                operation.and_then(|op| op.request_body.as_mut())
-            {
-                body.required = Some(Required::False);
+        for (path, required) in [
+            ("/v1/admin/tenants/{id}/keys", Required::False),
+            ("/v1/attachments", Required::True),
+        ] {
+            let body = openapi
+                .paths
+                .paths
+                .get_mut(path)
+                .and_then(|item| item.post.as_mut())
+                .and_then(|op| op.request_body.as_mut());
+            if let Some(utoipa::openapi::RefOr::T(body)) = body {
+                body.required = Some(required);
             }
         }
     }
@@ -282,7 +285,8 @@ fn content_shape(
     whole: &utoipa::openapi::schema::Object,
     channel: Channel,
 ) -> utoipa::openapi::schema::Schema {
-    use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, Schema};
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
     match channel {
         Channel::Sms => Schema::Object(shape(
             whole,
@@ -291,34 +295,66 @@ fn content_shape(
             "An SMS with its own text.".to_owned(),
         )),
         Channel::Email => {
-            let object = shape(
+            let mut object = shape(
                 whole,
                 &TEMPLATE_FIELDS,
                 &["subject"],
                 "An email with its own subject and its text, its HTML or both.".to_owned(),
             );
-            let given = |field: &str| {
-                let mut one = ObjectBuilder::new().required(field).build();
-                if let Some(property) = object.properties.get(field) {
-                    let mut property = property.clone();
-                    not_null(&mut property);
-                    one.properties.insert(field.to_owned(), property);
-                }
-                one
+            // The text given alone must not be blank; beside a non-blank
+            // HTML it may be empty (and is then derived from the HTML).
+            let text = given(&object, "text");
+            if let Some(RefOr::T(Schema::Object(property))) = object.properties.get_mut("text")
+                && let Some(pattern) = property.pattern.take()
+            {
+                property.pattern = Some(format!("^$|{pattern}"));
+                property.min_length = None;
+            }
+            // HTML alone must not be blank: the text is derived from it,
+            // and a text must not be blank.
+            let mut html = given(&object, "html");
+            let not_blank = match text.properties.get("text") {
+                Some(RefOr::T(Schema::Object(text))) => text.pattern.clone(),
+                _ => None,
             };
-            let text_or_html = AnyOfBuilder::new()
-                .item(given("text"))
-                .item(given("html"))
-                .build();
-            Schema::AllOf(
-                AllOfBuilder::new()
-                    .description(object.description.clone())
-                    .item(object)
-                    .item(Schema::AnyOf(text_or_html))
-                    .build(),
-            )
+            if let Some(RefOr::T(Schema::Object(property))) = html.properties.get_mut("html") {
+                property.pattern = not_blank;
+                property.min_length = Some(1);
+            }
+            text_or_html(object, text, html)
         }
     }
+}
+
+/// `object` with the field `field` required, as `object` describes it
+/// but not `null`.
+fn given(object: &utoipa::openapi::schema::Object, field: &str) -> utoipa::openapi::schema::Object {
+    let mut one = utoipa::openapi::ObjectBuilder::new()
+        .required(field)
+        .build();
+    if let Some(property) = object.properties.get(field) {
+        let mut property = property.clone();
+        not_null(&mut property);
+        one.properties.insert(field.to_owned(), property);
+    }
+    one
+}
+
+/// `object`, and one of `text` and `html` at least.
+fn text_or_html(
+    object: utoipa::openapi::schema::Object,
+    text: utoipa::openapi::schema::Object,
+    html: utoipa::openapi::schema::Object,
+) -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, Schema};
+    let either = AnyOfBuilder::new().item(text).item(html).build();
+    Schema::AllOf(
+        AllOfBuilder::new()
+            .description(object.description.clone())
+            .item(object)
+            .item(Schema::AnyOf(either))
+            .build(),
+    )
 }
 
 /// A send by template: no content field, `template_id` required.
@@ -380,6 +416,69 @@ impl Modify for FlatViews {
                 .schemas
                 .insert(name.to_owned(), RefOr::T(Schema::Object(view)));
         }
+    }
+}
+
+/// A template's content is one of two shapes, by its channel, as
+/// validation takes it: an SMS template has its text and no subject or
+/// HTML; an email template its subject and its text, its HTML or both.
+/// Runs after [`FlatViews`], whose template view lists every field.
+struct TemplateShapes;
+
+impl Modify for TemplateShapes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::Schema;
+        use utoipa::openapi::{OneOfBuilder, Ref, RefOr};
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        let Some(RefOr::T(Schema::Object(whole))) =
+            components.schemas.get("TemplateContent").cloned()
+        else {
+            return;
+        };
+        let for_channel = |mut object: utoipa::openapi::schema::Object, channel: Channel| {
+            let only = utoipa::openapi::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::Type::String)
+                .enum_values(Some([channel.as_str()]))
+                .build();
+            object.properties.insert("channel".to_owned(), only.into());
+            object
+        };
+        let sms = for_channel(
+            shape(
+                &whole,
+                &["subject", "html"],
+                &["text"],
+                "An SMS template: its text.".to_owned(),
+            ),
+            Channel::Sms,
+        );
+        let email = for_channel(
+            shape(
+                &whole,
+                &[],
+                &["subject"],
+                "An email template: its subject, and its text, its HTML or both.".to_owned(),
+            ),
+            Channel::Email,
+        );
+        let (text, html) = (given(&email, "text"), given(&email, "html"));
+        components
+            .schemas
+            .insert("SmsTemplateContent".to_owned(), Schema::Object(sms).into());
+        components.schemas.insert(
+            "EmailTemplateContent".to_owned(),
+            text_or_html(email, text, html).into(),
+        );
+        let union = OneOfBuilder::new()
+            .description(whole.description.clone())
+            .item(Ref::from_schema_name("EmailTemplateContent"))
+            .item(Ref::from_schema_name("SmsTemplateContent"))
+            .build();
+        components
+            .schemas
+            .insert("TemplateContent".to_owned(), RefOr::T(Schema::OneOf(union)));
     }
 }
 
@@ -523,7 +622,8 @@ impl Modify for SecurityAddon {
         &BatchItems,
         &SendShapes,
         &FlatViews,
-        &OptionalBodies
+        &TemplateShapes,
+        &BodyRequirements
     ),
     tags(
         (name = "messages", description = "Send and track messages (tenant API key)."),

@@ -105,6 +105,7 @@ pub struct PreviewRequest {
     pub personalisation: Option<serde_json::Value>,
     /// The locale whose variant to render (`fr-CA` falls back to `fr`,
     /// then to the default).
+    #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")]
     pub locale: Option<String>,
     /// A version (default: the newest).
     #[schema(minimum = 1)]

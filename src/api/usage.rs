@@ -36,14 +36,15 @@ pub const MAX_DAYS: i64 = 366;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
-    /// First UTC day (`YYYY-MM-DD`), included. Default: 30 days before `to`.
-    #[param(format = Date)]
+    /// First UTC day (`YYYY-MM-DD`, 1970 or later), included. Default: 30
+    /// days before `to`.
+    #[param(format = Date, pattern = r"^(?:19[7-9][0-9]|[2-9][0-9]{3})-[0-9]{2}-[0-9]{2}$")]
     pub from: Option<String>,
     /// Last UTC day (`YYYY-MM-DD`), included: at most 366 days after
     /// `from`, counting both. Default: today; with `from` alone, today or
     /// the 366th day from `from`, whichever comes first (and `from`
-    /// itself when it is after today).
-    #[param(format = Date)]
+    /// itself when it is after today). 1970 or later.
+    #[param(format = Date, pattern = r"^(?:19[7-9][0-9]|[2-9][0-9]{3})-[0-9]{2}-[0-9]{2}$")]
     pub to: Option<String>,
 }
 

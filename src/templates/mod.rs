@@ -49,12 +49,20 @@ type Errors = BTreeMap<String, String>;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {
-    /// Email: the subject line, with placeholders; required.
+    /// Email: the subject line, with placeholders; required, not blank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     pub subject: Option<String>,
-    /// The plain text, with placeholders; required, but for an email with
-    /// HTML, whose text is then derived from the rendered HTML.
+    /// The plain text, with placeholders, not blank; required, but for an
+    /// email with HTML, whose text is then derived from the rendered HTML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     pub text: Option<String>,
     /// Email: an HTML part, with placeholders (their values are escaped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,12 +85,21 @@ pub struct TemplateContent {
     /// The lane every send of it takes; without it, the tenant's plan's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane: Option<Lane>,
-    /// Email: the default subject line. `((name))` is a placeholder.
+    /// Email: the default subject line, not blank. `((name))` is a
+    /// placeholder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     pub subject: Option<String>,
-    /// The default plain text (an SMS's text); an email with HTML may
-    /// leave it out to have it derived from the rendered HTML.
+    /// The default plain text (an SMS's text), not blank; an email with
+    /// HTML may leave it out to have it derived from the rendered HTML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+    )]
     pub text: Option<String>,
     /// Email: the default HTML part.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -24,6 +24,10 @@ pub const MAX_SENDERS_PER_TENANT: usize = 100;
 pub const MAX_REPLY_TO: usize = 10;
 /// Longest display name, in characters.
 pub const MAX_DISPLAY_NAME_CHARS: usize = 100;
+/// What validation takes as a display name, for the spec: no control
+/// character (`char::is_control`), and one character that `str::trim`
+/// would keep.
+const DISPLAY_NAME_PATTERN: &str = r"^[^\u0000-\u001F\u007F-\u009F]*[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u001F\u007F-\u009F]*$";
 
 /// A tenant's sender identity.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -165,9 +169,10 @@ fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
         )
         .property(
             "display_name",
-            optional("1-100 characters, no control characters.")
+            optional("1-100 characters, not blank, no control characters.")
                 .min_length(Some(1))
-                .max_length(Some(MAX_DISPLAY_NAME_CHARS)),
+                .max_length(Some(MAX_DISPLAY_NAME_CHARS))
+                .pattern(Some(DISPLAY_NAME_PATTERN)),
         )
         .property(
             "reply_to",

@@ -341,3 +341,161 @@ async fn secured_operations_refuse_as_documented() {
     }
     assert!(refused_bodies > 0, "no operation documents 415");
 }
+
+/// Whether `schema` (an object of the document, `$ref`s not followed)
+/// lets `value` through by its length and pattern: enough for the string
+/// fields below, whose refusals are those two keywords.
+fn string_schema_admits(schema: &Value, value: &str) -> bool {
+    let chars = value.chars().count() as u64;
+    let min = schema["minLength"].as_u64().unwrap_or(0);
+    let max = schema["maxLength"].as_u64().unwrap_or(u64::MAX);
+    let pattern = schema["pattern"]
+        .as_str()
+        .map(|pattern| regex::Regex::new(pattern).unwrap_or_else(|why| panic!("{pattern}: {why}")));
+    (min..=max).contains(&chars) && pattern.is_none_or(|pattern| pattern.is_match(value))
+}
+
+/// A query parameter's schema.
+fn query_parameter<'a>(doc: &'a Value, path: &str, name: &str) -> &'a Value {
+    doc["paths"][path]["get"]["parameters"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["name"] == name))
+        .map(|p| &p["schema"])
+        .unwrap_or_else(|| panic!("GET {path} has no parameter {name}"))
+}
+
+/// What schemathesis's positive-data check found: values the document let
+/// through that validation refuses. Each is refused by the server (422
+/// naming the field) and now by the document too, so a generated client
+/// or a fuzzer reads the same rules as validation does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spec_refuses_what_validation_refuses() {
+    let app = TestApp::start("").await;
+    let key = app.tenant_with_key("acme", "basic").await;
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    let mut unlike = Vec::new();
+
+    // Query parameters: (path, parameter, value, key).
+    let query = [
+        ("/v1/messages", "recipient", "+10", key.as_str()),
+        ("/v1/admin/audit", "cursor", "", ADMIN_TOKEN),
+        ("/v1/admin/audit", "cursor", "abc", ADMIN_TOKEN),
+        ("/v1/admin/audit", "since", "", ADMIN_TOKEN),
+        ("/v1/usage", "from", "1969-12-31", key.as_str()),
+        ("/v1/usage", "to", "0180-06-04", key.as_str()),
+    ];
+    for (path, name, value, token) in query {
+        let url = reqwest::Url::parse_with_params(&app.url(path), &[(name, value)]).unwrap();
+        let answer = app.client.get(url).bearer_auth(token).send().await.unwrap();
+        let (_, problem) = expect_problem(answer, StatusCode::UNPROCESSABLE_ENTITY).await;
+        assert!(
+            problem["errors"][name].is_string(),
+            "{path}?{name}={value:?}: {problem}"
+        );
+        let schema = query_parameter(&doc, path, name);
+        // A date-time is refused by its format, which a client checks.
+        if schema["format"] != "date-time" && string_schema_admits(schema, value) {
+            unlike.push(format!("GET {path}?{name}={value:?}"));
+        }
+    }
+
+    // Body fields: (request, schema of the field, field, body).
+    let text = &schemas["SmsTemplateContent"]["properties"]["text"];
+    let locale = &schemas["PreviewRequest"]["properties"]["locale"];
+    let html_alone =
+        &schemas["SendEmailRequestByContent"]["allOf"][1]["anyOf"][1]["properties"]["html"];
+    let display_name = &schemas["NewEmailSender"]["properties"]["display_name"];
+    let email = |html: &str| json!({"channel": "email", "to": "a@example.com", "subject": "s", "html": html});
+    let sender =
+        |name: &str| json!({"channel": "email", "from": "news@example.com", "display_name": name});
+    // (request, the field's schema, the value, the field refused, body, key)
+    let bodies = [
+        (
+            "/v1/templates",
+            text,
+            "",
+            "text",
+            json!({"name": "t", "channel": "sms", "text": ""}),
+            key.as_str(),
+        ),
+        (
+            "/v1/templates",
+            text,
+            " \n",
+            "text",
+            json!({"name": "t", "channel": "sms", "text": " \n"}),
+            key.as_str(),
+        ),
+        (
+            "/v1/templates/tpl_none/preview",
+            locale,
+            "",
+            "locale",
+            json!({"locale": ""}),
+            key.as_str(),
+        ),
+        // HTML alone, blank: the text derived from it would be empty.
+        (
+            "/v1/messages",
+            html_alone,
+            "",
+            "text",
+            email(""),
+            key.as_str(),
+        ),
+        (
+            "/v1/admin/tenants/acme/senders",
+            display_name,
+            "Acme\u{7}",
+            "display_name",
+            sender("Acme\u{7}"),
+            ADMIN_TOKEN,
+        ),
+        (
+            "/v1/admin/tenants/acme/senders",
+            display_name,
+            "\u{a0}",
+            "display_name",
+            sender("\u{a0}"),
+            ADMIN_TOKEN,
+        ),
+    ];
+    for (path, schema, value, field, body, token) in bodies {
+        let answer = app
+            .client
+            .post(app.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let (_, problem) = expect_problem(answer, StatusCode::UNPROCESSABLE_ENTITY).await;
+        assert!(
+            problem["errors"][field].is_string(),
+            "POST {path} {body}: {problem}"
+        );
+        assert!(schema.is_object(), "POST {path}: no schema for {value:?}");
+        if string_schema_admits(schema, value) {
+            unlike.push(format!("POST {path} {value:?}"));
+        }
+    }
+
+    // An upload needs its bytes and their type: the body is required.
+    let answer = app
+        .client
+        .post(app.url("/v1/attachments?filename=a.pdf"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    expect_problem(answer, StatusCode::UNSUPPORTED_MEDIA_TYPE).await;
+    if doc["paths"]["/v1/attachments"]["post"]["requestBody"]["required"] != true {
+        unlike.push("POST /v1/attachments without a body".to_owned());
+    }
+
+    assert!(
+        unlike.is_empty(),
+        "the document lets through what validation refuses: {unlike:#?}"
+    );
+}
