@@ -77,7 +77,10 @@ fuzz "tenant operations but the batch" "$key" "$checks" --include-tag messages -
 # the item schema is, by design, not refused whole. Every other check runs.
 fuzz "the batch" "$key" "${checks/,negative_data_rejection/}" --include-path /v1/messages/batch
 fuzz "the tenant's webhook and suppression list" "$key" "$checks" --include-tag webhooks --include-tag suppressions
-fuzz "the tenant's templates" "$key" "$checks" --include-tag templates
+# A new template has version 1: a preview of version 15, which
+# ensure_resource_availability's inferred link (POST /v1/templates ->
+# .../preview) may send, answers 404 by design ("has no version 15").
+fuzz "the tenant's templates" "$key" "${checks/,ensure_resource_availability/}" --include-tag templates
 fuzz "the tenant's attachments" "$key" "$checks" --include-tag attachments
 fuzz "SMS receipts (unsigned: each answers 403 or 404)" "$key" "$checks" --include-tag receipts
 fuzz "unsubscribe links (forged: each answers 404)" "$key" "$checks" --include-tag unsubscribe

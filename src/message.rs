@@ -372,7 +372,7 @@ pub struct SendEmailRequest {
     #[schema(
         min_length = 1,
         max_length = 998,
-        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+        pattern = r"^[^\r\n\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\r\n\uFFFE\uFFFF]*$"
     )]
     subject: Option<String>,
     /// Plain-text body, not blank, at most 100 KiB. Required unless `html`

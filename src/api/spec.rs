@@ -212,10 +212,13 @@ impl Modify for SendShapes {
             ("BatchEmailItem", Channel::Email),
             ("BatchSmsItem", Channel::Sms),
         ] {
-            let Some(RefOr::T(Schema::Object(whole))) = components.schemas.get(name).cloned()
+            let Some(RefOr::T(Schema::Object(mut whole))) = components.schemas.get(name).cloned()
             else {
                 continue;
             };
+            if channel == Channel::Email {
+                whole = patched(&whole, email_fields);
+            }
             let by_content = format!("{name}ByContent");
             let by_template = format!("{name}ByTemplate");
             components
@@ -234,6 +237,69 @@ impl Modify for SendShapes {
                 .insert(name.to_owned(), RefOr::T(Schema::OneOf(union)));
         }
     }
+}
+
+/// A locale's name as `message::is_locale` takes it.
+pub const LOCALE_PATTERN: &str = r"^[A-Za-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$";
+
+/// `object` as JSON, changed by `change`: the document's own types
+/// have no builder for a property's items or names once built.
+fn patched(
+    object: &utoipa::openapi::schema::Object,
+    change: impl FnOnce(&mut serde_json::Value),
+) -> utoipa::openapi::schema::Object {
+    let mut json = serde_json::to_value(object).expect("a schema is JSON");
+    change(&mut json);
+    serde_json::from_value(json).expect("a changed schema is a schema")
+}
+
+/// What follows `X-` in a header a tenant may set: 1-62 letters, digits
+/// and `-`, not starting `SES-` in any case. Written without look-ahead,
+/// which some clients' regex engines lack (RE2, Rust's `regex`).
+const X_NOT_SES: &str = "(?:[A-RT-Za-rt-z0-9-][A-Za-z0-9-]{0,61}\
+    |[Ss](?:[A-DF-Za-df-z0-9-][A-Za-z0-9-]{0,60})?\
+    |[Ss][Ee](?:[A-RT-Za-rt-z0-9-][A-Za-z0-9-]{0,59})?\
+    |[Ss][Ee][Ss](?:[A-Za-z0-9][A-Za-z0-9-]{0,58})?)";
+
+/// An email's copies are addresses as `to` is one, and its headers as
+/// validation takes them (`message::is_allowed_header`, values of SES's
+/// printable ASCII).
+fn email_fields(email: &mut serde_json::Value) {
+    use serde_json::json;
+    let properties = &mut email["properties"];
+    let mut address = properties["to"].clone();
+    if let Some(address) = address.as_object_mut() {
+        address.remove("description");
+    }
+    for copies in ["cc", "bcc"] {
+        properties[copies]["items"] = address.clone();
+    }
+    // JSON Schema's patterns have no flag for case: each letter of an
+    // allowed name is a class of both its cases.
+    let any_case = |name: &str| -> String {
+        name.chars()
+            .map(|c| match c {
+                c if c.is_ascii_alphabetic() => {
+                    format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase())
+                }
+                c => c.to_string(),
+            })
+            .collect()
+    };
+    let allowed: Vec<String> = crate::message::ALLOWED_HEADERS
+        .iter()
+        .map(|name| any_case(name))
+        .collect();
+    let headers = &mut properties["headers"];
+    headers["maxProperties"] = json!(crate::message::MAX_CUSTOM_HEADERS);
+    headers["propertyNames"] = json!({
+        "type": "string",
+        "pattern": format!("^(?:[Xx]-{X_NOT_SES}|{})$", allowed.join("|")),
+    });
+    headers["additionalProperties"] = json!({
+        "type": "string",
+        "pattern": format!("^[ -~]{{1,{}}}$", crate::message::MAX_HEADER_VALUE_CHARS),
+    });
 }
 
 /// `object` without `fields` and with `required` required, each of those
@@ -463,6 +529,44 @@ impl Modify for TemplateShapes {
             ),
             Channel::Email,
         );
+        // Each locale's variant as the channel's default content is.
+        if let Some(RefOr::T(Schema::Object(variant))) = components.schemas.get("Variant").cloned()
+        {
+            let sms_variant = shape(
+                &variant,
+                &["subject", "html"],
+                &["text"],
+                "An SMS template's variant: its text.".to_owned(),
+            );
+            let email_variant = shape(
+                &variant,
+                &[],
+                &["subject"],
+                "An email template's variant: its subject, and its text, its HTML or both."
+                    .to_owned(),
+            );
+            let (text, html) = (given(&email_variant, "text"), given(&email_variant, "html"));
+            components
+                .schemas
+                .insert("SmsVariant".to_owned(), Schema::Object(sms_variant).into());
+            components.schemas.insert(
+                "EmailVariant".to_owned(),
+                text_or_html(email_variant, text, html).into(),
+            );
+        }
+        let with_variants = |object: utoipa::openapi::schema::Object, variant: &str| {
+            patched(&object, |json| {
+                let locales = &mut json["properties"]["locales"];
+                locales["maxProperties"] = serde_json::json!(crate::templates::MAX_LOCALES);
+                locales["propertyNames"] = serde_json::json!({"type": "string", "maxLength": 35, "pattern": LOCALE_PATTERN});
+                locales["additionalProperties"] =
+                    serde_json::json!({"$ref": format!("#/components/schemas/{variant}")});
+            })
+        };
+        let (sms, email) = (
+            with_variants(sms, "SmsVariant"),
+            with_variants(email, "EmailVariant"),
+        );
         let (text, html) = (given(&email, "text"), given(&email, "html"));
         components
             .schemas
@@ -642,6 +746,56 @@ pub struct ApiDoc;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spec's pattern for a header name takes exactly what
+    /// `message::is_allowed_header` takes.
+    #[test]
+    fn the_header_name_pattern_is_validation_s_rule() {
+        let mut email = serde_json::json!({"properties": {"to": {}, "headers": {}}});
+        email_fields(&mut email);
+        let pattern = email["properties"]["headers"]["propertyNames"]["pattern"]
+            .as_str()
+            .unwrap();
+        let pattern = regex::Regex::new(pattern).unwrap();
+        let long = format!("X-{}", "a".repeat(62));
+        let too_long = format!("X-{}", "a".repeat(63));
+        for name in [
+            "X-Tag",
+            "x-tag",
+            "X-S",
+            "X-SE",
+            "X-SES",
+            "X-SESx",
+            "X-SE-S",
+            "X-SES-",
+            "x-ses-tag",
+            "X-Ses-Id",
+            "X-",
+            "X",
+            "X-a b",
+            "X-é",
+            "List-Id",
+            "list-ID",
+            "List-Ids",
+            "From",
+            "Subject",
+            "X--",
+            "X-S-",
+            &long,
+            &too_long,
+            "Y-Tag",
+            "Precedence",
+            "Auto-Submitted",
+            "X-SEZ-1",
+            "X-SES1",
+        ] {
+            assert_eq!(
+                pattern.is_match(name),
+                crate::message::is_allowed_header(name),
+                "{name}"
+            );
+        }
+    }
 
     /// `openapi/openapi.json` is what `fairlane openapi` prints; regenerate it
     /// with `cargo run -- openapi > openapi/openapi.json` when this fails.

@@ -53,7 +53,8 @@ pub struct Variant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(
         min_length = 1,
-        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+        max_length = 998,
+        pattern = r"^[^\r\n\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\r\n\uFFFE\uFFFF]*$"
     )]
     pub subject: Option<String>,
     /// The plain text, with placeholders, not blank; required, but for an
@@ -90,7 +91,8 @@ pub struct TemplateContent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(
         min_length = 1,
-        pattern = r"^[^\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\uFFFE\uFFFF]*$"
+        max_length = 998,
+        pattern = r"^[^\r\n\uFFFE\uFFFF]*[^\t\n\u000B\f\r \u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFFFE\uFFFF][^\r\n\uFFFE\uFFFF]*$"
     )]
     pub subject: Option<String>,
     /// The default plain text (an SMS's text), not blank; an email with

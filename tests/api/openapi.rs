@@ -461,7 +461,77 @@ async fn the_spec_refuses_what_validation_refuses() {
             ADMIN_TOKEN,
         ),
     ];
-    for (path, schema, value, field, body, token) in bodies {
+    // Email copies and headers, and a template's locales and variants.
+    let email_fields = &schemas["SendEmailRequestByContent"]["allOf"][0]["properties"];
+    let headers = &email_fields["headers"];
+    let locales = &schemas["SmsTemplateContent"]["properties"]["locales"];
+    let with = |field: &str, value: Value| {
+        let mut body = email("<p>Hi</p>");
+        body[field] = value;
+        body
+    };
+    let sms_template =
+        |locales: Value| json!({"name": "t", "channel": "sms", "text": "Hi", "locales": locales});
+    let email_template = &schemas["EmailTemplateContent"]["allOf"][0]["properties"];
+    let template = json!({"name": "t", "channel": "email", "subject": "a\nb", "text": "Hi"});
+    let more = [
+        (
+            "/v1/messages",
+            &email_fields["subject"],
+            "a\nb",
+            "subject",
+            with("subject", json!("a\nb")),
+        ),
+        (
+            "/v1/templates",
+            &email_template["subject"],
+            "a\nb",
+            "subject",
+            template,
+        ),
+        (
+            "/v1/messages",
+            &email_fields["bcc"]["items"],
+            "x",
+            "bcc[0]",
+            with("bcc", json!(["x"])),
+        ),
+        (
+            "/v1/messages",
+            &headers["propertyNames"],
+            "X-SES-Tag",
+            "headers",
+            with("headers", json!({"X-SES-Tag": "v"})),
+        ),
+        (
+            "/v1/messages",
+            &headers["propertyNames"],
+            "From",
+            "headers",
+            with("headers", json!({"From": "v"})),
+        ),
+        (
+            "/v1/messages",
+            &headers["additionalProperties"],
+            "caf\u{e9}",
+            "headers",
+            with("headers", json!({"X-Tag": "caf\u{e9}"})),
+        ),
+        (
+            "/v1/templates",
+            &locales["propertyNames"],
+            "",
+            "locales.",
+            sms_template(json!({"": {"text": "Salut"}})),
+        ),
+    ];
+    for (path, schema, value, field, body, token) in
+        bodies
+            .into_iter()
+            .chain(more.map(|(path, schema, value, field, body)| {
+                (path, schema, value, field, body, key.as_str())
+            }))
+    {
         let answer = app
             .client
             .post(app.url(path))
@@ -477,8 +547,34 @@ async fn the_spec_refuses_what_validation_refuses() {
         );
         assert!(schema.is_object(), "POST {path}: no schema for {value:?}");
         if string_schema_admits(schema, value) {
-            unlike.push(format!("POST {path} {value:?}"));
+            unlike.push(format!("POST {path} {field} {value:?}"));
         }
+    }
+
+    // An SMS template's variant has no subject.
+    let answer = app
+        .client
+        .post(app.url("/v1/templates"))
+        .bearer_auth(&key)
+        .json(&sms_template(
+            json!({"fr": {"subject": "Objet", "text": "Salut"}}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let (_, problem) = expect_problem(answer, StatusCode::UNPROCESSABLE_ENTITY).await;
+    assert!(
+        problem["errors"]["locales.fr.subject"].is_string(),
+        "{problem}"
+    );
+    let sms_variant = &schemas[locales["additionalProperties"]["$ref"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches("#/components/schemas/")];
+    if sms_variant["properties"].get("subject").is_some()
+        || sms_variant["additionalProperties"] != false
+    {
+        unlike.push(format!("an SMS variant with a subject: {sms_variant}"));
     }
 
     // An upload needs its bytes and their type: the body is required.
