@@ -207,14 +207,31 @@ fn check_content(head: &[u8], allowed: &AllowedType) -> Result<(), UploadRefused
     if fits {
         return Ok(());
     }
-    let found = match seen {
-        Some(mime) => format!("its bytes are {mime}"),
-        None => "its bytes are not".to_owned(),
+    let found = match (seen, allowed.content) {
+        (Some(mime), _) => format!("its bytes are {mime}"),
+        (None, Content::Magic(_)) => "its bytes are of no type it recognises".to_owned(),
+        (None, _) if !is_text(head) => "its bytes are not UTF-8 text without NUL bytes".to_owned(),
+        (None, Content::TextStarting(starts)) => {
+            format!("its text does not start with {}", starts.join(" or "))
+        }
+        (None, Content::Text) => "its bytes are not text".to_owned(),
     };
     Err(UploadRefused::field(
         "body",
-        format!("is not a {} file: {found}", allowed.content_type),
+        format!(
+            "is not {} {} file: {found}",
+            article(allowed.content_type),
+            allowed.content_type
+        ),
     ))
+}
+
+/// "an" before a word that starts with a vowel, else "a".
+fn article(word: &str) -> &'static str {
+    match word.chars().next().map(|c| c.to_ascii_lowercase()) {
+        Some('a' | 'e' | 'i' | 'o' | 'u') => "an",
+        _ => "a",
+    }
 }
 
 /// UTF-8 without NUL bytes.
@@ -419,5 +436,22 @@ mod tests {
         assert!(check_content(b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\n", ics).is_ok());
         assert!(check_content(b"hello", ics).is_err());
         assert!(allowed_type("application/x-msdownload").is_none());
+    }
+
+    #[test]
+    fn a_refusal_names_the_type_with_its_article_in_a_whole_sentence() {
+        let said = |head: &[u8], allowed: &AllowedType| match check_content(head, allowed) {
+            Err(UploadRefused::Field { message, .. }) => message,
+            other => panic!("{other:?}"),
+        };
+        let png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR";
+        assert_eq!(
+            said(png, allowed_type("application/pdf").unwrap()),
+            "is not an application/pdf file: its bytes are image/png"
+        );
+        assert_eq!(
+            said(b"a\x00b", allowed_type("text/plain").unwrap()),
+            "is not a text/plain file: its bytes are not UTF-8 text without NUL bytes"
+        );
     }
 }

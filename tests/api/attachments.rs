@@ -257,3 +257,21 @@ on_both_stores! {
         app.send_accepted(&key, &with(email(), "attachments", json!([id]))).await;
     }
 }
+
+on_both_stores! {
+    /// A refusal of the bytes is one whole sentence that names the type
+    /// with its article: a PNG sent as a PDF, a text file with a NUL.
+    async fn a_refused_files_bytes_are_named_in_a_whole_sentence() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01".to_vec();
+        let body = expect_field_error(upload(&app, &key, "a.pdf", "application/pdf", png).await, "body").await;
+        assert_eq!(body["errors"]["body"], "is not an application/pdf file: its bytes are image/png", "{body}");
+        let body = expect_field_error(upload(&app, &key, "a.txt", "text/plain", b"a\x00b".to_vec()).await, "body").await;
+        assert_eq!(
+            body["errors"]["body"],
+            "is not a text/plain file: its bytes are not UTF-8 text without NUL bytes",
+            "{body}"
+        );
+    }
+}
