@@ -33,8 +33,8 @@ pub const MAX_FILES: usize = crate::message::MAX_ATTACHMENTS;
 pub const MAX_TOTAL_BYTES: i64 = 25 * 1024 * 1024;
 /// Longest file name kept, in characters.
 pub const MAX_FILENAME_CHARS: usize = 100;
-/// How long a file no send claimed is kept (ms): a day.
-pub const UNCLAIMED_FOR_MS: i64 = 24 * 60 * 60 * 1000;
+/// How long a file serves sends after its upload (ms): a day.
+pub const USABLE_FOR_MS: i64 = 24 * 60 * 60 * 1000;
 /// How many first bytes the type is told from.
 const SNIFF_BYTES: usize = 8 * 1024;
 
@@ -292,6 +292,7 @@ pub async fn receive(
         return Err(UploadRefused::field("body", "must not be empty"));
     }
     check_content(head, allowed)?;
+    let created_at = now_ms();
     let row = AttachmentRow {
         id: format!("att_{}", uuid::Uuid::now_v7().simple()),
         tenant_id: upload.scope.tenant().to_owned(),
@@ -300,8 +301,9 @@ pub async fn receive(
         content_type: allowed.content_type.to_owned(),
         size: 0,
         sha256: None,
-        message_id: None,
-        created_at: now_ms(),
+        messages: 0,
+        created_at,
+        expires_at: created_at + USABLE_FOR_MS,
     };
     db.begin_attachment(&row).await?;
     match store_chunks(db, &row.id, &mut reader).await {
