@@ -10,7 +10,7 @@ import sys
 
 from fairlane_client import AuthenticatedClient
 from fairlane_client.api.admin import add_sender, create_tenant, get_tenant, issue_key, put_plan, queues
-from fairlane_client.api.attachments import get_attachment
+from fairlane_client.api.attachments import delete_attachment, get_attachment
 from fairlane_client.api.templates import create_own, preview
 from fairlane_client.api.messages import (
     cancel_by_reference,
@@ -255,8 +255,8 @@ with_file = expect(
     SendAccepted,
     "send with an attachment",
 )
-claimed = expect(get_attachment.sync(file.id, client=tenant), AttachmentView, "read an attachment")
-assert claimed.message_id == with_file.id, claimed
+# The same file serves a second send, and its view counts both; once
+# deleted (204), a send naming it is refused on the field.
 again = expect(
     send_message.sync(
         client=tenant,
@@ -264,10 +264,24 @@ again = expect(
             channel=SendEmailRequestByContentChannel.EMAIL, to="someone@example.com", subject="Again", text="x", attachments=[file.id]
         ),
     ),
-    Problem,
-    "a file already sent is refused",
+    SendAccepted,
+    "a second send with the same file",
 )
-assert again.status == 422 and "attachments[0]" in again.errors.additional_properties, again
+used = expect(get_attachment.sync(file.id, client=tenant), AttachmentView, "read an attachment")
+assert used.messages == 2, used
+deleted = delete_attachment.sync_detailed(file.id, client=tenant)
+assert deleted.status_code == 204, deleted
+refused = expect(
+    send_message.sync(
+        client=tenant,
+        body=SendEmailRequestByContent(
+            channel=SendEmailRequestByContentChannel.EMAIL, to="someone@example.com", subject="Gone", text="x", attachments=[file.id]
+        ),
+    ),
+    Problem,
+    "a deleted file is refused",
+)
+assert refused.status == 422 and "attachments[0]" in refused.errors.additional_properties, refused
 
 assert get_tenant.sync("walk", client=admin).id == "walk"
 assert queues.sync(client=admin) is not None

@@ -397,8 +397,9 @@ pub struct SendEmailRequest {
     #[schema(max_items = 49)]
     bcc: Option<Vec<String>>,
     /// Files to attach: at most 10 ids of the caller's uploads
-    /// (`POST /v1/attachments`), none repeated, 25 MiB in all. A file goes
-    /// out with one message.
+    /// (`POST /v1/attachments`), none repeated, 25 MiB in all. A file serves
+    /// any number of sends until it expires (`expires_at`, a day after its
+    /// upload) or is deleted.
     #[schema(max_items = 10)]
     attachments: Option<Vec<String>>,
     /// Send by template (`tpl_…`): the template gives the subject, text
@@ -1193,7 +1194,7 @@ pub struct MessageView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template_version: Option<u32>,
     /// Email with attachments: the bytes of its files in all (what usage
-    /// counts; `GET /v1/attachments/{attachment_id}` names the message
+    /// counts; `GET /v1/attachments/{attachment_id}` counts the messages
     /// each went with).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attachment_bytes: Option<i64>,

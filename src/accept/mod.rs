@@ -567,9 +567,10 @@ impl Acceptor {
         Ok(Admitted::Ready(Box::new(prepared), charge, held))
     }
 
-    /// [`Self::admit`], then the claim of the uploaded files the message
-    /// carries (all or none), so that no other send takes them; a claim
-    /// that fails gives the charge back.
+    /// [`Self::admit`], then the uses of the uploaded files the message
+    /// carries (all or none), so that the consumer reads their bytes by
+    /// them even once the files expire or are deleted; a use refused (a
+    /// file expired or deleted meanwhile) gives the charge back.
     async fn admit_and_claim(
         &self,
         caller: &Caller,
@@ -581,25 +582,27 @@ impl Acceptor {
         if prepared.attachments.is_empty() {
             return Ok(charge);
         }
-        let claimed = self
+        let used = self
             .db
-            .claim_attachments(
+            .use_attachments(
                 &caller.scope(),
                 &prepared.attachments,
                 &prepared.id,
                 now_ms(),
             )
             .await;
-        match claimed {
+        match used {
             Ok(Ok(())) => Ok(charge),
             Ok(Err(not)) => {
                 self.release(caller, &charge).await;
+                let index = prepared
+                    .attachments
+                    .iter()
+                    .position(|id| not.ids.contains(id))
+                    .unwrap_or(0);
                 Err(Refused::field(
-                    "attachments",
-                    format!(
-                        "{} went out with another send meanwhile; upload a file again to send it again",
-                        not.ids.join(", ")
-                    ),
+                    &format!("attachments[{index}]"),
+                    "the file expired or was deleted meanwhile; upload it again to send it",
                 ))
             }
             Err(err) => {
@@ -609,8 +612,8 @@ impl Acceptor {
         }
     }
 
-    /// Frees the files a message claimed whose accept did not commit; the
-    /// stale-file sweep frees them if this fails.
+    /// Drops the uses of files of a message whose accept did not commit;
+    /// the stale-file sweep drops them if this fails.
     async fn free_files(&self, handed: &Handed) {
         if !handed.files {
             return;
@@ -630,8 +633,8 @@ impl Acceptor {
     }
 
     /// The files an email names, each found among the caller's uploads
-    /// (its world's: a test key's uploads are not a live key's), not yet
-    /// sent with another message, and together within
+    /// (its world's: a test key's uploads are not a live key's), neither
+    /// deleted nor expired, and together within
     /// [`crate::attachments::MAX_TOTAL_BYTES`]: their names, types and
     /// sizes filled in.
     async fn with_files(&self, caller: &Caller, message: &mut NewMessage) -> Result<(), Refused> {
@@ -647,19 +650,21 @@ impl Acceptor {
             .map(|row| (row.id.clone(), row))
             .collect();
         let mut total = 0i64;
+        let now = now_ms();
         for (index, file) in message.attachments.iter_mut().enumerate() {
             let field = format!("attachments[{index}]");
             let Some(row) = found.remove(&file.id) else {
                 return Err(Refused::field(
                     &field,
-                    "no uploaded file of the tenant has this id (a test key's uploads and a live key's are apart)",
+                    "no uploaded file of the tenant has this id (a test key's uploads and a live key's are apart), or it was deleted",
                 ));
             };
-            if let Some(other) = row.message_id {
+            if row.expires_at <= now {
                 return Err(Refused::field(
                     &field,
                     format!(
-                        "went out with message {other}; upload the file again to send it again"
+                        "the file expired at {}; upload it again to send it",
+                        crate::model::ms_to_rfc3339(row.expires_at)
                     ),
                 ));
             }

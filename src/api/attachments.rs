@@ -1,9 +1,11 @@
 //! Email attachments over the API: `POST /v1/attachments` streams a file
 //! into the store and answers its id, which a send names in
 //! `attachments`; `GET /v1/attachments/{attachment_id}` shows a file and
-//! the message it went out with. Any key may upload: a test key's files
-//! go out only with its test sends, a live key's with live ones. See
-//! [`crate::attachments`] for the checks and the limits.
+//! how many messages use it; `DELETE` takes it back from new sends. Any
+//! key may upload: a test key's files go out only with its test sends, a
+//! live key's with live ones. A file serves any number of sends until it
+//! expires, a day after its upload. See [`crate::attachments`] for the
+//! checks and the limits.
 
 use axum::Json;
 use axum::Router;
@@ -19,9 +21,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::{TenantAuth, TenantWrite};
 use super::error::{ApiError, Problem, TenantUnauthorized, TooManyChanges};
 use super::{ApiPath, AppState, body_too_late};
-use crate::attachments::{MAX_FILE_BYTES, UNCLAIMED_FOR_MS, Upload, UploadRefused};
-use crate::model::ms_to_rfc3339;
-use crate::store::attachments::AttachmentRow;
+use crate::attachments::{MAX_FILE_BYTES, Upload, UploadRefused};
+use crate::model::{ms_to_rfc3339, now_ms};
+use crate::store::attachments::{AttachmentRow, Deleted};
 
 /// The upload route, apart from the others: its body is a file of up to
 /// [`MAX_FILE_BYTES`], read as it streams, not buffered under
@@ -31,7 +33,10 @@ pub fn upload_router() -> Router<AppState> {
 }
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/attachments/{attachment_id}", get(get_attachment))
+    Router::new().route(
+        "/v1/attachments/{attachment_id}",
+        get(get_attachment).delete(delete_attachment),
+    )
 }
 
 /// An uploaded file.
@@ -47,30 +52,26 @@ pub struct AttachmentView {
     pub size: i64,
     /// Hex SHA-256 of the bytes.
     pub sha256: String,
-    /// The message it went out with; none while no send named it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_id: Option<String>,
+    /// How many messages use it: sends accepted with it whose personal
+    /// data retention has not erased yet.
+    pub messages: i64,
     /// RFC 3339.
     pub created_at: String,
-    /// RFC 3339: when the file is erased if no send names it before.
-    /// Once sent, it is erased with its message by the tenant's retention.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<String>,
+    /// RFC 3339: when new sends stop taking it (a day after the upload).
+    /// Its bytes stay while messages use it, and go once none does.
+    pub expires_at: String,
 }
 
 impl From<AttachmentRow> for AttachmentView {
     fn from(row: AttachmentRow) -> Self {
         AttachmentView {
-            expires_at: row
-                .message_id
-                .is_none()
-                .then(|| ms_to_rfc3339(row.created_at + UNCLAIMED_FOR_MS)),
+            expires_at: ms_to_rfc3339(row.expires_at),
             id: row.id,
             filename: row.filename,
             content_type: row.content_type,
             size: row.size,
             sha256: row.sha256.unwrap_or_default(),
-            message_id: row.message_id,
+            messages: row.messages,
             created_at: ms_to_rfc3339(row.created_at),
         }
     }
@@ -91,8 +92,8 @@ pub struct UploadQuery {
 /// `image/png`, `image/jpeg`, `image/gif`, `text/plain`, `text/csv`,
 /// `text/calendar` or `application/json`, and agree with the name's
 /// extension and with the bytes themselves. At most 10 MiB. The answer's
-/// `id` goes in a send's `attachments`; a file goes out with one message,
-/// and one no send named is erased after 24 hours.
+/// `id` goes in any number of sends' `attachments` for 24 hours
+/// (`expires_at`); a file nothing uses is erased once it expires.
 #[utoipa::path(
     post, path = "/v1/attachments", tag = "attachments",
     params(UploadQuery),
@@ -185,5 +186,38 @@ pub async fn get_attachment(
     match state.db.attachment(&caller.scope(), &id).await? {
         Some(row) => Ok(Json(row.into())),
         None => Err(ApiError::NotFound("No such attachment.".into())),
+    }
+}
+
+/// Delete one of the caller's files (its world's): new sends naming it are
+/// refused (422). Its bytes go at once when no message uses it; else sends
+/// accepted with it still go out with it, and its bytes go when retention
+/// erases the last of them.
+#[utoipa::path(
+    delete, path = "/v1/attachments/{attachment_id}", tag = "attachments",
+    params(("attachment_id" = String, Path, description = "Attachment id.")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 400, description = "A path segment is not valid UTF-8.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = TenantUnauthorized),
+        (status = 404, description = "No such file of the caller's (a test key's files and a live key's are apart), or it was deleted or erased.", body = Problem, content_type = "application/problem+json"),
+        (status = 429, response = TooManyChanges),
+    ),
+    security(("tenant_key" = []))
+)]
+pub async fn delete_attachment(
+    State(state): State<AppState>,
+    TenantWrite(caller): TenantWrite,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let scope = caller.scope();
+    match state.db.delete_attachment(&scope, &id, now_ms()).await? {
+        Deleted::NotFound => Err(ApiError::NotFound("No such attachment.".into())),
+        done => {
+            let tenant = scope.tenant();
+            let erased = done == Deleted::Erased;
+            tracing::info!(%tenant, attachment = %id, erased, "Attachment deleted.");
+            Ok(StatusCode::NO_CONTENT)
+        }
     }
 }

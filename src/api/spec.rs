@@ -687,6 +687,7 @@ impl Modify for SecurityAddon {
         templates::delete_tenant_template,
         attachments::upload_attachment,
         attachments::get_attachment,
+        attachments::delete_attachment,
         tenant_queue::tenant_queue,
         tenant_queue::purge_tenant_queue,
         tenant_queue::tenant_dlq,

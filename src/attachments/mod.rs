@@ -33,8 +33,8 @@ pub const MAX_FILES: usize = crate::message::MAX_ATTACHMENTS;
 pub const MAX_TOTAL_BYTES: i64 = 25 * 1024 * 1024;
 /// Longest file name kept, in characters.
 pub const MAX_FILENAME_CHARS: usize = 100;
-/// How long a file no send claimed is kept (ms): a day.
-pub const UNCLAIMED_FOR_MS: i64 = 24 * 60 * 60 * 1000;
+/// How long a file serves sends after its upload (ms): a day.
+pub const USABLE_FOR_MS: i64 = 24 * 60 * 60 * 1000;
 /// How many first bytes the type is told from.
 const SNIFF_BYTES: usize = 8 * 1024;
 
@@ -207,14 +207,31 @@ fn check_content(head: &[u8], allowed: &AllowedType) -> Result<(), UploadRefused
     if fits {
         return Ok(());
     }
-    let found = match seen {
-        Some(mime) => format!("its bytes are {mime}"),
-        None => "its bytes are not".to_owned(),
+    let found = match (seen, allowed.content) {
+        (Some(mime), _) => format!("its bytes are {mime}"),
+        (None, Content::Magic(_)) => "its bytes are of no type it recognises".to_owned(),
+        (None, _) if !is_text(head) => "its bytes are not UTF-8 text without NUL bytes".to_owned(),
+        (None, Content::TextStarting(starts)) => {
+            format!("its text does not start with {}", starts.join(" or "))
+        }
+        (None, Content::Text) => "its bytes are not text".to_owned(),
     };
     Err(UploadRefused::field(
         "body",
-        format!("is not a {} file: {found}", allowed.content_type),
+        format!(
+            "is not {} {} file: {found}",
+            article(allowed.content_type),
+            allowed.content_type
+        ),
     ))
+}
+
+/// "an" before a word that starts with a vowel, else "a".
+fn article(word: &str) -> &'static str {
+    match word.chars().next().map(|c| c.to_ascii_lowercase()) {
+        Some('a' | 'e' | 'i' | 'o' | 'u') => "an",
+        _ => "a",
+    }
 }
 
 /// UTF-8 without NUL bytes.
@@ -275,6 +292,7 @@ pub async fn receive(
         return Err(UploadRefused::field("body", "must not be empty"));
     }
     check_content(head, allowed)?;
+    let created_at = now_ms();
     let row = AttachmentRow {
         id: format!("att_{}", uuid::Uuid::now_v7().simple()),
         tenant_id: upload.scope.tenant().to_owned(),
@@ -283,8 +301,9 @@ pub async fn receive(
         content_type: allowed.content_type.to_owned(),
         size: 0,
         sha256: None,
-        message_id: None,
-        created_at: now_ms(),
+        messages: 0,
+        created_at,
+        expires_at: created_at + USABLE_FOR_MS,
     };
     db.begin_attachment(&row).await?;
     match store_chunks(db, &row.id, &mut reader).await {
@@ -419,5 +438,22 @@ mod tests {
         assert!(check_content(b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\n", ics).is_ok());
         assert!(check_content(b"hello", ics).is_err());
         assert!(allowed_type("application/x-msdownload").is_none());
+    }
+
+    #[test]
+    fn a_refusal_names_the_type_with_its_article_in_a_whole_sentence() {
+        let said = |head: &[u8], allowed: &AllowedType| match check_content(head, allowed) {
+            Err(UploadRefused::Field { message, .. }) => message,
+            other => panic!("{other:?}"),
+        };
+        let png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR";
+        assert_eq!(
+            said(png, allowed_type("application/pdf").unwrap()),
+            "is not an application/pdf file: its bytes are image/png"
+        );
+        assert_eq!(
+            said(b"a\x00b", allowed_type("text/plain").unwrap()),
+            "is not a text/plain file: its bytes are not UTF-8 text without NUL bytes"
+        );
     }
 }

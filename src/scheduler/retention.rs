@@ -37,8 +37,10 @@ pub struct RetentionRun {
     pub log_truncated: bool,
     /// Audit log entries past `retention.audit_days` removed.
     pub audit_pruned: u64,
-    /// Uploaded files erased because no send took them within a day (a
-    /// sent file goes with its message's personal data).
+    /// Uploaded files the sweep erased: expired or deleted ones nothing
+    /// uses, and uploads left unfinished for an hour (a file a message
+    /// used goes with that message's personal data, once no other message
+    /// uses it and it is expired or deleted).
     pub unclaimed_files: u64,
 }
 
@@ -67,10 +69,7 @@ impl Retention {
                 .db
                 .prune_audit(now - i64::from(self.audit_days) * 86_400_000)
                 .await?,
-            unclaimed_files: self
-                .db
-                .erase_stale_attachments(now - crate::attachments::UNCLAIMED_FOR_MS)
-                .await?,
+            unclaimed_files: self.db.erase_stale_attachments(now).await?,
             ..RetentionRun::default()
         };
         for (tenant, days) in self.registry.retention_by_tenant() {

@@ -84,8 +84,8 @@ on_both_stores! {
     /// A 2 MB PDF uploaded, named in a send with an HTML body, reaches SES
     /// whole inside a `multipart/mixed` message: the same bytes (hash), the
     /// cleaned name, the type. The queue message carried only its id; the
-    /// file shows the message it went with, is counted in usage in bytes,
-    /// and cannot go out with a second send.
+    /// file is counted in usage in bytes, and goes out whole with a second
+    /// send too, its view counting the two messages.
     async fn a_two_megabyte_pdf_arrives_intact_with_its_email() {
         let ses = ses_ok().await;
         let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
@@ -123,19 +123,131 @@ on_both_stores! {
         );
         assert_eq!(sha256_hex(part.contents()), sha256_hex(&pdf), "the file arrives intact");
 
-        let shown = expect_json(
-            app.tenant(&key, Method::GET, &format!("/v1/attachments/{file_id}")).send().await.unwrap(),
-            StatusCode::OK,
-        )
-        .await;
-        assert_eq!(shown["message_id"], id.as_str(), "{shown}");
-        assert!(shown.get("expires_at").is_none(), "{shown}");
         let usage = expect_json(app.tenant(&key, Method::GET, "/v1/usage").send().await.unwrap(), StatusCode::OK).await;
         let email_total = usage["totals"].as_array().unwrap().iter().find(|t| t["channel"] == "email").cloned().unwrap();
         assert_eq!(email_total["attachment_bytes"], pdf.len(), "{usage}");
 
-        let again = app.send(&key, &send).await;
-        expect_field_error(again, "attachments[0]").await;
+        let again = app.send_accepted(&key, &send).await;
+        wait_for(&app, &key, &again, status_is("sent")).await;
+        let calls = ses_calls(&ses).await;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(attached_hashes(&calls[1]), [sha256_hex(&pdf)], "the second send carries the file too");
+        let shown = viewed(&app, &key, &file_id).await;
+        assert_eq!(shown["messages"], 2, "{shown}");
+        assert!(shown.get("message_id").is_none(), "{shown}");
+        assert_eq!(shown["expires_at"], file["expires_at"], "{shown}");
+    }
+}
+
+/// The SHA-256 of each file attached to the email of an SES call.
+fn attached_hashes(call: &Value) -> Vec<String> {
+    let mail = mail_of(call);
+    let parsed = mail_parser::MessageParser::default()
+        .parse(&mail.raw)
+        .unwrap();
+    (0..parsed.attachment_count())
+        .map(|i| sha256_hex(parsed.attachment(i as u32).unwrap().contents()))
+        .collect()
+}
+
+/// The view of file `id`, which must be there.
+async fn viewed(app: &TestApp, key: &str, id: &str) -> Value {
+    expect_json(
+        app.tenant(key, Method::GET, &format!("/v1/attachments/{id}"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::OK,
+    )
+    .await
+}
+
+/// Runs `sql` on the app's own database (`$1` binds `id`).
+async fn execute(app: &TestApp, sql: &str, id: &str) {
+    use fairlane::store::Db;
+    match &app.state.db {
+        Db::Sqlite(db) => {
+            crate::support::sqlite_file(&db.path)
+                .execute(&sql.replace('$', "?"), rusqlite::params![id])
+                .unwrap();
+        }
+        Db::Postgres(db) => {
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                .bind(id)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn delete(app: &TestApp, key: &str, id: &str) -> reqwest::RequestBuilder {
+    app.tenant(key, Method::DELETE, &format!("/v1/attachments/{id}"))
+}
+
+on_both_stores! {
+    /// A file deleted while a held send uses it: the DELETE is 204, a new
+    /// send naming it is 422 on `attachments[0]` and the file is 404, yet
+    /// the earlier send goes out with its bytes once the tenant resumes;
+    /// when retention erases that message, the file's bytes go. A file no
+    /// message uses goes at once, and another world's key cannot delete.
+    async fn a_deleted_file_still_goes_out_with_the_sends_before_and_goes_with_the_last() {
+        let ses = ses_ok().await;
+        let app = TestApp::start(&delivery_settings("http://127.0.0.1:9", &ses.uri(), "")).await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let test_key = issue(&app, "acme", Some("test")).await["key"].as_str().unwrap().to_owned();
+        let pdf = pdf_of(300 * 1024);
+        let file = uploaded(&app, &key, "a.pdf", "application/pdf", pdf.clone()).await;
+        let file_id = file["id"].as_str().unwrap().to_owned();
+        app.patch_tenant("acme", json!({"status": "paused"})).await;
+        let send = with(email(), "attachments", json!([file_id]));
+        let held = app.send_accepted(&key, &send).await;
+
+        let response = delete(&app, &test_key, &file_id).send().await.unwrap();
+        expect_problem(response, StatusCode::NOT_FOUND).await;
+        let response = delete(&app, &key, &file_id).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        expect_field_error(app.send(&key, &send).await, "attachments[0]").await;
+        let response = app.tenant(&key, Method::GET, &format!("/v1/attachments/{file_id}")).send().await.unwrap();
+        expect_problem(response, StatusCode::NOT_FOUND).await;
+        let response = delete(&app, &key, &file_id).send().await.unwrap();
+        expect_problem(response, StatusCode::NOT_FOUND).await;
+        assert_eq!(stored_files(&app).await.0, 1, "kept while a message uses it");
+
+        app.patch_tenant("acme", json!({"status": "active"})).await;
+        wait_for(&app, &key, &held, status_is("sent")).await;
+        let calls = ses_calls(&ses).await;
+        assert_eq!(calls.len(), 1);
+        assert_eq!(attached_hashes(&calls[0]), [sha256_hex(&pdf)]);
+
+        app.patch_tenant("acme", json!({"retention_days": 1})).await;
+        crate::retention::age_messages(&app, "acme", 2).await;
+        let run = crate::retention::run_retention(&app).await;
+        assert_eq!(run.erased, 1, "{run:?}");
+        assert_eq!(stored_files(&app).await, (0, 0), "the bytes went with the last message");
+
+        // A file nothing uses goes at once.
+        let unused = uploaded(&app, &key, "b.pdf", "application/pdf", pdf_of(1000)).await;
+        let response = delete(&app, &key, unused["id"].as_str().unwrap()).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        assert_eq!(stored_files(&app).await, (0, 0));
+    }
+}
+
+on_both_stores! {
+    /// A file past its `expires_at` is refused by a send (422 on
+    /// `attachments[0]`), and the sweep erases it since nothing uses it.
+    async fn an_expired_file_is_refused_and_swept() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let file = uploaded(&app, &key, "a.csv", "text/csv", b"a,b\n1,2\n".to_vec()).await;
+        let file_id = file["id"].as_str().unwrap().to_owned();
+        execute(&app, "UPDATE attachments SET expires_at = created_at WHERE id = $1", &file_id).await;
+        let body = expect_field_error(app.send(&key, &with(email(), "attachments", json!([file_id]))).await, "attachments[0]").await;
+        assert!(body["errors"]["attachments[0]"].as_str().unwrap().contains("expired"), "{body}");
+        let run = crate::retention::run_retention(&app).await;
+        assert_eq!(run.unclaimed_files, 1, "{run:?}");
+        assert_eq!(stored_files(&app).await, (0, 0));
     }
 }
 
@@ -255,5 +367,23 @@ on_both_stores! {
         expect_problem(seen_by_test, StatusCode::NOT_FOUND).await;
         // The file is still free: a live send takes it.
         app.send_accepted(&key, &with(email(), "attachments", json!([id]))).await;
+    }
+}
+
+on_both_stores! {
+    /// A refusal of the bytes is one whole sentence that names the type
+    /// with its article: a PNG sent as a PDF, a text file with a NUL.
+    async fn a_refused_files_bytes_are_named_in_a_whole_sentence() {
+        let app = TestApp::start("").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01".to_vec();
+        let body = expect_field_error(upload(&app, &key, "a.pdf", "application/pdf", png).await, "body").await;
+        assert_eq!(body["errors"]["body"], "is not an application/pdf file: its bytes are image/png", "{body}");
+        let body = expect_field_error(upload(&app, &key, "a.txt", "text/plain", b"a\x00b".to_vec()).await, "body").await;
+        assert_eq!(
+            body["errors"]["body"],
+            "is not a text/plain file: its bytes are not UTF-8 text without NUL bytes",
+            "{body}"
+        );
     }
 }

@@ -63,7 +63,7 @@ fn personal(channel: &str, to: &str) -> Value {
 
 /// Runs one retention pass now, as the scheduler does (once the app's own
 /// run at start-up, which holds PostgreSQL's lock meanwhile, is over).
-async fn run_retention(app: &TestApp) -> RetentionRun {
+pub(crate) async fn run_retention(app: &TestApp) -> RetentionRun {
     let job = Retention {
         db: app.state.db.clone(),
         registry: app.state.registry.clone(),
@@ -83,7 +83,7 @@ async fn run_retention(app: &TestApp) -> RetentionRun {
 
 /// Moves the creation of `tenant`'s messages `days` into the past, as if
 /// the clock had moved on.
-async fn age_messages(app: &TestApp, tenant: &str, days: i64) {
+pub(crate) async fn age_messages(app: &TestApp, tenant: &str, days: i64) {
     const AGE: &str = "UPDATE messages SET created_at = created_at - $1 WHERE tenant_id = $2";
     let by = days * 86_400_000;
     match &app.state.db {

@@ -6,10 +6,21 @@ use sqlx::Row;
 use super::PgDb;
 use crate::model::Scope;
 use crate::store::StoreResult;
-use crate::store::attachments::{AttachmentRow, AttachmentStore, NotClaimed};
+use crate::store::attachments::{
+    ABANDONED_USE_MS, AttachmentRow, AttachmentStore, Deleted, NotUsable, UNFINISHED_FOR_MS,
+};
 
-const COLUMNS: &str =
-    "id, tenant_id, test, filename, content_type, size, sha256, message_id, created_at";
+/// A file's columns, its count of uses among them, read from
+/// `attachments AS a`.
+const COLUMNS: &str = "a.id, a.tenant_id, a.test, a.filename, a.content_type, a.size, a.sha256, \
+     (SELECT COUNT(*) FROM attachment_uses AS u WHERE u.attachment_id = a.id), \
+     a.created_at, a.expires_at";
+
+/// Erases the files among `$2` that nothing uses and that are expired or
+/// deleted at `$1`.
+pub(super) const ERASE_UNUSED: &str = "DELETE FROM attachments AS a WHERE a.id = ANY($2) \
+     AND (a.deleted_at IS NOT NULL OR a.expires_at <= $1) \
+     AND NOT EXISTS (SELECT 1 FROM attachment_uses AS u WHERE u.attachment_id = a.id)";
 
 fn attachment_row(row: &sqlx::postgres::PgRow) -> Result<AttachmentRow, sqlx::Error> {
     Ok(AttachmentRow {
@@ -20,8 +31,9 @@ fn attachment_row(row: &sqlx::postgres::PgRow) -> Result<AttachmentRow, sqlx::Er
         content_type: row.try_get(4)?,
         size: row.try_get(5)?,
         sha256: row.try_get(6)?,
-        message_id: row.try_get(7)?,
+        messages: row.try_get(7)?,
         created_at: row.try_get(8)?,
+        expires_at: row.try_get(9)?,
     })
 }
 
@@ -29,8 +41,8 @@ fn attachment_row(row: &sqlx::postgres::PgRow) -> Result<AttachmentRow, sqlx::Er
 impl AttachmentStore for PgDb {
     async fn begin_attachment(&self, row: &AttachmentRow) -> StoreResult<()> {
         const INSERT: &str = "INSERT INTO attachments (id, tenant_id, test, filename, \
-             content_type, size, sha256, message_id, created_at) \
-             VALUES ($1, $2, $3, $4, $5, 0, NULL, NULL, $6)";
+             content_type, size, sha256, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7)";
         sqlx::query(INSERT)
             .bind(&row.id)
             .bind(&row.tenant_id)
@@ -38,6 +50,7 @@ impl AttachmentStore for PgDb {
             .bind(&row.filename)
             .bind(&row.content_type)
             .bind(row.created_at)
+            .bind(row.expires_at)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -79,8 +92,8 @@ impl AttachmentStore for PgDb {
         ids: &[String],
     ) -> StoreResult<Vec<AttachmentRow>> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE id = ANY($1) AND tenant_id = $2 \
-             AND test = $3 AND sha256 IS NOT NULL"
+            "SELECT {COLUMNS} FROM attachments AS a WHERE a.id = ANY($1) AND a.tenant_id = $2 \
+             AND a.test = $3 AND a.sha256 IS NOT NULL AND a.deleted_at IS NULL"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(ids)
@@ -91,45 +104,53 @@ impl AttachmentStore for PgDb {
         Ok(rows.iter().map(attachment_row).collect::<Result<_, _>>()?)
     }
 
-    async fn claim_attachments(
+    async fn use_attachments(
         &self,
         scope: &Scope,
         ids: &[String],
         message_id: &str,
         now: i64,
-    ) -> StoreResult<Result<(), NotClaimed>> {
-        const CLAIM: &str = "UPDATE attachments SET message_id = $1, claimed_at = $2 \
-             WHERE id = ANY($3) AND tenant_id = $4 AND test = $5 AND sha256 IS NOT NULL \
-             AND message_id IS NULL RETURNING id";
+    ) -> StoreResult<Result<(), NotUsable>> {
+        // The usable rows are locked (FOR SHARE) until the uses commit: a
+        // DELETE waits for them, then sees the uses; a use after a DELETE
+        // reads its `deleted_at` and refuses the file.
+        const USABLE: &str = "SELECT id FROM attachments WHERE id = ANY($1) AND tenant_id = $2 \
+             AND test = $3 AND sha256 IS NOT NULL AND deleted_at IS NULL AND expires_at > $4 \
+             FOR SHARE";
+        const USE: &str = "INSERT INTO attachment_uses (attachment_id, message_id, used_at) \
+             SELECT unnest($1::text[]), $2, $3 ON CONFLICT DO NOTHING";
         let mut tx = self.pool.begin().await?;
-        let claimed: Vec<String> = sqlx::query_scalar(CLAIM)
-            .bind(message_id)
-            .bind(now)
+        let usable: Vec<String> = sqlx::query_scalar(USABLE)
             .bind(ids)
             .bind(scope.tenant())
             .bind(scope.is_test())
+            .bind(now)
             .fetch_all(&mut *tx)
             .await?;
-        let taken: Vec<String> = ids
+        let gone: Vec<String> = ids
             .iter()
-            .filter(|id| !claimed.contains(id))
+            .filter(|id| !usable.contains(id))
             .cloned()
             .collect();
-        if !taken.is_empty() {
+        if !gone.is_empty() {
             tx.rollback().await?;
-            return Ok(Err(NotClaimed { ids: taken }));
+            return Ok(Err(NotUsable { ids: gone }));
         }
+        sqlx::query(USE)
+            .bind(ids)
+            .bind(message_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(Ok(()))
     }
 
     async fn release_attachments(&self, message_id: &str) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE attachments SET message_id = NULL, claimed_at = NULL WHERE message_id = $1",
-        )
-        .bind(message_id)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query("DELETE FROM attachment_uses WHERE message_id = $1")
+            .bind(message_id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -137,8 +158,9 @@ impl AttachmentStore for PgDb {
         // One row per chunk; an empty file is one row without data, a file
         // that is not there (or not this message's) no row.
         const CHUNKS: &str = "SELECT a.size, c.data FROM attachments AS a \
+             JOIN attachment_uses AS u ON u.attachment_id = a.id AND u.message_id = $2 \
              LEFT JOIN attachment_chunks AS c ON c.attachment_id = a.id \
-             WHERE a.id = $1 AND a.message_id = $2 ORDER BY c.seq";
+             WHERE a.id = $1 ORDER BY c.seq";
         let rows: Vec<(i64, Option<Vec<u8>>)> = sqlx::query_as(CHUNKS)
             .bind(id)
             .bind(message_id)
@@ -149,7 +171,8 @@ impl AttachmentStore for PgDb {
 
     async fn attachments_of(&self, message_id: &str) -> StoreResult<Vec<AttachmentRow>> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE message_id = $1 ORDER BY claimed_at, id"
+            "SELECT {COLUMNS} FROM attachment_uses AS m JOIN attachments AS a \
+             ON a.id = m.attachment_id WHERE m.message_id = $1 ORDER BY m.used_at, a.id"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(message_id)
@@ -158,12 +181,51 @@ impl AttachmentStore for PgDb {
         Ok(rows.iter().map(attachment_row).collect::<Result<_, _>>()?)
     }
 
-    async fn erase_stale_attachments(&self, before: i64) -> StoreResult<u64> {
-        const STALE: &str = "DELETE FROM attachments AS a WHERE a.created_at < $1 \
-             AND (a.message_id IS NULL \
-             OR NOT EXISTS (SELECT 1 FROM messages AS m WHERE m.id = a.message_id))";
+    async fn delete_attachment(&self, scope: &Scope, id: &str, now: i64) -> StoreResult<Deleted> {
+        // The mark locks the row: a use under way (FOR SHARE) commits
+        // first, and the erase below, a statement of its own, sees it.
+        const MARK: &str = "UPDATE attachments SET deleted_at = $4 WHERE id = $1 \
+             AND tenant_id = $2 AND test = $3 AND sha256 IS NOT NULL AND deleted_at IS NULL";
+        let mut tx = self.pool.begin().await?;
+        let marked = sqlx::query(MARK)
+            .bind(id)
+            .bind(scope.tenant())
+            .bind(scope.is_test())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if marked == 0 {
+            tx.rollback().await?;
+            return Ok(Deleted::NotFound);
+        }
+        let erased = sqlx::query(ERASE_UNUSED)
+            .bind(now)
+            .bind(vec![id.to_owned()])
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(if erased == 0 {
+            Deleted::Marked
+        } else {
+            Deleted::Erased
+        })
+    }
+
+    async fn erase_stale_attachments(&self, now: i64) -> StoreResult<u64> {
+        const ABANDONED: &str = "DELETE FROM attachment_uses AS u WHERE u.used_at < $1 \
+             AND NOT EXISTS (SELECT 1 FROM messages AS m WHERE m.id = u.message_id)";
+        const STALE: &str = "DELETE FROM attachments AS a WHERE (a.sha256 IS NULL AND a.created_at < $2) \
+             OR (a.sha256 IS NOT NULL AND (a.deleted_at IS NOT NULL OR a.expires_at <= $1) \
+             AND NOT EXISTS (SELECT 1 FROM attachment_uses AS u WHERE u.attachment_id = a.id))";
+        sqlx::query(ABANDONED)
+            .bind(now - ABANDONED_USE_MS)
+            .execute(&self.pool)
+            .await?;
         Ok(sqlx::query(STALE)
-            .bind(before)
+            .bind(now)
+            .bind(now - UNFINISHED_FOR_MS)
             .execute(&self.pool)
             .await?
             .rows_affected())

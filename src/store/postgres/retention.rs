@@ -50,12 +50,26 @@ impl RetentionStore for PgDb {
              WHERE detail IS NOT NULL AND message_id = ANY($1)",
             "DELETE FROM outbox WHERE message_id = ANY($1)",
             "DELETE FROM recipient_statuses WHERE message_id = ANY($1)",
-            // The files the messages carried, chunks and all (ON DELETE
-            // CASCADE).
-            "DELETE FROM attachments WHERE message_id = ANY($1)",
         ] {
             sqlx::query(statement)
                 .bind(&erased)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // The messages' uses of files go, and then the files they used that
+        // nothing uses any more, chunks and all (ON DELETE CASCADE): a file
+        // goes with the last message that names it, as if it had expired
+        // (the statement's "now" is the end of time).
+        let files: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM attachment_uses WHERE message_id = ANY($1) RETURNING attachment_id",
+        )
+        .bind(&erased)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !files.is_empty() {
+            sqlx::query(super::attachments::ERASE_UNUSED)
+                .bind(i64::MAX)
+                .bind(&files)
                 .execute(&mut *tx)
                 .await?;
         }

@@ -549,7 +549,7 @@ async fn a_receipt_moves_only_what_its_provider_sent_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_takes_all_or_none_on_postgres() {
+async fn files_serve_many_sends_until_expired_or_deleted_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;
     db.test_execute(
@@ -558,7 +558,7 @@ async fn a_claim_takes_all_or_none_on_postgres() {
          VALUES ('acme', 'a', 'p', 'active', 0, 0);",
     )
     .await;
-    crate::store::attachments::tests::a_claim_takes_all_or_none(&db).await;
+    crate::store::attachments::tests::files_serve_many_sends_until_expired_or_deleted(&db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,15 @@ use rusqlite::params;
 use super::{SqliteDb, args, id_list};
 use crate::model::Scope;
 use crate::store::StoreResult;
-use crate::store::attachments::{AttachmentRow, AttachmentStore, NotClaimed};
+use crate::store::attachments::{
+    ABANDONED_USE_MS, AttachmentRow, AttachmentStore, Deleted, NotUsable, UNFINISHED_FOR_MS,
+};
 
-const COLUMNS: &str =
-    "id, tenant_id, test, filename, content_type, size, sha256, message_id, created_at";
+/// A file's columns, its count of uses among them, read from
+/// `attachments AS a`.
+const COLUMNS: &str = "a.id, a.tenant_id, a.test, a.filename, a.content_type, a.size, a.sha256, \
+     (SELECT COUNT(*) FROM attachment_uses AS u WHERE u.attachment_id = a.id), \
+     a.created_at, a.expires_at";
 
 fn attachment_row(row: &rusqlite::Row) -> rusqlite::Result<AttachmentRow> {
     Ok(AttachmentRow {
@@ -20,26 +25,39 @@ fn attachment_row(row: &rusqlite::Row) -> rusqlite::Result<AttachmentRow> {
         content_type: row.get(4)?,
         size: row.get(5)?,
         sha256: row.get(6)?,
-        message_id: row.get(7)?,
+        messages: row.get(7)?,
         created_at: row.get(8)?,
+        expires_at: row.get(9)?,
     })
+}
+
+/// Erases the files among those bound after it (`?` from the second on)
+/// that nothing uses and that are expired or deleted at `?1`.
+fn erase_unused(count: usize) -> String {
+    format!(
+        "DELETE FROM attachments WHERE (deleted_at IS NOT NULL OR expires_at <= ?1) \
+         AND NOT EXISTS (SELECT 1 FROM attachment_uses AS u WHERE u.attachment_id = attachments.id) \
+         AND id IN ({}",
+        id_list(count)
+    )
 }
 
 #[async_trait]
 impl AttachmentStore for SqliteDb {
     async fn begin_attachment(&self, row: &AttachmentRow) -> StoreResult<()> {
-        let sql = format!(
-            "INSERT INTO attachments ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, 0, NULL, NULL, $6)"
-        );
+        const INSERT: &str = "INSERT INTO attachments (id, tenant_id, test, filename, \
+             content_type, size, sha256, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, 0, NULL, $6, $7)";
         let args = args![
             row.id.clone(),
             row.tenant_id.clone(),
             row.test,
             row.filename.clone(),
             row.content_type.clone(),
-            row.created_at
+            row.created_at,
+            row.expires_at
         ];
-        self.execute(sql, args).await?;
+        self.execute(INSERT, args).await?;
         Ok(())
     }
 
@@ -77,8 +95,8 @@ impl AttachmentStore for SqliteDb {
             return Ok(Vec::new());
         }
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE tenant_id = ? AND test = ? \
-             AND sha256 IS NOT NULL AND id IN ({}",
+            "SELECT {COLUMNS} FROM attachments AS a WHERE a.tenant_id = ? AND a.test = ? \
+             AND a.sha256 IS NOT NULL AND a.deleted_at IS NULL AND a.id IN ({}",
             id_list(ids.len())
         );
         let mut args = args![scope.tenant().to_owned(), scope.is_test()];
@@ -86,53 +104,52 @@ impl AttachmentStore for SqliteDb {
         Ok(self.rows(sql, args, attachment_row).await?)
     }
 
-    async fn claim_attachments(
+    async fn use_attachments(
         &self,
         scope: &Scope,
         ids: &[String],
         message_id: &str,
         now: i64,
-    ) -> StoreResult<Result<(), NotClaimed>> {
-        // In the write turn's immediate transaction: nothing claims a file
-        // between the look and the claim.
+    ) -> StoreResult<Result<(), NotUsable>> {
+        // In the write turn's immediate transaction: no DELETE or sweep
+        // comes between the look and the use.
         let (scope, ids, message_id) = (scope.clone(), ids.to_vec(), message_id.to_owned());
         Ok(self
             .transact(move |tx| {
-                let scoped = |head: &str| {
-                    format!(
-                        "{head} WHERE tenant_id = ? AND test = ? AND sha256 IS NOT NULL \
-                         AND message_id IS NULL AND id IN ({}",
-                        id_list(ids.len())
-                    )
-                };
-                let mut args = args![scope.tenant().to_owned(), scope.is_test()];
+                let usable = format!(
+                    "SELECT id FROM attachments WHERE tenant_id = ? AND test = ? \
+                     AND sha256 IS NOT NULL AND deleted_at IS NULL AND expires_at > ? \
+                     AND id IN ({}",
+                    id_list(ids.len())
+                );
+                let mut args = args![scope.tenant().to_owned(), scope.is_test(), now];
                 args.extend(ids.iter().cloned().map(rusqlite::types::Value::from));
                 let free: std::collections::HashSet<String> = tx
-                    .prepare(&scoped("SELECT id FROM attachments"))?
+                    .prepare(&usable)?
                     .query_map(rusqlite::params_from_iter(&args), |row| row.get(0))?
                     .collect::<rusqlite::Result<_>>()?;
-                let taken: Vec<String> = ids
+                let gone: Vec<String> = ids
                     .iter()
                     .filter(|id| !free.contains(*id))
                     .cloned()
                     .collect();
-                if !taken.is_empty() {
-                    return Ok(Err(NotClaimed { ids: taken }));
+                if !gone.is_empty() {
+                    return Ok(Err(NotUsable { ids: gone }));
                 }
-                let mut claim_args = args![message_id, now];
-                claim_args.extend(args);
-                tx.execute(
-                    &scoped("UPDATE attachments SET message_id = ?, claimed_at = ?"),
-                    rusqlite::params_from_iter(claim_args),
+                let mut used = tx.prepare(
+                    "INSERT OR IGNORE INTO attachment_uses (attachment_id, message_id, used_at) \
+                     VALUES (?1, ?2, ?3)",
                 )?;
+                for id in &ids {
+                    used.execute(params![id, message_id, now])?;
+                }
                 Ok(Ok(()))
             })
             .await?)
     }
 
     async fn release_attachments(&self, message_id: &str) -> StoreResult<()> {
-        const RELEASE: &str =
-            "UPDATE attachments SET message_id = NULL, claimed_at = NULL WHERE message_id = $1";
+        const RELEASE: &str = "DELETE FROM attachment_uses WHERE message_id = $1";
         self.execute(RELEASE, args![message_id.to_owned()]).await?;
         Ok(())
     }
@@ -141,8 +158,9 @@ impl AttachmentStore for SqliteDb {
         // One row per chunk; an empty file is one row without data, a file
         // that is not there (or not this message's) no row.
         const CHUNKS: &str = "SELECT a.size, c.data FROM attachments AS a \
+             JOIN attachment_uses AS u ON u.attachment_id = a.id AND u.message_id = ?2 \
              LEFT JOIN attachment_chunks AS c ON c.attachment_id = a.id \
-             WHERE a.id = ?1 AND a.message_id = ?2 ORDER BY c.seq";
+             WHERE a.id = ?1 ORDER BY c.seq";
         let (id, message_id) = (id.to_owned(), message_id.to_owned());
         Ok(self
             .read(move |conn| {
@@ -167,25 +185,72 @@ impl AttachmentStore for SqliteDb {
 
     async fn attachments_of(&self, message_id: &str) -> StoreResult<Vec<AttachmentRow>> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM attachments WHERE message_id = $1 ORDER BY claimed_at, id"
+            "SELECT {COLUMNS} FROM attachment_uses AS m JOIN attachments AS a \
+             ON a.id = m.attachment_id WHERE m.message_id = $1 ORDER BY m.used_at, a.id"
         );
         Ok(self
             .rows(sql, args![message_id.to_owned()], attachment_row)
             .await?)
     }
 
-    async fn erase_stale_attachments(&self, before: i64) -> StoreResult<u64> {
-        const STALE: &str = "DELETE FROM attachments WHERE created_at < ?1 AND (message_id IS NULL \
-             OR NOT EXISTS (SELECT 1 FROM messages AS m WHERE m.id = attachments.message_id))";
-        Ok(self.execute(STALE, args![before]).await? as u64)
+    async fn delete_attachment(&self, scope: &Scope, id: &str, now: i64) -> StoreResult<Deleted> {
+        let (scope, id) = (scope.clone(), id.to_owned());
+        Ok(self
+            .transact(move |tx| {
+                let marked = tx.execute(
+                    "UPDATE attachments SET deleted_at = ?4 WHERE id = ?1 AND tenant_id = ?2 \
+                     AND test = ?3 AND sha256 IS NOT NULL AND deleted_at IS NULL",
+                    params![id, scope.tenant(), scope.is_test(), now],
+                )?;
+                if marked == 0 {
+                    return Ok(Deleted::NotFound);
+                }
+                let erased = tx.execute(&erase_unused(1), params![now, id])?;
+                Ok(if erased == 0 {
+                    Deleted::Marked
+                } else {
+                    Deleted::Erased
+                })
+            })
+            .await?)
+    }
+
+    async fn erase_stale_attachments(&self, now: i64) -> StoreResult<u64> {
+        const ABANDONED: &str = "DELETE FROM attachment_uses WHERE used_at < ?1 \
+             AND NOT EXISTS (SELECT 1 FROM messages AS m WHERE m.id = attachment_uses.message_id)";
+        const STALE: &str = "DELETE FROM attachments WHERE (sha256 IS NULL AND created_at < ?2) \
+             OR (sha256 IS NOT NULL AND (deleted_at IS NOT NULL OR expires_at <= ?1) \
+             AND NOT EXISTS (SELECT 1 FROM attachment_uses AS u WHERE u.attachment_id = attachments.id))";
+        self.execute(ABANDONED, args![now - ABANDONED_USE_MS])
+            .await?;
+        Ok(self
+            .execute(STALE, args![now, now - UNFINISHED_FOR_MS])
+            .await? as u64)
     }
 }
 
-/// The statement that erases the files of the messages whose ids are bound
-/// after it (retention): their chunks go with them.
-pub(super) fn erase_of_messages(count: usize) -> String {
-    format!(
-        "DELETE FROM attachments WHERE message_id IN ({}",
-        id_list(count)
-    )
+/// Retention's statements for the erased messages `erased`: their uses
+/// go, and then the files they used that nothing uses any more, chunks
+/// and all.
+pub(super) fn erase_of_messages(
+    tx: &rusqlite::Transaction,
+    erased: &[String],
+) -> rusqlite::Result<()> {
+    let uses = format!(
+        "DELETE FROM attachment_uses WHERE message_id IN ({} RETURNING attachment_id",
+        id_list(erased.len())
+    );
+    let files: Vec<String> = tx
+        .prepare(&uses)?
+        .query_map(rusqlite::params_from_iter(erased), |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if files.is_empty() {
+        return Ok(());
+    }
+    // A file goes with the last message that names it, as if it had
+    // expired: the statement's "now" is the end of time.
+    let mut args = args![i64::MAX];
+    args.extend(files.iter().cloned().map(rusqlite::types::Value::from));
+    tx.execute(&erase_unused(files.len()), rusqlite::params_from_iter(args))?;
+    Ok(())
 }

@@ -66,8 +66,7 @@ impl RetentionStore for SqliteDb {
                         tx.execute(&sql, rusqlite::params_from_iter(&erased))?;
                     }
                     // The files the messages carried, chunks and all.
-                    let files = super::attachments::erase_of_messages(erased.len());
-                    tx.execute(&files, rusqlite::params_from_iter(&erased))?;
+                    super::attachments::erase_of_messages(tx, &erased)?;
                 }
                 Ok(erased.len() as u64)
             })
