@@ -22,19 +22,6 @@ pub struct PlanRow {
     pub upload_bytes_held: i64,
 }
 
-/// The statement that writes a plan, on either backend (`$1`–`$10`:
-/// name, lane, rate, burst, quota, in-flight cap, uploads per minute, bytes
-/// held, its [`PlanSource::as_str`], time). A configured plan does not
-/// replace one an admin changed; an admin's always replaces.
-pub(super) const PLAN_UPSERT: &str = "INSERT INTO plans (name, lane, rate_per_second, burst, \
-     daily_quota, max_in_flight, uploads_per_minute, upload_bytes_held, source, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-     ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-     burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-     uploads_per_minute = excluded.uploads_per_minute, upload_bytes_held = excluded.upload_bytes_held, \
-     source = excluded.source, updated_at = excluded.updated_at \
-     WHERE plans.source = 'config' OR excluded.source = 'admin'";
-
 pub(super) const PLAN_COLUMNS: &str = "name, lane, rate_per_second, burst, daily_quota, \
      max_in_flight, uploads_per_minute, upload_bytes_held";
 /// A tenant row as stored.

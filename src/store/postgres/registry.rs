@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use super::PgDb;
 use crate::model::Plan;
 use crate::store::registry::{
-    KeyInsert, KeyListed, PLAN_COLUMNS, PLAN_UPSERT, PlanSource, RegistryListener, RegistryRows,
-    RegistryStore, SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion,
-    TenantInsert, TenantUpdate,
+    KeyInsert, KeyListed, PLAN_COLUMNS, PlanSource, RegistryListener, RegistryRows, RegistryStore,
+    SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion, TenantInsert,
+    TenantUpdate,
 };
 
 /// The channel registry changes are announced on.
@@ -47,7 +47,17 @@ impl RegistryStore for PgDb {
     }
 
     async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
-        sqlx::query(PLAN_UPSERT)
+        // A configured plan does not replace one an admin changed; an
+        // admin's always replaces.
+        const UPSERT: &str = "INSERT INTO plans (name, lane, rate_per_second, burst, \
+             daily_quota, max_in_flight, uploads_per_minute, upload_bytes_held, source, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             uploads_per_minute = excluded.uploads_per_minute, upload_bytes_held = excluded.upload_bytes_held, \
+             source = excluded.source, updated_at = excluded.updated_at \
+             WHERE plans.source = 'config' OR excluded.source = 'admin'";
+        sqlx::query(UPSERT)
             .bind(&plan.name)
             .bind(plan.lane.as_str())
             .bind(plan.rate_per_second)

@@ -8,9 +8,9 @@ use rusqlite::OptionalExtension;
 use super::{SqliteDb, args, prepare, tuple};
 use crate::model::Plan;
 use crate::store::registry::{
-    KeyInsert, KeyListed, PLAN_COLUMNS, PLAN_UPSERT, PlanRow, PlanSource, RegistryListener,
-    RegistryRows, RegistryStore, SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS,
-    TenantDeletion, TenantInsert, TenantUpdate,
+    KeyInsert, KeyListed, PLAN_COLUMNS, PlanRow, PlanSource, RegistryListener, RegistryRows,
+    RegistryStore, SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion,
+    TenantInsert, TenantUpdate,
 };
 
 const ACTIVE_KEYS: &str =
@@ -95,6 +95,16 @@ impl RegistryStore for SqliteDb {
     }
 
     async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
+        // A configured plan does not replace one an admin changed; an
+        // admin's always replaces.
+        const UPSERT: &str = "INSERT INTO plans (name, lane, rate_per_second, burst, \
+             daily_quota, max_in_flight, uploads_per_minute, upload_bytes_held, source, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             uploads_per_minute = excluded.uploads_per_minute, upload_bytes_held = excluded.upload_bytes_held, \
+             source = excluded.source, updated_at = excluded.updated_at \
+             WHERE plans.source = 'config' OR excluded.source = 'admin'";
         let args = args![
             plan.name.clone(),
             plan.lane.as_str().to_owned(),
@@ -107,7 +117,7 @@ impl RegistryStore for SqliteDb {
             source.as_str().to_owned(),
             now
         ];
-        self.execute(PLAN_UPSERT, args).await?;
+        self.execute(UPSERT, args).await?;
         Ok(())
     }
 
