@@ -8,8 +8,9 @@
 #    email through SES's API to a stand-in SES on 127.0.0.1 (a Python HTTP
 #    server that reads each call whole and answers a MessageId), so every
 #    email is built into raw MIME and sent as it is in production.
-#    Uploads count as a tenant's changes (`limits.tenant_writes_*`, 10/s
-#    and 50 at once by default); the run lifts that limit out of the way.
+#    The tenant's plan allows the run's uploads in one minute
+#    (`uploads_per_minute`) and exactly their bytes held
+#    (`upload_bytes_held`), so the limits are checked on every upload.
 # 2. UPLOADS (default 100) curl processes upload a PDF of MEGABYTES
 #    (default 10) each to /v1/attachments at once; meanwhile the script
 #    samples fairlane's RSS every 20 ms.
@@ -17,6 +18,8 @@
 #    sent, sampling RSS the same way.
 # 4. The same files again, one more email each (a file serves any number
 #    of sends until it expires, issue 68.4), waited for the same way.
+# 5. One upload more: the world holds its plan's bytes, so it is refused
+#    (429 upload-bytes-held) before its body is read; its time is printed.
 # Prints fairlane's idle RSS (after start-up and the tenant's set-up), then,
 # for each phase: its wall time, fairlane's peak RSS (sampled) over its RSS
 # before the phase, and fairlane's CPU time per file (utime + stime from
@@ -71,15 +74,15 @@ FAIRLANE__PROVIDERS__EMAIL__SECRET_ACCESS_KEY=bench \
 FAIRLANE__PROVIDERS__EMAIL__FROM=bench@example.com \
 FAIRLANE__PROVIDERS__EMAIL__RATE_PER_SECOND=1000 \
 FAIRLANE__PROVIDERS__EMAIL__BURST=100 \
-FAIRLANE__LIMITS__TENANT_WRITES_PER_SECOND=1000 \
-FAIRLANE__LIMITS__TENANT_WRITES_BURST=1000 \
 RUST_LOG=warn "$bin" serve >>"$work/log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
 curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "fairlane did not start:" >&2; cat "$work/log" >&2; exit 1; }
 api() { curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' "$@"; }
+held=$(( uploads * megabytes * 1024 * 1024 ))
+per_minute=$(( uploads < 60 ? 60 : uploads + 1 ))
 api -X PUT "http://127.0.0.1:$port/v1/admin/plans/bench" \
-  -d '{"lane":"fast","rate_per_second":100000,"burst":100000,"daily_quota":1000000000,"max_in_flight":64}' >/dev/null
+  -d '{"lane":"fast","rate_per_second":100000,"burst":100000,"daily_quota":1000000000,"max_in_flight":64,"uploads_per_minute":'"$per_minute"',"upload_bytes_held":'"$held"'}' >/dev/null
 api -X POST "http://127.0.0.1:$port/v1/admin/tenants" -d '{"id":"bench","name":"Bench","plan":"bench"}' >/dev/null
 key=$(api -X POST "http://127.0.0.1:$port/v1/admin/tenants/bench/keys" | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 python3 - "$work/file.pdf" "$megabytes" <<'PY'
@@ -153,4 +156,10 @@ counter() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 ~ "
 settled() { echo $(( $(counter fairlane_messages_delivered_total) + $(counter fairlane_messages_dead_lettered_total) )); }
 deliver "delivery" "$uploads"
 deliver "reuse (the same files, one more email each)" $((2 * uploads))
+t0=$(date +%s.%N)
+code=$(curl -s -o "$work/over" -w '%{http_code}' -X POST "http://127.0.0.1:$port/v1/attachments?filename=over.pdf" \
+  -H "Authorization: Bearer $key" -H 'Content-Type: application/pdf' --data-binary @"$work/file.pdf")
+t1=$(date +%s.%N)
+grep -q upload-bytes-held "$work/over" || { echo "one upload past upload_bytes_held was $code:"; cat "$work/over"; exit 1; }
+python3 -c 'import sys; print(f"past upload_bytes_held: {sys.argv[1]} in {1000 * (float(sys.argv[3]) - float(sys.argv[2])):.0f} ms")' "$code" "$t0" "$t1"
 echo "VmHWM (peak RSS of the whole run): $(( $(hwm) / 1024 )) MiB"

@@ -167,6 +167,10 @@ impl Application {
         let accept = acceptor(&settings, &db, &store_writer, outbox, &redis, &backpressure)
             .with_unsubscribe(unsubscribe.clone());
         let writes = tenant_writes(&settings.limits, &redis);
+        let uploads = match &redis {
+            Some(redis) => crate::limits::uploads::TenantUploads::shared(redis.clone()),
+            None => crate::limits::uploads::TenantUploads::new(),
+        };
         let reads = crate::limits::reads::TenantReads::new(
             settings.limits.tenant_list_reads,
             Duration::from_secs(settings.server.request_timeout_secs) / 2,
@@ -185,6 +189,7 @@ impl Application {
             backpressure,
             relay,
             writes,
+            uploads,
             reads,
             admin,
             metrics,

@@ -986,6 +986,33 @@ pub struct PlanSettings {
     /// Messages of one tenant in progress at once (waiting for a provider
     /// token or being sent); further ones are parked.
     pub max_in_flight: u32,
+    /// Files a tenant may upload per minute in each of its worlds (live
+    /// and test apart): a bucket of this many that refills over a minute.
+    /// 1 to 1,000,000.
+    #[serde(default = "crate::model::default_uploads_per_minute")]
+    pub uploads_per_minute: u32,
+    /// Bytes of files a tenant may hold in the store in each of its worlds:
+    /// every upload counts, used by messages or not, until its bytes are
+    /// erased (it expired or was deleted and no message uses it any more,
+    /// or retention erased the last message using it). Default 1 GiB.
+    #[serde(default = "crate::model::default_upload_bytes_held")]
+    pub upload_bytes_held: u64,
+}
+
+impl PlanSettings {
+    /// The plan `name` with these figures.
+    pub fn named(&self, name: &str) -> crate::model::Plan {
+        crate::model::Plan {
+            name: name.to_owned(),
+            lane: self.lane,
+            rate_per_second: self.rate_per_second,
+            burst: self.burst,
+            daily_quota: self.daily_quota,
+            max_in_flight: self.max_in_flight,
+            uploads_per_minute: self.uploads_per_minute,
+            upload_bytes_held: self.upload_bytes_held,
+        }
+    }
 }
 
 /// Layers `FAIRLANE__SECTION__KEY=value` variables over `figment`. Values
@@ -1252,8 +1279,7 @@ impl Settings {
         }
         self.validate_limits()?;
         for (name, plan) in &self.plans {
-            validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight)
-                .with_context(|| format!("plans.{name}"))?;
+            validate_plan_figures(&plan.named(name)).with_context(|| format!("plans.{name}"))?;
         }
         Ok(())
     }
@@ -1453,17 +1479,24 @@ pub fn is_sensible_rate(rate_per_second: f64) -> bool {
     (MIN_RATE_PER_SECOND..=MAX_RATE_PER_SECOND).contains(&rate_per_second)
 }
 
-pub fn validate_plan_figures(
-    rate_per_second: f64,
-    burst: u32,
-    max_in_flight: u32,
-) -> anyhow::Result<()> {
+/// Checks a plan's figures; the error names the figure first.
+pub fn validate_plan_figures(plan: &crate::model::Plan) -> anyhow::Result<()> {
+    use crate::model::MAX_UPLOADS_PER_MINUTE;
     anyhow::ensure!(
-        is_sensible_rate(rate_per_second),
+        is_sensible_rate(plan.rate_per_second),
         "rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
     );
-    anyhow::ensure!(burst >= 1, "burst must be at least 1");
-    anyhow::ensure!(max_in_flight >= 1, "max_in_flight must be at least 1");
+    anyhow::ensure!(plan.burst >= 1, "burst must be at least 1");
+    anyhow::ensure!(plan.max_in_flight >= 1, "max_in_flight must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_UPLOADS_PER_MINUTE).contains(&plan.uploads_per_minute),
+        "uploads_per_minute must be a whole number from 1 to {MAX_UPLOADS_PER_MINUTE}"
+    );
+    anyhow::ensure!(
+        plan.upload_bytes_held <= i64::MAX as u64,
+        "upload_bytes_held must be a whole number from 0 to {}",
+        i64::MAX
+    );
     Ok(())
 }
 

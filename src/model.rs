@@ -257,6 +257,31 @@ pub struct Plan {
     pub daily_quota: u64,
     /// Messages of one tenant a lane consumer works on at once.
     pub max_in_flight: u32,
+    /// Files a tenant may upload per minute in each of its worlds (a
+    /// bucket of this many that refills over a minute).
+    #[serde(default = "default_uploads_per_minute")]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub uploads_per_minute: u32,
+    /// Bytes of files a tenant may hold in the store in each of its worlds,
+    /// used by messages or not, until their bytes are erased.
+    #[serde(default = "default_upload_bytes_held")]
+    #[schema(value_type = i64, minimum = 0)]
+    pub upload_bytes_held: u64,
+}
+
+/// A plan's `uploads_per_minute` unless it says otherwise.
+pub const DEFAULT_UPLOADS_PER_MINUTE: u32 = 60;
+/// A plan's `upload_bytes_held` unless it says otherwise: 1 GiB.
+pub const DEFAULT_UPLOAD_BYTES_HELD: u64 = 1 << 30;
+/// The most `uploads_per_minute` a plan may give.
+pub const MAX_UPLOADS_PER_MINUTE: u32 = 1_000_000;
+
+pub fn default_uploads_per_minute() -> u32 {
+    DEFAULT_UPLOADS_PER_MINUTE
+}
+
+pub fn default_upload_bytes_held() -> u64 {
+    DEFAULT_UPLOAD_BYTES_HELD
 }
 
 /// A `Content-Type` value's media type, without its parameters, in lower

@@ -81,6 +81,8 @@ pub enum LimitReason {
     Writes,
     /// The tenant's message list reads (`limits.tenant_list_reads`).
     Reads,
+    /// The tenant's uploads (its plan's `uploads_per_minute`).
+    Uploads,
 }
 
 impl LimitReason {
@@ -92,6 +94,7 @@ impl LimitReason {
             LimitReason::Batches => "batches",
             LimitReason::Writes => "writes",
             LimitReason::Reads => "reads",
+            LimitReason::Uploads => "uploads",
         }
     }
 }

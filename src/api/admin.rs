@@ -62,6 +62,23 @@ pub struct PlanInput {
     #[serde(deserialize_with = "whole::u32_at_least_1")]
     #[schema(value_type = i64, minimum = 1, maximum = 4294967295_i64)]
     pub max_in_flight: u32,
+    /// Files a tenant may upload per minute in each of its worlds (live
+    /// and test apart): 1 to 1,000,000; 60 when left out.
+    #[serde(
+        default = "crate::model::default_uploads_per_minute",
+        deserialize_with = "whole::uploads_per_minute"
+    )]
+    #[schema(value_type = i64, minimum = 1, maximum = 1000000, default = 60)]
+    pub uploads_per_minute: u32,
+    /// Bytes of files a tenant may hold in each of its worlds, used by
+    /// messages or not, until their bytes are erased: 0 to 2^63 − 1;
+    /// 1 GiB (1073741824) when left out.
+    #[serde(
+        default = "crate::model::default_upload_bytes_held",
+        deserialize_with = "whole::u64_up_to_i64"
+    )]
+    #[schema(value_type = i64, minimum = 0, default = 1073741824)]
+    pub upload_bytes_held: u64,
 }
 
 impl PlanInput {
@@ -74,6 +91,8 @@ impl PlanInput {
             burst: self.burst,
             daily_quota: self.daily_quota,
             max_in_flight: self.max_in_flight,
+            uploads_per_minute: self.uploads_per_minute,
+            upload_bytes_held: self.upload_bytes_held,
         }
     }
 }
@@ -103,6 +122,16 @@ mod whole {
                 "must be a whole number from 1 to {}",
                 u32::MAX
             )))
+        }
+    }
+
+    pub fn uploads_per_minute<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+        let most = crate::model::MAX_UPLOADS_PER_MINUTE;
+        match integral(deserializer)? {
+            n if (1.0..=f64::from(most)).contains(&n) => Ok(n as u32),
+            _ => Err(D::Error::custom(format!(
+                "must be a whole number from 1 to {most}"
+            ))),
         }
     }
 

@@ -18,8 +18,8 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::auth::{TenantAuth, TenantWrite};
-use super::error::{ApiError, Problem, TenantUnauthorized, TooManyChanges};
+use super::auth::{TenantAuth, TenantUpload, TenantWrite};
+use super::error::{ApiError, Problem, TenantUnauthorized, TooManyChanges, TooManyUploads};
 use super::{ApiPath, AppState, body_too_late};
 use crate::attachments::{MAX_FILE_BYTES, Upload, UploadRefused};
 use crate::model::{ms_to_rfc3339, now_ms};
@@ -112,13 +112,13 @@ pub struct UploadQuery {
         (status = 413, description = "The file is larger than 10 MiB (told from `Content-Length` before any byte is read, or when the bytes pass it).", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`Content-Type` is missing or not a type an attachment may have.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`filename` is missing or its extension is not the type's, or the bytes are not of the type (`body`).", body = Problem, content_type = "application/problem+json"),
-        (status = 429, response = TooManyChanges),
+        (status = 429, response = TooManyUploads),
     ),
     security(("tenant_key" = []))
 )]
 pub async fn upload_attachment(
     State(state): State<AppState>,
-    TenantWrite(caller): TenantWrite,
+    TenantUpload(caller): TenantUpload,
     headers: HeaderMap,
     query: Result<Query<UploadQuery>, QueryRejection>,
     body: Body,
@@ -137,10 +137,11 @@ pub async fn upload_attachment(
             .and_then(|v| v.to_str().ok()),
         filename: query.filename.as_deref(),
         content_length,
+        held_at_most: i64::try_from(caller.plan.upload_bytes_held).unwrap_or(i64::MAX),
     };
     let row = crate::attachments::receive(&state.db, upload, body)
         .await
-        .map_err(refused)?;
+        .map_err(|err| refused(err, &caller.plan.name))?;
     let location = format!("/v1/attachments/{}", row.id);
     Ok((
         StatusCode::CREATED,
@@ -150,9 +151,14 @@ pub async fn upload_attachment(
         .into_response())
 }
 
-/// An upload's refusal as the API answers it.
-fn refused(refused: UploadRefused) -> ApiError {
+/// An upload's refusal as the API answers it (`plan`: the tenant's).
+fn refused(refused: UploadRefused, plan: &str) -> ApiError {
     match refused {
+        UploadRefused::Held { held, limit } => ApiError::UploadBytesHeld(format!(
+            "Plan {plan:?} lets a tenant's files hold {limit} bytes in each world, and this \
+             world's hold {held}: delete files no send needs (DELETE /v1/attachments/{{id}}), \
+             or wait until unused ones expire, a day after their upload."
+        )),
         UploadRefused::Type(detail) => ApiError::UnsupportedMediaType(format!("{detail}.")),
         UploadRefused::Field { field, message } => {
             ApiError::Validation([(field.to_owned(), message)].into())

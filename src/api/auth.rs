@@ -200,15 +200,53 @@ impl FromRequestParts<AppState> for TenantWrite {
     }
 }
 
-/// A change other than a send: refused 403 for a disabled tenant, and
-/// charged to the tenant's bucket of changes (429 when empty).
-async fn admit_change(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
+/// An upload: authenticated as [`TenantAuth`], refused 403 for a disabled
+/// tenant, and charged to the bucket of uploads of the tenant's world at
+/// its plan's `uploads_per_minute` (429 `too-many-uploads` when empty; see
+/// [`crate::limits::uploads`]), not to the bucket of changes.
+pub struct TenantUpload(pub Caller);
+
+impl FromRequestParts<AppState> for TenantUpload {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let TenantAuth(caller) = TenantAuth::from_request_parts(parts, state).await?;
+        refuse_disabled(&caller)?;
+        let per_minute = caller.plan.uploads_per_minute;
+        if let Err(retry_after) = state.uploads.take(&caller.scope(), per_minute).await {
+            metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "uploads").increment(1);
+            return Err(ApiError::TooManyRequests {
+                reason: LimitReason::Uploads,
+                detail: format!(
+                    "Plan {:?} allows {per_minute} uploads per minute in each world (live and test apart).",
+                    caller.plan.name
+                ),
+                retry_after,
+                rate: None,
+            });
+        }
+        Ok(TenantUpload(caller))
+    }
+}
+
+/// Refuses a disabled tenant's change (403).
+fn refuse_disabled(caller: &Caller) -> Result<(), ApiError> {
     if caller.tenant.status == TenantStatus::Disabled {
         return Err(ApiError::Forbidden(format!(
             "Tenant {:?} is disabled; its changes are refused until an admin re-enables it.",
             caller.tenant.id
         )));
     }
+    Ok(())
+}
+
+/// A change other than a send: refused 403 for a disabled tenant, and
+/// charged to the tenant's bucket of changes (429 when empty).
+async fn admit_change(caller: &Caller, state: &AppState) -> Result<(), ApiError> {
+    refuse_disabled(caller)?;
     if let Err(retry_after) = state.writes.take(&caller.tenant.id).await {
         metrics::counter!(crate::metrics::REJECTED_TOTAL, "reason" => "writes").increment(1);
         return Err(ApiError::TooManyRequests {

@@ -67,6 +67,18 @@ pub struct TenantDisabled(pub Problem);
 )]
 pub struct TooManyChanges(pub Problem);
 
+/// The tenant's uploads are over its plan's `uploads_per_minute`
+/// (`urn:fairlane:problem:too-many-uploads`, with `Retry-After`), or its
+/// files would hold more than its plan's `upload_bytes_held`
+/// (`urn:fairlane:problem:upload-bytes-held`, without `Retry-After`: room
+/// comes back as files are deleted or expire unused, not at a set time).
+#[derive(ToResponse)]
+#[response(
+    content_type = "application/problem+json",
+    headers(("Retry-After" = u64, description = "Seconds until the next upload may be made (too-many-uploads only)"))
+)]
+pub struct TooManyUploads(pub Problem);
+
 /// The tenant is disabled: its changes are refused until an admin
 /// re-enables it.
 #[derive(ToResponse)]
@@ -146,6 +158,10 @@ pub enum ApiError {
         retry_after: Duration,
         rate: Option<RateInfo>,
     },
+    /// 429 without `Retry-After`: the tenant's files would hold more than
+    /// its plan's `upload_bytes_held`.
+    #[error("{0}")]
+    UploadBytesHeld(String),
     #[error("{detail}")]
     Unavailable {
         detail: String,
@@ -212,7 +228,9 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests { .. } | ApiError::UploadBytesHeld(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -242,7 +260,9 @@ impl ApiError {
                 LimitReason::Batches => ("too-many-batches", "Too many batches in progress"),
                 LimitReason::Writes => ("too-many-changes", "Too many changes"),
                 LimitReason::Reads => ("too-many-reads", "Too many list reads in progress"),
+                LimitReason::Uploads => ("too-many-uploads", "Too many uploads"),
             },
+            ApiError::UploadBytesHeld(_) => ("upload-bytes-held", "Upload store full"),
             ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),
             ApiError::Internal(_) => ("internal", "Internal error"),
         }

@@ -72,6 +72,8 @@ pub struct AppInner {
     pub relay: Option<Arc<crate::accept::outbox::RelayHealth>>,
     /// Tenants' changes other than sends, per tenant.
     pub writes: crate::limits::writes::TenantWrites,
+    /// Tenants' uploads, per tenant and world (their plans' figures).
+    pub uploads: crate::limits::uploads::TenantUploads,
     /// The tenants' turns of message list reads (`limits.tenant_list_reads`).
     pub reads: crate::limits::reads::TenantReads,
     pub admin: AdminAuth,

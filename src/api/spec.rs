@@ -715,6 +715,7 @@ impl Modify for SecurityAddon {
             error::TenantDisabledChange,
             error::LiveKeyChange,
             error::TooManyChanges,
+            error::TooManyUploads,
             error::IdempotencyInFlight,
             error::Malformed,
             error::PayloadTooLarge,

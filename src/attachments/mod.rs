@@ -121,6 +121,10 @@ pub enum UploadRefused {
     /// The body could not be read (400, or 503 past the deadline).
     #[error("the body could not be read")]
     Body(#[source] axum::Error),
+    /// The tenant's files in this world would hold more than `limit`
+    /// bytes (its plan's `upload_bytes_held`); they hold `held` without it.
+    #[error("the files would hold more than {limit} bytes")]
+    Held { held: i64, limit: i64 },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -246,17 +250,24 @@ fn is_text(head: &[u8]) -> bool {
     }
 }
 
-/// An upload as asked: the scope, the claimed type, the name and the
-/// declared length, if any.
+/// An upload as asked: the scope, the claimed type, the name, the
+/// declared length, if any, and the most bytes the scope's files may hold
+/// with it (the plan's `upload_bytes_held`).
 pub struct Upload<'a> {
     pub scope: &'a Scope,
     pub content_type: Option<&'a str>,
     pub filename: Option<&'a str>,
     pub content_length: Option<u64>,
+    pub held_at_most: i64,
 }
 
 /// Checks `upload` and streams `body` into the store; the finished file's
 /// row. Nothing of a refused upload stays in the store.
+///
+/// The bytes its world's files hold are checked three times: against the
+/// declared length before a byte is read, as the bytes stream in, and at
+/// the finish, in one step with every other finish of the world (two
+/// uploads under way at once may each have fitted alone).
 pub async fn receive(
     db: &Db,
     upload: Upload<'_>,
@@ -286,6 +297,12 @@ pub async fn receive(
     if upload.content_length.is_some_and(|n| n > MAX_FILE_BYTES) {
         return Err(UploadRefused::TooLarge);
     }
+    let limit = upload.held_at_most;
+    let held = db.held_attachment_bytes(upload.scope).await?;
+    let declared = upload.content_length.map_or(1, |n| n.max(1) as i64);
+    if held.saturating_add(declared) > limit {
+        return Err(UploadRefused::Held { held, limit });
+    }
     let mut reader = Frames::new(body);
     let head = reader.fill(SNIFF_BYTES).await?;
     if head.is_empty() {
@@ -306,15 +323,25 @@ pub async fn receive(
         expires_at: created_at + USABLE_FOR_MS,
     };
     db.begin_attachment(&row).await?;
-    match store_chunks(db, &row.id, &mut reader).await {
-        Ok((size, sha256)) => {
-            db.finish_attachment(&row.id, size, &sha256).await?;
-            Ok(AttachmentRow {
-                size,
-                sha256: Some(sha256),
-                ..row
-            })
-        }
+    let stored = match store_chunks(db, &row.id, &mut reader, (held, limit)).await {
+        Ok((size, sha256)) => match db.finish_attachment(&row.id, size, &sha256, limit).await {
+            Ok(true) => Ok((size, sha256)),
+            Ok(false) => {
+                // Others finished meanwhile: the world is fuller than at
+                // the start.
+                let held = db.held_attachment_bytes(upload.scope).await.unwrap_or(held);
+                Err(UploadRefused::Held { held, limit })
+            }
+            Err(err) => Err(err.into()),
+        },
+        Err(refused) => Err(refused),
+    };
+    match stored {
+        Ok((size, sha256)) => Ok(AttachmentRow {
+            size,
+            sha256: Some(sha256),
+            ..row
+        }),
         Err(refused) => {
             if let Err(err) = db.drop_attachment(&row.id).await {
                 tracing::warn!(error = %err, id = %row.id, "could not remove a refused upload; the stale-file sweep will");
@@ -324,11 +351,14 @@ pub async fn receive(
     }
 }
 
-/// Writes the body's bytes as chunks; their total size and SHA-256.
+/// Writes the body's bytes as chunks; their total size and SHA-256. Past
+/// [`MAX_FILE_BYTES`] it stops with `TooLarge`, past what the world may
+/// still hold (`held` of `limit`) with `Held`.
 async fn store_chunks(
     db: &Db,
     id: &str,
     reader: &mut Frames,
+    (held, limit): (i64, i64),
 ) -> Result<(i64, String), UploadRefused> {
     let mut hash = Sha256::new();
     let mut size: u64 = 0;
@@ -341,6 +371,9 @@ async fn store_chunks(
         size += chunk.len() as u64;
         if size > MAX_FILE_BYTES {
             return Err(UploadRefused::TooLarge);
+        }
+        if held.saturating_add(size as i64) > limit {
+            return Err(UploadRefused::Held { held, limit });
         }
         hash.update(chunk);
         let data = reader.take();

@@ -16,6 +16,7 @@ pub mod reads;
 pub mod redis;
 pub mod tenant;
 mod tenant_redis;
+pub mod uploads;
 pub mod writes;
 
 #[cfg(test)]

@@ -556,6 +556,20 @@ impl RedisLimits {
             .await
     }
 
+    /// Takes one upload of `tenant` in `world` (`live` or `test`) from its
+    /// fleet-wide bucket: `None` when taken, or how long until one is due.
+    pub(crate) async fn take_tenant_upload(
+        &self,
+        tenant: &str,
+        world: &str,
+        period_us: u64,
+        burst: u32,
+    ) -> Result<Option<Duration>, Unreachable> {
+        let key = self.tenant_key(tenant, &format!("uploads:{world}"));
+        self.take_token("uploads", key, period_us, burst, false)
+            .await
+    }
+
     async fn take_token(
         &self,
         operation: &'static str,

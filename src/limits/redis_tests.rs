@@ -42,6 +42,8 @@ fn plan(rate_per_second: f64, burst: u32, daily_quota: u64) -> Plan {
         burst,
         daily_quota,
         max_in_flight: 1,
+        uploads_per_minute: 60,
+        upload_bytes_held: 0,
     }
 }
 
@@ -866,4 +868,50 @@ async fn reports_the_time_one_admission_takes_local_and_redis() {
             took.len()
         );
     }
+}
+
+/// Two instances take a tenant's uploads from one bucket per world in
+/// Redis: together no more than the plan's `uploads_per_minute` at once,
+/// the refusal saying when the next one is due, and the test world's
+/// bucket untouched by the live world's; `{prefix}:tenant:acme:uploads:*`
+/// holds the two.
+#[tokio::test]
+async fn two_instances_share_a_worlds_uploads_bucket() {
+    use super::uploads::TenantUploads;
+    use crate::model::{Scope, World};
+    let prefix = Prefix::new(&shared_redis_url());
+    let one = Instance::on_shared_redis(&prefix).await;
+    let two = Instance::on_shared_redis(&prefix).await;
+    let (a, b) = (
+        TenantUploads::shared(Arc::clone(&one.redis)),
+        TenantUploads::shared(Arc::clone(&two.redis)),
+    );
+    let live = Scope::new("acme", World::Live);
+    let mut taken = 0;
+    for round in 0..6 {
+        let uploads = if round % 2 == 0 { &a } else { &b };
+        if uploads.take(&live, 4).await.is_ok() {
+            taken += 1;
+        }
+    }
+    assert_eq!(taken, 4, "4 a minute, whichever instance takes them");
+    let wait = b.take(&live, 4).await.unwrap_err();
+    assert!(
+        wait > Duration::from_secs(10) && wait <= Duration::from_secs(15),
+        "one upload comes back every 15 s: {wait:?}"
+    );
+    a.take(&Scope::new("acme", World::Test), 4).await.unwrap();
+    let mut keys: Vec<String> = prefix
+        .keys()
+        .into_iter()
+        .filter(|key| key.contains(":uploads:"))
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            format!("{}:tenant:acme:uploads:live", prefix.name),
+            format!("{}:tenant:acme:uploads:test", prefix.name)
+        ]
+    );
 }

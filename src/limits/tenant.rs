@@ -341,6 +341,8 @@ pub(crate) mod tests {
             burst,
             daily_quota: 100,
             max_in_flight: 1,
+            uploads_per_minute: 60,
+            upload_bytes_held: 0,
         }
     }
 

@@ -224,6 +224,8 @@ mod tests {
             burst: 5,
             daily_quota: 100,
             max_in_flight: 1,
+            uploads_per_minute: 60,
+            upload_bytes_held: 0,
         };
         let half = local_share(&plan, 2);
         assert_eq!((half.rate_per_second, half.burst), (5.0, 2));

@@ -87,8 +87,24 @@ pub trait AttachmentStore: Send + Sync {
     /// Stores chunk `seq` (from 0) of an unfinished upload.
     async fn add_attachment_chunk(&self, id: &str, seq: i64, data: Vec<u8>) -> StoreResult<()>;
 
-    /// Finishes an upload with its size and hash.
-    async fn finish_attachment(&self, id: &str, size: i64, sha256: &str) -> StoreResult<()>;
+    /// Finishes an upload with its size and hash, if its world's files
+    /// then hold at most `held_at_most` bytes in all (the plan's
+    /// `upload_bytes_held`): true when finished, false when it would hold
+    /// more, and then nothing changed. The sum and the finish are one step
+    /// against every other finish of the world (SQLite's write turn, a
+    /// PostgreSQL advisory lock of the tenant's world), so two uploads that
+    /// each fit alone cannot both finish past the limit.
+    async fn finish_attachment(
+        &self,
+        id: &str,
+        size: i64,
+        sha256: &str,
+        held_at_most: i64,
+    ) -> StoreResult<bool>;
+
+    /// The bytes `scope`'s files hold in the store: every file whose bytes
+    /// are not erased, used or not, expired or not, deleted or not.
+    async fn held_attachment_bytes(&self, scope: &Scope) -> StoreResult<i64>;
 
     /// Removes an upload that did not finish (and its chunks).
     async fn drop_attachment(&self, id: &str) -> StoreResult<()>;
@@ -179,10 +195,37 @@ pub(crate) mod tests {
                     .await
                     .unwrap();
             }
-            db.finish_attachment(id, bytes.len() as i64, "hash")
-                .await
-                .unwrap();
+            assert!(
+                db.finish_attachment(id, bytes.len() as i64, "hash", 9)
+                    .await
+                    .unwrap()
+            );
         }
+        // The world holds 9 bytes: a tenth does not fit under 9 and leaves
+        // nothing finished; the other world holds none.
+        assert_eq!(db.held_attachment_bytes(&scope).await.unwrap(), 9);
+        let one_more = AttachmentRow {
+            id: "att_f".into(),
+            tenant_id: "acme".into(),
+            test: false,
+            filename: "f.txt".into(),
+            content_type: "text/plain".into(),
+            size: 0,
+            sha256: None,
+            messages: 0,
+            created_at: 1,
+            expires_at: 1_000,
+        };
+        db.begin_attachment(&one_more).await.unwrap();
+        db.add_attachment_chunk("att_f", 0, b"f".to_vec())
+            .await
+            .unwrap();
+        assert!(!db.finish_attachment("att_f", 1, "hash", 9).await.unwrap());
+        assert!(db.attachment(&scope, "att_f").await.unwrap().is_none());
+        db.drop_attachment("att_f").await.unwrap();
+        assert_eq!(db.held_attachment_bytes(&scope).await.unwrap(), 9);
+        let test_world = Scope::new("acme", crate::model::World::Test);
+        assert_eq!(db.held_attachment_bytes(&test_world).await.unwrap(), 0);
         for message in ["m1", "m2"] {
             assert_eq!(
                 db.use_attachments(&scope, &ids(&["att_a"]), message, 20)
@@ -271,7 +314,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("a.db"), false).await.unwrap();
         db.test_execute(
-            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0, 60, 0); \
              INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
              VALUES ('acme', 'a', 'p', 'active', 0, 0);",
         )

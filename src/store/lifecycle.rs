@@ -359,7 +359,7 @@ pub(crate) mod tests {
         use crate::model::{Scope, World};
         use crate::store::{Writer, usage};
         db.test_execute(
-            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0, 60, 0); \
              INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
              VALUES ('hooked', 'h', 'p', 'active', 0, 0); \
              INSERT INTO webhooks (tenant_id, url, events, secret, created_at, updated_at) \

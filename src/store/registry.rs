@@ -9,8 +9,21 @@ use async_trait::async_trait;
 
 use crate::model::{Isolation, Plan, TenantStatus};
 
-/// A plan row: name, lane, rate per second, burst, daily quota, in-flight cap.
-pub type PlanTuple = (String, String, f64, i64, i64, i64);
+/// A plan row as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PlanRow {
+    pub name: String,
+    pub lane: String,
+    pub rate_per_second: f64,
+    pub burst: i64,
+    pub daily_quota: i64,
+    pub max_in_flight: i64,
+    pub uploads_per_minute: i64,
+    pub upload_bytes_held: i64,
+}
+
+pub(super) const PLAN_COLUMNS: &str = "name, lane, rate_per_second, burst, daily_quota, \
+     max_in_flight, uploads_per_minute, upload_bytes_held";
 /// A tenant row as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StoredTenant {
@@ -55,7 +68,7 @@ pub(super) const SENDER_COLUMNS: &str = "id, tenant_id, channel, sender, display
 
 /// Plans, tenants, active keys and sender identities as stored.
 pub struct RegistryRows {
-    pub plans: Vec<PlanTuple>,
+    pub plans: Vec<PlanRow>,
     pub tenants: Vec<StoredTenant>,
     pub keys: Vec<KeyTuple>,
     pub senders: Vec<SenderRow>,
@@ -67,6 +80,16 @@ pub struct RegistryRows {
 pub enum PlanSource {
     Config,
     Admin,
+}
+
+impl PlanSource {
+    /// The word the `source` column holds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanSource::Config => "config",
+            PlanSource::Admin => "admin",
+        }
+    }
 }
 
 /// A new tenant.

@@ -477,7 +477,7 @@ pub(crate) mod tests {
         use crate::store::{CallsRecord, Writer};
         let now = now_ms();
         db.test_execute(
-            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+            "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0, 60, 0); \
              INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
              VALUES ('t', 't', 'p', 'active', 0, 0);",
         )

@@ -75,8 +75,14 @@ pub struct Variant {
 #[serde(deny_unknown_fields)]
 pub struct TemplateContent {
     /// 1-100 characters, unique among the tenant's templates, without
-    /// spaces around or control characters.
-    #[schema(min_length = 1, max_length = 100)]
+    /// spaces around or control characters. (The pattern lists the white
+    /// space `trim` takes off one by one rather than `\s`, which regex
+    /// engines read differently.)
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = r"^[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000](?:[^\u0000-\u001F\u007F-\u009F]*[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000])?$"
+    )]
     pub name: String,
     pub channel: Channel,
     /// The priority every send of it gets, whatever the send asks (a

@@ -236,14 +236,17 @@ async fn read_all(db: &Db) -> anyhow::Result<Tables> {
         senders: sender_rows,
     } = db.read_registry().await?;
     let mut plans = HashMap::new();
-    for (name, lane, rate, burst, quota, in_flight) in plan_rows {
+    for row in plan_rows {
+        let name = row.name.clone();
         let plan = Plan {
-            lane: lane.parse().map_err(anyhow::Error::msg)?,
-            name: name.clone(),
-            rate_per_second: rate,
-            burst: burst as u32,
-            daily_quota: quota as u64,
-            max_in_flight: in_flight as u32,
+            lane: row.lane.parse().map_err(anyhow::Error::msg)?,
+            name: row.name,
+            rate_per_second: row.rate_per_second,
+            burst: row.burst as u32,
+            daily_quota: row.daily_quota as u64,
+            max_in_flight: row.max_in_flight as u32,
+            uploads_per_minute: u32::try_from(row.uploads_per_minute).unwrap_or(u32::MAX),
+            upload_bytes_held: u64::try_from(row.upload_bytes_held).unwrap_or(0),
         };
         plans.insert(name, Arc::new(plan));
     }
@@ -435,20 +438,9 @@ impl Registry {
     pub async fn load(db: Db, configured: &BTreeMap<String, PlanSettings>) -> anyhow::Result<Self> {
         let now = now_ms();
         for (name, plan) in configured {
-            db.write_plan(
-                &Plan {
-                    name: name.clone(),
-                    lane: plan.lane,
-                    rate_per_second: plan.rate_per_second,
-                    burst: plan.burst,
-                    daily_quota: plan.daily_quota,
-                    max_in_flight: plan.max_in_flight,
-                },
-                PlanSource::Config,
-                now,
-            )
-            .await
-            .with_context(|| format!("seeding plan {name}"))?;
+            db.write_plan(&plan.named(name), PlanSource::Config, now)
+                .await
+                .with_context(|| format!("seeding plan {name}"))?;
         }
         let (plans, tenants, keys, senders) = read_all(&db).await?;
         Ok(Registry {
@@ -591,16 +583,14 @@ impl Registry {
         if !is_valid_identifier(&plan.name) {
             return Err(invalid("name", IDENTIFIER_RULE));
         }
-        validate_plan_figures(plan.rate_per_second, plan.burst, plan.max_in_flight).map_err(
-            |e| {
-                let text = e.to_string();
-                let field = text.split_whitespace().next().unwrap_or("plan").to_owned();
-                RegistryError::Invalid {
-                    field,
-                    message: text,
-                }
-            },
-        )?;
+        validate_plan_figures(&plan).map_err(|e| {
+            let text = e.to_string();
+            let field = text.split_whitespace().next().unwrap_or("plan").to_owned();
+            RegistryError::Invalid {
+                field,
+                message: text,
+            }
+        })?;
         let _changing = self.changing.lock().await;
         self.db
             .write_plan(&plan, PlanSource::Admin, now_ms())

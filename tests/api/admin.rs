@@ -78,15 +78,19 @@ on_both_stores! {
         let created = expect_json(created, StatusCode::CREATED).await;
         assert_eq!(created["name"], "starter");
         assert_eq!(created["rate_per_second"], 2.5);
+        // Left out, a plan's upload limits are the defaults.
+        assert_eq!(created["uploads_per_minute"], 60, "{created}");
+        assert_eq!(created["upload_bytes_held"], 1_073_741_824_u64, "{created}");
 
         let replaced = app
             .admin(Method::PUT, "/v1/admin/plans/starter")
-            .json(&with(plan_body(), "burst", json!(7)))
+            .json(&with(with(with(plan_body(), "burst", json!(7)), "uploads_per_minute", json!(5)), "upload_bytes_held", json!(1000)))
             .send()
             .await
             .unwrap();
         let replaced = expect_json(replaced, StatusCode::OK).await;
         assert_eq!(replaced["burst"], 7);
+        assert_eq!((&replaced["uploads_per_minute"], &replaced["upload_bytes_held"]), (&json!(5), &json!(1000)));
 
         let fetched = app
             .admin(Method::GET, "/v1/admin/plans/starter")
@@ -129,6 +133,10 @@ on_both_stores! {
             ("rate_per_second", json!(1_000_001.0)),
             ("burst", json!(0)),
             ("max_in_flight", json!(0)),
+            ("uploads_per_minute", json!(0)),
+            ("uploads_per_minute", json!(1_000_001)),
+            ("uploads_per_minute", json!(2.5)),
+            ("upload_bytes_held", json!(-1)),
         ];
         for (field, value) in cases {
             let response = app

@@ -387,3 +387,124 @@ on_both_stores! {
         );
     }
 }
+
+/// Puts plan `name` with these upload limits (a slow lane, the send
+/// figures of no interest here).
+async fn upload_plan(app: &TestApp, name: &str, per_minute: u32, bytes_held: u64) {
+    let body = json!({
+        "lane": "fast", "rate_per_second": 10, "burst": 10, "daily_quota": 1000,
+        "max_in_flight": 1, "uploads_per_minute": per_minute, "upload_bytes_held": bytes_held,
+    });
+    let put = app
+        .admin(Method::PUT, &format!("/v1/admin/plans/{name}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+}
+
+/// The `type` of a problem answer and its `Retry-After`, if any.
+async fn refusal(response: reqwest::Response) -> (String, Option<String>, String) {
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body: Value = response.json().await.unwrap();
+    (
+        body["type"].as_str().unwrap().to_owned(),
+        retry_after,
+        body["detail"].as_str().unwrap().to_owned(),
+    )
+}
+
+on_both_stores! {
+    /// A plan's upload limits hold per world: past `upload_bytes_held` a
+    /// file is refused (429 upload-bytes-held, no Retry-After) whether its
+    /// length is declared or streamed, leaving nothing behind; a test key's
+    /// uploads have a budget of their own; a DELETE of an unused file gives
+    /// its room back; past `uploads_per_minute`, 429 too-many-uploads with
+    /// the Retry-After of the next one. Uploads are not changes: a bucket
+    /// of one change does not stop them.
+    async fn a_plans_upload_limits_hold_in_each_world() {
+        let app = TestApp::start("[limits]\ntenant_writes_burst = 1\ntenant_writes_per_second = 0.01\n").await;
+        upload_plan(&app, "tiny", 5, 3000).await;
+        let key = app.tenant_with_key("acme", "tiny").await;
+        let test_key = issue(&app, "acme", Some("test")).await["key"].as_str().unwrap().to_owned();
+        let first = uploaded(&app, &key, "a.pdf", "application/pdf", pdf_of(1000)).await;
+        uploaded(&app, &key, "b.pdf", "application/pdf", pdf_of(1000)).await;
+        let (kind, retry_after, detail) = refusal(upload(&app, &key, "c.pdf", "application/pdf", pdf_of(1500)).await).await;
+        assert_eq!(kind, "urn:fairlane:problem:upload-bytes-held", "{detail}");
+        assert_eq!(retry_after, None, "waiting alone gives no room back");
+        assert!(detail.contains("3000") && detail.contains("2000"), "{detail}");
+        // Streamed without a Content-Length, it is refused as its bytes pass the room.
+        let (status, answer) = chunked_upload(&app, &key, "d.pdf", 1500).await;
+        assert_eq!(status, 429, "{answer}");
+        assert!(answer.contains("upload-bytes-held"), "{answer}");
+        assert_eq!(stored_files(&app).await.0, 2, "nothing of the refused uploads stays");
+        // The test world's budget is its own.
+        uploaded(&app, &test_key, "c.pdf", "application/pdf", pdf_of(1500)).await;
+        // Deleting an unused file gives its room back (the one change of the bucket).
+        let deleted = delete(&app, &key, first["id"].as_str().unwrap()).send().await.unwrap();
+        assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+        uploaded(&app, &key, "c.pdf", "application/pdf", pdf_of(1500)).await;
+        // That was the world's fifth upload of the minute: the sixth waits.
+        let (kind, retry_after, detail) = refusal(upload(&app, &key, "e.txt", "text/plain", b"e".to_vec()).await).await;
+        assert_eq!(kind, "urn:fairlane:problem:too-many-uploads", "{detail}");
+        let wait: u64 = retry_after.expect("a Retry-After").parse().unwrap();
+        assert!((1..=12).contains(&wait), "one upload comes back every 12 s: {wait}");
+        assert!(detail.contains("5 uploads per minute"), "{detail}");
+        // The test world's bucket is its own too.
+        uploaded(&app, &test_key, "e.txt", "text/plain", b"e".to_vec()).await;
+    }
+}
+
+/// Sends the head of an upload of `size` bytes and its first `first`
+/// bytes, and returns the stream and the rest to send.
+async fn begun_upload(
+    app: &TestApp,
+    key: &str,
+    filename: &str,
+    size: usize,
+    first: usize,
+) -> (tokio::net::TcpStream, Vec<u8>) {
+    let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/attachments?filename={filename} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/pdf\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n",
+        app.addr
+    );
+    let pdf = pdf_of(size);
+    let mut sent = head.into_bytes();
+    sent.extend_from_slice(&pdf[..first]);
+    stream.write_all(&sent).await.unwrap();
+    (stream, pdf[first..].to_vec())
+}
+
+on_both_stores! {
+    /// Two uploads under way at once that each fit the world's room alone
+    /// but not together: both pass the checks of their start and of their
+    /// bytes, and the finish, one step per world, lets only one of them
+    /// in; the world never holds more than its plan's bytes.
+    async fn two_uploads_that_fit_alone_do_not_both_finish_past_the_limit() {
+        let app = TestApp::start("").await;
+        upload_plan(&app, "tiny", 60, 300_000).await;
+        let key = app.tenant_with_key("acme", "tiny").await;
+        // 200 KB each, of which the first 100 KB now: each has begun its
+        // row and is streaming when the other finishes.
+        let (mut a, rest_a) = begun_upload(&app, &key, "a.pdf", 200_000, 100_000).await;
+        let (mut b, rest_b) = begun_upload(&app, &key, "b.pdf", 200_000, 100_000).await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert_eq!(stored_files(&app).await.0, 2, "both uploads have begun");
+        a.write_all(&rest_a).await.unwrap();
+        b.write_all(&rest_b).await.unwrap();
+        let (first, second) = tokio::join!(answer_of(a), answer_of(b));
+        let mut statuses = [first.0, second.0];
+        statuses.sort();
+        assert_eq!(statuses, [201, 429], "{first:?} {second:?}");
+        let refused = if first.0 == 429 { &first.1 } else { &second.1 };
+        assert!(refused.contains("upload-bytes-held"), "{refused}");
+        assert_eq!(stored_files(&app).await.0, 1, "the refused one left nothing");
+    }
+}

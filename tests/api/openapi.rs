@@ -406,6 +406,8 @@ async fn the_spec_refuses_what_validation_refuses() {
     let html_alone =
         &schemas["SendEmailRequestByContent"]["allOf"][1]["anyOf"][1]["properties"]["html"];
     let display_name = &schemas["NewEmailSender"]["properties"]["display_name"];
+    let template_name = &schemas["SmsTemplateContent"]["properties"]["name"];
+    let named = |name: &str| json!({"name": name, "channel": "sms", "text": "Hi"});
     let email = |html: &str| json!({"channel": "email", "to": "a@example.com", "subject": "s", "html": html});
     let sender =
         |name: &str| json!({"channel": "email", "from": "news@example.com", "display_name": name});
@@ -459,6 +461,22 @@ async fn the_spec_refuses_what_validation_refuses() {
             "display_name",
             sender("\u{a0}"),
             ADMIN_TOKEN,
+        ),
+        (
+            "/v1/templates",
+            template_name,
+            "a\u{1}b",
+            "name",
+            named("a\u{1}b"),
+            key.as_str(),
+        ),
+        (
+            "/v1/templates",
+            template_name,
+            "receipt\u{3000}",
+            "name",
+            named("receipt\u{3000}"),
+            key.as_str(),
         ),
     ];
     // Email copies and headers, and a template's locales and variants.

@@ -400,10 +400,12 @@ pub async fn plans(State(state): State<AppState>, session: Session) -> Markup {
     let body = html! {
         div.box tabindex="0" { table {
             thead { tr { th scope="col" { "Plan" } th scope="col" { "Lane" } th scope="col" { "Rate / s" }
-                th scope="col" { "Burst" } th scope="col" { "Daily quota" } th scope="col" { "In flight" } } }
+                th scope="col" { "Burst" } th scope="col" { "Daily quota" } th scope="col" { "In flight" }
+                th scope="col" { "Uploads / min" } th scope="col" { "Upload bytes held" } } }
             tbody { @for plan in &plans { tr {
                 th scope="row" { (plan.name) } td { (plan.lane.as_str()) } td.num { (plan.rate_per_second) }
                 td.num { (plan.burst) } td.num { (plan.daily_quota) } td.num { (plan.max_in_flight) }
+                td.num { (plan.uploads_per_minute) } td.num { (plan.upload_bytes_held) }
             } } }
         } }
         @if session.may_change() {
@@ -418,6 +420,8 @@ pub async fn plans(State(state): State<AppState>, session: Session) -> Markup {
                 label for="plan-burst" { "Burst" } input id="plan-burst" name="burst" inputmode="numeric" required;
                 label for="plan-quota" { "Daily quota" } input id="plan-quota" name="daily_quota" inputmode="numeric" required;
                 label for="plan-in-flight" { "Messages in flight per consumer" } input id="plan-in-flight" name="max_in_flight" inputmode="numeric" required;
+                label for="plan-uploads" { "Uploads per minute, in each world (empty: 60)" } input id="plan-uploads" name="uploads_per_minute" inputmode="numeric";
+                label for="plan-held" { "Upload bytes held, in each world (empty: 1073741824, 1 GiB)" } input id="plan-held" name="upload_bytes_held" inputmode="numeric";
                 p { button type="submit" { "Save plan" } }
             }
         }
@@ -439,6 +443,8 @@ pub async fn put_plan(
         ("burst", Kind::Number),
         ("daily_quota", Kind::Number),
         ("max_in_flight", Kind::Number),
+        ("uploads_per_minute", Kind::Number),
+        ("upload_bytes_held", Kind::Number),
     ];
     let plan = typed::<PlanInput>(&fields, &kinds)?.named(&name);
     let before = state.registry.plan(&name).map(|old| AuditBefore::of(&*old));

@@ -68,14 +68,51 @@ impl AttachmentStore for PgDb {
         Ok(())
     }
 
-    async fn finish_attachment(&self, id: &str, size: i64, sha256: &str) -> StoreResult<()> {
-        sqlx::query("UPDATE attachments SET size = $2, sha256 = $3 WHERE id = $1")
+    async fn finish_attachment(
+        &self,
+        id: &str,
+        size: i64,
+        sha256: &str,
+        held_at_most: i64,
+    ) -> StoreResult<bool> {
+        // The world's advisory lock, held until the commit, puts the
+        // finishes of one tenant's world in a line: each sums what the ones
+        // before it committed.
+        const LOCK_WORLD: &str = "SELECT pg_advisory_xact_lock(hashtextextended( \
+             'fairlane:attachments:' || tenant_id || ':' || test::text, 0)) \
+             FROM attachments WHERE id = $1";
+        const OTHERS_HELD: &str = "SELECT COALESCE(SUM(o.size), 0)::BIGINT FROM attachments AS a \
+             JOIN attachments AS o ON o.tenant_id = a.tenant_id AND o.test = a.test \
+             WHERE a.id = $1 AND o.id <> $1";
+        const FINISH: &str = "UPDATE attachments SET size = $2, sha256 = $3 WHERE id = $1";
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOCK_WORLD).bind(id).execute(&mut *tx).await?;
+        let others: i64 = sqlx::query_scalar(OTHERS_HELD)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if others.saturating_add(size) > held_at_most {
+            return Ok(false);
+        }
+        let finished = sqlx::query(FINISH)
             .bind(id)
             .bind(size)
             .bind(sha256)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(finished == 1)
+    }
+
+    async fn held_attachment_bytes(&self, scope: &Scope) -> StoreResult<i64> {
+        const HELD: &str = "SELECT COALESCE(SUM(size), 0)::BIGINT FROM attachments \
+             WHERE tenant_id = $1 AND test = $2";
+        Ok(sqlx::query_scalar(HELD)
+            .bind(scope.tenant())
+            .bind(scope.is_test())
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn drop_attachment(&self, id: &str) -> StoreResult<()> {

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::PgDb;
 use crate::model::Plan;
 use crate::store::registry::{
-    KeyInsert, KeyListed, PlanSource, RegistryListener, RegistryRows, RegistryStore,
+    KeyInsert, KeyListed, PLAN_COLUMNS, PlanSource, RegistryListener, RegistryRows, RegistryStore,
     SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion, TenantInsert,
     TenantUpdate,
 };
@@ -20,10 +20,9 @@ const REGISTRY_CHANNEL: &str = "fairlane_registry";
 impl RegistryStore for PgDb {
     /// Read in one `REPEATABLE READ` snapshot.
     async fn read_registry(&self) -> StoreResult<RegistryRows> {
-        const PLANS: &str =
-            "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans";
         const KEYS: &str =
             "SELECT id, tenant_id, secret_hash, kind FROM api_keys WHERE revoked_at IS NULL";
+        let plans = format!("SELECT {PLAN_COLUMNS} FROM plans");
         let tenants = format!("SELECT {TENANT_COLUMNS} FROM tenants");
         let senders =
             format!("SELECT {SENDER_COLUMNS} FROM sender_identities ORDER BY tenant_id, id");
@@ -32,7 +31,9 @@ impl RegistryStore for PgDb {
             .execute(&mut *tx)
             .await?;
         let rows = RegistryRows {
-            plans: sqlx::query_as(PLANS).fetch_all(&mut *tx).await?,
+            plans: sqlx::query_as(sqlx::AssertSqlSafe(plans))
+                .fetch_all(&mut *tx)
+                .await?,
             tenants: sqlx::query_as(sqlx::AssertSqlSafe(tenants))
                 .fetch_all(&mut *tx)
                 .await?,
@@ -46,29 +47,26 @@ impl RegistryStore for PgDb {
     }
 
     async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
-        let sql = match source {
-            PlanSource::Config => {
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'config', $7) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 updated_at = excluded.updated_at WHERE plans.source = 'config'"
-            }
-            PlanSource::Admin => {
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'admin', $7) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 source = 'admin', updated_at = excluded.updated_at"
-            }
-        };
-        sqlx::query(sql)
+        // A configured plan does not replace one an admin changed; an
+        // admin's always replaces.
+        const UPSERT: &str = "INSERT INTO plans (name, lane, rate_per_second, burst, \
+             daily_quota, max_in_flight, uploads_per_minute, upload_bytes_held, source, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             uploads_per_minute = excluded.uploads_per_minute, upload_bytes_held = excluded.upload_bytes_held, \
+             source = excluded.source, updated_at = excluded.updated_at \
+             WHERE plans.source = 'config' OR excluded.source = 'admin'";
+        sqlx::query(UPSERT)
             .bind(&plan.name)
             .bind(plan.lane.as_str())
             .bind(plan.rate_per_second)
             .bind(plan.burst as i64)
             .bind(plan.daily_quota as i64)
             .bind(plan.max_in_flight as i64)
+            .bind(i64::from(plan.uploads_per_minute))
+            .bind(plan.upload_bytes_held as i64)
+            .bind(source.as_str())
             .bind(now)
             .execute(&self.pool)
             .await?;

@@ -247,7 +247,7 @@ async fn a_webhook_stream_does_not_pass_an_event_still_to_commit() {
     let db = database.open().await;
     let pool = db.postgres().unwrap().pool.clone();
     for sql in [
-        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0)",
+        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0, 60, 0)",
         "INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
          VALUES ('t', 't', 'p', 'active', 0, 0)",
     ] {
@@ -553,7 +553,7 @@ async fn files_serve_many_sends_until_expired_or_deleted_on_postgres() {
     let database = TestDatabase::create().await;
     let db = database.open().await;
     db.test_execute(
-        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0); \
+        "INSERT INTO plans VALUES ('p', 'fast', 1, 1, 1, 1, 'admin', 0, 60, 0); \
          INSERT INTO tenants (id, name, plan, status, created_at, updated_at) \
          VALUES ('acme', 'a', 'p', 'active', 0, 0);",
     )

@@ -69,11 +69,41 @@ impl AttachmentStore for SqliteDb {
         Ok(())
     }
 
-    async fn finish_attachment(&self, id: &str, size: i64, sha256: &str) -> StoreResult<()> {
-        const FINISH: &str = "UPDATE attachments SET size = $2, sha256 = $3 WHERE id = $1";
-        self.execute(FINISH, args![id.to_owned(), size, sha256.to_owned()])
-            .await?;
-        Ok(())
+    async fn finish_attachment(
+        &self,
+        id: &str,
+        size: i64,
+        sha256: &str,
+        held_at_most: i64,
+    ) -> StoreResult<bool> {
+        // In the write turn's immediate transaction: no other finish comes
+        // between the sum and this one.
+        const OTHERS_HELD: &str = "SELECT COALESCE(SUM(o.size), 0) FROM attachments AS a \
+             JOIN attachments AS o ON o.tenant_id = a.tenant_id AND o.test = a.test \
+             WHERE a.id = ?1 AND o.id <> ?1";
+        const FINISH: &str = "UPDATE attachments SET size = ?2, sha256 = ?3 WHERE id = ?1";
+        let (id, sha256) = (id.to_owned(), sha256.to_owned());
+        Ok(self
+            .transact(move |tx| {
+                let others: i64 = tx.query_row(OTHERS_HELD, params![id], |row| row.get(0))?;
+                if others.saturating_add(size) > held_at_most {
+                    return Ok(false);
+                }
+                Ok(tx.execute(FINISH, params![id, size, sha256])? == 1)
+            })
+            .await?)
+    }
+
+    async fn held_attachment_bytes(&self, scope: &Scope) -> StoreResult<i64> {
+        const HELD: &str =
+            "SELECT COALESCE(SUM(size), 0) FROM attachments WHERE tenant_id = ?1 AND test = ?2";
+        let (tenant, test) = (scope.tenant().to_owned(), scope.is_test());
+        Ok(self
+            .read(move |conn| {
+                conn.prepare_cached(HELD)?
+                    .query_row(params![tenant, test], |row| row.get(0))
+            })
+            .await?)
     }
 
     async fn drop_attachment(&self, id: &str) -> StoreResult<()> {

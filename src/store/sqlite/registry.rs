@@ -8,15 +8,27 @@ use rusqlite::OptionalExtension;
 use super::{SqliteDb, args, prepare, tuple};
 use crate::model::Plan;
 use crate::store::registry::{
-    KeyInsert, KeyListed, PlanSource, RegistryListener, RegistryRows, RegistryStore,
-    SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion, TenantInsert,
-    TenantUpdate,
+    KeyInsert, KeyListed, PLAN_COLUMNS, PlanRow, PlanSource, RegistryListener, RegistryRows,
+    RegistryStore, SENDER_COLUMNS, SenderRow, StoredTenant, TENANT_COLUMNS, TenantDeletion,
+    TenantInsert, TenantUpdate,
 };
 
-const PLANS: &str =
-    "SELECT name, lane, rate_per_second, burst, daily_quota, max_in_flight FROM plans";
 const ACTIVE_KEYS: &str =
     "SELECT id, tenant_id, secret_hash, kind FROM api_keys WHERE revoked_at IS NULL";
+
+/// A [`PlanRow`] from a row of [`PLAN_COLUMNS`].
+fn plan_row(row: &rusqlite::Row) -> rusqlite::Result<PlanRow> {
+    Ok(PlanRow {
+        name: row.get(0)?,
+        lane: row.get(1)?,
+        rate_per_second: row.get(2)?,
+        burst: row.get(3)?,
+        daily_quota: row.get(4)?,
+        max_in_flight: row.get(5)?,
+        uploads_per_minute: row.get(6)?,
+        upload_bytes_held: row.get(7)?,
+    })
+}
 
 /// A [`StoredTenant`] from a row of [`TENANT_COLUMNS`].
 fn tenant_row(row: &rusqlite::Row) -> rusqlite::Result<StoredTenant> {
@@ -54,6 +66,7 @@ fn sender_row(row: &rusqlite::Row) -> rusqlite::Result<SenderRow> {
 #[async_trait]
 impl RegistryStore for SqliteDb {
     async fn read_registry(&self) -> StoreResult<RegistryRows> {
+        let plans = format!("SELECT {PLAN_COLUMNS} FROM plans");
         let tenants = format!("SELECT {TENANT_COLUMNS} FROM tenants");
         let senders =
             format!("SELECT {SENDER_COLUMNS} FROM sender_identities ORDER BY tenant_id, id");
@@ -62,8 +75,8 @@ impl RegistryStore for SqliteDb {
                 let snapshot = conn.unchecked_transaction()?;
                 let all = |sql: &str| prepare(&snapshot, sql);
                 let rows = RegistryRows {
-                    plans: all(PLANS)?
-                        .query_map([], tuple)?
+                    plans: all(&plans)?
+                        .query_map([], plan_row)?
                         .collect::<Result<_, _>>()?,
                     tenants: all(&tenants)?
                         .query_map([], tenant_row)?
@@ -82,22 +95,16 @@ impl RegistryStore for SqliteDb {
     }
 
     async fn write_plan(&self, plan: &Plan, source: PlanSource, now: i64) -> StoreResult<()> {
-        let sql = match source {
-            PlanSource::Config => {
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'config', ?7) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 updated_at = excluded.updated_at WHERE plans.source = 'config'"
-            }
-            PlanSource::Admin => {
-                "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'admin', ?7) \
-                 ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
-                 burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
-                 source = 'admin', updated_at = excluded.updated_at"
-            }
-        };
+        // A configured plan does not replace one an admin changed; an
+        // admin's always replaces.
+        const UPSERT: &str = "INSERT INTO plans (name, lane, rate_per_second, burst, \
+             daily_quota, max_in_flight, uploads_per_minute, upload_bytes_held, source, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             ON CONFLICT(name) DO UPDATE SET lane = excluded.lane, rate_per_second = excluded.rate_per_second, \
+             burst = excluded.burst, daily_quota = excluded.daily_quota, max_in_flight = excluded.max_in_flight, \
+             uploads_per_minute = excluded.uploads_per_minute, upload_bytes_held = excluded.upload_bytes_held, \
+             source = excluded.source, updated_at = excluded.updated_at \
+             WHERE plans.source = 'config' OR excluded.source = 'admin'";
         let args = args![
             plan.name.clone(),
             plan.lane.as_str().to_owned(),
@@ -105,9 +112,12 @@ impl RegistryStore for SqliteDb {
             plan.burst as i64,
             plan.daily_quota as i64,
             plan.max_in_flight as i64,
+            i64::from(plan.uploads_per_minute),
+            plan.upload_bytes_held as i64,
+            source.as_str().to_owned(),
             now
         ];
-        self.execute(sql, args).await?;
+        self.execute(UPSERT, args).await?;
         Ok(())
     }
 
