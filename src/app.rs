@@ -69,10 +69,11 @@ impl Application {
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         // Other instances' registry changes and admin token rotations.
-        let mut background = vec![
-            tokio::spawn(registry.clone().follow(shutdown_rx.clone())),
-            tokio::spawn(admin.clone().follow_rotations(db.clone(), shutdown_rx.clone())),
-        ];
+        let rotations = admin
+            .clone()
+            .follow_rotations(db.clone(), shutdown_rx.clone());
+        let follow = registry.clone().follow(shutdown_rx.clone());
+        let mut background = vec![tokio::spawn(follow), tokio::spawn(rotations)];
         release_interrupted_sends(&db).await?;
         let (mut store_writer, writer_task) = Writer::start(
             &db,
@@ -361,9 +362,7 @@ async fn open_embedded(
     store_writer: &Writer,
 ) -> anyhow::Result<Lanes> {
     let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite()) else {
-        anyhow::bail!(
-            "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
-        );
+        anyhow::bail!("the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")");
     };
     let embedded = Arc::new(
         EmbeddedQueue::open(
@@ -545,7 +544,7 @@ fn start_consumers(
     delivery: Option<Delivery>,
     background: &mut Vec<JoinHandle<()>>,
     shutdown_rx: &watch::Receiver<bool>,
-) -> (Vec<LaneConsumer>, Vec<(Channel, GatedProvider)>) {
+) -> (Vec<Arc<LaneConsumer>>, Vec<(Channel, GatedProvider)>) {
     let Some(delivery) = delivery else {
         return (Vec::new(), Vec::new());
     };

@@ -787,7 +787,11 @@ impl Acceptor {
                 rate: None,
             });
         }
-        match self.limits.admit(&caller.scope(), &caller.plan, units).await? {
+        match self
+            .limits
+            .admit(&caller.scope(), &caller.plan, units)
+            .await?
+        {
             Ok(grant) => Ok(grant),
             Err(Refusal::Rate { retry_after, info }) => {
                 metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);

@@ -180,8 +180,11 @@ fn first_record(
     metadata: Option<serde_json::Map<String, Value>>,
     fragments: Option<u32>,
 ) -> MessageRecord {
-    let (template_id, template_version) =
-        payload.template.as_ref().map(|t| (t.id.clone(), t.version)).unzip();
+    let (template_id, template_version) = payload
+        .template
+        .as_ref()
+        .map(|t| (t.id.clone(), t.version))
+        .unzip();
     let (_, attachment_bytes) = files_of(&payload.attachments);
     MessageRecord {
         id: payload.id.clone(),
@@ -234,6 +237,18 @@ fn remembered_answer(
         created_at: now,
         claimed_as: None,
     }))
+}
+
+/// The payload as the queue holds it, within [`MAX_PAYLOAD_BYTES`].
+fn queue_body(payload: &DeliveryPayload) -> Result<String, Refused> {
+    let body = serde_json::to_string(payload).map_err(anyhow::Error::from)?;
+    if body.len() > MAX_PAYLOAD_BYTES {
+        return Err(Refused::TooLarge(format!(
+            "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
+            body.len()
+        )));
+    }
+    Ok(body)
 }
 
 /// Builds the store entry and the answer of a validated message;
@@ -289,14 +304,15 @@ pub(crate) fn prepare(
     };
     drop(created);
     let (attachment_ids, _) = files_of(&payload.attachments);
-    let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
-    if body.len() > MAX_PAYLOAD_BYTES {
-        return Err(Refused::TooLarge(format!(
-            "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
-            body.len()
-        )));
-    }
-    let record = first_record(&payload, lane, now, message.send_at, message.metadata, fragments);
+    let body = queue_body(&payload)?;
+    let record = first_record(
+        &payload,
+        lane,
+        now,
+        message.send_at,
+        message.metadata,
+        fragments,
+    );
     let status = record.status;
     let answer = SendAccepted {
         id: id.clone(),

@@ -660,7 +660,7 @@ async fn hold_if_not_active(
         .await
     else {
         dead_letter(context, message, unsent, "tenant was deleted", false).await;
-        None
+        return None;
     };
     match tenant.status {
         TenantStatus::Active => Some(()),

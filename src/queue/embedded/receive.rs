@@ -99,15 +99,16 @@ impl<'t> ReceiveSql<'t> {
 
     /// Row `seq` as it is handed out, with its message's status.
     fn row(&mut self, seq: i64) -> rusqlite::Result<RowOut> {
-        let (message_id, channel, body, enqueued_at, key) = self.row_of.query_row([seq], |row| {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-            ))
-        })?;
+        let (message_id, channel, body, enqueued_at, key) =
+            self.row_of.query_row([seq], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })?;
         let status = self
             .status_of
             .query_row([&message_id], |row| row.get(0))
@@ -271,7 +272,11 @@ impl Work for ReceiveWork {
                         self.moved.push(Moved::Dlq(seq));
                         moved += 1;
                     } else if held.contains(&tenant_id) {
-                        sql.set_aside.execute(rusqlite::params![names.held.as_str(), prior, seq])?;
+                        sql.set_aside.execute(rusqlite::params![
+                            names.held.as_str(),
+                            prior,
+                            seq
+                        ])?;
                         self.moved.push(Moved::Held(seq));
                         moved += 1;
                     } else if self.skip.contains(&tenant_id) {

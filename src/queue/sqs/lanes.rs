@@ -160,7 +160,7 @@ async fn check_redrive_policies(
     dlq_arn: &str,
     max_receive_count: u32,
 ) -> anyhow::Result<()> {
-    for (name, url) in names.iter().zip(&urls) {
+    for (name, url) in names.iter().zip(urls) {
         let policy = queue_attributes(client, url, &[QueueAttributeName::RedrivePolicy])
             .await?
             .remove(&QueueAttributeName::RedrivePolicy)
@@ -248,7 +248,15 @@ pub(super) async fn open_lane(
             .await?
             .remove(&QueueAttributeName::QueueArn)
             .with_context(|| format!("SQS queue {dlq_name} has no ARN"))?;
-        check_redrive_policies(client, &names, &urls, &dlq_name, &dlq_arn, lane_settings.max_receive_count).await?;
+        check_redrive_policies(
+            client,
+            &names,
+            &urls,
+            &dlq_name,
+            &dlq_arn,
+            lane_settings.max_receive_count,
+        )
+        .await?;
         (urls, dlq_url)
     };
     let [high, normal, low] = urls;

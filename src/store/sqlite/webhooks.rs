@@ -257,7 +257,7 @@ fn read_stream(
     let fresh = !mine;
     let mut read = if fresh { position } else { read };
     if stream.room > 0 {
-        read = read_events(tx, stream, read, calls, rows)?;
+        read = read_events(tx, stream, (read, &events), calls, rows)?;
     }
     tx.prepare_cached(
         "UPDATE webhooks SET stream_owner = ?2, stream_until = ?3, read_xid = ?4, read_id = ?5 \
@@ -273,13 +273,13 @@ fn read_stream(
     Ok(Some(StreamRead { fresh, read }))
 }
 
-/// [`read_stream`]'s read of up to the stream's room of events past
-/// `read`: holds what waits behind a failed call, adds the calls (and their
+/// [`read_stream`]'s read of up to the stream's room of the `events` its
+/// endpoint wants past `read`: holds what waits behind a failed call, adds the calls (and their
 /// data rows), and gives the read's new place.
 fn read_events(
     tx: &Transaction,
     stream: &StreamPass,
-    read: Cursor,
+    (read, events): (Cursor, &str),
     calls: &mut Vec<DueCall>,
     rows: &mut Vec<(i64, SnapshotRow)>,
 ) -> rusqlite::Result<Cursor> {
