@@ -68,24 +68,13 @@ impl Application {
         registry.set_retention_default(settings.retention.default_days);
         let admin = AdminAuth::init(&db, &settings).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let mut background = vec![
-            tokio::spawn(registry.clone().follow(shutdown_rx.clone())),
-            tokio::spawn(
-                admin
-                    .clone()
-                    .follow_rotations(db.clone(), shutdown_rx.clone()),
-            ),
-        ];
-        let released = db
-            .release_interrupted_sends()
-            .await
-            .context("releasing messages a stopped process was sending")?;
-        if released > 0 {
-            info!(
-                messages = released,
-                "Messages an earlier run was sending wait to be sent again."
-            );
-        }
+        // Other instances' registry changes and admin token rotations.
+        let rotations = admin
+            .clone()
+            .follow_rotations(db.clone(), shutdown_rx.clone());
+        let follow = registry.clone().follow(shutdown_rx.clone());
+        let mut background = vec![tokio::spawn(follow), tokio::spawn(rotations)];
+        release_interrupted_sends(&db).await?;
         let (mut store_writer, writer_task) = Writer::start(
             &db,
             settings.storage.max_group,
@@ -107,14 +96,9 @@ impl Application {
         )
         .await?;
         store_writer.stage_into(staging)?;
-        let mut backpressure = LaneBackpressure::new(settings.lanes.clone());
-        if outbox.is_some() {
-            backpressure = backpressure.with_pending(Arc::new(OutboxRows(db.clone())));
-        }
+        let backpressure = lane_backpressure(&settings, &db, outbox.is_some());
         let relay = outbox.as_ref().map(|outbox| outbox.health());
-        let backpressure = Arc::new(backpressure);
         let redis = limits_in_redis(&settings, &db, &mut background, &shutdown_rx).await?;
-
         background.push(sample_lanes(&backpressure, &queue, &shutdown_rx).await);
         spawn_jobs(
             &settings,
@@ -126,55 +110,22 @@ impl Application {
             &shutdown_rx,
         )
         .await?;
-        let (consumers, providers) = if settings.consumers.enabled {
-            let delivery = delivery(
-                &settings,
-                &db,
-                &registry,
-                &queue,
-                &tenant_queues,
-                &store_writer,
-                &redis,
-            )
-            .await?;
-            let providers = vec![
-                (Channel::Email, delivery.email.clone()),
-                (Channel::Sms, delivery.sms.clone()),
-            ];
-            background.push(tokio::spawn(report_provider_shares(
-                providers.clone(),
-                shutdown_rx.clone(),
-            )));
-            let consumers = Lane::ALL
-                .iter()
-                .map(|lane| {
-                    LaneConsumer::new(*lane, settings.lanes.get(*lane).clone(), delivery.clone())
-                })
-                .collect();
-            (consumers, providers)
-        } else {
-            (Vec::new(), Vec::new())
+        let delivery = match settings.consumers.enabled {
+            true => {
+                let queues = (&queue, &tenant_queues);
+                Some(delivery(&settings, &db, &registry, queues, &store_writer, &redis).await?)
+            }
+            false => None,
         };
-
+        let (consumers, providers) =
+            start_consumers(&settings, delivery, &mut background, &shutdown_rx);
         let listener = TcpListener::bind(settings.server.listen)
             .await
             .with_context(|| format!("binding {}", settings.server.listen))?;
-        let unsubscribe =
-            crate::unsubscribe::Links::load(&db, settings.server.public_url.as_deref())
-                .await
-                .context("reading the unsubscribe links' signing secret")?
-                .map(Arc::new);
+        let unsubscribe = unsubscribe_links(&settings, &db).await?;
         let accept = acceptor(&settings, &db, &store_writer, outbox, &redis, &backpressure)
             .with_unsubscribe(unsubscribe.clone());
-        let writes = tenant_writes(&settings.limits, &redis);
-        let uploads = match &redis {
-            Some(redis) => crate::limits::uploads::TenantUploads::shared(redis.clone()),
-            None => crate::limits::uploads::TenantUploads::new(),
-        };
-        let reads = crate::limits::reads::TenantReads::new(
-            settings.limits.tenant_list_reads,
-            Duration::from_secs(settings.server.request_timeout_secs) / 2,
-        );
+        let (writes, uploads, reads) = request_limits(&settings, &redis);
         let state = AppState::new(AppInner {
             accept,
             redis,
@@ -401,6 +352,51 @@ async fn spawn_jobs(
     Ok(())
 }
 
+/// The embedded queue in the SQLite store: held tenants held again,
+/// resumed ones' messages released, and every backlogged dedicated queue
+/// signalled.
+async fn open_embedded(
+    settings: &Settings,
+    db: &Db,
+    registry: &Arc<Registry>,
+    store_writer: &Writer,
+) -> anyhow::Result<Lanes> {
+    let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite()) else {
+        anyhow::bail!("the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")");
+    };
+    let embedded = Arc::new(
+        EmbeddedQueue::open(
+            sqlite.clone(),
+            settings.lanes.clone(),
+            sqlite_writer.clone(),
+        )
+        .await?,
+    );
+    for tenant in registry.tenants() {
+        if tenant.status != TenantStatus::Active {
+            embedded.set_tenant_held(&tenant.id, true).await?;
+        }
+    }
+    registry.route_isolation_to(embedded.clone());
+    embedded
+        .release_unheld()
+        .await
+        .context("releasing messages of resumed tenants")?;
+    // Every dedicated queue with backlog has an attention
+    // entry waiting (one lost with a crash is made again).
+    embedded
+        .reconcile_attention()
+        .await
+        .context("signalling dedicated tenant queues")?;
+    Ok(Lanes {
+        queue: embedded.clone(),
+        tenant_queues: embedded.clone(),
+        staging: Staging::Queue(embedded),
+        outbox: None,
+        outbox_task: None,
+    })
+}
+
 /// What the lanes' consumers share: the store, the queues, each channel's
 /// gated provider pool (and the simulated ones of test keys), the retry
 /// policy and the status writer.
@@ -408,8 +404,7 @@ async fn delivery(
     settings: &Settings,
     db: &Db,
     registry: &Arc<Registry>,
-    queue: &Arc<dyn LaneQueue>,
-    tenant_queues: &Arc<dyn TenantQueues>,
+    (queue, tenant_queues): (&Arc<dyn LaneQueue>, &Arc<dyn TenantQueues>),
     store_writer: &Writer,
     redis: &Option<Arc<RedisLimits>>,
 ) -> anyhow::Result<Delivery> {
@@ -476,20 +471,96 @@ fn acceptor(
     .with_accept_deadline(Duration::from_millis(settings.server.accept_deadline_ms))
 }
 
-/// The Redis limits' client (with its heartbeat) when limits are kept in
-/// Redis; `None` when they are kept in this process.
-/// The bucket of tenants' changes other than sends: in Redis for the
-/// fleet when the limits are, else in this process.
-fn tenant_writes(
-    limits: &crate::config::LimitsSettings,
+/// The limits of a tenant's requests other than sends: its changes and
+/// uploads (shared through Redis when configured) and its list reads.
+fn request_limits(
+    settings: &Settings,
     redis: &Option<Arc<RedisLimits>>,
-) -> crate::limits::writes::TenantWrites {
-    use crate::limits::writes::TenantWrites;
+) -> (
+    crate::limits::writes::TenantWrites,
+    crate::limits::uploads::TenantUploads,
+    crate::limits::reads::TenantReads,
+) {
+    use crate::limits::{uploads::TenantUploads, writes::TenantWrites};
+    let limits = &settings.limits;
     let (rate, burst) = (limits.tenant_writes_per_second, limits.tenant_writes_burst);
-    match redis {
-        Some(redis) => TenantWrites::shared(rate, burst, redis.clone()),
-        None => TenantWrites::new(rate, burst),
+    let (writes, uploads) = match redis {
+        Some(redis) => (
+            TenantWrites::shared(rate, burst, redis.clone()),
+            TenantUploads::shared(redis.clone()),
+        ),
+        None => (TenantWrites::new(rate, burst), TenantUploads::new()),
+    };
+    let reads = crate::limits::reads::TenantReads::new(
+        limits.tenant_list_reads,
+        Duration::from_secs(settings.server.request_timeout_secs) / 2,
+    );
+    (writes, uploads, reads)
+}
+
+/// The lanes' high-water marks, counting the outbox's rows as waiting
+/// when the lanes have an outbox (SQS).
+fn lane_backpressure(settings: &Settings, db: &Db, outbox: bool) -> Arc<LaneBackpressure> {
+    let backpressure = LaneBackpressure::new(settings.lanes.clone());
+    Arc::new(match outbox {
+        true => backpressure.with_pending(Arc::new(OutboxRows(db.clone()))),
+        false => backpressure,
+    })
+}
+
+/// The unsubscribe links' signer, when `server.public_url` gives them an
+/// address.
+async fn unsubscribe_links(
+    settings: &Settings,
+    db: &Db,
+) -> anyhow::Result<Option<Arc<crate::unsubscribe::Links>>> {
+    Ok(
+        crate::unsubscribe::Links::load(db, settings.server.public_url.as_deref())
+            .await
+            .context("reading the unsubscribe links' signing secret")?
+            .map(Arc::new),
+    )
+}
+
+/// Puts back in line the messages a stopped process was sending.
+async fn release_interrupted_sends(db: &Db) -> anyhow::Result<()> {
+    let released = db
+        .release_interrupted_sends()
+        .await
+        .context("releasing messages a stopped process was sending")?;
+    if released > 0 {
+        info!(
+            messages = released,
+            "Messages an earlier run was sending wait to be sent again."
+        );
     }
+    Ok(())
+}
+
+/// A consumer per lane on `delivery`, and each channel's gated provider
+/// pool (reported every second); none when consumers are off.
+fn start_consumers(
+    settings: &Settings,
+    delivery: Option<Delivery>,
+    background: &mut Vec<JoinHandle<()>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> (Vec<Arc<LaneConsumer>>, Vec<(Channel, GatedProvider)>) {
+    let Some(delivery) = delivery else {
+        return (Vec::new(), Vec::new());
+    };
+    let providers = vec![
+        (Channel::Email, delivery.email.clone()),
+        (Channel::Sms, delivery.sms.clone()),
+    ];
+    background.push(tokio::spawn(report_provider_shares(
+        providers.clone(),
+        shutdown_rx.clone(),
+    )));
+    let consumers = Lane::ALL
+        .iter()
+        .map(|lane| LaneConsumer::new(*lane, settings.lanes.get(*lane).clone(), delivery.clone()))
+        .collect();
+    (consumers, providers)
 }
 
 /// The store's setting that keeps the fleet size last counted in Redis, so
@@ -497,6 +568,8 @@ fn tenant_writes(
 /// providers' rates.
 const FLEET_SIZE_SETTING: &str = "limits.fleet_size";
 
+/// The Redis limits' client (with its heartbeat) when limits are kept in
+/// Redis; `None` when they are kept in this process.
 async fn limits_in_redis(
     settings: &Settings,
     db: &Db,
@@ -578,44 +651,7 @@ async fn open_lanes(
     shutdown_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<Lanes> {
     Ok(match settings.queue.backend {
-        QueueBackend::Embedded => {
-            let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite()) else {
-                anyhow::bail!(
-                    "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
-                );
-            };
-            let embedded = Arc::new(
-                EmbeddedQueue::open(
-                    sqlite.clone(),
-                    settings.lanes.clone(),
-                    sqlite_writer.clone(),
-                )
-                .await?,
-            );
-            for tenant in registry.tenants() {
-                if tenant.status != TenantStatus::Active {
-                    embedded.set_tenant_held(&tenant.id, true).await?;
-                }
-            }
-            registry.route_isolation_to(embedded.clone());
-            embedded
-                .release_unheld()
-                .await
-                .context("releasing messages of resumed tenants")?;
-            // Every dedicated queue with backlog has an attention
-            // entry waiting (one lost with a crash is made again).
-            embedded
-                .reconcile_attention()
-                .await
-                .context("signalling dedicated tenant queues")?;
-            Lanes {
-                queue: embedded.clone(),
-                tenant_queues: embedded.clone(),
-                staging: Staging::Queue(embedded),
-                outbox: None,
-                outbox_task: None,
-            }
-        }
+        QueueBackend::Embedded => open_embedded(settings, db, registry, store_writer).await?,
         QueueBackend::Postgres => {
             let Some(pg) = db.postgres() else {
                 anyhow::bail!(

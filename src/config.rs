@@ -1160,6 +1160,29 @@ impl Settings {
         {
             bail!("server.max_batch_body_bytes must be between server.max_body_bytes and 67108864");
         }
+        self.validate_storage()?;
+        if let Some(url) = &self.server.public_url {
+            let parsed = reqwest::Url::parse(url)
+                .map_err(|err| anyhow::anyhow!("server.public_url {url:?} is not a URL: {err}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.query().is_some() {
+                bail!(
+                    "server.public_url must be an http(s) URL without a query, like https://notify.example.com"
+                );
+            }
+        }
+        self.validate_workers()?;
+        self.validate_providers()?;
+        self.validate_sqs()?;
+        self.validate_limits()?;
+        for (name, plan) in &self.plans {
+            validate_plan_figures(&plan.named(name)).with_context(|| format!("plans.{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Checks retention's figures, the store's URL and that the queue
+    /// backend can live in that store.
+    fn validate_storage(&self) -> anyhow::Result<()> {
         let retention = &self.retention;
         if !(crate::model::MIN_RETENTION_DAYS..=crate::model::MAX_RETENTION_DAYS)
             .contains(&retention.default_days)
@@ -1200,15 +1223,12 @@ impl Settings {
                  for a SQLite file"
             );
         }
-        if let Some(url) = &self.server.public_url {
-            let parsed = reqwest::Url::parse(url)
-                .map_err(|err| anyhow::anyhow!("server.public_url {url:?} is not a URL: {err}"))?;
-            if !matches!(parsed.scheme(), "http" | "https") || parsed.query().is_some() {
-                bail!(
-                    "server.public_url must be an http(s) URL without a query, like https://notify.example.com"
-                );
-            }
-        }
+        Ok(())
+    }
+
+    /// Checks the webhook workers, the instance name, the lanes, the
+    /// consumers and retries.
+    fn validate_workers(&self) -> anyhow::Result<()> {
         let hooks = &self.webhooks;
         if hooks.concurrency == 0 || hooks.concurrency_per_tenant == 0 {
             bail!("webhooks.concurrency and webhooks.concurrency_per_tenant must be at least 1");
@@ -1260,7 +1280,11 @@ impl Settings {
         if self.retry.max_attempts == 0 {
             bail!("retry.max_attempts must be at least 1");
         }
-        self.validate_providers()?;
+        Ok(())
+    }
+
+    /// Checks the SQS backend's credentials and figures.
+    fn validate_sqs(&self) -> anyhow::Result<()> {
         let sqs = &self.queue.sqs;
         if sqs.access_key_id.is_some() != sqs.secret_access_key.is_some() {
             bail!("queue.sqs.access_key_id and secret_access_key must be set together");
@@ -1276,10 +1300,6 @@ impl Settings {
         }
         if !(10..=100_000).contains(&sqs.look_ahead_messages) {
             bail!("queue.sqs.look_ahead_messages must be between 10 and 100000");
-        }
-        self.validate_limits()?;
-        for (name, plan) in &self.plans {
-            validate_plan_figures(&plan.named(name)).with_context(|| format!("plans.{name}"))?;
         }
         Ok(())
     }
@@ -1392,7 +1412,6 @@ impl Settings {
     }
 }
 
-/// Checks the figures of a plan; shared by the config loader and the API.
 /// Checks one provider, configured at `path`, of `channel`'s pool.
 fn validate_provider(
     path: &str,

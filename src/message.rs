@@ -568,16 +568,7 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         return Err(errors);
     };
 
-    let channel = match required_string(object, "channel", &mut errors) {
-        Some(word) => match word.parse::<Channel>() {
-            Ok(channel) => Some(channel),
-            Err(message) => {
-                errors.insert("channel".into(), message);
-                None
-            }
-        },
-        None => None,
-    };
+    let channel = channel_of(object, &mut errors);
 
     refuse_unknown_fields(object, channel, &mut errors);
 
@@ -604,45 +595,14 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
         _ => (None, None),
     };
 
-    let priority = match optional_string(object, "priority", &mut errors) {
-        None => Priority::Normal,
-        Some(word) => word.parse().unwrap_or_else(|message: String| {
-            errors.insert("priority".into(), message);
-            Priority::Normal
-        }),
-    };
-
-    let reference = optional_string(object, "reference", &mut errors);
-    if let Some(r) = reference
-        && r.chars().count() > MAX_REFERENCE_CHARS
-    {
-        errors.insert(
-            "reference".into(),
-            format!("must be at most {MAX_REFERENCE_CHARS} characters"),
-        );
-    }
+    let priority = priority_of(object, &mut errors);
+    let reference = reference_of(object, &mut errors);
 
     let metadata = metadata_of(object, &mut errors);
     let send_at = send_at_of(object, &mut errors);
 
-    let sender_id = optional_string(object, "sender_id", &mut errors);
-    if let Some(id) = sender_id
-        && (id.is_empty() || id.chars().count() > MAX_SENDER_ID_CHARS)
-    {
-        errors.insert(
-            "sender_id".into(),
-            format!("must be 1-{MAX_SENDER_ID_CHARS} characters"),
-        );
-    }
-
-    let unsubscribe = match object.get("unsubscribe") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(wanted)) => Some(*wanted),
-        Some(_) => {
-            errors.insert("unsubscribe".into(), "must be true or false".into());
-            None
-        }
-    };
+    let sender_id = sender_id_of(object, &mut errors);
+    let unsubscribe = unsubscribe_of(object, &mut errors);
     let headers = custom_headers(object.get("headers"), &mut errors);
     let attachments = attachments_of(object.get("attachments"), &mut errors);
 
@@ -676,6 +636,69 @@ pub fn validate(body: &Value) -> Result<NewMessage, Errors> {
             attachments,
         }),
         _ => Err(errors),
+    }
+}
+
+/// The body's `channel`, when it names one.
+fn channel_of(object: &Map<String, Value>, errors: &mut Errors) -> Option<Channel> {
+    let word = required_string(object, "channel", errors)?;
+    match word.parse::<Channel>() {
+        Ok(channel) => Some(channel),
+        Err(message) => {
+            errors.insert("channel".into(), message);
+            None
+        }
+    }
+}
+
+/// The body's `priority`, `normal` when it names none.
+fn priority_of(object: &Map<String, Value>, errors: &mut Errors) -> Priority {
+    match optional_string(object, "priority", errors) {
+        None => Priority::Normal,
+        Some(word) => word.parse().unwrap_or_else(|message: String| {
+            errors.insert("priority".into(), message);
+            Priority::Normal
+        }),
+    }
+}
+
+/// The body's `reference`, at most [`MAX_REFERENCE_CHARS`] characters.
+fn reference_of<'a>(object: &'a Map<String, Value>, errors: &mut Errors) -> Option<&'a str> {
+    let reference = optional_string(object, "reference", errors);
+    if let Some(r) = reference
+        && r.chars().count() > MAX_REFERENCE_CHARS
+    {
+        errors.insert(
+            "reference".into(),
+            format!("must be at most {MAX_REFERENCE_CHARS} characters"),
+        );
+    }
+    reference
+}
+
+/// The body's `sender_id`, 1-[`MAX_SENDER_ID_CHARS`] characters.
+fn sender_id_of<'a>(object: &'a Map<String, Value>, errors: &mut Errors) -> Option<&'a str> {
+    let sender_id = optional_string(object, "sender_id", errors);
+    if let Some(id) = sender_id
+        && (id.is_empty() || id.chars().count() > MAX_SENDER_ID_CHARS)
+    {
+        errors.insert(
+            "sender_id".into(),
+            format!("must be 1-{MAX_SENDER_ID_CHARS} characters"),
+        );
+    }
+    sender_id
+}
+
+/// The body's `unsubscribe`: true, false, or absent (the tenant's default).
+fn unsubscribe_of(object: &Map<String, Value>, errors: &mut Errors) -> Option<bool> {
+    match object.get("unsubscribe") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(wanted)) => Some(*wanted),
+        Some(_) => {
+            errors.insert("unsubscribe".into(), "must be true or false".into());
+            None
+        }
     }
 }
 

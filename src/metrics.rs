@@ -347,6 +347,13 @@ fn describe_gate_faults() {
 /// `# HELP` and units of what runs beside the path: receipts, webhooks,
 /// retention, the lanes' figures, the gates and the limits' backend.
 fn describe_around_the_pipeline() {
+    describe_receipts_and_webhooks();
+    describe_store_and_retention();
+    describe_lanes_gates_and_limits();
+}
+
+/// `# HELP` and units of receipts, suppressions and webhook calls.
+fn describe_receipts_and_webhooks() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         RECEIPTS_TOTAL,
@@ -388,6 +395,11 @@ fn describe_around_the_pipeline() {
         Unit::Count,
         "Pauses of a tenant's webhook calls after 5 failed calls in a row (or a failed probe after a pause)."
     );
+}
+
+/// `# HELP` and units of the store's writer, the audit log and retention.
+fn describe_store_and_retention() {
+    use metrics::{Unit, describe_counter};
     describe_counter!(
         STORE_COMMITS_TOTAL,
         Unit::Count,
@@ -423,6 +435,12 @@ fn describe_around_the_pipeline() {
         Unit::Count,
         "Webhook endpoints disabled after failing for webhooks.disable_after_secs."
     );
+}
+
+/// `# HELP` and units of the lanes' figures, the outbox, provider calls,
+/// the gates, the limits' backend and the trace exporter.
+fn describe_lanes_gates_and_limits() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(
         LANE_DEPTH,
         Unit::Count,
@@ -490,12 +508,14 @@ fn describe_around_the_pipeline() {
     );
 }
 
-/// Every counter and gauge at zero for the labels known up front (lanes,
-/// channels, priorities, reasons, operations).
-fn register_known_labels() {
-    const LANES: [&str; 2] = ["fast", "slow"];
-    const CHANNELS: [&str; 2] = ["email", "sms"];
-    const PRIORITIES: [&str; 3] = ["high", "normal", "low"];
+/// The lanes, channels and priorities every labelled series is made for.
+const LANES: [&str; 2] = ["fast", "slow"];
+const CHANNELS: [&str; 2] = ["email", "sms"];
+const PRIORITIES: [&str; 3] = ["high", "normal", "low"];
+
+/// Every counter and gauge of a lane at zero, by channel, reason,
+/// priority and stage.
+fn register_lane_labels() {
     for lane in LANES {
         for channel in CHANNELS {
             for name in [
@@ -527,6 +547,12 @@ fn register_known_labels() {
             }
         }
     }
+}
+
+/// Every counter and gauge at zero for the labels known up front (lanes,
+/// channels, priorities, reasons, operations).
+fn register_known_labels() {
+    register_lane_labels();
     for reason in ["rate", "quota", "lane", "batches", "writes", "reads"] {
         metrics::counter!(REJECTED_TOTAL, "reason" => reason).increment(0);
     }
@@ -556,7 +582,7 @@ fn register_known_labels() {
         metrics::counter!(CONNECTIONS_SHED_TOTAL, "action" => action).increment(0);
     }
     metrics::counter!(HANDLER_PANICS_TOTAL).increment(0);
-    for lane in ["fast", "slow"] {
+    for lane in LANES {
         for event in ["published", "consumed", "dropped"] {
             metrics::counter!(ATTENTION_SIGNALS_TOTAL, "lane" => lane, "event" => event)
                 .increment(0);

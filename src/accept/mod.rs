@@ -223,30 +223,6 @@ impl Acceptor {
     }
 }
 
-/// Whose bucket and day count a caller's sends are taken from: the
-/// tenant's, or for a test key a bucket of its own (`{tenant}#test`), so
-/// test sends neither use the daily quota nor the live sends' rate.
-fn limits_key(caller: &Caller) -> std::borrow::Cow<'_, str> {
-    if caller.test {
-        std::borrow::Cow::Owned(format!("{}#test", caller.tenant.id))
-    } else {
-        std::borrow::Cow::Borrowed(&caller.tenant.id)
-    }
-}
-
-/// The plan a caller's sends are limited by: a test key's at the plan's
-/// rate and burst but with no daily quota.
-fn limits_plan(caller: &Caller) -> std::borrow::Cow<'_, crate::tenants::Plan> {
-    if caller.test {
-        std::borrow::Cow::Owned(crate::tenants::Plan {
-            daily_quota: i64::MAX as u64,
-            ..(*caller.plan).clone()
-        })
-    } else {
-        std::borrow::Cow::Borrowed(&*caller.plan)
-    }
-}
-
 impl Acceptor {
     pub fn new(
         db: Db,
@@ -794,7 +770,7 @@ impl Acceptor {
     /// Gives back what a charge took when its send was not accepted: its
     /// units in the tenant's bucket and of the day's quota.
     async fn release(&self, caller: &Caller, charge: &Grant) {
-        self.limits.release(&limits_key(caller), charge).await;
+        self.limits.release(&caller.scope(), charge).await;
     }
 
     /// [`Self::admit`] past its check of the burst.
@@ -811,8 +787,11 @@ impl Acceptor {
                 rate: None,
             });
         }
-        let plan = limits_plan(caller);
-        match self.limits.admit(&limits_key(caller), &plan, units).await? {
+        match self
+            .limits
+            .admit(&caller.scope(), &caller.plan, units)
+            .await?
+        {
             Ok(grant) => Ok(grant),
             Err(Refusal::Rate { retry_after, info }) => {
                 metrics::counter!(names::REJECTED_TOTAL, "reason" => "rate").increment(1);

@@ -170,6 +170,87 @@ fn files_of(files: &[AttachmentOnMessage]) -> (Vec<String>, Option<i64>) {
     (ids, bytes)
 }
 
+/// A message's first row: `queued`, or `scheduled` when it is due later,
+/// with what its payload says of it.
+fn first_record(
+    payload: &DeliveryPayload,
+    lane: Lane,
+    now: i64,
+    send_at: Option<i64>,
+    metadata: Option<serde_json::Map<String, Value>>,
+    fragments: Option<u32>,
+) -> MessageRecord {
+    let (template_id, template_version) = payload
+        .template
+        .as_ref()
+        .map(|t| (t.id.clone(), t.version))
+        .unzip();
+    let (_, attachment_bytes) = files_of(&payload.attachments);
+    MessageRecord {
+        id: payload.id.clone(),
+        tenant_id: payload.tenant_id.clone(),
+        channel: payload.channel,
+        status: match send_at {
+            Some(_) => MessageStatus::Scheduled,
+            None => MessageStatus::Queued,
+        },
+        priority: payload.priority,
+        lane,
+        attempts: 0,
+        reference: payload.reference.clone(),
+        metadata: metadata.map(|m| Value::Object(m).to_string()),
+        created_at: now,
+        updated_at: now,
+        sent_at: None,
+        last_error: None,
+        provider_message_id: None,
+        send_at,
+        test: payload.test,
+        fragments,
+        erased_at: None,
+        provider: None,
+        recipient: crate::store::suppressions::normalize(&payload.to).map(|(_, to)| to),
+        gate_wait_ms: None,
+        template_id,
+        template_version,
+        attachment_bytes,
+    }
+}
+
+/// The answer a message's `Idempotency-Key` gives again, when it has one
+/// (`remembered` is the key and the request's hash).
+fn remembered_answer(
+    caller: &Caller,
+    remembered: Option<(String, String)>,
+    id: &str,
+    answer_body: &str,
+    now: i64,
+) -> Vec<StoredResponse> {
+    Vec::from_iter(remembered.map(|(key, request_hash)| StoredResponse {
+        tenant_id: caller.tenant.id.clone(),
+        test: caller.test,
+        key,
+        request_hash,
+        status_code: 202,
+        response_body: answer_body.to_owned(),
+        message_id: id.to_owned(),
+        created_at: now,
+        claimed_as: None,
+    }))
+}
+
+/// The payload as the queue holds it, within [`MAX_PAYLOAD_BYTES`].
+fn queue_body(payload: &DeliveryPayload) -> Result<String, Refused> {
+    let body = serde_json::to_string(payload).map_err(anyhow::Error::from)?;
+    if body.len() > MAX_PAYLOAD_BYTES {
+        return Err(Refused::TooLarge(format!(
+            "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
+            body.len()
+        )));
+    }
+    Ok(body)
+}
+
 /// Builds the store entry and the answer of a validated message;
 /// `remembered` is its `(Idempotency-Key, request hash)`.
 pub(crate) fn prepare(
@@ -198,13 +279,9 @@ pub(crate) fn prepare(
     }
     let fragments =
         (message.channel == Channel::Sms).then(|| crate::sms::fragments(&message.text).1);
-    let recipient = crate::store::suppressions::normalize(&message.to).map(|(_, to)| to);
     let created = created_span(&id, tenant_id, lane, message.channel, message.priority);
     let (template, text) = queued_content(message.template, message.text);
     let recipients = 1 + message.cc.len() + message.bcc.len();
-    let (template_id, template_version) =
-        template.as_ref().map(|t| (t.id.clone(), t.version)).unzip();
-    let (attachment_ids, attachment_bytes) = files_of(&message.attachments);
     let payload = DeliveryPayload {
         id: id.clone(),
         tenant_id: tenant_id.to_owned(),
@@ -216,7 +293,7 @@ pub(crate) fn prepare(
         cc: message.cc,
         bcc: message.bcc,
         priority: message.priority,
-        reference: message.reference.clone(),
+        reference: message.reference,
         sender: sender.map(crate::tenants::SenderIdentity::on_message),
         headers,
         test: caller.test,
@@ -226,17 +303,17 @@ pub(crate) fn prepare(
         traceparent: crate::telemetry::traceparent_of(&created),
     };
     drop(created);
-    let body = serde_json::to_string(&payload).map_err(anyhow::Error::from)?;
-    if body.len() > MAX_PAYLOAD_BYTES {
-        return Err(Refused::TooLarge(format!(
-            "The message would take {} bytes in the queue; the limit is {MAX_PAYLOAD_BYTES}.",
-            body.len()
-        )));
-    }
-    let status = match message.send_at {
-        Some(_) => MessageStatus::Scheduled,
-        None => MessageStatus::Queued,
-    };
+    let (attachment_ids, _) = files_of(&payload.attachments);
+    let body = queue_body(&payload)?;
+    let record = first_record(
+        &payload,
+        lane,
+        now,
+        message.send_at,
+        message.metadata,
+        fragments,
+    );
+    let status = record.status;
     let answer = SendAccepted {
         id: id.clone(),
         status,
@@ -251,32 +328,7 @@ pub(crate) fn prepare(
     let delay = message.send_at.map_or(0, |at| (at - now).max(0) as u64);
     let entry = AcceptEntry {
         lane,
-        record: MessageRecord {
-            id: id.clone(),
-            tenant_id: tenant_id.to_owned(),
-            channel: message.channel,
-            status,
-            priority: message.priority,
-            lane,
-            attempts: 0,
-            reference: message.reference,
-            metadata: message.metadata.map(|m| Value::Object(m).to_string()),
-            created_at: now,
-            updated_at: now,
-            sent_at: None,
-            last_error: None,
-            provider_message_id: None,
-            send_at: message.send_at,
-            test: caller.test,
-            fragments,
-            erased_at: None,
-            provider: None,
-            recipient,
-            gate_wait_ms: None,
-            template_id,
-            template_version,
-            attachment_bytes,
-        },
+        record,
         outbound: OutboundMessage {
             message_id: id.clone(),
             tenant_id: tenant_id.to_owned(),
@@ -286,17 +338,7 @@ pub(crate) fn prepare(
             // The embedded queue holds a scheduled message as a delayed one.
             delay: std::time::Duration::from_millis(delay),
         },
-        idempotency: Vec::from_iter(remembered.map(|(key, request_hash)| StoredResponse {
-            tenant_id: tenant_id.to_owned(),
-            test: caller.test,
-            key,
-            request_hash,
-            status_code: 202,
-            response_body: answer_body.clone(),
-            message_id: id.clone(),
-            created_at: now,
-            claimed_as: None,
-        })),
+        idempotency: remembered_answer(caller, remembered, &id, &answer_body, now),
         trace: None,
     };
     Ok(Prepared {

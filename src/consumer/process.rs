@@ -571,6 +571,33 @@ async fn preflight(
         defer(context, message, delay, "duplicate").await;
         return None;
     };
+    let retrying = settle_if_done(context, message, payload).await?;
+    // Received more often than the lane allows: only SQS hands such a
+    // message out (its redrive policy moves one a few receives later, see
+    // `queue::sqs::lanes::REDRIVE_MARGIN`); the embedded queue and
+    // PostgreSQL lanes dead-letter it in the receive. Its status is written
+    // first, so a dead letter never says `queued` (issue 67).
+    if message.receive_count > context.settings.max_receive_count {
+        dead_letter(context, message, unsent, RECEIVED_TOO_OFTEN, false).await;
+        return None;
+    }
+
+    hold_if_not_active(context, message, unsent).await?;
+    suppress_if_listed(context, message, payload).await?;
+    Some(Cleared {
+        retrying,
+        _delivering: delivering,
+    })
+}
+
+/// [`preflight`]'s look at the message's status: `Some(retrying)` while
+/// it waits for a send; a sent, rejected, cancelled or suppressed copy is
+/// deleted, and one whose status cannot be read is deferred (`None`).
+async fn settle_if_done(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+) -> Option<bool> {
     // Idempotent consumer: a redelivered copy of a sent message is deleted.
     // The status read at receive (in the receive's own transaction on the
     // embedded queue, by `look_up` on SQS) is enough while nobody had
@@ -589,42 +616,39 @@ async fn preflight(
             .await
             .map(|record| record.map(|record| record.status)),
     };
-    let retrying = matches!(status, Ok(Some(MessageStatus::Retrying)));
     match status {
         Ok(Some(status)) if status == MessageStatus::Sent || status.is_receipt() => {
             info!(message_id = %payload.id, "Redelivered message was already sent; deleting without sending again.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return None;
+            None
         }
         Ok(Some(MessageStatus::Rejected)) => {
             info!(message_id = %payload.id, "Message was answered 503 when sent (its queue send timed out but arrived); deleting without sending.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return None;
+            None
         }
         Ok(Some(status @ (MessageStatus::Cancelled | MessageStatus::Suppressed))) => {
             info!(message_id = %payload.id, status = status.as_str(), "Message ended without sending; deleting it.");
             let _ = context.deletes.send(message.receipt.clone()).await;
-            return None;
+            None
         }
-        Ok(_) => {}
+        Ok(status) => Some(status == Some(MessageStatus::Retrying)),
         Err(err) => {
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read message status; trying again soon.");
             let pause = context.delivery.store_trouble.retry_after();
             defer(context, message, pause, "store").await;
-            return None;
+            None
         }
     }
+}
 
-    // Received more often than the lane allows: only SQS hands such a
-    // message out (its redrive policy moves one a few receives later, see
-    // `queue::sqs::lanes::REDRIVE_MARGIN`); the embedded queue and
-    // PostgreSQL lanes dead-letter it in the receive. Its status is written
-    // first, so a dead letter never says `queued` (issue 67).
-    if message.receive_count > context.settings.max_receive_count {
-        dead_letter(context, message, unsent, RECEIVED_TOO_OFTEN, false).await;
-        return None;
-    }
-
+/// [`preflight`]'s look at the tenant: a message of a deleted tenant is
+/// dead-lettered, one of a paused or disabled tenant held (`None`).
+async fn hold_if_not_active(
+    context: &Context,
+    message: &ReceivedMessage,
+    unsent: Known<'_>,
+) -> Option<()> {
     // The status comes before the tenant's pause: a held copy of a message
     // that was cancelled (or sent, or erased by retention) is deleted on
     // sight rather than put back for another `hold_delay_secs` with its
@@ -639,7 +663,7 @@ async fn preflight(
         return None;
     };
     match tenant.status {
-        TenantStatus::Active => {}
+        TenantStatus::Active => Some(()),
         TenantStatus::Paused | TenantStatus::Disabled => {
             let delay = Duration::from_secs(context.delivery.consumers.hold_delay_secs);
             let reason = if tenant.status == TenantStatus::Paused {
@@ -648,10 +672,18 @@ async fn preflight(
                 "disabled"
             };
             defer(context, message, delay, reason).await;
-            return None;
+            None
         }
     }
+}
 
+/// [`preflight`]'s look at the suppression list: a listed address ends
+/// the message, and a list that cannot be read defers it (`None`).
+async fn suppress_if_listed(
+    context: &Context,
+    message: &ReceivedMessage,
+    payload: &DeliveryPayload,
+) -> Option<()> {
     // An address on the tenant's suppression list ends the message here,
     // before it takes a provider token.
     let suppressed = match message.suppressed_at_receive {
@@ -668,23 +700,18 @@ async fn preflight(
         },
     };
     match suppressed {
-        Ok(false) => {}
+        Ok(false) => Some(()),
         Ok(true) => {
             suppress(context, message, payload).await;
-            return None;
+            None
         }
         Err(err) => {
             warn!(message_id = %payload.id, error = %format!("{err:#}"), "Could not read the suppression list; trying again soon.");
             let pause = context.delivery.store_trouble.retry_after();
             defer(context, message, pause, "store").await;
-            return None;
+            None
         }
     }
-
-    Some(Cleared {
-        retrying,
-        _delivering: delivering,
-    })
 }
 
 /// The message's turn at the provider: a token from the gate's line (by

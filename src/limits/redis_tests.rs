@@ -142,10 +142,15 @@ impl Instance {
 
     async fn admit_units(&self, tenant: &str, plan: &Plan, units: u32) -> Result<Grant, Refusal> {
         self.tenants
-            .admit(tenant, plan, units)
+            .admit(&live(tenant), plan, units)
             .await
             .expect("admission answers without an error")
     }
+}
+
+/// `tenant`'s live world.
+fn live(tenant: &str) -> crate::model::Scope {
+    crate::model::Scope::new(tenant, crate::model::World::Live)
 }
 
 /// Waits until `check` holds, up to `within`; false if it never did.
@@ -308,7 +313,7 @@ async fn two_instances_share_one_daily_quota_and_a_release_gives_one_back() {
     assert_eq!(grants.len(), 7, "the quota of 7 is shared by both");
 
     // A's send was not accepted after all: B may use its place.
-    a.tenants.release("acme", &grants[0]).await;
+    a.tenants.release(&live("acme"), &grants[0]).await;
     assert!(b.admit("acme", &plan).await.is_ok());
     assert!(matches!(
         a.admit("acme", &plan).await,
@@ -340,13 +345,13 @@ async fn a_send_of_several_units_is_charged_whole_and_a_release_gives_all_back()
     ));
     // The refusals took nothing; the release gives all three back, to
     // the bucket and to the day, for the other instance too.
-    a.tenants.release("acme", &three).await;
+    a.tenants.release(&live("acme"), &three).await;
     let again = b
         .admit_units("acme", &plan, 3)
         .await
         .expect("the bucket is full again");
     assert_eq!(again.info.remaining, 0);
-    b.tenants.release("acme", &again).await;
+    b.tenants.release(&live("acme"), &again).await;
     let two = a.admit_units("acme", &plan, 2).await.expect("two of three");
     assert_eq!(two.info.remaining, 1);
     // 2 of the day's 5 are used: 3 fit, 4 do not (the quota is looked at
@@ -852,7 +857,7 @@ async fn reports_the_time_one_admission_takes_local_and_redis() {
             let tenant = format!("t{}", i % 50);
             let asked = Instant::now();
             match run {
-                0 => assert!(local.admit(&tenant, &plan, 1).await.unwrap().is_ok()),
+                0 => assert!(local.admit(&live(&tenant), &plan, 1).await.unwrap().is_ok()),
                 1 => assert!(redis.admit(&tenant, &plan).await.is_ok()),
                 _ => drop(gate.acquire(Priority::Normal).await),
             }

@@ -60,28 +60,6 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
         .and_then(Value::as_str)
         .ok_or("no mail.messageId")?;
     let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
-    // The addresses a report names, each with its own diagnostic where SES
-    // gives one (else the report's words).
-    let reported = |list: &str, detail: &Option<String>| -> Vec<ReportedRecipient> {
-        let Some(entries) = event.pointer(list).and_then(Value::as_array) else {
-            return Vec::new();
-        };
-        entries
-            .iter()
-            .filter_map(|entry| {
-                // `delivery.recipients` lists bare addresses; the others
-                // objects.
-                let address = entry
-                    .as_str()
-                    .or_else(|| entry.get("emailAddress").and_then(Value::as_str))?;
-                let own = entry.get("diagnosticCode").and_then(Value::as_str);
-                Some(ReportedRecipient {
-                    address: address.to_owned(),
-                    detail: own.map(str::to_owned).or_else(|| detail.clone()),
-                })
-            })
-            .collect()
-    };
     let receipt = |outcome: Option<MessageStatus>, event: &str, detail: Option<String>| Receipt {
         // The poller that read it names its SES provider.
         provider: "ses".into(),
@@ -150,19 +128,22 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
         ),
         _ => return Ok(None),
     };
-    // Reject and Rendering Failure name no recipient: the whole message
-    // failed.
+    name_recipients(&event, kind, &mut receipt);
+    Ok(Some(receipt))
+}
+
+/// Puts in `receipt` the addresses its SES event of type `kind` names
+/// (Reject and Rendering Failure name none: the whole message failed), and
+/// for a hard bounce or a complaint the addresses to suppress: all of them.
+fn name_recipients(event: &Value, kind: &str, receipt: &mut Receipt) {
     let list = match kind {
         "Delivery" => "/delivery/recipients",
         "Bounce" => "/bounce/bouncedRecipients",
         "Complaint" => "/complaint/complainedRecipients",
         "DeliveryDelay" => "/deliveryDelay/delayedRecipients",
-        _ => "",
+        _ => return,
     };
-    if !list.is_empty() {
-        receipt.recipients = reported(list, &receipt.detail);
-    }
-    // A hard bounce or a complaint suppresses every address it names.
+    receipt.recipients = reported(event, list, &receipt.detail);
     if receipt.suppress_reason.is_some() {
         receipt.suppress = receipt
             .recipients
@@ -170,7 +151,29 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
             .map(|recipient| recipient.address.clone())
             .collect();
     }
-    Ok(Some(receipt))
+}
+
+/// The addresses an event's `list` names, each with its own diagnostic
+/// where SES gives one (else the report's `detail`).
+fn reported(event: &Value, list: &str, detail: &Option<String>) -> Vec<ReportedRecipient> {
+    let Some(entries) = event.pointer(list).and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            // `delivery.recipients` lists bare addresses; the others
+            // objects.
+            let address = entry
+                .as_str()
+                .or_else(|| entry.get("emailAddress").and_then(Value::as_str))?;
+            let own = entry.get("diagnosticCode").and_then(Value::as_str);
+            Some(ReportedRecipient {
+                address: address.to_owned(),
+                detail: own.map(str::to_owned).or_else(|| detail.clone()),
+            })
+        })
+        .collect()
 }
 
 /// Receives in flight at once.

@@ -118,15 +118,53 @@ impl utoipa::ToSchema for NewSender {
 /// The three shapes of [`NewSender`], by schema name.
 fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
     use utoipa::openapi::ObjectBuilder;
-    use utoipa::openapi::schema::{
-        AdditionalProperties, ArrayBuilder, KnownFormat, OneOfBuilder, SchemaFormat, SchemaType,
-        Type,
-    };
-    let string = |description: &str| {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .description(Some(description))
-    };
+    use utoipa::openapi::schema::{OneOfBuilder, Type};
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    // 1-11 letters, digits and spaces, at least one letter, no space at
+    // either end: the letter first, last, or in between.
+    let alphanumeric = r"^(?:[A-Za-z]|[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9])$";
+    let sender = sender_shape(
+        "An SMS identity with a sender number or alphanumeric sender id.",
+        "sms",
+    )
+    .property(
+        "from",
+        OneOfBuilder::new()
+            .description(Some(
+                "A sender number in E.164 form, or an alphanumeric sender id of 1-11 \
+                     letters, digits and spaces with at least one letter.",
+            ))
+            .item(string_field("E.164").pattern(Some(r"^\+[1-9][0-9]{7,14}$")))
+            .item(
+                string_field("Alphanumeric")
+                    .max_length(Some(11))
+                    .pattern(Some(alphanumeric)),
+            ),
+    )
+    .property("messaging_service_sid", null())
+    .required("from");
+    let service = sender_shape(
+        "An SMS identity whose messaging service picks the sender.",
+        "sms",
+    )
+    .property(
+        "messaging_service_sid",
+        string_field("`MG` and 32 hex digits: the messaging service picks the sender.")
+            .pattern(Some(r"^MG[0-9a-fA-F]{32}$")),
+    )
+    .property("from", null())
+    .required("messaging_service_sid");
+    [
+        ("NewEmailSender", email_sender_shape()),
+        ("NewSmsSender", sender),
+        ("NewSmsServiceSender", service),
+    ]
+}
+
+/// [`NewSender`]'s email shape.
+fn email_sender_shape() -> utoipa::openapi::ObjectBuilder {
+    use utoipa::openapi::ObjectBuilder;
+    use utoipa::openapi::schema::{ArrayBuilder, SchemaType, Type};
     // An optional field may also be sent as `null` (absent, as serde
     // reads it); a field of the other shapes only as `null`.
     let optional = |description: &str| {
@@ -134,38 +172,10 @@ fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
             .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
             .description(Some(description))
     };
-    let null = || ObjectBuilder::new().schema_type(Type::Null);
-    let email_address = |description: &str| {
-        string(description)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Email)))
-            .min_length(Some(3))
-            .max_length(Some(254))
-    };
-    let shape = |description: &str, channel: &str| {
-        ObjectBuilder::new()
-            .description(Some(description))
-            .property(
-                "channel",
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .enum_values(Some([channel])),
-            )
-            .property(
-                "default",
-                ObjectBuilder::new()
-                    .schema_type(Type::Boolean)
-                    .description(Some(
-                        "Make it the tenant's default for its channel (the previous default \
-                     stops being one).",
-                    )),
-            )
-            .required("channel")
-            .additional_properties(Some(AdditionalProperties::FreeForm(false)))
-    };
-    let email = shape("An email identity.", "email")
+    sender_shape("An email identity.", "email")
         .property(
             "from",
-            email_address("The from address, an SES-verified identity."),
+            email_address_field("The from address, an SES-verified identity."),
         )
         .property(
             "display_name",
@@ -177,7 +187,7 @@ fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
         .property(
             "reply_to",
             ArrayBuilder::new()
-                .items(email_address("An address replies go to."))
+                .items(email_address_field("An address replies go to."))
                 .max_items(Some(MAX_REPLY_TO))
                 .description(Some("Up to 10 addresses.")),
         )
@@ -186,46 +196,49 @@ fn sender_shapes() -> [(&'static str, utoipa::openapi::ObjectBuilder); 3] {
             optional("An SES configuration set name (1-64 of `A-Z a-z 0-9 _ -`).")
                 .pattern(Some(r"^[A-Za-z0-9_-]{1,64}$")),
         )
-        .required("from");
-    // 1-11 letters, digits and spaces, at least one letter, no space at
-    // either end: the letter first, last, or in between.
-    let alphanumeric = r"^(?:[A-Za-z]|[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z]|[A-Za-z0-9][A-Za-z0-9 ]*[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9])$";
-    let sender = shape(
-        "An SMS identity with a sender number or alphanumeric sender id.",
-        "sms",
-    )
-    .property(
-        "from",
-        OneOfBuilder::new()
-            .description(Some(
-                "A sender number in E.164 form, or an alphanumeric sender id of 1-11 \
-                     letters, digits and spaces with at least one letter.",
-            ))
-            .item(string("E.164").pattern(Some(r"^\+[1-9][0-9]{7,14}$")))
-            .item(
-                string("Alphanumeric")
-                    .max_length(Some(11))
-                    .pattern(Some(alphanumeric)),
-            ),
-    )
-    .property("messaging_service_sid", null())
-    .required("from");
-    let service = shape(
-        "An SMS identity whose messaging service picks the sender.",
-        "sms",
-    )
-    .property(
-        "messaging_service_sid",
-        string("`MG` and 32 hex digits: the messaging service picks the sender.")
-            .pattern(Some(r"^MG[0-9a-fA-F]{32}$")),
-    )
-    .property("from", null())
-    .required("messaging_service_sid");
-    [
-        ("NewEmailSender", email),
-        ("NewSmsSender", sender),
-        ("NewSmsServiceSender", service),
-    ]
+        .required("from")
+}
+
+/// What every shape of [`NewSender`] has: its `channel` and `default`, and
+/// no other field than its own.
+fn sender_shape(description: &str, channel: &str) -> utoipa::openapi::ObjectBuilder {
+    use utoipa::openapi::ObjectBuilder;
+    use utoipa::openapi::schema::{AdditionalProperties, Type};
+    ObjectBuilder::new()
+        .description(Some(description))
+        .property(
+            "channel",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([channel])),
+        )
+        .property(
+            "default",
+            ObjectBuilder::new()
+                .schema_type(Type::Boolean)
+                .description(Some(
+                    "Make it the tenant's default for its channel (the previous default \
+                     stops being one).",
+                )),
+        )
+        .required("channel")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+}
+
+/// A string field of a sender shape.
+fn string_field(description: &str) -> utoipa::openapi::ObjectBuilder {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(description))
+}
+
+/// An email address field of a sender shape.
+fn email_address_field(description: &str) -> utoipa::openapi::ObjectBuilder {
+    use utoipa::openapi::schema::{KnownFormat, SchemaFormat};
+    string_field(description)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Email)))
+        .min_length(Some(3))
+        .max_length(Some(254))
 }
 
 impl SenderIdentity {

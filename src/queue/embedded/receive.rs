@@ -31,6 +31,92 @@ const MAX_POLL_NAP: Duration = Duration::from_millis(500);
 /// Rows of skipped tenants a skipping receive reads past in each class.
 const SKIP_MARGIN: usize = 32;
 
+/// The statements of a receive, prepared once per transaction.
+struct ReceiveSql<'t> {
+    heads_of: rusqlite::CachedStatement<'t>,
+    row_of: rusqlite::CachedStatement<'t>,
+    status_of: rusqlite::CachedStatement<'t>,
+    count_receive: rusqlite::CachedStatement<'t>,
+    set_aside: rusqlite::CachedStatement<'t>,
+    to_dlq: rusqlite::CachedStatement<'t>,
+    dead_of: rusqlite::CachedStatement<'t>,
+}
+
+/// A row handed out: message id, channel, body, enqueued at, fair key, and
+/// the message's status then.
+type RowOut = (String, String, String, i64, i64, Option<String>);
+
+impl<'t> ReceiveSql<'t> {
+    fn prepare(tx: &'t Transaction) -> rusqlite::Result<Self> {
+        Ok(ReceiveSql {
+            heads_of: tx.prepare_cached(
+                "SELECT seq, tenant_id, receive_count FROM queue_messages INDEXED BY queue_messages_class \
+                 WHERE queue = ?1 AND priority = ?2 AND visible_at <= ?3 ORDER BY fair_key, seq LIMIT ?4",
+            )?,
+            row_of: tx.prepare_cached(
+                "SELECT message_id, channel, body, enqueued_at, fair_key FROM queue_messages WHERE seq = ?1",
+            )?,
+            status_of: tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?,
+            count_receive: tx
+                .prepare_cached("UPDATE queue_messages SET receive_count = ?1 WHERE seq = ?2")?,
+            set_aside: tx.prepare_cached(
+                "UPDATE queue_messages SET queue = ?1, receive_count = MAX(receive_count, ?2) WHERE seq = ?3",
+            )?,
+            to_dlq: tx.prepare_cached(
+                "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = MAX(receive_count, ?3), \
+                 last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?4",
+            )?,
+            dead_of: tx
+                .prepare_cached("SELECT message_id, last_error FROM queue_messages WHERE seq = ?1")?,
+        })
+    }
+
+    /// Moves row `seq`, received `prior` times already, to the lane's DLQ
+    /// `dlq`, and its message to `dead_lettered` in the same transaction.
+    fn dead_letter(
+        &mut self,
+        tx: &Transaction,
+        dlq: &str,
+        seq: i64,
+        prior: u32,
+        now: i64,
+    ) -> anyhow::Result<()> {
+        self.to_dlq
+            .execute(rusqlite::params![dlq, now, prior, seq])?;
+        let (message_id, error): (String, Option<String>) = self
+            .dead_of
+            .query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        let failure = Failure {
+            step: Move::DeadLetter,
+            error: error.as_deref(),
+            counted: false,
+            provider: None,
+            pinned: None,
+        };
+        lifecycle::fail(tx, &message_id, &failure, now)?;
+        Ok(())
+    }
+
+    /// Row `seq` as it is handed out, with its message's status.
+    fn row(&mut self, seq: i64) -> rusqlite::Result<RowOut> {
+        let (message_id, channel, body, enqueued_at, key) =
+            self.row_of.query_row([seq], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })?;
+        let status = self
+            .status_of
+            .query_row([&message_id], |row| row.get(0))
+            .optional()?;
+        Ok((message_id, channel, body, enqueued_at, key, status))
+    }
+}
+
 /// The `seq` and receive count a receipt names.
 pub(super) fn parse_receipt(receipt: &str) -> Option<(i64, u32)> {
     let (seq, count) = receipt.split_once(':')?;
@@ -150,25 +236,7 @@ impl Work for ReceiveWork {
         let names = self.state.names.clone();
         let now = now_ms();
         let max_receives = self.state.max_receives;
-        let mut heads_of = tx.prepare_cached(
-            "SELECT seq, tenant_id, receive_count FROM queue_messages INDEXED BY queue_messages_class \
-             WHERE queue = ?1 AND priority = ?2 AND visible_at <= ?3 ORDER BY fair_key, seq LIMIT ?4",
-        )?;
-        let mut row_of = tx.prepare_cached(
-            "SELECT message_id, channel, body, enqueued_at, fair_key FROM queue_messages WHERE seq = ?1",
-        )?;
-        let mut status_of = tx.prepare_cached("SELECT status FROM messages WHERE id = ?1")?;
-        let mut count_receive =
-            tx.prepare_cached("UPDATE queue_messages SET receive_count = ?1 WHERE seq = ?2")?;
-        let mut set_aside = tx.prepare_cached(
-            "UPDATE queue_messages SET queue = ?1, receive_count = MAX(receive_count, ?2) WHERE seq = ?3",
-        )?;
-        let mut to_dlq = tx.prepare_cached(
-            "UPDATE queue_messages SET queue = ?1, visible_at = ?2, receive_count = MAX(receive_count, ?3), \
-             last_error = COALESCE(last_error, 'received max_receive_count times without being deleted') WHERE seq = ?4",
-        )?;
-        let mut dead_of =
-            tx.prepare_cached("SELECT message_id, last_error FROM queue_messages WHERE seq = ?1")?;
+        let mut sql = ReceiveSql::prepare(tx)?;
         let mut book = self.state.book();
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
         while self.out.len() < self.max {
@@ -181,7 +249,8 @@ impl Work for ReceiveWork {
             let mut heads: [Vec<Head>; CLASSES] = Default::default();
             let mut moved = 0;
             for priority in Priority::ALL {
-                let rows = heads_of
+                let rows = sql
+                    .heads_of
                     .query_map(
                         rusqlite::params![
                             names.main.as_str(),
@@ -199,21 +268,15 @@ impl Work for ReceiveWork {
                     }
                     let prior = lease.map_or(0, |l| l.count).max(stored.max(0) as u32);
                     if prior >= max_receives {
-                        to_dlq.execute(rusqlite::params![names.dlq.as_str(), now, prior, seq])?;
-                        let (message_id, error): (String, Option<String>) =
-                            dead_of.query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))?;
-                        let failure = Failure {
-                            step: Move::DeadLetter,
-                            error: error.as_deref(),
-                            counted: false,
-                            provider: None,
-                            pinned: None,
-                        };
-                        lifecycle::fail(tx, &message_id, &failure, now)?;
+                        sql.dead_letter(tx, &names.dlq, seq, prior, now)?;
                         self.moved.push(Moved::Dlq(seq));
                         moved += 1;
                     } else if held.contains(&tenant_id) {
-                        set_aside.execute(rusqlite::params![names.held.as_str(), prior, seq])?;
+                        sql.set_aside.execute(rusqlite::params![
+                            names.held.as_str(),
+                            prior,
+                            seq
+                        ])?;
                         self.moved.push(Moved::Held(seq));
                         moved += 1;
                     } else if self.skip.contains(&tenant_id) {
@@ -233,26 +296,9 @@ impl Work for ReceiveWork {
                     // A first receive is not written; any later one is, so
                     // a crash forgets at most one receive.
                     if count >= 2 {
-                        count_receive.execute(rusqlite::params![count, seq])?;
+                        sql.count_receive.execute(rusqlite::params![count, seq])?;
                     }
-                    let (message_id, channel, body, enqueued_at, key): (
-                        String,
-                        String,
-                        String,
-                        i64,
-                        i64,
-                    ) = row_of.query_row([seq], |row| {
-                        Ok((
-                            row.get(0)?,
-                            row.get(1)?,
-                            row.get(2)?,
-                            row.get(3)?,
-                            row.get(4)?,
-                        ))
-                    })?;
-                    let status: Option<String> = status_of
-                        .query_row([&message_id], |row| row.get(0))
-                        .optional()?;
+                    let (message_id, channel, body, enqueued_at, key, status) = sql.row(seq)?;
                     let lease = Lease {
                         count,
                         until: now + self.state.visibility_ms,

@@ -149,6 +149,38 @@ pub fn redrive_receive_count(max_receive_count: u32) -> u32 {
     max_receive_count.saturating_add(REDRIVE_MARGIN)
 }
 
+/// Warns of each existing class queue whose redrive policy does not lead
+/// to its lane's DLQ, or moves a message there before fairlane does (at
+/// `max_receive_count` receives).
+async fn check_redrive_policies(
+    client: &Client,
+    names: &[String; CLASSES],
+    urls: &[String; CLASSES],
+    dlq_name: &str,
+    dlq_arn: &str,
+    max_receive_count: u32,
+) -> anyhow::Result<()> {
+    for (name, url) in names.iter().zip(urls) {
+        let policy = queue_attributes(client, url, &[QueueAttributeName::RedrivePolicy])
+            .await?
+            .remove(&QueueAttributeName::RedrivePolicy)
+            .unwrap_or_default();
+        if !policy.contains(dlq_arn) {
+            warn!(queue = %name, dlq = %dlq_name, "The class queue does not dead-letter to its lane's DLQ; messages that keep failing will be redelivered until they expire.");
+        }
+        let redrive_at = serde_json::from_str::<serde_json::Value>(&policy)
+            .ok()
+            .and_then(|policy| {
+                let count = &policy["maxReceiveCount"];
+                count.as_u64().or_else(|| count.as_str()?.parse().ok())
+            });
+        if redrive_at.is_some_and(|at| at <= u64::from(max_receive_count)) {
+            warn!(queue = %name, max_receive_count, redrive_at, expected = redrive_receive_count(max_receive_count), "The class queue's redrive policy moves messages to the DLQ before fairlane can: they keep the status `queued`. Set its maxReceiveCount to max_receive_count + 3 (fairlane check-aws).");
+        }
+    }
+    Ok(())
+}
+
 /// Creates or looks up `lane`'s DLQ and its three class queues.
 pub(super) async fn open_lane(
     client: &Client,
@@ -216,24 +248,15 @@ pub(super) async fn open_lane(
             .await?
             .remove(&QueueAttributeName::QueueArn)
             .with_context(|| format!("SQS queue {dlq_name} has no ARN"))?;
-        for (name, url) in names.iter().zip(&urls) {
-            let policy = queue_attributes(client, url, &[QueueAttributeName::RedrivePolicy])
-                .await?
-                .remove(&QueueAttributeName::RedrivePolicy)
-                .unwrap_or_default();
-            if !policy.contains(&dlq_arn) {
-                warn!(queue = %name, dlq = %dlq_name, "The class queue does not dead-letter to its lane's DLQ; messages that keep failing will be redelivered until they expire.");
-            }
-            let redrive_at = serde_json::from_str::<serde_json::Value>(&policy)
-                .ok()
-                .and_then(|policy| {
-                    let count = &policy["maxReceiveCount"];
-                    count.as_u64().or_else(|| count.as_str()?.parse().ok())
-                });
-            if redrive_at.is_some_and(|at| at <= u64::from(lane_settings.max_receive_count)) {
-                warn!(queue = %name, max_receive_count = lane_settings.max_receive_count, redrive_at, expected = redrive_receive_count(lane_settings.max_receive_count), "The class queue's redrive policy moves messages to the DLQ before fairlane can: they keep the status `queued`. Set its maxReceiveCount to max_receive_count + 3 (fairlane check-aws).");
-            }
-        }
+        check_redrive_policies(
+            client,
+            &names,
+            &urls,
+            &dlq_name,
+            &dlq_arn,
+            lane_settings.max_receive_count,
+        )
+        .await?;
         (urls, dlq_url)
     };
     let [high, normal, low] = urls;

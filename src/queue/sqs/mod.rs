@@ -479,6 +479,71 @@ impl SqsQueue {
         }
     }
 
+    /// Sends a copy of each matching dead letter to its class queue (after
+    /// marking it requeued), deletes those sent from the DLQ, releases the
+    /// others and adds the ids redriven to `redriven`.
+    async fn redrive_batch(
+        &self,
+        lane: Lane,
+        matching: &[Parsed],
+        redriven: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let queues = self.queues(lane);
+        let copies: Vec<Envelope> = matching
+            .iter()
+            .map(|p| Envelope {
+                message_id: &p.message_id,
+                tenant_id: &p.tenant_id,
+                channel: p.channel,
+                priority: p.priority,
+                body: &p.body,
+                delay: Duration::ZERO,
+                enqueued_at_ms: Some(p.enqueued_at_ms),
+                receive_count: None,
+            })
+            .collect();
+        // Fresh attempt budget before the copies can be received.
+        let ids: Vec<String> = matching.iter().map(|p| p.message_id.clone()).collect();
+        self.mark_requeued(&ids).await?;
+        let sent = match self.send_by_class(lane, &copies).await {
+            Ok(sent) => sent,
+            Err(err) => {
+                self.restore_dead_lettered(&ids).await;
+                return Err(err);
+            }
+        };
+        let mut to_delete = Vec::new();
+        let mut to_release = Vec::new();
+        let mut unsent = Vec::new();
+        for (parsed, result) in matching.iter().zip(sent) {
+            match result {
+                Ok(()) => {
+                    to_delete.push(parsed.receipt.as_str());
+                    redriven.push(parsed.message_id.clone());
+                }
+                Err(reason) => {
+                    warn!(message_id = %parsed.message_id, %reason, "Could not redrive message; it stays in the DLQ.");
+                    to_release.push(parsed.receipt.as_str());
+                    unsent.push(parsed.message_id.clone());
+                }
+            }
+        }
+        self.restore_dead_lettered(&unsent).await;
+        if !to_release.is_empty() {
+            release(&self.client, &queues.dlq_url, &to_release).await;
+        }
+        if !to_delete.is_empty() {
+            let deleted = delete_receipts(&self.client, &queues.dlq_url, &to_delete).await;
+            let failed = deleted.map_or(to_delete.len(), |results| {
+                results.iter().filter(|r| r.is_err()).count()
+            });
+            if failed > 0 {
+                warn!(lane = %lane, failed, "Redriven messages could not be deleted from the DLQ; they will be redriven again later (the status store deduplicates).");
+            }
+        }
+        Ok(())
+    }
+
     /// Walks the DLQ, re-sending messages that match `filter` to their class
     /// queue in the lane and deleting them from the DLQ, and returning the
     /// others at the end.
@@ -515,12 +580,13 @@ impl SqsQueue {
                     let parsed = Parsed::from_sqs(message);
                     // A message seen before is never re-sent: it matched and
                     // its delete failed, or it did not match.
-                    let matches = first_time && parsed.as_ref().is_ok_and(|p| {
-                        filter.tenant_id.as_ref().is_none_or(|t| *t == p.tenant_id)
-                            && wanted_ids
-                                .as_ref()
-                                .is_none_or(|ids| ids.contains(p.message_id.as_str()))
-                    });
+                    let matches = first_time
+                        && parsed.as_ref().is_ok_and(|p| {
+                            filter.tenant_id.as_ref().is_none_or(|t| *t == p.tenant_id)
+                                && wanted_ids
+                                    .as_ref()
+                                    .is_none_or(|ids| ids.contains(p.message_id.as_str()))
+                        });
                     match parsed {
                         Ok(parsed) if matches => {
                             kept.remove(&sqs_id);
@@ -533,58 +599,7 @@ impl SqsQueue {
                         }
                     }
                 }
-                let copies: Vec<Envelope> = matching
-                    .iter()
-                    .map(|p| Envelope {
-                        message_id: &p.message_id,
-                        tenant_id: &p.tenant_id,
-                        channel: p.channel,
-                        priority: p.priority,
-                        body: &p.body,
-                        delay: Duration::ZERO,
-                        enqueued_at_ms: Some(p.enqueued_at_ms),
-                        receive_count: None,
-                    })
-                    .collect();
-                // Fresh attempt budget before the copies can be received.
-                let ids: Vec<String> = matching.iter().map(|p| p.message_id.clone()).collect();
-                self.mark_requeued(&ids).await?;
-                let sent = match self.send_by_class(lane, &copies).await {
-                    Ok(sent) => sent,
-                    Err(err) => {
-                        self.restore_dead_lettered(&ids).await;
-                        return Err(err);
-                    }
-                };
-                let mut to_delete = Vec::new();
-                let mut to_release = Vec::new();
-                let mut unsent = Vec::new();
-                for (parsed, result) in matching.iter().zip(sent) {
-                    match result {
-                        Ok(()) => {
-                            to_delete.push(parsed.receipt.as_str());
-                            redriven.push(parsed.message_id.clone());
-                        }
-                        Err(reason) => {
-                            warn!(message_id = %parsed.message_id, %reason, "Could not redrive message; it stays in the DLQ.");
-                            to_release.push(parsed.receipt.as_str());
-                            unsent.push(parsed.message_id.clone());
-                        }
-                    }
-                }
-                self.restore_dead_lettered(&unsent).await;
-                if !to_release.is_empty() {
-                    release(&self.client, &queues.dlq_url, &to_release).await;
-                }
-                if !to_delete.is_empty() {
-                    let deleted = delete_receipts(&self.client, &queues.dlq_url, &to_delete).await;
-                    let failed = deleted.map_or(to_delete.len(), |results| {
-                        results.iter().filter(|r| r.is_err()).count()
-                    });
-                    if failed > 0 {
-                        warn!(lane = %lane, failed, "Redriven messages could not be deleted from the DLQ; they will be redriven again later (the status store deduplicates).");
-                    }
-                }
+                self.redrive_batch(lane, &matching, &mut redriven).await?;
                 if !fresh {
                     break;
                 }

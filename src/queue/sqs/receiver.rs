@@ -582,25 +582,7 @@ impl Receiver {
             state.last_count[rank] = brought;
             match result {
                 Ok(output) => {
-                    for message in output.messages() {
-                        match Parsed::from_sqs(message) {
-                            Ok(parsed) if state.released => to_release.push(parsed.receipt),
-                            Ok(parsed) => {
-                                let raw_receipt = parsed.receipt.clone();
-                                let mut message = parsed.into_received();
-                                message.receipt = class_receipt(priority, &raw_receipt);
-                                state.stash[rank].push_back(Stashed {
-                                    message,
-                                    raw_receipt,
-                                    since: now,
-                                });
-                                stashed += 1;
-                            }
-                            Err(reason) => {
-                                warn!(lane = %self.lane, class = %priority, sqs_message_id = message.message_id().unwrap_or_default(), %reason, "Ignoring a queue message fairlane did not write; the redrive policy moves it to the DLQ.");
-                            }
-                        }
-                    }
+                    stashed = self.stash(&mut state, rank, output.messages(), now, &mut to_release);
                 }
                 Err(err) => {
                     let error = format!(
@@ -640,6 +622,41 @@ impl Receiver {
             tokio::time::sleep(self.stale_after() + Duration::from_millis(100)).await;
             self.upkeep().await;
         }
+    }
+
+    /// Puts what a poll of class queue `rank` brought in its stash, or, once
+    /// the stashes were released, in `to_release`; what fairlane did not
+    /// write is left to the redrive policy. Returns how many were stashed.
+    fn stash(
+        &self,
+        state: &mut State,
+        rank: usize,
+        messages: &[aws_sdk_sqs::types::Message],
+        now: Instant,
+        to_release: &mut Vec<String>,
+    ) -> usize {
+        let priority = Priority::ALL[rank];
+        let mut stashed = 0;
+        for message in messages {
+            match Parsed::from_sqs(message) {
+                Ok(parsed) if state.released => to_release.push(parsed.receipt),
+                Ok(parsed) => {
+                    let raw_receipt = parsed.receipt.clone();
+                    let mut message = parsed.into_received();
+                    message.receipt = class_receipt(priority, &raw_receipt);
+                    state.stash[rank].push_back(Stashed {
+                        message,
+                        raw_receipt,
+                        since: now,
+                    });
+                    stashed += 1;
+                }
+                Err(reason) => {
+                    warn!(lane = %self.lane, class = %priority, sqs_message_id = message.message_id().unwrap_or_default(), %reason, "Ignoring a queue message fairlane did not write; the redrive policy moves it to the DLQ.");
+                }
+            }
+        }
+        stashed
     }
 
     /// Keeps stashed messages from outliving their visibility: those stashed

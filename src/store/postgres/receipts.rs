@@ -130,24 +130,13 @@ async fn seen_before(
     })
 }
 
-/// Records a group's `receipts` against their messages in PostgreSQL's
-/// transaction `tx` (the group writer's, so receipts do not commit alone),
-/// in at most five statements whatever the group's size: find the
-/// messages, look for replays, move the statuses, insert the events (with
-/// their webhook calls, [`super::lifecycle`]) and add the suppressions. Each
-/// receipt is decided in order, as if applied one after another: a second
-/// report on the same message sees what the first did. [`apply_in`] is
-/// SQLite's, one receipt at a time.
-pub(crate) async fn apply_group(
-    tx: &mut sqlx::PgConnection,
+/// Decides each receipt of a group in order against the statuses its
+/// messages reach as the group goes (`found` moves with them).
+fn plan_receipts(
     receipts: &[&Receipt],
-    now: i64,
-) -> anyhow::Result<Vec<Applied>> {
-    if receipts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (mut found, by_provider_id) = find_by_provider_id(&mut *tx, receipts).await?;
-
+    by_provider_id: &HashMap<(String, String), usize>,
+    found: &mut [Found],
+) -> Vec<Plan> {
     let mut plans = Vec::with_capacity(receipts.len());
     for receipt in receipts {
         let key = (
@@ -173,7 +162,28 @@ pub(crate) async fn apply_group(
             check,
         });
     }
+    plans
+}
 
+/// Records a group's `receipts` against their messages in PostgreSQL's
+/// transaction `tx` (the group writer's, so receipts do not commit alone),
+/// in at most five statements whatever the group's size: find the
+/// messages, look for replays, move the statuses, insert the events (with
+/// their webhook calls, [`super::lifecycle`]) and add the suppressions. Each
+/// receipt is decided in order, as if applied one after another: a second
+/// report on the same message sees what the first did. [`apply_in`] is
+/// SQLite's, one receipt at a time.
+pub(crate) async fn apply_group(
+    tx: &mut sqlx::PgConnection,
+    receipts: &[&Receipt],
+    now: i64,
+) -> anyhow::Result<Vec<Applied>> {
+    if receipts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (mut found, by_provider_id) = find_by_provider_id(&mut *tx, receipts).await?;
+
+    let plans = plan_receipts(receipts, &by_provider_id, &mut found);
     let seen_before = seen_before(&mut *tx, receipts, &plans, &found).await?;
     let recipients_moved = upsert_recipients(&mut *tx, receipts, &plans, &found, now).await?;
 

@@ -257,62 +257,7 @@ fn read_stream(
     let fresh = !mine;
     let mut read = if fresh { position } else { read };
     if stream.room > 0 {
-        let next: Vec<NextEvent> = tx
-            .prepare_cached(
-                "SELECT e.xid, e.id, e.message_id, e.event, e.at, \
-                 EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.message_id = e.message_id) \
-                 FROM message_events AS e \
-                 WHERE e.tenant_id = ?1 AND e.xid = ?2 AND e.id > ?3 \
-                 AND instr(?4, ' message.' || e.event || ' ') > 0 \
-                 ORDER BY e.xid, e.id LIMIT ?5",
-            )?
-            .query_map(
-                rusqlite::params![stream.tenant, read.0, read.1, events, stream.room as i64],
-                |row| {
-                    Ok(NextEvent {
-                        cursor: (row.get(0)?, row.get(1)?),
-                        message_id: row.get(2)?,
-                        event: row.get(3)?,
-                        at: row.get(4)?,
-                        held: row.get(5)?,
-                    })
-                },
-            )?
-            .collect::<Result<_, _>>()?;
-        // Fewer than the room: the read may pass what the endpoint does
-        // not want, up to the tenant's newest event.
-        let top: Option<Cursor> = if next.len() < stream.room {
-            tx.prepare_cached(
-                "SELECT xid, id FROM message_events WHERE tenant_id = ?1 \
-                 ORDER BY xid DESC, id DESC LIMIT 1",
-            )?
-            .query_row([stream.tenant], |row| Ok((row.get(0)?, row.get(1)?)))
-            .optional()?
-        } else {
-            None
-        };
-        let plan = stream.plan(read, next, top);
-        let mut hold = tx.prepare_cached(HOLD)?;
-        for event in &plan.holds {
-            hold.execute(rusqlite::params![
-                event.cursor.1,
-                stream.tenant,
-                event.message_id,
-                event.event,
-                event.at
-            ])?;
-        }
-        let mut snapshot = tx.prepare_cached(SNAPSHOT)?;
-        for call in &plan.calls {
-            if let Some(row) = snapshot
-                .query_row([call.event_id], snapshot_row)
-                .optional()?
-            {
-                rows.push((call.event_id, row));
-            }
-        }
-        calls.extend(plan.calls);
-        read = plan.read;
+        read = read_events(tx, stream, (read, &events), calls, rows)?;
     }
     tx.prepare_cached(
         "UPDATE webhooks SET stream_owner = ?2, stream_until = ?3, read_xid = ?4, read_id = ?5 \
@@ -326,6 +271,74 @@ fn read_stream(
         read.1
     ])?;
     Ok(Some(StreamRead { fresh, read }))
+}
+
+/// [`read_stream`]'s read of up to the stream's room of the `events` its
+/// endpoint wants past `read`: holds what waits behind a failed call, adds the calls (and their
+/// data rows), and gives the read's new place.
+fn read_events(
+    tx: &Transaction,
+    stream: &StreamPass,
+    (read, events): (Cursor, &str),
+    calls: &mut Vec<DueCall>,
+    rows: &mut Vec<(i64, SnapshotRow)>,
+) -> rusqlite::Result<Cursor> {
+    let next: Vec<NextEvent> = tx
+        .prepare_cached(
+            "SELECT e.xid, e.id, e.message_id, e.event, e.at, \
+             EXISTS (SELECT 1 FROM webhook_deliveries AS d WHERE d.message_id = e.message_id) \
+             FROM message_events AS e \
+             WHERE e.tenant_id = ?1 AND e.xid = ?2 AND e.id > ?3 \
+             AND instr(?4, ' message.' || e.event || ' ') > 0 \
+             ORDER BY e.xid, e.id LIMIT ?5",
+        )?
+        .query_map(
+            rusqlite::params![stream.tenant, read.0, read.1, events, stream.room as i64],
+            |row| {
+                Ok(NextEvent {
+                    cursor: (row.get(0)?, row.get(1)?),
+                    message_id: row.get(2)?,
+                    event: row.get(3)?,
+                    at: row.get(4)?,
+                    held: row.get(5)?,
+                })
+            },
+        )?
+        .collect::<Result<_, _>>()?;
+    // Fewer than the room: the read may pass what the endpoint does
+    // not want, up to the tenant's newest event.
+    let top: Option<Cursor> = if next.len() < stream.room {
+        tx.prepare_cached(
+            "SELECT xid, id FROM message_events WHERE tenant_id = ?1 \
+             ORDER BY xid DESC, id DESC LIMIT 1",
+        )?
+        .query_row([stream.tenant], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?
+    } else {
+        None
+    };
+    let plan = stream.plan(read, next, top);
+    let mut hold = tx.prepare_cached(HOLD)?;
+    for event in &plan.holds {
+        hold.execute(rusqlite::params![
+            event.cursor.1,
+            stream.tenant,
+            event.message_id,
+            event.event,
+            event.at
+        ])?;
+    }
+    let mut snapshot = tx.prepare_cached(SNAPSHOT)?;
+    for call in &plan.calls {
+        if let Some(row) = snapshot
+            .query_row([call.event_id], snapshot_row)
+            .optional()?
+        {
+            rows.push((call.event_id, row));
+        }
+    }
+    calls.extend(plan.calls);
+    Ok(plan.read)
 }
 
 /// An endpoint's stream as its row holds it: reader, lease end, read,
