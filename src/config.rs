@@ -1562,7 +1562,7 @@ mod tests {
                 .unwrap_err();
         let text = format!("{err:#}");
         assert!(
-            text.contains("providers.email.kind must be \"log\" or \"ses\""),
+            text.contains("providers.email: kind \"http\" cannot deliver email (a provider of email is \"log\" or \"ses\")"),
             "{text}"
         );
     }

@@ -22,17 +22,19 @@ use crate::model::Channel;
 pub struct ProvidersSettings {
     /// The first email provider (a pool of one unless `email_pool` names
     /// more).
+    #[serde(deserialize_with = "email_provider")]
     pub email: ProviderSettings,
     /// The first SMS provider.
+    #[serde(deserialize_with = "sms_provider")]
     pub sms: ProviderSettings,
     /// Further email providers, by name: `[providers.email_pool.NAME]`
     /// (`FAIRLANE__PROVIDERS__EMAIL_POOL__NAME__KIND=ses`). Each message
     /// goes to one provider of its channel's pool, chosen by weight and
     /// health (see [`crate::limits::gate`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "email_pool")]
     pub email_pool: BTreeMap<String, ProviderSettings>,
     /// Further SMS providers, by name.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "sms_pool")]
     pub sms_pool: BTreeMap<String, ProviderSettings>,
     /// When a provider of a pool loses its share and how it wins it back.
     #[serde(default)]
@@ -142,9 +144,9 @@ impl Default for ProviderHealthSettings {
 /// One provider of a pool, as configured: what every kind has (its name,
 /// weight, rate, timeout and circuit breaker) and its kind with that kind's
 /// own settings. Read from a table through [`ProviderTable`], which refuses
-/// a setting the kind does not have.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(try_from = "ProviderTable")]
+/// a setting the kind does not have, in a channel's pool, which refuses a
+/// kind of another channel.
+#[derive(Debug, Clone)]
 pub struct ProviderSettings {
     /// The first provider of a channel only: its name (see
     /// [`ProviderTable::name`]). Pool entries are named by their key.
@@ -503,6 +505,61 @@ impl TryFrom<ProviderTable> for ProviderSettings {
             kind: settings,
         })
     }
+}
+
+/// A provider table of one channel's pool: a kind of another channel is
+/// refused first, then the table is made into its kind's settings.
+struct OfChannel<const EMAIL: bool>(ProviderSettings);
+
+impl<'de, const EMAIL: bool> Deserialize<'de> for OfChannel<EMAIL> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let channel = if EMAIL { Channel::Email } else { Channel::Sms };
+        let table = ProviderTable::deserialize(deserializer)?;
+        if !table.kind.channels().contains(&channel) {
+            let kinds: Vec<String> = [KindName::Log, KindName::Ses, KindName::Http]
+                .into_iter()
+                .filter(|kind| kind.channels().contains(&channel))
+                .map(|kind| format!("\"{}\"", kind.as_str()))
+                .collect();
+            return Err(D::Error::custom(format!(
+                "kind \"{}\" cannot deliver {channel} (a provider of {channel} is {})",
+                table.kind.as_str(),
+                kinds.join(" or ")
+            )));
+        }
+        ProviderSettings::try_from(table)
+            .map(OfChannel)
+            .map_err(D::Error::custom)
+    }
+}
+
+fn email_provider<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
+    OfChannel::<true>::deserialize(d).map(|provider| provider.0)
+}
+
+fn sms_provider<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
+    OfChannel::<false>::deserialize(d).map(|provider| provider.0)
+}
+
+fn email_pool<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, ProviderSettings>, D::Error> {
+    let pool = BTreeMap::<String, OfChannel<true>>::deserialize(d)?;
+    Ok(pool
+        .into_iter()
+        .map(|(name, provider)| (name, provider.0))
+        .collect())
+}
+
+fn sms_pool<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, ProviderSettings>, D::Error> {
+    let pool = BTreeMap::<String, OfChannel<false>>::deserialize(d)?;
+    Ok(pool
+        .into_iter()
+        .map(|(name, provider)| (name, provider.0))
+        .collect())
 }
 
 /// The reference documents a provider as the table it is written as.
