@@ -8,7 +8,9 @@ src/queue/embedded/ and src/queue/postgres/, on a write of a message's status, i
 events or its webhook calls outside the lifecycle's two files, and on a
 match of the store's backend outside src/store/mod.rs, on sqlx used for the
 SQLite file (rusqlite is its one driver), and on a function of non-test
-code over 100 lines. Standard library only: `python3 .ci/layers.py`."""
+code over 100 lines, and on a file of non-test code over 1,000 lines of code
+(blank and comment lines not counted). Standard library only:
+`python3 .ci/layers.py`."""
 
 import pathlib
 import re
@@ -46,6 +48,8 @@ PATH = re.compile(r"\bcrate::([a-z_]+)")
 SQLX_SQLITE = re.compile(r"\bsqlx::(sqlite|Sqlite)")
 FN = re.compile(r"^\s*(pub(\([^)]*\))?\s+)?(async\s+)?(const\s+)?fn\s+(\w+)")
 MAX_FN_LINES = 100
+# Lines of code (not blank, not comment) of one file's non-test code.
+MAX_FILE_LINES = 1000
 
 
 def long_functions(code):
@@ -111,6 +115,9 @@ def main():
             problems.append(f"the store's backend matched outside store/mod.rs: src/{rel}")
         if SQLX_SQLITE.search(code):
             problems.append(f"sqlx used for the SQLite file (rusqlite is its driver): src/{rel}")
+        lines_of_code = sum(1 for line in code.splitlines() if line.strip())
+        if lines_of_code > MAX_FILE_LINES:
+            problems.append(f"src/{rel} has {lines_of_code} lines of code (over {MAX_FILE_LINES})")
         for name, line, length in long_functions(code):
             problems.append(f"fn {name} is {length} lines (over {MAX_FN_LINES}): src/{rel}:{line}")
     for source, targets in FORBIDDEN.items():

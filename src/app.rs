@@ -19,13 +19,13 @@ use crate::accept::outbox::Outbox;
 use crate::api::auth::AdminAuth;
 use crate::api::{self, AppInner, AppState};
 use crate::config::{LimitsBackend, QueueBackend, Settings};
-use crate::consumer::{Delivery, GatedProvider, LaneConsumer, PoolMember};
+use crate::consumer::{ChannelProviders, Delivery, GatedProvider, LaneConsumer, PoolMember};
 use crate::limits::admission::TenantLimits;
 use crate::limits::backpressure::{LaneBackpressure, PendingCounts};
 use crate::limits::gate::{MemberSpec, ProviderGate};
 use crate::limits::redis::RedisLimits;
 use crate::limits::tenant::SentCounts;
-use crate::model::{Channel, Lane, TenantStatus};
+use crate::model::{Channel, Lane, TenantStatus, World};
 use crate::queue::embedded::EmbeddedQueue;
 use crate::queue::postgres::PgLanes;
 use crate::queue::sqs::SqsQueue;
@@ -418,24 +418,7 @@ async fn delivery(
         registry: registry.clone(),
         queue: queue.clone(),
         tenant_queues: tenant_queues.clone(),
-        email: gated(
-            &settings.providers,
-            Channel::Email,
-            share,
-            redis.clone(),
-            None,
-        )
-        .await?,
-        sms: gated(
-            &settings.providers,
-            Channel::Sms,
-            share,
-            redis.clone(),
-            settings.server.public_url.as_deref(),
-        )
-        .await?,
-        test_email: simulated(&settings.providers.email, share),
-        test_sms: simulated(&settings.providers.sms, share),
+        providers: channel_providers(settings, share, redis).await?,
         retry: settings.retry.clone(),
         consumers: settings.consumers.clone(),
         status: store_writer.clone(),
@@ -548,10 +531,7 @@ fn start_consumers(
     let Some(delivery) = delivery else {
         return (Vec::new(), Vec::new());
     };
-    let providers = vec![
-        (Channel::Email, delivery.email.clone()),
-        (Channel::Sms, delivery.sms.clone()),
-    ];
+    let providers = delivery.providers.live();
     background.push(tokio::spawn(report_provider_shares(
         providers.clone(),
         shutdown_rx.clone(),
@@ -842,6 +822,33 @@ fn simulated(settings: &crate::config::ProviderSettings, low_priority_share: f64
             settings,
         )),
     )
+}
+
+/// Each channel's gated pool in each world: the configured providers for
+/// live messages, the simulated one for test keys' (timing out after the
+/// channel's first provider's `timeout_ms`).
+async fn channel_providers(
+    settings: &Settings,
+    share: f64,
+    redis: &Option<Arc<RedisLimits>>,
+) -> anyhow::Result<ChannelProviders> {
+    let mut pools = Vec::new();
+    for channel in Channel::ALL.iter().copied() {
+        // Only a kind that is called back (`http`) uses the public URL.
+        let public_url = settings.server.public_url.as_deref();
+        let live = gated(
+            &settings.providers,
+            channel,
+            share,
+            redis.clone(),
+            public_url,
+        )
+        .await?;
+        let first = settings.providers.pool(channel)[0].settings;
+        pools.push((channel, World::Live, live));
+        pools.push((channel, World::Test, simulated(first, share)));
+    }
+    ChannelProviders::new(pools)
 }
 
 /// Completes on SIGINT or SIGTERM.

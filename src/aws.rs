@@ -35,7 +35,7 @@ pub fn loader(
 /// The SDK configuration for a provider's settings (region, endpoint and
 /// static keys where set); fails naming `what` when no region is found.
 pub async fn provider_config(
-    settings: &crate::config::ProviderSettings,
+    settings: &crate::config::SesSettings,
     what: &str,
 ) -> anyhow::Result<aws_config::SdkConfig> {
     let sdk_config = loader(

@@ -17,7 +17,13 @@ use schemars::JsonSchema;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::model::{Channel, Lane};
+use crate::model::Lane;
+
+mod providers;
+pub use providers::{
+    HttpSmsSettings, LogSettings, PoolEntry, ProviderHealthSettings, ProviderKind,
+    ProviderSettings, ProvidersSettings, SesSettings,
+};
 
 /// The built-in defaults, compiled into the binary so `fairlane serve` runs
 /// with no file at all.
@@ -360,240 +366,6 @@ fn default_slice_max_messages() -> usize {
 
 fn default_slice_max_secs() -> u64 {
     5
-}
-
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProvidersSettings {
-    /// The first email provider (a pool of one unless `email_pool` names
-    /// more).
-    pub email: ProviderSettings,
-    /// The first SMS provider.
-    pub sms: ProviderSettings,
-    /// Further email providers, by name: `[providers.email_pool.NAME]`
-    /// (`FAIRLANE__PROVIDERS__EMAIL_POOL__NAME__KIND=ses`). Each message
-    /// goes to one provider of its channel's pool, chosen by weight and
-    /// health (see [`crate::limits::gate`]).
-    #[serde(default)]
-    pub email_pool: BTreeMap<String, ProviderSettings>,
-    /// Further SMS providers, by name.
-    #[serde(default)]
-    pub sms_pool: BTreeMap<String, ProviderSettings>,
-    /// When a provider of a pool loses its share and how it wins it back.
-    #[serde(default)]
-    pub health: ProviderHealthSettings,
-}
-
-/// One provider of a channel's pool, as configured.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolEntry<'a> {
-    /// The provider's name: the Redis gate key, the `provider` metrics
-    /// label, the message's `provider`, the admin view.
-    pub name: &'a str,
-    /// Where it is configured (`providers.sms`, `providers.sms_pool.backup`),
-    /// for error messages.
-    pub path: &'a str,
-    pub settings: &'a ProviderSettings,
-}
-
-impl ProvidersSettings {
-    /// `channel`'s providers in order: its table first (named by its
-    /// `name`, the channel's own name by default), then its pool by name.
-    pub fn pool(&self, channel: Channel) -> Vec<PoolEntry<'_>> {
-        let (first, path, more, more_path) = match channel {
-            Channel::Email => (
-                &self.email,
-                "providers.email",
-                &self.email_pool,
-                "providers.email_pool",
-            ),
-            Channel::Sms => (
-                &self.sms,
-                "providers.sms",
-                &self.sms_pool,
-                "providers.sms_pool",
-            ),
-        };
-        let mut entries = vec![PoolEntry {
-            name: first.name.as_deref().unwrap_or(channel.as_str()),
-            path,
-            settings: first,
-        }];
-        entries.extend(more.iter().map(|(name, settings)| PoolEntry {
-            name: name.as_str(),
-            path: more_path,
-            settings,
-        }));
-        entries
-    }
-
-    /// Every provider of both channels, with its channel.
-    pub fn all(&self) -> impl Iterator<Item = (Channel, PoolEntry<'_>)> {
-        Channel::ALL
-            .iter()
-            .copied()
-            .flat_map(move |channel| self.pool(channel).into_iter().map(move |e| (channel, e)))
-    }
-}
-
-/// `[providers.health]`: how a pool's routing judges its providers by
-/// their recent calls. A provider whose calls in the last `window_secs`
-/// (at least `min_calls` of them) failed more often than
-/// `max_failure_rate` (5xx, timeouts, refused connections, and SMS
-/// receipts reporting `failed`), or took longer than `max_latency_ms` on
-/// average, is marked down: it gets no new messages for `down_secs`
-/// while another provider of its channel can take them, then wins its
-/// weight back in a straight line over `recover_secs`. Its window starts
-/// empty when it is marked down, so one bad spell is not judged twice;
-/// failing again while it recovers marks it down again.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProviderHealthSettings {
-    /// The span of recent calls (and, apart, SMS receipts) a provider is
-    /// judged by.
-    pub window_secs: u64,
-    /// Calls (or receipts) in the window before it is judged at all.
-    pub min_calls: u32,
-    /// Share of failed calls in the window past which it is marked down.
-    pub max_failure_rate: f64,
-    /// Mean time of the calls that worked past which it is marked down.
-    pub max_latency_ms: u64,
-    /// Receipts (SMS status callbacks) coming longer than this after their
-    /// sends on average, over at least `min_calls` of them, mark the
-    /// provider down too.
-    pub max_receipt_delay_ms: u64,
-    /// How long a provider marked down gets no new messages while another
-    /// provider of its channel can take them.
-    pub down_secs: u64,
-    /// How long it then takes to win its weight back, in a straight line
-    /// from a tenth.
-    pub recover_secs: u64,
-}
-
-impl Default for ProviderHealthSettings {
-    fn default() -> Self {
-        ProviderHealthSettings {
-            window_secs: 10,
-            min_calls: 10,
-            max_failure_rate: 0.5,
-            max_latency_ms: 5000,
-            max_receipt_delay_ms: 600_000,
-            down_secs: 5,
-            recover_secs: 20,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderKind {
-    /// Writes each delivery as a JSON line (development default).
-    Log,
-    /// Amazon SES v2 (email only).
-    Ses,
-    /// Twilio-compatible Messages API (SMS only).
-    Http,
-}
-
-/// One provider's connection and rate settings. Fields that only one kind
-/// uses are optional here and checked in [`Settings::validate`].
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderSettings {
-    /// `log` (development), `ses` (email) or `http` (SMS).
-    pub kind: ProviderKind,
-    /// The first provider of a channel only: its name (default the
-    /// channel's, `email` or `sms`; 1-32 of `a-z 0-9 - _`), used as the
-    /// metrics label, the Redis gate key, the message's `provider` and in
-    /// the admin view. Pool entries are named by their key.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Its share of the channel's messages beside the pool's other
-    /// providers (1 to 1000; default 1).
-    #[serde(default = "default_weight")]
-    pub weight: u32,
-    /// Sends per second the provider allows: with `burst`, the provider's
-    /// contract of at most `burst + rate × t` calls in any window t. From
-    /// 0.001 to 1000000, and `burst / rate_per_second` (the time an empty
-    /// bucket takes to fill) at most a year. The gate starts empty at every
-    /// start.
-    pub rate_per_second: f64,
-    /// Sends allowed at once after idle.
-    pub burst: u32,
-    /// Sender address (email) or number (SMS).
-    #[serde(default)]
-    pub from: Option<String>,
-    /// ses: AWS region; defaults to the standard AWS chain.
-    #[serde(default)]
-    pub region: Option<String>,
-    /// ses: endpoint override.
-    #[serde(default)]
-    pub endpoint_url: Option<String>,
-    /// ses: static access key id, for local SES-compatible servers; leave
-    /// unset on AWS so the standard credential chain (env, profile, role) is used.
-    #[serde(default)]
-    pub access_key_id: Option<String>,
-    /// ses: the secret belonging to `access_key_id`.
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub secret_access_key: Option<SecretString>,
-    /// http: base URL of the Twilio-compatible API.
-    #[serde(default)]
-    pub base_url: Option<String>,
-    /// http: account SID (basic-auth user).
-    #[serde(default)]
-    pub account_sid: Option<String>,
-    /// http: auth token (basic-auth password).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub auth_token: Option<SecretString>,
-    /// http and ses: timeout of one provider call (default 10 s).
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    /// log: file to append JSON lines to; stdout when absent.
-    #[serde(default)]
-    pub log_path: Option<PathBuf>,
-    /// ses: the configuration set sent with every email, whose event
-    /// destination publishes delivery, bounce and complaint events to SNS.
-    #[serde(default)]
-    pub configuration_set: Option<String>,
-    /// ses: the SQS queue subscribed to that SNS topic; fairlane reads the
-    /// events from it (with this provider's region, endpoint and keys).
-    #[serde(default)]
-    pub events_queue_url: Option<String>,
-    /// ses: send each email with `TenantName` = the fairlane tenant's id,
-    /// so SES keeps each tenant's reputation apart (the SES tenants must
-    /// exist; see the book's "Sender identities").
-    #[serde(default)]
-    pub ses_tenants: bool,
-    /// Failed calls in a row (5xx, timeouts, refused connections) that open
-    /// this provider's circuit breaker; 0 turns it off.
-    #[serde(default = "default_breaker_failures")]
-    pub breaker_failures: u32,
-    /// How long the breaker stays open the first time, in milliseconds; it
-    /// doubles each time the failures go on, up to `breaker_max_open_secs`
-    /// (each at most an hour, as a provider's `Retry-After`).
-    #[serde(default = "default_breaker_open_ms")]
-    pub breaker_open_ms: u64,
-    /// The longest the breaker stays open, in seconds (at most an hour).
-    #[serde(default = "default_breaker_max_open_secs")]
-    pub breaker_max_open_secs: u64,
-}
-
-fn default_weight() -> u32 {
-    1
-}
-
-fn default_breaker_failures() -> u32 {
-    5
-}
-
-fn default_breaker_open_ms() -> u64 {
-    1000
-}
-
-fn default_breaker_max_open_secs() -> u64 {
-    30
 }
 
 /// `[receipts]`.
@@ -1171,7 +943,7 @@ impl Settings {
             }
         }
         self.validate_workers()?;
-        self.validate_providers()?;
+        self.providers.validate()?;
         self.validate_sqs()?;
         self.validate_limits()?;
         for (name, plan) in &self.plans {
@@ -1304,59 +1076,6 @@ impl Settings {
         Ok(())
     }
 
-    /// Checks every provider of both pools: figures in range, what its
-    /// kind needs, names that can be Redis keys and metric labels.
-    fn validate_providers(&self) -> anyhow::Result<()> {
-        // One name, one provider, across both channels: the gate's Redis
-        // bucket (`{prefix}:gate:{name}`), its metrics and its callback URL
-        // are keyed by the name alone, so an email and an SMS provider of
-        // one name would share a bucket.
-        let mut seen: std::collections::HashMap<&str, Channel> = std::collections::HashMap::new();
-        for channel in Channel::ALL.iter().copied() {
-            for entry in self.providers.pool(channel) {
-                let path = if entry.path.ends_with("_pool") {
-                    format!("{}.{}", entry.path, entry.name)
-                } else {
-                    entry.path.to_owned()
-                };
-                if entry.path.ends_with("_pool") && entry.settings.name.is_some() {
-                    bail!("{path}.name must not be set: a pool entry is named by its key");
-                }
-                validate_provider(&path, channel, entry.name, entry.settings)?;
-                match seen.insert(entry.name, channel) {
-                    Some(first) if first == channel => bail!(
-                        "{path}: the name {:?} is used twice among the {channel} providers",
-                        entry.name
-                    ),
-                    Some(first) => bail!(
-                        "{path}: the name {:?} is already one of the {first} providers; a \
-                         name is one provider across both channels (its rate limit, metrics \
-                         and callbacks are keyed by it)",
-                        entry.name
-                    ),
-                    None => {}
-                }
-            }
-        }
-        let health = &self.providers.health;
-        if health.window_secs == 0 || health.window_secs > 3600 {
-            bail!("providers.health.window_secs must be between 1 and 3600");
-        }
-        if health.min_calls == 0 {
-            bail!("providers.health.min_calls must be at least 1");
-        }
-        if !(health.max_failure_rate > 0.0 && health.max_failure_rate <= 1.0) {
-            bail!("providers.health.max_failure_rate must be above 0 and at most 1");
-        }
-        if health.max_latency_ms == 0 || health.max_receipt_delay_ms == 0 {
-            bail!("providers.health.max_latency_ms and max_receipt_delay_ms must be at least 1");
-        }
-        if health.down_secs > 3600 || health.recover_secs > 3600 {
-            bail!("providers.health.down_secs and recover_secs must be at most 3600");
-        }
-        Ok(())
-    }
-
     fn validate_limits(&self) -> anyhow::Result<()> {
         let limits = &self.limits;
         if !is_sensible_rate(limits.tenant_writes_per_second) {
@@ -1410,81 +1129,6 @@ impl Settings {
             format!("{host}-{}", std::process::id())
         })
     }
-}
-
-/// Checks one provider, configured at `path`, of `channel`'s pool.
-fn validate_provider(
-    path: &str,
-    channel: Channel,
-    name: &str,
-    provider: &ProviderSettings,
-) -> anyhow::Result<()> {
-    if name.is_empty()
-        || name.len() > 32
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_".contains(&b))
-    {
-        bail!(
-            "{path}: a provider's name must be 1-32 characters of a-z, 0-9, '-' or '_' (got {name:?})"
-        );
-    }
-    if provider.weight == 0 || provider.weight > 1000 {
-        bail!("{path}.weight must be between 1 and 1000");
-    }
-    if !is_sensible_rate(provider.rate_per_second) {
-        bail!(
-            "{path}.rate_per_second must be a number from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND}"
-        );
-    }
-    if provider.burst == 0 {
-        bail!("{path}.burst must be at least 1");
-    }
-    if f64::from(provider.burst) / provider.rate_per_second > MAX_PROVIDER_REFILL_SECS {
-        bail!(
-            "{path}.burst / rate_per_second (the time an empty bucket takes to fill) must be at most {MAX_PROVIDER_REFILL_SECS} s"
-        );
-    }
-    let max_open = MAX_PROVIDER_PAUSE.as_secs();
-    if provider.breaker_open_ms > max_open * 1000 || provider.breaker_max_open_secs > max_open {
-        bail!("{path}.breaker_open_ms and breaker_max_open_secs must be at most {max_open} s");
-    }
-    if provider.access_key_id.is_some() != provider.secret_access_key.is_some() {
-        bail!("{path}.access_key_id and secret_access_key must be set together");
-    }
-    if provider.events_queue_url.is_some() && provider.kind != ProviderKind::Ses {
-        bail!("{path}.events_queue_url needs {path}.kind = \"ses\"");
-    }
-    match (channel, provider.kind) {
-        (Channel::Email, ProviderKind::Http) => bail!("{path}.kind must be \"ses\" or \"log\""),
-        (Channel::Sms, ProviderKind::Ses) => bail!("{path}.kind must be \"http\" or \"log\""),
-        (Channel::Email, _) => {
-            if provider.from.as_deref().unwrap_or("").is_empty() {
-                bail!("{path}.from is required");
-            }
-        }
-        (Channel::Sms, ProviderKind::Http) => {
-            for (key, value) in [
-                ("base_url", &provider.base_url),
-                ("account_sid", &provider.account_sid),
-                ("from", &provider.from),
-            ] {
-                if value.as_deref().unwrap_or("").is_empty() {
-                    bail!("{path}.{key} is required when {path}.kind = \"http\"");
-                }
-            }
-            // An empty token would sign callbacks with an empty key, which
-            // anyone can forge.
-            let token = provider.auth_token.as_ref();
-            if token.is_none_or(|token| token.expose_secret().trim().is_empty()) {
-                bail!(
-                    "{path}.auth_token is required (and must not be empty) when {path}.kind = \"http\""
-                );
-            }
-        }
-        (Channel::Sms, _) => {}
-    }
-    Ok(())
 }
 
 /// The slowest rate a plan or provider may have: one send in 1,000 s.
@@ -1564,7 +1208,7 @@ mod tests {
             .merge(("providers.sms.auth_token", "from-the-environment"));
         let settings = Settings::from_figment(figment).unwrap();
         assert!(settings.storage.fsync);
-        assert_eq!(settings.providers.sms.kind, ProviderKind::Http);
+        assert_eq!(settings.providers.sms.kind.name(), "http");
         assert!(settings.plans.contains_key("startup"));
     }
 
@@ -1574,7 +1218,7 @@ mod tests {
         let figment = Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::file(example));
         let settings = Settings::from_figment(figment).unwrap();
         assert_eq!(settings.queue.backend, QueueBackend::Sqs);
-        assert_eq!(settings.providers.email.kind, ProviderKind::Ses);
+        assert_eq!(settings.providers.email.kind.name(), "ses");
         assert_eq!(settings.consumers.receive_wait_secs, 20);
     }
 
@@ -1646,7 +1290,8 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
         let figment = merge_env(Figment::from(Toml::string(DEFAULT_TOML)), vars.into_iter());
         let settings = Settings::from_figment(figment).unwrap();
-        assert_eq!(settings.providers.sms.from.as_deref(), Some("+15550001111"));
+        let http = settings.providers.sms.kind.http().unwrap();
+        assert_eq!(http.from, "+15550001111");
         assert_eq!(settings.lanes.fast.concurrency, 64);
     }
 
@@ -1878,7 +1523,48 @@ mod tests {
     #[test]
     fn http_sms_without_base_url_is_rejected() {
         let err = Settings::from_toml_overlay("[providers.sms]\nkind = \"http\"\n").unwrap_err();
-        assert!(format!("{err:#}").contains("base_url"));
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("providers.sms: base_url is required"),
+            "{text}"
+        );
+    }
+
+    /// Each kind holds its own settings only: another kind's setting is
+    /// refused at start, named with the table it is in, never ignored.
+    #[test]
+    fn a_provider_with_another_kinds_setting_is_refused_naming_it() {
+        let ses = "[providers.email]\nkind = \"ses\"\n";
+        let http = "[providers.sms]\nkind = \"http\"\nbase_url = \"http://127.0.0.1:9\"\n\
+                    account_sid = \"AC1\"\nauth_token = \"t\"\nfrom = \"+15550001111\"\n";
+        let log = "[providers.sms_pool.spare]\nkind = \"log\"\nrate_per_second = 1.0\nburst = 1\n";
+        for (table, foreign, at) in [
+            (ses, "base_url = \"http://127.0.0.1:9\"", "providers.email"),
+            (ses, "log_path = \"/tmp/x\"", "providers.email"),
+            (http, "ses_tenants = false", "providers.sms"),
+            (http, "region = \"eu-west-1\"", "providers.sms"),
+            (log, "account_sid = \"AC1\"", "providers.sms_pool.spare"),
+        ] {
+            let field = foreign.split(' ').next().unwrap();
+            let err = Settings::from_toml_overlay(&format!("{table}{foreign}\n")).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.contains(&format!(
+                    "{at}: {field} is not a setting of a provider of kind"
+                )),
+                "{text}"
+            );
+            Settings::from_toml_overlay(table).unwrap();
+        }
+        // The channel's own kinds only.
+        let err =
+            Settings::from_toml_overlay(http.replace("providers.sms", "providers.email").as_str())
+                .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("providers.email: kind \"http\" cannot deliver email (a provider of email is \"log\" or \"ses\")"),
+            "{text}"
+        );
     }
 
     #[test]

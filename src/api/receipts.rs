@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem, TenantUnauthorized};
 use super::{ApiPath, AppState};
 use crate::api::auth::TenantAuth;
-use crate::config::ProviderKind;
+use crate::config::{HttpSmsSettings, ProviderKind};
 use crate::model::{MessageStatus, ms_to_rfc3339};
 use crate::receipts::{self, twilio};
 use crate::store::events;
@@ -275,8 +275,8 @@ async fn take_callback(
             }
         },
     };
-    let (Some(public_url), ProviderKind::Http, Some(auth_token)) =
-        (&settings.server.public_url, sms.kind, &sms.auth_token)
+    let (Some(public_url), ProviderKind::Http(HttpSmsSettings { auth_token, .. })) =
+        (&settings.server.public_url, &sms.kind)
     else {
         return Err(ApiError::NotFound(
             "SMS receipts are not set up: set server.public_url and an http SMS provider.".into(),

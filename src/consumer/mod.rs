@@ -109,12 +109,8 @@ pub struct Delivery {
     /// workers. A slice's delivery keeps it while its `queue` is the
     /// tenant's own.
     pub tenant_queues: Arc<dyn TenantQueues>,
-    pub email: GatedProvider,
-    pub sms: GatedProvider,
-    /// The simulated providers of test keys' messages, each with a gate of
-    /// its own (see [`crate::providers::simulated`]).
-    pub test_email: GatedProvider,
-    pub test_sms: GatedProvider,
+    /// Each channel's gated provider pool in each world.
+    pub providers: ChannelProviders,
     pub retry: RetrySettings,
     pub consumers: ConsumerSettings,
     /// Batches `sending`/`sent` status changes into shared transactions.
@@ -194,15 +190,56 @@ impl Delivery {
         Some(pause)
     }
 
-    /// The provider `message` goes to: its channel's, or the simulated one
-    /// for a test key's message.
+    /// The provider `message` goes to: its channel's in its world.
     pub fn provider_for(&self, message: &crate::message::DeliveryPayload) -> &GatedProvider {
-        match (message.test, message.channel) {
-            (false, Channel::Email) => &self.email,
-            (false, Channel::Sms) => &self.sms,
-            (true, Channel::Email) => &self.test_email,
-            (true, Channel::Sms) => &self.test_sms,
+        self.providers
+            .get(message.channel, World::of_test(message.test))
+    }
+}
+
+/// Each channel's gated provider pool in each world: the live world's are
+/// the configured providers, the test world's the simulated ones (each with
+/// a gate of its own, see [`crate::providers::simulated`]). One pool per
+/// channel and world, checked when it is built.
+#[derive(Clone)]
+pub struct ChannelProviders {
+    pools: Vec<(Channel, World, GatedProvider)>,
+}
+
+impl ChannelProviders {
+    /// `pools` must hold one pool for each channel in each world.
+    pub fn new(pools: Vec<(Channel, World, GatedProvider)>) -> anyhow::Result<Self> {
+        for channel in Channel::ALL.iter().copied() {
+            for world in [World::Live, World::Test] {
+                let count = pools
+                    .iter()
+                    .filter(|(c, w, _)| *c == channel && *w == world)
+                    .count();
+                anyhow::ensure!(
+                    count == 1,
+                    "{count} provider pools for {channel} in the {world:?} world (one needed)"
+                );
+            }
         }
+        Ok(ChannelProviders { pools })
+    }
+
+    /// `channel`'s pool in `world`.
+    pub fn get(&self, channel: Channel, world: World) -> &GatedProvider {
+        self.pools
+            .iter()
+            .find(|(c, w, _)| *c == channel && *w == world)
+            .map(|(_, _, pool)| pool)
+            .expect("ChannelProviders::new checked every channel and world")
+    }
+
+    /// Each channel's live pool, with its channel.
+    pub fn live(&self) -> Vec<(Channel, GatedProvider)> {
+        self.pools
+            .iter()
+            .filter(|(_, world, _)| *world == World::Live)
+            .map(|(channel, _, pool)| (*channel, pool.clone()))
+            .collect()
     }
 }
 

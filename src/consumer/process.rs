@@ -36,10 +36,14 @@ use crate::store::Called;
 use crate::store::SendCheck;
 use crate::store::suppressions;
 
+mod content;
 mod lease;
+mod simulated;
 
+use content::{read_files, render_template};
 pub(super) use lease::renew_if_parked_long;
 use lease::{defer, kept_visible, put_back};
+use simulated::simulate_receipt;
 
 /// What a message's processing task needs.
 pub(super) struct Context {
@@ -285,86 +289,6 @@ pub(super) async fn look_up(delivery: &Delivery, messages: &mut [ReceivedMessage
     }
 }
 
-/// A test key's message was "sent": its simulated receipts follow, in
-/// order, through the same path as a provider's (status, event,
-/// suppression, webhook).
-fn simulate_receipt(context: &Context, payload: &DeliveryPayload, provider_message_id: &str) {
-    let receipts = simulated_receipts(payload, provider_message_id);
-    let (db, writer) = (context.delivery.db.clone(), context.delivery.status.clone());
-    tokio::spawn(async move {
-        for receipt in receipts {
-            if let Err(err) = crate::receipts::ingest(&db, &writer, &receipt).await {
-                warn!(provider_message_id = %receipt.provider_message_id, error = %format!("{err:#}"), "Could not record a test message's simulated receipt.");
-            }
-        }
-    });
-}
-
-/// The receipts the simulated provider "sends" for a message it took. An
-/// SMS: delivered, or failed (undelivered) with the number suppressed. An
-/// email, as SES reports per address: a delivery naming the recipients
-/// (to, cc and bcc) that are not `bounced@`, then a permanent bounce naming
-/// those that are, suppressed; the message ends `bounced` if any bounced.
-fn simulated_receipts(
-    message: &DeliveryPayload,
-    provider_message_id: &str,
-) -> Vec<crate::receipts::Receipt> {
-    use crate::model::{Channel, MessageStatus};
-    use crate::providers::simulated::{NAME, Outcome};
-    use crate::receipts::{Receipt, ReportedRecipient};
-    let receipt = |outcome: MessageStatus, detail: Option<&str>, to: Vec<String>| {
-        let bounced = outcome != MessageStatus::Delivered;
-        Receipt {
-            provider: NAME.into(),
-            provider_message_id: provider_message_id.to_owned(),
-            outcome: Some(outcome),
-            event: outcome.as_str().to_owned(),
-            detail: detail.map(str::to_owned),
-            suppress: if bounced { to.clone() } else { Vec::new() },
-            suppress_reason: bounced.then(|| "bounce".to_owned()),
-            recipients: match message.channel {
-                Channel::Email => to
-                    .into_iter()
-                    .map(|address| ReportedRecipient {
-                        address,
-                        detail: detail.map(str::to_owned),
-                    })
-                    .collect(),
-                Channel::Sms => Vec::new(),
-            },
-        }
-    };
-    let bounces = |to: &String| Outcome::of(message.channel, to) == Outcome::Bounced;
-    if message.channel == Channel::Sms {
-        return vec![if bounces(&message.to) {
-            receipt(
-                MessageStatus::Failed,
-                Some("undelivered, error 30005 (simulated)"),
-                vec![message.to.clone()],
-            )
-        } else {
-            receipt(MessageStatus::Delivered, None, Vec::new())
-        }];
-    }
-    let (bounced, delivered): (Vec<String>, Vec<String>) = std::iter::once(&message.to)
-        .chain(&message.cc)
-        .chain(&message.bcc)
-        .cloned()
-        .partition(bounces);
-    let mut receipts = Vec::new();
-    if !delivered.is_empty() {
-        receipts.push(receipt(MessageStatus::Delivered, None, delivered));
-    }
-    if !bounced.is_empty() {
-        receipts.push(receipt(
-            MessageStatus::Bounced,
-            Some("Permanent: General (simulated)"),
-            bounced,
-        ));
-    }
-    receipts
-}
-
 pub(super) async fn deliver(context: &Context, message: ReceivedMessage) {
     let payload: DeliveryPayload = match serde_json::from_str(&message.body) {
         Ok(payload) => payload,
@@ -439,83 +363,6 @@ async fn deliver_payload(
             settle(context, message, &payload, gated, outcome, done).await
         }
         Err(no_turn) => no_turn.settle(context, &message, &payload.id).await,
-    }
-}
-
-/// The bytes of the files an email carries read from the store into its
-/// payload; false when they could not be (deferred while the store is
-/// away, dead-lettered when a file is gone), and then it is settled here.
-async fn read_files(
-    context: &Context,
-    message: &ReceivedMessage,
-    payload: &mut DeliveryPayload,
-) -> bool {
-    for index in 0..payload.attachments.len() {
-        let id = payload.attachments[index].id.clone();
-        match context.delivery.db.attachment_bytes(&payload.id, &id).await {
-            Ok(Some(bytes)) => payload.attachments[index].data = bytes.into(),
-            Ok(None) => {
-                let reason = format!("attachment {id} is not in the store");
-                dead_letter(context, message, Known::unsent(payload), &reason, false).await;
-                return false;
-            }
-            Err(err) => {
-                warn!(message_id = %payload.id, error = %err, "Could not read the message's attachments; trying again soon.");
-                let pause = context.delivery.store_trouble.retry_after();
-                defer(context, message, pause, "store").await;
-                return false;
-            }
-        }
-    }
-    true
-}
-
-/// A send by template rendered into the payload's subject, text and HTML
-/// from the version it was accepted with; false when it could not be
-/// (deferred while the store is away, dead-lettered when the version is
-/// gone or no longer renders), and then it is settled here.
-async fn render_template(
-    context: &Context,
-    message: &ReceivedMessage,
-    payload: &mut DeliveryPayload,
-) -> bool {
-    let Some(template) = payload.template.take() else {
-        return true;
-    };
-    let found = context
-        .delivery
-        .templates
-        .version(&payload.tenant_id, &template.id, template.version)
-        .await;
-    let content = match found {
-        Ok(Some(content)) => content,
-        Ok(None) => {
-            let reason = format!(
-                "template {:?} version {} is not in the store",
-                template.id, template.version
-            );
-            dead_letter(context, message, Known::unsent(payload), &reason, false).await;
-            return false;
-        }
-        Err(err) => {
-            warn!(message_id = %payload.id, error = %err, "Could not read the message's template; trying again soon.");
-            let pause = context.delivery.store_trouble.retry_after();
-            defer(context, message, pause, "store").await;
-            return false;
-        }
-    };
-    match content.render(template.locale.as_deref(), &template.personalisation) {
-        Ok(rendered) => {
-            payload.subject = rendered.subject;
-            payload.text = rendered.text;
-            payload.html = rendered.html;
-            true
-        }
-        Err(errors) => {
-            let reason = format!("the template no longer renders: {errors:?}");
-            dead_letter(context, message, Known::unsent(payload), &reason, false).await;
-            false
-        }
     }
 }
 

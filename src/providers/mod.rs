@@ -169,20 +169,18 @@ pub async fn build(
     channel: Channel,
     callback_url: Option<String>,
 ) -> anyhow::Result<Arc<dyn Provider>> {
-    let provider: Arc<dyn Provider> = match (channel, settings.kind) {
-        (_, ProviderKind::Log) => Arc::new(LogProvider::open(settings.log_path.as_deref()).await?),
-        (Channel::Email, ProviderKind::Ses) => {
-            Arc::new(SesProvider::from_settings(settings).await?)
-        }
-        (Channel::Sms, ProviderKind::Http) => {
-            Arc::new(SmsHttpProvider::from_settings(settings)?.with_status_callback(callback_url))
-        }
-        (Channel::Email, ProviderKind::Http) => {
-            bail!("providers.email.kind = \"http\" is not supported; use \"ses\" or \"log\"")
-        }
-        (Channel::Sms, ProviderKind::Ses) => {
-            bail!("providers.sms.kind = \"ses\" is not supported; use \"http\" or \"log\"")
-        }
+    if !settings.kind.serves(channel) {
+        bail!(
+            "providers.{channel}.kind = \"{}\" cannot deliver {channel}",
+            settings.kind.name()
+        );
+    }
+    let provider: Arc<dyn Provider> = match &settings.kind {
+        ProviderKind::Log(log) => Arc::new(LogProvider::open(log.log_path.as_deref()).await?),
+        ProviderKind::Ses(ses) => Arc::new(SesProvider::from_settings(settings, ses).await?),
+        ProviderKind::Http(http) => Arc::new(
+            SmsHttpProvider::from_settings(settings, http)?.with_status_callback(callback_url),
+        ),
     };
     tracing::info!(%channel, provider = provider.name(), "Provider ready.");
     Ok(provider)
@@ -339,6 +337,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::config::{HttpSmsSettings, LogSettings, SesSettings};
     use crate::model::Priority;
 
     #[test]
@@ -410,39 +409,36 @@ mod tests {
 
     #[tokio::test]
     async fn build_refuses_a_provider_kind_of_the_other_channel() {
-        let mut settings = settings(ProviderKind::Http);
-        let err = build(&settings, Channel::Email, None).await.err().unwrap();
+        let http =
+            ProviderSettings::of_kind(ProviderKind::Http(http_settings("http://127.0.0.1:9")));
+        let err = build(&http, Channel::Email, None).await.err().unwrap();
         assert!(err.to_string().contains("providers.email.kind"), "{err}");
-        settings.kind = ProviderKind::Ses;
-        let err = build(&settings, Channel::Sms, None).await.err().unwrap();
+        let ses = ProviderSettings::of_kind(ProviderKind::Ses(ses_settings("http://127.0.0.1:9")));
+        let err = build(&ses, Channel::Sms, None).await.err().unwrap();
         assert!(err.to_string().contains("providers.sms.kind"), "{err}");
     }
 
     #[tokio::test]
     async fn build_chooses_the_provider_named_by_kind() {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = settings(ProviderKind::Log);
-        log.log_path = Some(dir.path().join("deliveries.jsonl"));
+        let log = ProviderSettings::of_kind(ProviderKind::Log(LogSettings {
+            from: None,
+            log_path: Some(dir.path().join("deliveries.jsonl")),
+        }));
         assert_eq!(
             build(&log, Channel::Email, None).await.unwrap().name(),
             "log"
         );
         assert_eq!(build(&log, Channel::Sms, None).await.unwrap().name(), "log");
 
-        let mut http = settings(ProviderKind::Http);
-        http.base_url = Some("http://127.0.0.1:9".into());
-        http.account_sid = Some("AC123".into());
-        http.auth_token = Some("token".to_owned().into());
-        http.from = Some("+15550001111".into());
+        let http =
+            ProviderSettings::of_kind(ProviderKind::Http(http_settings("http://127.0.0.1:9")));
         assert_eq!(
             build(&http, Channel::Sms, None).await.unwrap().name(),
             "http"
         );
 
-        let mut ses = settings(ProviderKind::Ses);
-        ses.region = Some("us-east-1".into());
-        ses.endpoint_url = Some("http://127.0.0.1:9".into());
-        ses.from = Some("noreply@example.com".into());
+        let ses = ProviderSettings::of_kind(ProviderKind::Ses(ses_settings("http://127.0.0.1:9")));
         assert_eq!(
             build(&ses, Channel::Email, None).await.unwrap().name(),
             "ses"
@@ -461,29 +457,25 @@ mod tests {
         assert_eq!(throttled.kind(), "throttled");
     }
 
-    pub(crate) fn settings(kind: ProviderKind) -> ProviderSettings {
-        ProviderSettings {
-            kind,
-            name: None,
-            weight: 1,
-            rate_per_second: 10.0,
-            burst: 10,
-            from: None,
-            region: None,
-            endpoint_url: None,
+    pub(crate) fn http_settings(base_url: &str) -> HttpSmsSettings {
+        HttpSmsSettings {
+            base_url: base_url.into(),
+            account_sid: "AC123".into(),
+            auth_token: "token".to_owned().into(),
+            from: "+15550001111".into(),
+        }
+    }
+
+    pub(crate) fn ses_settings(endpoint_url: &str) -> SesSettings {
+        SesSettings {
+            from: "noreply@example.com".into(),
+            region: Some("us-east-1".into()),
+            endpoint_url: Some(endpoint_url.into()),
             access_key_id: None,
             secret_access_key: None,
-            base_url: None,
-            account_sid: None,
-            auth_token: None,
-            timeout_ms: None,
-            log_path: None,
             configuration_set: None,
             events_queue_url: None,
             ses_tenants: false,
-            breaker_failures: 5,
-            breaker_open_ms: 1000,
-            breaker_max_open_secs: 30,
         }
     }
 

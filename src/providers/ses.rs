@@ -19,7 +19,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use async_trait::async_trait;
 use aws_sdk_sesv2::config::http::HttpResponse;
 use aws_sdk_sesv2::config::retry::RetryConfig;
@@ -34,7 +33,7 @@ use super::{
     DEFAULT_TIMEOUT, Delivered, Failure, Provider, ProviderError, causes, parse_retry_after,
     without_aws_ids,
 };
-use crate::config::ProviderSettings;
+use crate::config::{ProviderSettings, SesSettings};
 use crate::message::DeliveryPayload;
 use crate::model::Channel;
 
@@ -81,13 +80,11 @@ pub struct SesProvider {
 
 impl SesProvider {
     /// Builds the client from the AWS chain with the settings' overrides.
-    pub async fn from_settings(settings: &ProviderSettings) -> anyhow::Result<Self> {
-        let from = settings
-            .from
-            .clone()
-            .filter(|from| !from.is_empty())
-            .context("providers.email.from is required for SES")?;
-        let sdk_config = crate::aws::provider_config(settings, "SES").await?;
+    pub async fn from_settings(
+        settings: &ProviderSettings,
+        ses: &SesSettings,
+    ) -> anyhow::Result<Self> {
+        let sdk_config = crate::aws::provider_config(ses, "SES").await?;
         let timeout = settings
             .timeout_ms
             .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
@@ -101,9 +98,9 @@ impl SesProvider {
             .timeout_config(timeouts)
             .build();
         Ok(
-            Self::with_client(aws_sdk_sesv2::Client::from_conf(config), from)
-                .with_configuration_set(settings.configuration_set.clone())
-                .with_ses_tenants(settings.ses_tenants),
+            Self::with_client(aws_sdk_sesv2::Client::from_conf(config), ses.from.clone())
+                .with_configuration_set(ses.configuration_set.clone())
+                .with_ses_tenants(ses.ses_tenants),
         )
     }
 

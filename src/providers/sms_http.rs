@@ -32,7 +32,7 @@ use super::{
     DEFAULT_TIMEOUT, Delivered, Failure, Provider, ProviderError, causes, parse_retry_after,
     truncate, without_secrets,
 };
-use crate::config::ProviderSettings;
+use crate::config::{HttpSmsSettings, ProviderSettings};
 use crate::message::DeliveryPayload;
 use crate::model::Channel;
 
@@ -93,24 +93,20 @@ struct Answer {
 
 impl SmsHttpProvider {
     /// Builds the provider from `providers.sms` (kind `http`).
-    pub fn from_settings(settings: &ProviderSettings) -> anyhow::Result<Self> {
-        let required = |value: &Option<String>, key: &str| {
-            value
-                .clone()
-                .filter(|v| !v.is_empty())
-                .with_context(|| format!("providers.sms.{key} is required for the http provider"))
-        };
-        let base_url = required(&settings.base_url, "base_url")?;
-        let account_sid = required(&settings.account_sid, "account_sid")?;
-        let from = required(&settings.from, "from")?;
-        let auth_token = settings
-            .auth_token
-            .clone()
-            .context("providers.sms.auth_token is required for the http provider")?;
+    pub fn from_settings(
+        settings: &ProviderSettings,
+        http: &HttpSmsSettings,
+    ) -> anyhow::Result<Self> {
         let timeout = settings
             .timeout_ms
             .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
-        Self::new(&base_url, account_sid, auth_token, from, timeout)
+        Self::new(
+            &http.base_url,
+            http.account_sid.clone(),
+            http.auth_token.clone(),
+            http.from.clone(),
+            timeout,
+        )
     }
 
     /// Builds the provider from its parts.
@@ -605,12 +601,10 @@ mod tests {
     }
 
     #[test]
-    fn settings_without_base_url_are_refused_by_name() {
-        let mut settings = crate::providers::tests::settings(crate::config::ProviderKind::Http);
-        settings.account_sid = Some(SID.into());
-        settings.auth_token = Some(TOKEN.to_owned().into());
-        settings.from = Some(FROM.into());
-        let err = SmsHttpProvider::from_settings(&settings).unwrap_err();
+    fn a_base_url_that_is_not_a_url_is_refused_by_name() {
+        let http = crate::providers::tests::http_settings("not a url");
+        let settings = ProviderSettings::of_kind(crate::config::ProviderKind::Http(http.clone()));
+        let err = SmsHttpProvider::from_settings(&settings, &http).unwrap_err();
         assert!(err.to_string().contains("base_url"), "{err}");
     }
 

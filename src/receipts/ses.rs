@@ -209,10 +209,13 @@ impl EventsPoller {
         db: Db,
         writer: Writer,
     ) -> anyhow::Result<Option<Self>> {
-        let Some(queue_url) = settings.events_queue_url.clone() else {
+        let Some(ses) = settings.kind.ses() else {
             return Ok(None);
         };
-        let sdk_config = crate::aws::provider_config(settings, "the SES events queue").await?;
+        let Some(queue_url) = ses.events_queue_url.clone() else {
+            return Ok(None);
+        };
+        let sdk_config = crate::aws::provider_config(ses, "the SES events queue").await?;
         Ok(Some(EventsPoller {
             client: Client::new(&sdk_config),
             name: name.to_owned(),

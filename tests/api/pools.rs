@@ -400,7 +400,7 @@ async fn a_pool_entry_is_checked_like_any_provider() {
     let base = "[providers.sms_pool.backup]\nkind = \"http\"\nrate_per_second = 10.0\nburst = 5\n";
     let err = Settings::from_toml_overlay(base).unwrap_err();
     assert!(
-        format!("{err:#}").contains("providers.sms_pool.backup.base_url"),
+        format!("{err:#}").contains("providers.sms_pool.backup: base_url is required"),
         "{err:#}"
     );
     let named = "[providers.sms]\nname = \"backup\"\n[providers.sms_pool.backup]\nkind = \"log\"\nrate_per_second = 10.0\nburst = 5\n";
@@ -413,7 +413,8 @@ async fn a_pool_entry_is_checked_like_any_provider() {
         "[providers.email_pool.second]\nkind = \"http\"\nrate_per_second = 10.0\nburst = 5\n";
     let err = Settings::from_toml_overlay(email).unwrap_err();
     assert!(
-        format!("{err:#}").contains("providers.email_pool.second.kind"),
+        format!("{err:#}")
+            .contains("providers.email_pool.second: kind \"http\" cannot deliver email"),
         "{err:#}"
     );
     // One name in both channels' pools: refused at start, since the

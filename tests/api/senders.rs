@@ -383,7 +383,10 @@ on_both_stores! {
         let ses = ses_ok().await;
         let settings = delivery_settings("http://127.0.0.1:9", &ses.uri(), "");
         let app = TestApp::start_custom(&settings, |settings| {
-            settings.providers.email.ses_tenants = true;
+            let fairlane::config::ProviderKind::Ses(ses) = &mut settings.providers.email.kind else {
+                panic!("the delivery settings give email an SES provider");
+            };
+            ses.ses_tenants = true;
         })
         .await;
         let acme = app.tenant_with_key("acme", "pro").await;

@@ -64,11 +64,11 @@ pub async fn check(settings: &Settings) -> anyhow::Result<Vec<String>> {
         }
     }
     for (channel, entry) in settings.providers.all() {
-        if channel != Channel::Email || entry.settings.kind != ProviderKind::Ses {
+        let (Channel::Email, ProviderKind::Ses(ses)) = (channel, &entry.settings.kind) else {
             continue;
-        }
-        check_ses(entry, &mut problems).await?;
-        if let Some(url) = &entry.settings.events_queue_url {
+        };
+        check_ses(entry.name, ses, &mut problems).await?;
+        if let Some(url) = &ses.events_queue_url {
             let found = client
                 .get_queue_attributes()
                 .queue_url(url)
@@ -216,40 +216,39 @@ fn check_retention(
     }
 }
 
-/// The SES identity of `entry`'s `from` (the address, or else its domain)
+/// The SES identity of provider `name`'s `from` (the address, or else its domain)
 /// and its configuration set.
 async fn check_ses(
-    entry: crate::config::PoolEntry<'_>,
+    name: &str,
+    ses: &crate::config::SesSettings,
     problems: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let sdk_config = crate::aws::provider_config(entry.settings, "SES").await?;
+    let sdk_config = crate::aws::provider_config(ses, "SES").await?;
     let client = aws_sdk_sesv2::Client::new(&sdk_config);
-    let name = entry.name;
-    if let Some(from) = entry.settings.from.as_deref() {
-        let mut candidates = vec![from.to_owned()];
-        if let Some((_, domain)) = from.rsplit_once('@') {
-            candidates.push(domain.to_owned());
-        }
-        let mut found = false;
-        for identity in &candidates {
-            if client
-                .get_email_identity()
-                .email_identity(identity)
-                .send()
-                .await
-                .is_ok()
-            {
-                found = true;
-                break;
-            }
-        }
-        if !found {
-            problems.push(format!(
-                "provider {name:?}: no SES identity for {from} (neither the address nor its domain), or no permission to read it"
-            ));
+    let from = ses.from.as_str();
+    let mut candidates = vec![from.to_owned()];
+    if let Some((_, domain)) = from.rsplit_once('@') {
+        candidates.push(domain.to_owned());
+    }
+    let mut found = false;
+    for identity in &candidates {
+        if client
+            .get_email_identity()
+            .email_identity(identity)
+            .send()
+            .await
+            .is_ok()
+        {
+            found = true;
+            break;
         }
     }
-    if let Some(set) = entry.settings.configuration_set.as_deref() {
+    if !found {
+        problems.push(format!(
+            "provider {name:?}: no SES identity for {from} (neither the address nor its domain), or no permission to read it"
+        ));
+    }
+    if let Some(set) = ses.configuration_set.as_deref() {
         let read = client
             .get_configuration_set()
             .configuration_set_name(set)
