@@ -21,7 +21,8 @@
 # Prints: accepts/s and accept p50/p99 (wrk), deliveries/s during the load
 # and after it, the end-to-end rate (first request to last `sent`) and its
 # share of the ceiling, the peak RSS, fairlane's CPU per message, and the
-# store's rows written and commits per message (fairlane_store_*_total).
+# store's rows written and commits per message (fairlane_store_*_total), and
+# the bytes fairlane wrote to disk per message (/proc/PID/io write_bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-100000}
@@ -111,6 +112,9 @@ rss_max=0
 # CPU time (user + system, seconds) fairlane has used so far: per message,
 # a figure that stays comparable when other work shares the machine.
 cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$pid/stat; }
+# Bytes fairlane has sent to storage (its SQLite log and the checkpoints
+# into the database file; the `log` provider writes to /dev/null).
+disk_bytes() { awk '$1 == "write_bytes:" {print $2}' /proc/$pid/io; }
 sample_rss() { local r; r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status); [ "$r" -gt "$rss_max" ] && rss_max=$r; true; }
 
 # With PAUSED_BACKLOG=N, a second tenant is paused first and given N
@@ -134,6 +138,7 @@ fi
 before_load=$(counter fairlane_messages_accepted_total)
 rows0=$(counter fairlane_store_rows_written_total)
 commits0=$(counter fairlane_store_commits_total)
+disk0=$(disk_bytes)
 cpu0=$(cpu_secs)
 hook_cpu0=0
 [ -n "$hook" ] && hook_cpu0=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' /proc/$hook/stat)
@@ -156,6 +161,7 @@ t1=$(date +%s.%N)
 cpu1=$(cpu_secs)
 rows1=$(counter fairlane_store_rows_written_total)
 commits1=$(counter fairlane_store_commits_total)
+disk1=$(disk_bytes)
 sample_rss
 # Rows and commits of the SQLite store per message accepted and delivered
 # (builds from issue 45 on count them; older ones print nothing).
@@ -163,6 +169,8 @@ if [ "$commits1" -gt "$commits0" ]; then
   python3 -c "import sys; a, r, c = (int(x) for x in sys.argv[1:]); print(f'store: {r/a:.2f} rows written and {c/a:.3f} commits per message ({a/c:.1f} messages per commit)')" \
     "$accepted" "$((rows1 - rows0))" "$((commits1 - commits0))"
 fi
+python3 -c "import sys; a, b = (int(x) for x in sys.argv[1:]); print(f'disk: {b/a:,.0f} bytes written per message (the SQLite log and its checkpoints)')" \
+  "$accepted" "$((disk1 - disk0))"
 
 if [ -n "$hook" ]; then
   hook_deadline=$(( $(date +%s) + 600 ))

@@ -18,9 +18,9 @@
 # 5. The SES events queue: fauxqs (bench/fauxqs.sh) holds the email
 #    provider's `events_queue_url` from the start. wrk sends MESSAGES more
 #    SMS; once they are `sent`, fairlane is stopped, examples/ses_events_fill
-#    puts an SES `Delivery` event (`mail.messageId` = the SMS's provider id:
-#    a receipt is matched by provider id whatever the channel, and SES
-#    itself is not in this run) for each into the queue, and fairlane is
+#    puts an SES `Delivery` event (`mail.messageId` = the SMS's provider id,
+#    its `message_id` tag the SMS's own id: a receipt is matched whatever
+#    the channel, and SES itself is not in this run) for each into the queue, and fairlane is
 #    started again on the same file: the script times the drain (first
 #    event recorded → last) and checks each message as in 4.
 # Everything runs on this machine's cores: fairlane, the mock provider, the
@@ -111,8 +111,8 @@ hooks_delivered() { curl -sf "$base/metrics" | awk '$1 ~ /^fairlane_webhook_atte
 cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' "/proc/$pid/stat"; }
 
 # send_sms FILE: sends MESSAGES more SMS, waits until every one is `sent`
-# and writes the provider ids of the messages `sent` (not yet delivered) to
-# FILE.
+# and writes, for each message `sent` (not yet delivered), its provider id
+# and fairlane's id (the one the receipt carries back) to FILE, a line each.
 send_sms() {
   local goal total
   goal=$(( $(counter fairlane_messages_accepted_total) + messages ))
@@ -122,13 +122,13 @@ send_sms() {
   total=$(counter fairlane_messages_accepted_total)
   while [ "$(counter fairlane_messages_delivered_total)" -lt "$total" ]; do sleep 0.1; done
   if [ -n "$pg_db" ]; then
-    psql "$store" -qAtc "SELECT provider_message_id FROM messages WHERE status = 'sent'" >"$1"
+    psql "$store" -qAt -F ' ' -c "SELECT provider_message_id, id FROM messages WHERE status = 'sent'" >"$1"
     return
   fi
   python3 - "$work/fairlane.db" "$1" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-ids = [row[0] for row in db.execute("SELECT provider_message_id FROM messages WHERE status = 'sent'")]
+ids = [f"{row[0]} {row[1]}" for row in db.execute("SELECT provider_message_id, id FROM messages WHERE status = 'sent'")]
 open(sys.argv[2], "w").write("\n".join(ids) + "\n")
 PY
 }
@@ -137,8 +137,8 @@ PY
 check_delivered() {
   if [ -n "$pg_db" ]; then
     psql "$store" -qAt -F ' ' <<SQL | { read -r n delivered events distinct
-CREATE TEMP TABLE ids(id text PRIMARY KEY);
-\\copy ids FROM '$1'
+CREATE TEMP TABLE ids(id text PRIMARY KEY, message_id text);
+\\copy ids FROM '$1' WITH (DELIMITER ' ')
 SELECT (SELECT COUNT(*) FROM ids),
        (SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ids) AND status = 'delivered'),
        COUNT(*), COUNT(DISTINCT e.message_id)
@@ -152,7 +152,7 @@ SQL
   python3 - "$work/fairlane.db" "$1" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-ids = [line.strip() for line in open(sys.argv[2]) if line.strip()]
+ids = [line.split()[0] for line in open(sys.argv[2]) if line.strip()]
 db.execute("CREATE TEMP TABLE ids(id TEXT PRIMARY KEY)")
 db.executemany("INSERT INTO ids VALUES (?)", [(i,) for i in ids])
 delivered = db.execute("SELECT COUNT(*) FROM messages WHERE provider_message_id IN (SELECT id FROM ids) AND status = 'delivered'").fetchone()[0]

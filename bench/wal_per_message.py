@@ -10,13 +10,17 @@ per message (WAL mode, no automatic checkpoints, so the log holds every frame).
   python3 bench/wal_per_message.py [messages] [group] [lag]
 
 Layouts:
-- separate: today's tables: the status row (WITHOUT ROWID, UUIDv7 ids) with its
+- separate: the tables before issue 69.5: the status row (WITHOUT ROWID, UUIDv7 ids) with its
   list, retention and provider-id indexes, and the queue row with its two
   indexes; accept inserts both, delivery claims, records `sent` and deletes the
   queue row.
 - merged: the queue's columns (queue, fair key, due time, receive count, body)
   on the status row, with the queue's two indexes as partial indexes on it;
   delivery clears them instead of deleting a row.
+- separate, provider-id index of receipts without our id: today's since issue
+  69.5: a `sent` marks the row `receipt_by_id` and the provider-id index is
+  partial on rows without the mark (the messages sent before), so a `sent`
+  no longer writes to it.
 - separate without one index at a time, to see what each index costs.
 
 Times are printed too but include Python's own cost per statement; compare the
@@ -38,19 +42,21 @@ BODY = json.dumps({"to": "someone@example.com", "from": "noreply@example.com", "
 QUEUE_COLUMNS = ", queue TEXT, fair_key INTEGER, visible_at INTEGER, receive_count INTEGER, body TEXT, enqueued_at INTEGER"
 
 
-def open_store(path, merged, without):
+def open_store(path, merged, without, by_id=False):
     db = sqlite3.connect(path, isolation_level=None)
     for pragma in ("journal_mode=wal", "wal_autocheckpoint=0", "synchronous=normal", "secure_delete=on"):
         db.execute(f"PRAGMA {pragma}")
     db.execute("CREATE TABLE messages (id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, channel TEXT, status TEXT NOT NULL, "
                "priority TEXT, lane TEXT, attempts INTEGER, reference TEXT, metadata TEXT, created_at INTEGER, "
                "updated_at INTEGER, sent_at INTEGER, last_error TEXT, provider_message_id TEXT, send_at INTEGER, "
-               "test INTEGER, recipient TEXT, erased_at INTEGER, provider TEXT, gate_wait_ms INTEGER"
+               "test INTEGER, recipient TEXT, erased_at INTEGER, provider TEXT, gate_wait_ms INTEGER, "
+               "receipt_by_id INTEGER"
                f"{QUEUE_COLUMNS if merged else ''}) WITHOUT ROWID")
     indexes = {
         "list": "CREATE INDEX list ON messages(tenant_id, test, created_at, id)",
         "unerased": "CREATE INDEX unerased ON messages(tenant_id, created_at) WHERE erased_at IS NULL",
-        "provider_id": "CREATE INDEX provider_id ON messages(provider_message_id) WHERE provider_message_id IS NOT NULL",
+        "provider_id": "CREATE INDEX provider_id ON messages(provider_message_id) WHERE provider_message_id IS NOT NULL"
+                       + (" AND receipt_by_id IS NULL" if by_id else ""),
     }
     if merged:
         indexes["queue_class"] = "CREATE INDEX queue_class ON messages(queue, priority, fair_key) WHERE queue IS NOT NULL"
@@ -67,10 +73,10 @@ def open_store(path, merged, without):
     return db
 
 
-def run(merged, without=()):
+def run(merged, without=(), by_id=False):
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store.db")
-        db = open_store(path, merged, set(without))
+        db = open_store(path, merged, set(without), by_id)
         ids, key = [], 0
         started = time.perf_counter()
         for _ in range(0, MESSAGES, GROUP):
@@ -96,7 +102,8 @@ def run(merged, without=()):
                     db.execute("UPDATE messages SET status = 'sending', updated_at = 2 WHERE id = ? "
                                "AND status IN ('queued', 'retrying', 'scheduled')", (mid,))
                     db.execute("UPDATE messages SET status = 'sent', updated_at = 3, attempts = attempts + 1, sent_at = 3, "
-                               "provider_message_id = ?, provider = 'log', gate_wait_ms = 0 WHERE id = ?",
+                               "provider_message_id = ?, provider = 'log', gate_wait_ms = 0, "
+                               f"receipt_by_id = {1 if by_id else 'NULL'} WHERE id = ?",
                                (f"log-{uuid.uuid4()}", mid))
                     if merged:
                         db.execute("UPDATE messages SET queue = NULL, body = NULL, fair_key = NULL, visible_at = NULL, "
@@ -112,10 +119,12 @@ def run(merged, without=()):
 
 
 print(f"{MESSAGES} messages, {GROUP} per commit, {LAG} between accept and delivery")
-for label, merged, without in [("separate", False, ()), ("merged", True, ()),
-                               ("separate without the provider-id index", False, ("provider_id",)),
-                               ("separate without the list index", False, ("list",)),
-                               ("separate without the retention index", False, ("unerased",)),
-                               ("separate without the queue's (queue) index", False, ("queue",))]:
-    per_message, micros = run(merged, without)
-    print(f"{label:45s} {per_message:8.0f} log bytes per message ({micros:.0f} µs per message with Python's own)")
+for label, merged, without, by_id in [
+        ("separate", False, (), False), ("merged", True, (), False),
+        ("separate, provider-id index of receipts without our id", False, (), True),
+        ("separate without the provider-id index", False, ("provider_id",), False),
+        ("separate without the list index", False, ("list",), False),
+        ("separate without the retention index", False, ("unerased",), False),
+        ("separate without the queue's (queue) index", False, ("queue",), False)]:
+    per_message, micros = run(merged, without, by_id)
+    print(f"{label:56s} {per_message:8.0f} log bytes per message ({micros:.0f} µs per message with Python's own)")

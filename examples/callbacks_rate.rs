@@ -3,9 +3,11 @@
 //!
 //! `cargo run --release --example callbacks_rate -- BASE_URL AUTH_TOKEN SIDS_FILE [CONCURRENCY] [STATUS]`
 //!
-//! Reads one provider message id per line from SIDS_FILE and POSTs, for
-//! each, the form `MessageSid=…&MessageStatus=STATUS` (default
-//! `delivered`) to `BASE_URL/v1/callbacks/sms` with the
+//! Reads one provider message id per line from SIDS_FILE, with fairlane's
+//! id of the message after a space, and POSTs, for each, the form
+//! `MessageSid=…&MessageStatus=STATUS` (default `delivered`) to
+//! `BASE_URL/v1/callbacks/sms?message_id=…` (the URL fairlane gave the
+//! provider for the message) with the
 //! `X-Twilio-Signature` Twilio would send (keyed with AUTH_TOKEN, over that
 //! URL: BASE_URL must be fairlane's `server.public_url`), from CONCURRENCY
 //! tasks (default 64) on keep-alive connections. Prints the callbacks per
@@ -26,24 +28,32 @@ async fn main() -> anyhow::Result<()> {
     let sids_file = args.next().ok_or_else(|| anyhow::anyhow!(usage))?;
     let concurrency: usize = args.next().unwrap_or_else(|| "64".into()).parse()?;
     let status = args.next().unwrap_or_else(|| "delivered".into());
-    let url = format!("{}/v1/callbacks/sms", base.trim_end_matches('/'));
-    let sids: Vec<String> = std::fs::read_to_string(&sids_file)?
+    let base_url = format!("{}/v1/callbacks/sms", base.trim_end_matches('/'));
+    let sids: Vec<(String, String)> = std::fs::read_to_string(&sids_file)?
         .lines()
         .map(str::trim)
         .filter(|line| !line.is_empty())
-        .map(str::to_owned)
+        .map(|line| {
+            let (sid, id) = line.split_once(' ').unwrap_or((line, ""));
+            (sid.to_owned(), id.trim().to_owned())
+        })
         .collect();
     // Signed beforehand, so the figure is fairlane's, not this client's.
-    let requests: Arc<Vec<(String, String)>> = Arc::new(
+    let requests: Arc<Vec<(String, String, String)>> = Arc::new(
         sids.iter()
-            .map(|sid| {
+            .map(|(sid, id)| {
                 let form = vec![
                     ("MessageSid".to_owned(), sid.clone()),
                     ("MessageStatus".to_owned(), status.clone()),
                 ];
+                let url = if id.is_empty() {
+                    base_url.clone()
+                } else {
+                    format!("{base_url}?message_id={id}")
+                };
                 let signature = twilio::signature(&token, &url, &form);
                 let body = format!("MessageSid={sid}&MessageStatus={status}");
-                (body, signature)
+                (url, body, signature)
             })
             .collect(),
     );
@@ -54,18 +64,17 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (client, url, requests, next) =
-            (client.clone(), url.clone(), requests.clone(), next.clone());
+        let (client, requests, next) = (client.clone(), requests.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen: Vec<(Duration, u16)> = Vec::new();
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                let Some((body, signature)) = requests.get(n) else {
+                let Some((url, body, signature)) = requests.get(n) else {
                     return seen;
                 };
                 let sent = Instant::now();
                 let code = match client
-                    .post(&url)
+                    .post(url)
                     .header("content-type", "application/x-www-form-urlencoded")
                     .header("x-twilio-signature", signature)
                     .body(body.clone())

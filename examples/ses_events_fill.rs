@@ -4,7 +4,7 @@
 //! `cargo run --release --example ses_events_fill -- ENDPOINT_URL QUEUE_NAME IDS_FILE`
 //!
 //! Creates QUEUE_NAME on ENDPOINT_URL (static test keys), then sends, for
-//! each provider message id in IDS_FILE (one per line), an SES event as a
+//! each line of IDS_FILE (a provider message id, then fairlane's id of the message), an SES event as a
 //! configuration set writes it (`eventType: Delivery`, `mail.messageId`),
 //! in SendMessageBatch calls of ten from eight tasks. Prints the queue's URL
 //! on the last line.
@@ -22,12 +22,17 @@ async fn main() -> anyhow::Result<()> {
     let endpoint = args.next().ok_or_else(|| anyhow::anyhow!(usage))?;
     let name = args.next().ok_or_else(|| anyhow::anyhow!(usage))?;
     let ids_file = args.next().ok_or_else(|| anyhow::anyhow!(usage))?;
-    let ids: Arc<Vec<String>> = Arc::new(
+    // A provider id a line, with fairlane's id of its message after a
+    // space (the `message_id` tag SES carries back).
+    let ids: Arc<Vec<(String, String)>> = Arc::new(
         std::fs::read_to_string(&ids_file)?
             .lines()
             .map(str::trim)
             .filter(|line| !line.is_empty())
-            .map(str::to_owned)
+            .map(|line| {
+                let (id, message_id) = line.split_once(' ').unwrap_or((line, ""));
+                (id.to_owned(), message_id.trim().to_owned())
+            })
             .collect(),
     );
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
@@ -60,10 +65,11 @@ async fn main() -> anyhow::Result<()> {
                 let entries = ids[start..(start + 10).min(ids.len())]
                     .iter()
                     .enumerate()
-                    .map(|(n, id)| {
+                    .map(|(n, (id, message_id))| {
                         let event = serde_json::json!({
                             "eventType": "Delivery",
-                            "mail": {"messageId": id, "destination": ["customer@example.com"]},
+                            "mail": {"messageId": id, "destination": ["customer@example.com"],
+                                "tags": {"message_id": [message_id]}},
                             "delivery": {"recipients": ["customer@example.com"], "smtpResponse": "250 2.0.0 OK"}
                         });
                         SendMessageBatchRequestEntry::builder()

@@ -316,6 +316,13 @@ async fn take_callback(
     let mut receipt =
         twilio::receipt(&params).map_err(|(field, why)| ApiError::field(field, why))?;
     receipt.provider = provider_name(state, named);
+    // fairlane's own id, in the callback URL the provider was given (and
+    // so under the signature checked above).
+    receipt.message_id = uri.query().and_then(|query| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(name, _)| name == crate::providers::sms_http::CALLBACK_MESSAGE_ID)
+            .map(|(_, id)| id.into_owned())
+    });
     let applied = receipts::ingest(&state.db, &state.writer, &receipt).await?;
     note_receipt(state, &receipt, &applied);
     Ok(StatusCode::NO_CONTENT)

@@ -41,6 +41,17 @@ use crate::model::Channel;
 /// and read by `crate::receipts::twilio`.
 pub const CALLBACK_PATH: &str = "/v1/callbacks/sms";
 
+/// The query parameter of a status callback's URL that names the message
+/// by fairlane's id.
+pub const CALLBACK_MESSAGE_ID: &str = "message_id";
+
+/// `url` (the provider's callback URL) naming the message `id`.
+fn callback_for(url: &str, id: &str) -> String {
+    let encoded: String = form_urlencoded::byte_serialize(id.as_bytes()).collect();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{CALLBACK_MESSAGE_ID}={encoded}")
+}
+
 /// Longest piece of an unparseable answer kept in an error.
 const MAX_ANSWER_CHARS: usize = 300;
 
@@ -80,7 +91,7 @@ struct SmsForm<'a> {
     #[serde(rename = "Body")]
     body: &'a str,
     #[serde(rename = "StatusCallback", skip_serializing_if = "Option::is_none")]
-    status_callback: Option<&'a str>,
+    status_callback: Option<String>,
 }
 
 /// The fields of a Messages answer we read, success or error.
@@ -150,6 +161,30 @@ impl SmsHttpProvider {
         self
     }
 
+    /// The form that sends `message`: the tenant's identity (its sender,
+    /// or its messaging service and no From; without one, the configured
+    /// sender), and the callback naming the message by fairlane's own id,
+    /// so its receipt finds the message by its key (the signature covers
+    /// the URL, query included).
+    fn form<'a>(&'a self, message: &'a DeliveryPayload) -> SmsForm<'a> {
+        let sender = message.sender.as_ref();
+        let messaging_service_sid = sender.and_then(|s| s.messaging_service_sid.as_deref());
+        let from = match messaging_service_sid {
+            Some(_) => None,
+            None => Some(sender.and_then(|s| s.from.as_deref()).unwrap_or(&self.from)),
+        };
+        SmsForm {
+            to: &message.to,
+            from,
+            messaging_service_sid,
+            body: &message.text,
+            status_callback: self
+                .status_callback
+                .as_deref()
+                .map(|url| callback_for(url, &message.id)),
+        }
+    }
+
     fn transport_error(&self, err: &reqwest::Error) -> ProviderError {
         let cause = causes(err);
         ProviderError::Transient(if err.is_timeout() {
@@ -180,25 +215,11 @@ impl Provider for SmsHttpProvider {
                 message.channel
             ))));
         }
-        // The tenant's identity: its sender, or its messaging service (no
-        // From then); without one, the configured sender.
-        let sender = message.sender.as_ref();
-        let messaging_service_sid = sender.and_then(|s| s.messaging_service_sid.as_deref());
-        let from = match messaging_service_sid {
-            Some(_) => None,
-            None => Some(sender.and_then(|s| s.from.as_deref()).unwrap_or(&self.from)),
-        };
         let response = self
             .client
             .post(self.messages_url.clone())
             .basic_auth(&self.account_sid, Some(self.auth_token.expose_secret()))
-            .form(&SmsForm {
-                to: &message.to,
-                from,
-                messaging_service_sid,
-                body: &message.text,
-                status_callback: self.status_callback.as_deref(),
-            })
+            .form(&self.form(message))
             .send()
             .await
             .map_err(|err| self.transport_error(&err))?;

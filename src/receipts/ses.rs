@@ -59,11 +59,17 @@ pub fn parse(body: &str) -> Result<Option<Receipt>, String> {
         .pointer("/mail/messageId")
         .and_then(Value::as_str)
         .ok_or("no mail.messageId")?;
+    // The message tag every send carries (see `providers::ses`).
+    let message_id = event
+        .pointer("/mail/tags/message_id/0")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
     let receipt = |outcome: Option<MessageStatus>, event: &str, detail: Option<String>| Receipt {
         // The poller that read it names its SES provider.
         provider: "ses".into(),
         provider_message_id: id.to_owned(),
+        message_id: message_id.clone(),
         outcome,
         event: event.to_owned(),
         detail,
@@ -370,6 +376,30 @@ mod tests {
         assert_eq!(
             receipt.detail.as_deref(),
             Some("Permanent bounce (General): smtp; 550 no such user")
+        );
+    }
+
+    #[test]
+    fn the_message_id_tag_names_fairlanes_message() {
+        let tagged = json!({
+            "eventType": "Delivery",
+            "mail": {"messageId": "ses-3", "destination": ["a@example.com"],
+                "tags": {"tenant": ["acme"], "message_id": ["01J0000000000000000000000A"]}},
+            "delivery": {"recipients": ["a@example.com"]}
+        });
+        let receipt = parse(&through_sns(tagged)).unwrap().unwrap();
+        assert_eq!(
+            receipt.message_id.as_deref(),
+            Some("01J0000000000000000000000A")
+        );
+        let untagged = json!({
+            "eventType": "Delivery",
+            "mail": {"messageId": "ses-4", "destination": ["a@example.com"]},
+            "delivery": {"recipients": ["a@example.com"]}
+        });
+        assert_eq!(
+            parse(&through_sns(untagged)).unwrap().unwrap().message_id,
+            None
         );
     }
 

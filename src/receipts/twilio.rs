@@ -101,6 +101,8 @@ pub fn receipt(params: &[(String, String)]) -> Result<Receipt, (&'static str, &'
     Ok(Receipt {
         provider: "http".into(),
         provider_message_id: sid.to_owned(),
+        // The callback's URL carries it (read by the endpoint).
+        message_id: None,
         outcome,
         event,
         detail,

@@ -328,6 +328,7 @@ pub(crate) mod tests {
                 let receipt = Receipt {
                     provider: "ses".into(),
                     provider_message_id: "p".into(),
+                    message_id: None,
                     outcome: Some(outcome),
                     event: outcome.as_str().into(),
                     detail: None,

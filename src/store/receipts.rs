@@ -22,6 +22,13 @@ pub struct Receipt {
     pub provider: String,
     /// The id the provider gave when it took the message.
     pub provider_message_id: String,
+    /// fairlane's own id of the message, when the provider carried it back
+    /// (SES's `message_id` message tag; the `message_id` in the URL of a
+    /// Twilio status callback, which the callback's signature covers): the
+    /// receipt then finds its message by its key, and the provider's id
+    /// must be the one recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
     /// The status the report moves the message to, if any.
     pub outcome: Option<MessageStatus>,
     /// The event's name in the history: the outcome's word, or a provider
@@ -254,9 +261,10 @@ pub(crate) mod tests {
             assert!(writer.claim(id, 0).await.unwrap());
             writer.sent_by(id, "SM-SAME", Some(provider)).await.unwrap();
         }
-        let report = |provider: &str, outcome: MessageStatus| Receipt {
+        let report = |provider: &str, id: &str, outcome: MessageStatus| Receipt {
             provider: provider.into(),
             provider_message_id: "SM-SAME".into(),
+            message_id: Some(id.into()),
             outcome: Some(outcome),
             event: outcome.as_str().into(),
             detail: None,
@@ -265,12 +273,17 @@ pub(crate) mod tests {
             recipients: Vec::new(),
         };
         let gamma = writer
-            .apply_receipt(&report("gamma", MessageStatus::Delivered))
+            .apply_receipt(&report("gamma", "by-alpha", MessageStatus::Delivered))
             .await
             .unwrap();
         assert_eq!(gamma, Applied::Unmatched, "gamma sent nothing");
+        let crossed = writer
+            .apply_receipt(&report("beta", "by-alpha", MessageStatus::Failed))
+            .await
+            .unwrap();
+        assert_eq!(crossed, Applied::Unmatched, "beta did not send by-alpha");
         let beta = writer
-            .apply_receipt(&report("beta", MessageStatus::Failed))
+            .apply_receipt(&report("beta", "by-beta", MessageStatus::Failed))
             .await
             .unwrap();
         assert!(
@@ -278,7 +291,7 @@ pub(crate) mod tests {
             "{beta:?}"
         );
         let alpha = writer
-            .apply_receipt(&report("alpha", MessageStatus::Delivered))
+            .apply_receipt(&report("alpha", "by-alpha", MessageStatus::Delivered))
             .await
             .unwrap();
         assert!(
@@ -309,6 +322,7 @@ pub(crate) mod tests {
         let report = |outcome: Option<MessageStatus>, event: &str, to: &[&str]| Receipt {
             provider: "ses".into(),
             provider_message_id: "SES-1".into(),
+            message_id: Some("many".into()),
             outcome,
             event: event.into(),
             detail: Some(format!("{event} report")),

@@ -31,7 +31,7 @@ pub(crate) async fn mock_sms_ok(server: &MockServer, sid: &str) {
 }
 
 /// The SMS API answers `sid` after `delay`.
-async fn mock_sms_after(server: &MockServer, sid: &str, delay: Duration) {
+pub(crate) async fn mock_sms_after(server: &MockServer, sid: &str, delay: Duration) {
     Mock::given(method("POST"))
         .and(path(SMS_PATH))
         .respond_with(

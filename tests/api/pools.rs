@@ -470,14 +470,15 @@ async fn each_providers_callbacks_come_to_its_own_url_and_its_token_verifies_the
     let view = wait_for(&app, &key, &id, status_is("sent")).await;
     assert_eq!(view["provider"], "beta", "{view}");
     let call = beta_calls.lock().unwrap()[0].clone();
-    let url = format!("{PUBLIC_URL}/v1/callbacks/sms/beta");
+    let url = format!("{PUBLIC_URL}/v1/callbacks/sms/beta?message_id={id}");
     assert_eq!(call.callback, url, "beta reports to its own callback URL");
     let sid = format!("SM-{}", call.text);
     let form = [("MessageSid", sid.as_str()), ("MessageStatus", "delivered")];
     let post = |token: &str, path: &str| {
+        let path = format!("{path}?message_id={id}");
         let signature = twilio_signature(token, &format!("{PUBLIC_URL}{path}"), &form);
         app.client
-            .post(app.url(path))
+            .post(app.url(&path))
             .header("X-Twilio-Signature", signature)
             .form(&form)
             .send()
@@ -536,22 +537,24 @@ async fn a_provider_whose_receipts_come_late_loses_its_share() {
     // Both buckets start empty (see limits::gate); once they hold tokens,
     // routing by weight decides, not which bucket earned a token first.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut ids = Vec::new();
     for n in 0..3 {
         let id = app
             .send_accepted(&key, &with(sms(), "text", json!(format!("late {n}"))))
             .await;
         let view = wait_for(&app, &key, &id, status_is("sent")).await;
         assert_eq!(view["provider"], "beta", "{view}");
+        ids.push(id);
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
-    for n in 0..3 {
+    for (n, id) in ids.iter().enumerate() {
         let sid = format!("SM-late {n}");
         let form = [("MessageSid", sid.as_str()), ("MessageStatus", "delivered")];
-        let path = "/v1/callbacks/sms/beta";
+        let path = format!("/v1/callbacks/sms/beta?message_id={id}");
         let signature = twilio_signature("secret-token", &format!("{PUBLIC_URL}{path}"), &form);
         let response = app
             .client
-            .post(app.url(path))
+            .post(app.url(&path))
             .header("X-Twilio-Signature", signature)
             .form(&form)
             .send()

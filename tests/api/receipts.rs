@@ -9,7 +9,11 @@ use serde_json::{Value, json};
 use wiremock::MockServer;
 
 use crate::backends::{moto_url, ses_identity};
-use crate::delivery::{delivery_settings, mock_sms_ok, sms_requests, status_is, wait_for};
+use std::time::Duration;
+
+use crate::delivery::{
+    delivery_settings, mock_sms_after, mock_sms_ok, sms_requests, status_is, wait_for,
+};
 use crate::support::{TestApp, expect_json, expect_problem, on_both_stores, sms, with};
 
 /// What `server.public_url` is in these tests: the URL Twilio would call.
@@ -33,16 +37,35 @@ pub(crate) fn twilio_signature(token: &str, url: &str, form: &[(&str, &str)]) ->
     base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
 }
 
-/// Posts a status callback for `sid` with `status`, signed with `token`.
+/// Posts a status callback on message `id` to the URL fairlane gave the
+/// provider for it, signed with `token`.
 pub(crate) async fn callback(
     app: &TestApp,
     token: &str,
+    id: &str,
     form: &[(&str, &str)],
 ) -> reqwest::Response {
-    let url = format!("{PUBLIC_URL}/v1/callbacks/sms");
+    callback_at(
+        app,
+        token,
+        &format!("/v1/callbacks/sms?message_id={id}"),
+        form,
+    )
+    .await
+}
+
+/// Posts a status callback to `path` (with its query), signed with `token`
+/// over the public URL as Twilio signs it.
+async fn callback_at(
+    app: &TestApp,
+    token: &str,
+    path: &str,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    let url = format!("{PUBLIC_URL}{path}");
     let signature = twilio_signature(token, &url, form);
     app.client
-        .post(app.url("/v1/callbacks/sms"))
+        .post(app.url(path))
         .header("X-Twilio-Signature", signature)
         .form(form)
         .send()
@@ -88,7 +111,8 @@ on_both_stores! {
     let id = app.send_accepted(&key, &sms()).await;
     wait_for(&app, &key, &id, status_is("sent")).await;
 
-    // Every SMS request asked for status callbacks at the public URL.
+    // Every SMS request asked for status callbacks at the public URL,
+    // naming the message by fairlane's id.
     let requests = sms_api.received_requests().await.unwrap();
     let form: Vec<(String, String)> = form_urlencoded::parse(&requests[0].body)
         .into_owned()
@@ -96,7 +120,7 @@ on_both_stores! {
     assert!(
         form.contains(&(
             "StatusCallback".into(),
-            format!("{PUBLIC_URL}/v1/callbacks/sms")
+            format!("{PUBLIC_URL}/v1/callbacks/sms?message_id={id}")
         )),
         "{form:?}"
     );
@@ -107,7 +131,7 @@ on_both_stores! {
         ("To", "+15551234567"),
     ];
     // Signed with another token: refused, nothing recorded.
-    let forged = callback(&app, "not-the-token", &delivered).await;
+    let forged = callback(&app, "not-the-token", &id, &delivered).await;
     expect_problem(forged, StatusCode::FORBIDDEN).await;
     let unsigned = app
         .client
@@ -124,11 +148,11 @@ on_both_stores! {
     // An intermediate status is an event only; `delivered` ends it.
     let sent = [("MessageSid", "SM-RCPT-1"), ("MessageStatus", "sent")];
     assert_eq!(
-        callback(&app, AUTH_TOKEN, &sent).await.status(),
+        callback(&app, AUTH_TOKEN, &id, &sent).await.status(),
         StatusCode::NO_CONTENT
     );
     assert_eq!(
-        callback(&app, AUTH_TOKEN, &delivered).await.status(),
+        callback(&app, AUTH_TOKEN, &id, &delivered).await.status(),
         StatusCode::NO_CONTENT
     );
     let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
@@ -142,7 +166,7 @@ on_both_stores! {
     // intermediate status (no second event, so no second webhook call).
     for replayed in [&delivered[..], &sent[..], &sent[..]] {
         assert_eq!(
-            callback(&app, AUTH_TOKEN, replayed).await.status(),
+            callback(&app, AUTH_TOKEN, &id, replayed).await.status(),
             StatusCode::NO_CONTENT
         );
     }
@@ -153,14 +177,14 @@ on_both_stores! {
     let padding = "x".repeat(20 * 1024);
     let padded = [("MessageSid", "SM-RCPT-1"), ("MessageStatus", "sent"), ("Pad", padding.as_str())];
     expect_problem(
-        callback(&app, AUTH_TOKEN, &padded).await,
+        callback(&app, AUTH_TOKEN, &id, &padded).await,
         StatusCode::PAYLOAD_TOO_LARGE,
     )
     .await;
 
     // A signed form without the fields it needs names them.
     let (_, problem) = expect_problem(
-        callback(&app, AUTH_TOKEN, &[("MessageSid", "SM-RCPT-1")]).await,
+        callback(&app, AUTH_TOKEN, &id, &[("MessageSid", "SM-RCPT-1")]).await,
         StatusCode::UNPROCESSABLE_ENTITY,
     )
     .await;
@@ -203,7 +227,7 @@ on_both_stores! {
             ("To", "+15551234567"),
         ];
         assert_eq!(
-            callback(&app, AUTH_TOKEN, &failed).await.status(),
+            callback(&app, AUTH_TOKEN, &id, &failed).await.status(),
             StatusCode::NO_CONTENT
         );
         let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
@@ -234,16 +258,20 @@ on_both_stores! {
 on_both_stores! {
     async fn a_receipt_that_beats_the_sent_record_is_kept_and_matched_later() {
         let sms_api = MockServer::start().await;
-        mock_sms_ok(&sms_api, "SM-EARLY").await;
+        // The provider takes 3 s to answer, and reports meanwhile:
+        // before fairlane has recorded the sid.
+        mock_sms_after(&sms_api, "SM-EARLY", Duration::from_secs(3)).await;
         let app = app_with_callbacks(&sms_api, "").await;
         let key = app.tenant_with_key("acme", "pro").await;
-        // The provider reports before fairlane has any message with this sid.
+        let id = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &id, status_is("sending")).await;
         let delivered = [("MessageSid", "SM-EARLY"), ("MessageStatus", "delivered")];
         assert_eq!(
-            callback(&app, AUTH_TOKEN, &delivered).await.status(),
+            callback(&app, AUTH_TOKEN, &id, &delivered).await.status(),
             StatusCode::NO_CONTENT
         );
-        let id = app.send_accepted(&key, &sms()).await;
+        let view = expect_json(app.get_message(&key, &id).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "sending", "the sid is not recorded yet: {view}");
         let view = wait_for(&app, &key, &id, status_is("delivered")).await;
         assert_eq!(view["status"], "delivered", "{view}");
     }
@@ -254,9 +282,10 @@ async fn sms_callbacks_are_not_found_without_a_public_url() {
     let sms_api = MockServer::start().await;
     let settings = delivery_settings(&sms_api.uri(), "http://127.0.0.1:9", "");
     let app = TestApp::start(&settings).await;
-    let response = callback(
+    let response = callback_at(
         &app,
         AUTH_TOKEN,
+        "/v1/callbacks/sms",
         &[("MessageSid", "SM1"), ("MessageStatus", "delivered")],
     )
     .await;
@@ -416,13 +445,13 @@ async fn ses_receipt_suppresses(kind: &str) {
     let event = match kind {
         "Bounce" => json!({
             "eventType": "Bounce",
-            "mail": {"messageId": ses_id, "destination": [to]},
+            "mail": {"messageId": ses_id, "destination": [to], "tags": {"message_id": [id]}},
             "bounce": {"bounceType": "Permanent", "bounceSubType": "General",
                 "bouncedRecipients": [{"emailAddress": to.to_uppercase(), "diagnosticCode": format!("smtp; 550 5.1.1 <{to}>: user unknown")}]}
         }),
         _ => json!({
             "eventType": "Complaint",
-            "mail": {"messageId": ses_id, "destination": [to]},
+            "mail": {"messageId": ses_id, "destination": [to], "tags": {"message_id": [id]}},
             "complaint": {"complainedRecipients": [{"emailAddress": to}], "complaintFeedbackType": "abuse"}
         }),
     };
@@ -512,7 +541,8 @@ on_both_stores! {
         let view = wait_for(&app, &key, &id, status_is("sent")).await;
         assert!(view.get("recipients").is_none(), "no report yet: {view}");
         let ses_id = view["provider_message_id"].as_str().unwrap().to_owned();
-        let mail = json!({"messageId": ses_id, "destination": [to, cc, bcc]});
+        let mail = json!({"messageId": ses_id, "destination": [to, cc, bcc],
+            "tags": {"message_id": [id]}});
         publish(&sqs, &queue, json!({"eventType": "Delivery", "mail": mail,
             "delivery": {"recipients": [to.to_uppercase(), cc], "smtpResponse": "250 2.0.0 OK"}}))
         .await;
@@ -565,5 +595,91 @@ on_both_stores! {
             .unwrap();
         assert_eq!(suppressed.status(), StatusCode::OK);
         app.stop().await;
+    }
+}
+
+on_both_stores! {
+    /// A callback finds its message by the id in its URL: two messages the
+    /// provider gave one SID are told apart, and a callback naming another
+    /// message with this SID moves nothing. (One without the id, from a
+    /// message sent before callbacks carried it, is matched by the SID:
+    /// the test above.)
+    async fn a_callback_finds_its_message_by_the_id_in_its_url() {
+        let sms_api = MockServer::start().await;
+        mock_sms_ok(&sms_api, "SM-SHARED").await;
+        let app = app_with_callbacks(&sms_api, "").await;
+        let key = app.tenant_with_key("acme", "pro").await;
+        let first = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &first, status_is("sent")).await;
+        let second = app.send_accepted(&key, &sms()).await;
+        wait_for(&app, &key, &second, status_is("sent")).await;
+        let delivered = [("MessageSid", "SM-SHARED"), ("MessageStatus", "delivered")];
+
+        let to_second = format!("/v1/callbacks/sms?message_id={second}");
+        let answer = callback_at(&app, AUTH_TOKEN, &to_second, &delivered).await;
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+        let view = wait_for(&app, &key, &second, status_is("delivered")).await;
+        assert_eq!(view["status"], "delivered", "{view}");
+        let view = expect_json(app.get_message(&key, &first).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "sent", "the other message of the SID: {view}");
+
+        // The id of a message the SID is not recorded for: nothing moves.
+        let other = app.send_accepted(&key, &json!({"channel": "sms", "to": "+15557654321", "text": "Hi"})).await;
+        let failed = [("MessageSid", "SM-OTHER"), ("MessageStatus", "failed")];
+        let to_other = format!("/v1/callbacks/sms?message_id={other}");
+        let answer = callback_at(&app, AUTH_TOKEN, &to_other, &failed).await;
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+        let view = wait_for(&app, &key, &other, status_is("sent")).await;
+        assert_eq!(view["status"], "sent", "{view}");
+
+        // The id is under the signature: the same form signed for the URL
+        // without it is refused at the URL with it.
+        let signature = twilio_signature(AUTH_TOKEN, &format!("{PUBLIC_URL}/v1/callbacks/sms"), &delivered);
+        let moved = app
+            .client
+            .post(app.url(&format!("/v1/callbacks/sms?message_id={first}")))
+            .header("X-Twilio-Signature", signature)
+            .form(&delivered)
+            .send()
+            .await
+            .unwrap();
+        expect_problem(moved, StatusCode::FORBIDDEN).await;
+        let view = expect_json(app.get_message(&key, &first).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "sent", "{view}");
+
+        // A callback without the id is matched by the SID among the
+        // messages sent before callbacks carried it (marked so here, as
+        // the migration leaves them), and no other: `first` has the SID
+        // too, and was sent first.
+        sent_before_receipts_carried_ids(&app, &other).await;
+        let delivered = [("MessageSid", "SM-SHARED"), ("MessageStatus", "delivered")];
+        let answer = callback_at(&app, AUTH_TOKEN, "/v1/callbacks/sms", &delivered).await;
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+        let view = wait_for(&app, &key, &other, status_is("delivered")).await;
+        assert_eq!(view["status"], "delivered", "{view}");
+        let view = expect_json(app.get_message(&key, &first).await, StatusCode::OK).await;
+        assert_eq!(view["status"], "sent", "a message sent now is not found by its SID alone: {view}");
+    }
+}
+
+/// Marks message `id` as one sent before receipts carried fairlane's id.
+async fn sent_before_receipts_carried_ids(app: &TestApp, id: &str) {
+    use fairlane::store::Db;
+    match &app.state.db {
+        Db::Sqlite(db) => {
+            crate::support::sqlite_file(&db.path)
+                .execute(
+                    "UPDATE messages SET receipt_by_id = NULL WHERE id = ?1",
+                    [id],
+                )
+                .unwrap();
+        }
+        Db::Postgres(db) => {
+            sqlx::query("UPDATE messages SET receipt_by_id = NULL WHERE id = $1")
+                .bind(id)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
     }
 }

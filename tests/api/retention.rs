@@ -298,6 +298,7 @@ on_both_stores! {
             // The provider that sent it: a receipt matches only its own.
             provider: sent.provider.clone().expect("a sent message names its provider"),
             provider_message_id: sent.provider_message_id.expect("a sent message has the provider's id"),
+            message_id: Some(text.clone()),
             outcome: Some(MessageStatus::Failed),
             event: "failed".into(),
             detail: Some(format!("30006 landline {SENTINEL}")),

@@ -148,6 +148,7 @@ on_both_stores! {
     callback(
         &app,
         "secret-token",
+        &id,
         &[("MessageSid", "SM-HOOK-1"), ("MessageStatus", "delivered")],
     )
     .await;
@@ -294,6 +295,7 @@ async fn a_dead_endpoint_delays_only_its_own_tenant_and_gets_every_event_once_it
         let answer = callback(
             &app,
             "secret-token",
+            id,
             &[("MessageSid", sid), ("MessageStatus", "delivered")],
         )
         .await;

@@ -41,6 +41,7 @@ fn simulated_receipts(
         Receipt {
             provider: NAME.into(),
             provider_message_id: provider_message_id.to_owned(),
+            message_id: Some(message.id.clone()),
             outcome: Some(outcome),
             event: outcome.as_str().to_owned(),
             detail: detail.map(str::to_owned),

@@ -128,7 +128,7 @@ pub(super) async fn sent(
 ) -> anyhow::Result<()> {
     const SET: &str = ", attempts = m.attempts + 1, last_error = NULL, sent_at = $1, \
          provider_message_id = u.provider_id, provider = COALESCE(u.provider, m.provider), \
-         provider_pinned = FALSE, gate_wait_ms = u.gate_wait_ms";
+         provider_pinned = FALSE, gate_wait_ms = u.gate_wait_ms, receipt_by_id = TRUE";
     const FROM: &str = " FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[]) \
          AS u(id, provider_id, provider, gate_wait_ms)";
     static SENT: LazyLock<String> = LazyLock::new(|| {

@@ -58,15 +58,29 @@ async fn find_by_provider_id(
         .iter()
         .map(|receipt| receipt.provider.as_str())
         .collect();
+    let message_ids: Vec<Option<&str>> = receipts
+        .iter()
+        .map(|receipt| receipt.message_id.as_deref())
+        .collect();
     type Row = (String, String, String, i64, String, Option<i64>, String);
+    // By fairlane's id where the provider carried it back (the key, and
+    // the provider's id must be the one recorded); by the provider's id
+    // where it did not, among the messages sent before receipts carried
+    // fairlane's id (the only ones its index holds).
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT m.id, m.tenant_id, m.status, m.attempts, m.provider_message_id, m.sent_at, r.provider \
-         FROM UNNEST($1::text[], $2::text[]) AS r(provider_id, provider) \
-         JOIN messages AS m ON m.provider_message_id = r.provider_id \
-         AND (m.provider = r.provider OR m.provider IS NULL)",
+         FROM UNNEST($1::text[], $2::text[], $3::text[]) AS r(provider_id, provider, message_id) \
+         JOIN messages AS m ON m.id = r.message_id AND m.provider_message_id = r.provider_id \
+         AND (m.provider = r.provider OR m.provider IS NULL) \
+         UNION ALL \
+         SELECT m.id, m.tenant_id, m.status, m.attempts, m.provider_message_id, m.sent_at, r.provider \
+         FROM UNNEST($1::text[], $2::text[], $3::text[]) AS r(provider_id, provider, message_id) \
+         JOIN messages AS m ON r.message_id IS NULL AND m.provider_message_id = r.provider_id \
+         AND m.receipt_by_id IS NULL AND (m.provider = r.provider OR m.provider IS NULL)",
     )
     .bind(&provider_ids)
     .bind(&providers)
+    .bind(&message_ids)
     .fetch_all(&mut *tx)
     .await?;
     let mut found = Vec::with_capacity(rows.len());

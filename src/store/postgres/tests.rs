@@ -577,6 +577,13 @@ fn receipt(
     crate::store::receipts::Receipt {
         provider: "http".into(),
         provider_message_id: provider_id.into(),
+        // The id the provider carries back: the test's messages are m1
+        // (SM1) and m2 (SM2); another sid names none.
+        message_id: match provider_id {
+            "SM1" => Some("m1".into()),
+            "SM2" => Some("m2".into()),
+            _ => None,
+        },
         outcome,
         event: event.into(),
         detail: detail.map(str::to_owned),

@@ -57,7 +57,8 @@ enum Piece {
     },
     /// A provider's receipt, recorded after the group's status changes.
     Receipt {
-        receipt: Receipt,
+        /// Boxed: a receipt is the largest piece by far.
+        receipt: Box<Receipt>,
         reply: oneshot::Sender<anyhow::Result<Applied>>,
     },
 }
@@ -318,7 +319,11 @@ impl PgWriter {
     /// transaction each; answers once it has committed.
     pub async fn apply_receipt(&self, receipt: Receipt) -> anyhow::Result<Applied> {
         let (reply, answer) = oneshot::channel();
-        self.submit(Piece::Receipt { receipt, reply }).await;
+        self.submit(Piece::Receipt {
+            receipt: Box::new(receipt),
+            reply,
+        })
+        .await;
         answer.await.context("the store writer dropped a receipt")?
     }
 
@@ -646,7 +651,7 @@ async fn write_pieces(sink: &Sink, group: &[Piece]) -> anyhow::Result<Written> {
     let group_receipts: Vec<&Receipt> = group
         .iter()
         .filter_map(|piece| match piece {
-            Piece::Receipt { receipt, .. } => Some(receipt),
+            Piece::Receipt { receipt, .. } => Some(&**receipt),
             _ => None,
         })
         .collect();

@@ -259,7 +259,7 @@ pub(crate) fn sent(
 ) -> rusqlite::Result<()> {
     const SET: &str = ", attempts = attempts + 1, last_error = NULL, sent_at = ?1, \
          provider_message_id = ?3, provider = COALESCE(?4, provider), provider_pinned = 0, \
-         gate_wait_ms = ?5";
+         gate_wait_ms = ?5, receipt_by_id = 1";
     static SENT: LazyLock<String> =
         LazyLock::new(|| statement(Move::Sent, SET, " AND status <> 'sent'"));
     let values = params![now, id, provider_message_id, provider, gate_wait_ms];

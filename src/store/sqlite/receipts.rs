@@ -28,22 +28,7 @@ pub(crate) fn apply_in(
     receipt: &Receipt,
     now: i64,
 ) -> anyhow::Result<Applied> {
-    use rusqlite::OptionalExtension;
-    let found: Option<(String, String, String, i64, Option<i64>)> = tx
-        .prepare_cached(
-            "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
-             WHERE provider_message_id = ?1 AND (provider = ?2 OR provider IS NULL) LIMIT 1",
-        )?
-        .query_row([&receipt.provider_message_id, &receipt.provider], |row| {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-            ))
-        })
-        .optional()?;
+    let found = find(tx, receipt)?;
     let Some((id, tenant_id, status, attempts, sent_at)) = found else {
         return Ok(Applied::Unmatched);
     };
@@ -113,6 +98,38 @@ pub(crate) fn apply_in(
         tenant_id,
         changed: !duplicate && decision.moves.is_some(),
         sent_at,
+    })
+}
+
+/// A message a receipt names: its id, tenant, status, attempts and
+/// `sent_at`.
+type Found = (String, String, String, i64, Option<i64>);
+
+/// The message `receipt` names: by fairlane's id when the provider carried it back (the
+/// key); by the provider's id otherwise, among the messages sent before
+/// receipts carried fairlane's id (the only ones its index holds).
+fn find(tx: &rusqlite::Transaction, receipt: &Receipt) -> rusqlite::Result<Option<Found>> {
+    use rusqlite::OptionalExtension;
+    Ok(match &receipt.message_id {
+        Some(message_id) => tx
+            .prepare_cached(
+                "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
+                 WHERE id = ?1 AND provider_message_id = ?2 \
+                 AND (provider = ?3 OR provider IS NULL)",
+            )?
+            .query_row(
+                [message_id, &receipt.provider_message_id, &receipt.provider],
+                tuple,
+            )
+            .optional()?,
+        None => tx
+            .prepare_cached(
+                "SELECT id, tenant_id, status, attempts, sent_at FROM messages \
+                 WHERE provider_message_id = ?1 AND receipt_by_id IS NULL \
+                 AND (provider = ?2 OR provider IS NULL) LIMIT 1",
+            )?
+            .query_row([&receipt.provider_message_id, &receipt.provider], tuple)
+            .optional()?,
     })
 }
 
