@@ -6,7 +6,9 @@ between top-level modules, on an edge a rule forbids, on SQL outside the
 store's two backends (src/store/sqlite/, src/store/postgres/) and
 src/queue/embedded/ and src/queue/postgres/, on a write of a message's status, its
 events or its webhook calls outside the lifecycle's two files, and on a
-match of the store's backend outside src/store/mod.rs, on sqlx used for the
+match of the store's backend outside src/store/mod.rs, on a question of
+which engine the store is (`.sqlite()`, `.postgres()`, `is_shared()`) above
+src/store/, on sqlx used for the
 SQLite file (rusqlite is its one driver), and on a function of non-test
 code over 100 lines, and on a file of non-test code over 1,000 lines of code
 (blank and comment lines not counted). Standard library only:
@@ -38,10 +40,14 @@ SQL = re.compile(r'"[^"\n]*\b(SELECT\s|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CR
 LIFECYCLE = re.compile(r'"[^"\n]*\b(UPDATE messages( AS m)? SET status|INSERT INTO (message_events|messages)\b)')
 LIFECYCLE_FILES = ("store/sqlite/lifecycle.rs", "store/postgres/lifecycle.rs")
 BACKEND = re.compile(r"\bDb::(Sqlite|Postgres)\b")
-# The store is one interface (`store::Backend`) with two implementations,
-# each holding all of its own SQL (issue 45): only the handle's own file
-# asks which backend it is (and the hot writer's, which it starts).
-BACKEND_FILES = ("store/mod.rs", "store/hot.rs")
+# The store is one interface (`store::Backend`, and the hot path's
+# `HotPath`) with two implementations, each holding all of its own SQL
+# (issue 45): only the handle's own file asks which engine it is.
+BACKEND_FILES = ("store/mod.rs",)
+# Nothing above the store asks which engine it is (issue 69): it asks the
+# topic that cares, and a queue living in a store gets its engine's handle
+# from the store (`Db::embedded_engine`, `Db::lanes_engine`).
+ENGINE_ASKED = re.compile(r"\.(sqlite|postgres|is_shared)\(\)")
 SQL_FOLDERS = ("store/sqlite/", "store/postgres/", "queue/embedded/", "queue/postgres/")
 PATH = re.compile(r"\bcrate::([a-z_]+)")
 # sqlx reaches PostgreSQL only; the SQLite file has one driver (issue 45).
@@ -113,6 +119,8 @@ def main():
             problems.append(f"a message's status or events written outside the lifecycle: src/{rel}")
         if BACKEND.search(code) and rel not in BACKEND_FILES:
             problems.append(f"the store's backend matched outside store/mod.rs: src/{rel}")
+        if ENGINE_ASKED.search(code) and not rel.startswith("store/"):
+            problems.append(f"the store's engine asked above the store: src/{rel}")
         if SQLX_SQLITE.search(code):
             problems.append(f"sqlx used for the SQLite file (rusqlite is its driver): src/{rel}")
         lines_of_code = sum(1 for line in code.splitlines() if line.strip())

@@ -75,7 +75,7 @@ impl Application {
         let follow = registry.clone().follow(shutdown_rx.clone());
         let mut background = vec![tokio::spawn(follow), tokio::spawn(rotations)];
         release_interrupted_sends(&db).await?;
-        let (mut store_writer, writer_task) = Writer::start(
+        let (store_writer, writer_task) = Writer::start(
             &db,
             settings.storage.max_group,
             settings.storage.max_size_mb,
@@ -333,22 +333,22 @@ async fn spawn_jobs(
         std::time::Duration::from_secs(settings.retention.interval_secs),
         shutdown_rx.clone(),
     )));
-    if db.is_shared() {
-        background.push(tokio::spawn(crate::scheduler::roll_up_usage(
-            db.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
+    // Each store does the upkeep its engine needs: usage deltas folded
+    // where several instances count (PostgreSQL), the planner's statistics
+    // refreshed where the store keeps them by hand (SQLite); the other
+    // runs find nothing to do.
+    background.push(tokio::spawn(crate::scheduler::roll_up_usage(
+        db.clone(),
+        shutdown_rx.clone(),
+    )));
     background.push(tokio::spawn(crate::scheduler::purge_idempotency_keys(
         db.clone(),
         shutdown_rx.clone(),
     )));
-    if !db.is_shared() {
-        background.push(tokio::spawn(crate::scheduler::refresh_statistics(
-            db.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
+    background.push(tokio::spawn(crate::scheduler::refresh_statistics(
+        db.clone(),
+        shutdown_rx.clone(),
+    )));
     Ok(())
 }
 
@@ -361,17 +361,9 @@ async fn open_embedded(
     registry: &Arc<Registry>,
     store_writer: &Writer,
 ) -> anyhow::Result<Lanes> {
-    let (Some(sqlite), Some(sqlite_writer)) = (db.sqlite(), store_writer.sqlite()) else {
-        anyhow::bail!("the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")");
-    };
-    let embedded = Arc::new(
-        EmbeddedQueue::open(
-            sqlite.clone(),
-            settings.lanes.clone(),
-            sqlite_writer.clone(),
-        )
-        .await?,
-    );
+    let (sqlite, sqlite_writer) = db.embedded_engine(store_writer)?;
+    let embedded =
+        Arc::new(EmbeddedQueue::open(sqlite, settings.lanes.clone(), sqlite_writer).await?);
     for tenant in registry.tenants() {
         if tenant.status != TenantStatus::Active {
             embedded.set_tenant_held(&tenant.id, true).await?;
@@ -633,12 +625,7 @@ async fn open_lanes(
     Ok(match settings.queue.backend {
         QueueBackend::Embedded => open_embedded(settings, db, registry, store_writer).await?,
         QueueBackend::Postgres => {
-            let Some(pg) = db.postgres() else {
-                anyhow::bail!(
-                    "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
-                );
-            };
-            let lanes = PgLanes::open(pg, settings.lanes.clone())
+            let lanes = PgLanes::open(db.lanes_engine()?, settings.lanes.clone())
                 .await
                 .context("opening the lanes in PostgreSQL")?;
             // Tenant deletion erases a tenant's waiting copies through it.

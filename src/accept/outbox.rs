@@ -200,14 +200,10 @@ impl Outbox {
             fast,
             slow,
         });
-        // On SQLite the file belongs to this one instance, so a row left at
-        // start-up belongs to a process that is gone. On PostgreSQL it may
-        // belong to another instance that is sending it right now: only
-        // rows past the sweep age are taken.
-        let first_cutoff = outbox
-            .db
-            .is_shared()
-            .then(|| now_ms() - Duration::from_secs(settings.outbox_sweep_secs).as_millis() as i64);
+        // A row left at start-up: the store says whether it may belong to
+        // another instance sending it right now.
+        let sweep_age = Duration::from_secs(settings.outbox_sweep_secs).as_millis() as i64;
+        let first_cutoff = outbox.db.start_up_cutoff(now_ms(), sweep_age);
         match outbox.sweep(first_cutoff).await {
             Ok(0) => {}
             Ok(resent) => info!(resent, "Re-sent outbox messages left by an earlier run."),
@@ -524,7 +520,7 @@ mod tests {
             "INSERT INTO outbox SELECT 'm' || n, 'fast', 't', 'sms', 'normal', '{}', $1 FROM generate_series(1, 250) AS n",
         )
         .bind(old)
-        .execute(&db.postgres().unwrap().pool)
+        .execute(&db.lanes_engine().unwrap().pool)
         .await
         .unwrap();
         let cutoff = Some(now_ms() - 1000);

@@ -536,13 +536,12 @@ async fn suppress_if_listed(
     let suppressed = match message.suppressed_at_receive {
         Some(known) => Ok(known),
         None => match suppressions::normalize(&payload.to) {
-            Some((_, address)) => {
-                context
-                    .delivery
-                    .status
-                    .is_suppressed(&message.tenant_id, &address)
-                    .await
-            }
+            Some((_, address)) => context
+                .delivery
+                .db
+                .is_suppressed(&message.tenant_id, &address)
+                .await
+                .map_err(anyhow::Error::from),
             None => Ok(false),
         },
     };

@@ -85,8 +85,9 @@ pub async fn purge_idempotency_keys(db: Db, mut shutdown: watch::Receiver<bool>)
     }
 }
 
-/// PostgreSQL: every [`USAGE_ROLL_UP_INTERVAL`], folds the usage deltas
-/// the instances appended into usage rows (one instance at a time).
+/// Every [`USAGE_ROLL_UP_INTERVAL`], folds the usage deltas the instances
+/// appended into usage rows (one instance at a time); a store only one
+/// instance counts in (SQLite) has none, and the run finds nothing.
 pub async fn roll_up_usage(db: Db, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(USAGE_ROLL_UP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,59 +1,126 @@
 //! The hot path's one writer: accepts and the delivery path's status
-//! changes, on either backend.
+//! changes, on either engine.
 //!
 //! A transaction per request would cap the accept rate at the number of
 //! commits the store can make per second. Instead each piece goes to the
-//! backend's group-committing writer (SQLite: [`StoreWriter`], a thread
+//! engine's group-committing writer (SQLite: [`StoreWriter`], a thread
 //! that also runs the embedded queue's receives and deletes; PostgreSQL:
-//! [`PgWriter`], a task of multi-row statements), which commits everything
-//! waiting in one transaction and only then answers each caller. Under
-//! load, groups grow by themselves while a commit is running; when idle, a
-//! lone piece commits at once.
+//! [`super::postgres::PgWriter`], a task of multi-row statements), which
+//! commits everything waiting in one transaction and only then answers
+//! each caller. Under load, groups grow by themselves while a commit is
+//! running; when idle, a lone piece commits at once.
 //!
-//! Where an accept's queue entry goes is the [`Staging`]: on SQLite with
-//! the embedded queue, into the queue's own rows in the same transaction
-//! (written by the queue through [`QueueRows`], so the store knows nothing
-//! of queue tables); otherwise into the outbox, sent to SQS afterwards.
+//! [`HotPath`] is what each engine's writer does; [`Writer`] is the handle
+//! the service holds, the same on both. Where an accept's queue entry goes
+//! is the [`Staging`]: on SQLite with the embedded queue, into the queue's
+//! own rows in the same transaction (written by the queue through
+//! [`QueueRows`](super::QueueRows), so the store knows nothing of queue
+//! tables); otherwise into the outbox, sent to SQS afterwards.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::Db;
 use super::delivery::{BeforeSend, Called, CallsRecord, PassRooms, SendCheck, TakenCalls};
 use super::lifecycle::Move;
-use super::postgres::PgWriter;
 use super::receipts::{Applied, Receipt};
-use super::sqlite::hot;
-use super::sqlite::webhooks as sqlite_webhooks;
 use super::sqlite::writer::StoreWriter;
 use super::staging::{AcceptEntry, NotDurable, Staging};
 use super::streak::FailureStreak;
-use super::webhooks;
 use crate::model::{MessageStatus, Scope};
+
+/// What an engine's group-committing writer does for the hot path; one
+/// implementation per engine (`sqlite::hot::SqliteHot`, `PgWriter`). Each
+/// piece answers once its group has committed.
+#[async_trait]
+pub(crate) trait HotPath: Send + Sync {
+    /// Sends accepted entries to `staging` from now on (once, before the
+    /// accept path starts); refused when the engine cannot hold that
+    /// queue.
+    fn stage_into(&self, staging: Staging) -> anyhow::Result<()>;
+
+    /// Makes every entry durable in one transaction, all or none; true
+    /// once committed.
+    async fn accept_all(&self, entries: Vec<AcceptEntry>) -> bool;
+
+    /// See [`Writer::cancel`]; `test`: the world (`None`: both).
+    async fn cancel(
+        &self,
+        tenant_id: &str,
+        test: Option<bool>,
+        ids: Vec<String>,
+    ) -> anyhow::Result<Vec<String>>;
+
+    /// See [`Writer::claim`].
+    async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool>;
+
+    /// See [`Writer::before_send`].
+    async fn before_send(&self, checks: Vec<SendCheck>) -> anyhow::Result<Vec<BeforeSend>>;
+
+    /// See [`Writer::take_pass`].
+    async fn take_pass(
+        &self,
+        rooms: PassRooms,
+        now: i64,
+        lease_until: i64,
+    ) -> anyhow::Result<Vec<TakenCalls>>;
+
+    /// See [`Writer::record_calls`].
+    async fn record_calls(&self, record: CallsRecord) -> anyhow::Result<()>;
+
+    /// See [`Writer::apply_receipt`].
+    async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied>;
+
+    /// See [`Writer::sent_after_wait`].
+    async fn sent(
+        &self,
+        id: &str,
+        provider_message_id: &str,
+        provider: Option<&str>,
+        gate_wait_ms: Option<i64>,
+    ) -> anyhow::Result<()>;
+
+    /// See [`Writer::failure_of`]; `step` is a failure's move.
+    async fn failure(
+        &self,
+        id: &str,
+        step: Move,
+        error: &str,
+        counted: bool,
+        called: Option<Called<'_>>,
+    ) -> anyhow::Result<u32>;
+
+    /// The writer's failure streak.
+    fn failures(&self) -> &FailureStreak;
+
+    /// See [`Writer::probe`].
+    async fn probe(&self) -> anyhow::Result<()>;
+
+    /// See [`Writer::stop`].
+    async fn stop(&self);
+
+    /// The SQLite writer thread, whose groups the embedded queue's own
+    /// work rides in; `None` on another engine. Asked only by the store
+    /// ([`Db::embedded_engine`]).
+    fn sqlite_writer(&self) -> Option<&StoreWriter> {
+        None
+    }
+}
 
 /// The hot path's writer; cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
-    backend: Backend,
+    hot: Arc<dyn HotPath>,
     /// Rung after a delivery outcome (`sent`, a failure) has committed: a
     /// status change that may have written an event.
     changed: Arc<tokio::sync::Notify>,
 }
 
-#[derive(Clone)]
-enum Backend {
-    Sqlite {
-        writer: StoreWriter,
-        staging: Arc<Staging>,
-    },
-    /// Through the outbox (SQS lanes) or into the lanes' table.
-    Postgres(PgWriter),
-}
-
 impl Writer {
-    /// Starts the writer of `db`'s backend, staging accepts into the
+    /// Starts the writer of `db`'s engine, staging accepts into the
     /// outbox until [`Writer::stage_into`] says otherwise. `max_group`
     /// bounds the pieces per transaction; `max_size_mb` caps a SQLite file
     /// (0: no cap). The receiver completes once the writer has stopped
@@ -63,57 +130,28 @@ impl Writer {
         max_group: usize,
         max_size_mb: u64,
     ) -> anyhow::Result<(Writer, oneshot::Receiver<()>)> {
-        Ok(match db {
-            Db::Sqlite(sqlite) => {
-                let (writer, done) = StoreWriter::spawn_capped(sqlite, max_group, max_size_mb)?;
-                let staging = Arc::new(Staging::Outbox);
-                (
-                    Writer {
-                        backend: Backend::Sqlite { writer, staging },
-                        changed: Arc::default(),
-                    },
-                    done,
-                )
-            }
-            Db::Postgres(pg) => {
-                let (writer, done) = PgWriter::spawn(pg, max_group);
-                (
-                    Writer {
-                        backend: Backend::Postgres(writer),
-                        changed: Arc::default(),
-                    },
-                    done,
-                )
-            }
-        })
+        let (hot, done) = db.start_hot_path(max_group, max_size_mb)?;
+        Ok((
+            Writer {
+                hot,
+                changed: Arc::default(),
+            },
+            done,
+        ))
     }
 
-    /// Sends accepted entries to `staging` from now on. Call before the
-    /// writer is cloned for the accept path. A PostgreSQL store stages
-    /// into its outbox or its lanes' table, a SQLite one into its outbox or
-    /// the embedded queue.
-    pub fn stage_into(&mut self, new: Staging) -> anyhow::Result<()> {
-        match (&mut self.backend, new) {
-            (Backend::Sqlite { .. }, Staging::Lanes) => anyhow::bail!(
-                "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
-            ),
-            (Backend::Sqlite { staging, .. }, new) => *staging = Arc::new(new),
-            (Backend::Postgres(_), Staging::Outbox) => {}
-            (Backend::Postgres(writer), Staging::Lanes) => writer.stage_into_lanes(),
-            (Backend::Postgres(_), Staging::Queue(_)) => anyhow::bail!(
-                "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
-            ),
-        }
-        Ok(())
+    /// Sends accepted entries to `staging` from now on. Call once, before
+    /// the accept path starts. A PostgreSQL store stages into its outbox
+    /// or its lanes' table, a SQLite one into its outbox or the embedded
+    /// queue.
+    pub fn stage_into(&self, staging: Staging) -> anyhow::Result<()> {
+        self.hot.stage_into(staging)
     }
 
     /// The SQLite writer thread, for the embedded queue's own work; `None`
     /// on PostgreSQL.
-    pub fn sqlite(&self) -> Option<&StoreWriter> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => Some(writer),
-            Backend::Postgres(_) => None,
-        }
+    pub(super) fn sqlite(&self) -> Option<&StoreWriter> {
+        self.hot.sqlite_writer()
     }
 
     /// Makes `entry` durable; returns once its group has committed.
@@ -127,11 +165,7 @@ impl Writer {
         if entries.is_empty() {
             return Ok(());
         }
-        let committed = match &self.backend {
-            Backend::Sqlite { writer, staging } => hot::accept(writer, staging, entries).await,
-            Backend::Postgres(writer) => writer.accept(entries).await,
-        };
-        match committed {
+        match self.hot.accept_all(entries).await {
             true => Ok(()),
             false => Err(NotDurable {
                 retry_after: self.retry_after(),
@@ -168,12 +202,7 @@ impl Writer {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                hot::cancel(writer, tenant_id.to_owned(), test, ids).await
-            }
-            Backend::Postgres(writer) => writer.cancel(tenant_id, test, &ids).await,
-        }
+        self.hot.cancel(tenant_id, test, ids).await
     }
 
     /// Takes the message for this instance's provider call: `scheduled`,
@@ -184,19 +213,7 @@ impl Writer {
     /// call the provider for this copy. A cancel and a claim of one message
     /// are ordered by the store, so a cancelled message is never sent.
     pub async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::claim(writer, id, stale_before).await,
-            Backend::Postgres(writer) => writer.claim(id, stale_before).await,
-        }
-    }
-
-    /// True when `address` (normalised) is on `tenant_id`'s suppression
-    /// list. It runs for every message delivered.
-    pub async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::is_suppressed(writer, tenant_id, address).await,
-            Backend::Postgres(writer) => writer.is_suppressed(tenant_id, address).await,
-        }
+        self.hot.claim(id, stale_before).await
     }
 
     /// What the store says of received messages before they are sent, in
@@ -208,10 +225,7 @@ impl Writer {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => hot::before_send(writer, checks).await,
-            Backend::Postgres(writer) => writer.before_send(&checks).await,
-        }
+        self.hot.before_send(checks).await
     }
 
     /// One pass of the webhook dispatcher: for each tenant with calls to
@@ -231,31 +245,7 @@ impl Writer {
         now: i64,
         lease_until: i64,
     ) -> anyhow::Result<Vec<TakenCalls>> {
-        let taken = match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                sqlite_webhooks::take_pass(writer, rooms, now, lease_until).await?
-            }
-            Backend::Postgres(writer) => return writer.take_pass(rooms, now, lease_until).await,
-        };
-        taken
-            .into_iter()
-            .map(|take| {
-                let data = take
-                    .rows
-                    .into_iter()
-                    .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
-                    .collect::<anyhow::Result<_>>()?;
-                Ok(TakenCalls {
-                    tenant: take.tenant,
-                    room: take.room,
-                    wanted: take.wanted,
-                    calls: take.calls,
-                    data,
-                    webhook: take.webhook,
-                    stream: take.stream,
-                })
-            })
-            .collect()
+        self.hot.take_pass(rooms, now, lease_until).await
     }
 
     /// Records the calls made since the last record, in one transaction
@@ -268,10 +258,7 @@ impl Writer {
         {
             return Ok(());
         }
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => sqlite_webhooks::record_calls(writer, record).await,
-            Backend::Postgres(writer) => writer.record_calls(&record).await,
-        }
+        self.hot.record_calls(record).await
     }
 
     /// Records a provider's receipt against its message as a piece of the
@@ -279,16 +266,7 @@ impl Writer {
     /// `postgres::receipts::apply_group`), so receipts at volume commit together
     /// with the delivery path's changes instead of one transaction each.
     pub async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                let receipt = receipt.clone();
-                let now = crate::model::now_ms();
-                writer
-                    .run(move |tx| super::sqlite::receipts::apply_in(tx, &receipt, now))
-                    .await
-            }
-            Backend::Postgres(writer) => writer.apply_receipt(receipt.clone()).await,
-        }
+        self.hot.apply_receipt(receipt).await
     }
 
     /// Records a successful send by `provider` (its name in the channel's
@@ -313,16 +291,10 @@ impl Writer {
         provider: Option<&str>,
         gate_wait_ms: Option<i64>,
     ) -> anyhow::Result<()> {
-        let recorded = match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                hot::sent(writer, id, provider_message_id, provider, gate_wait_ms).await
-            }
-            Backend::Postgres(writer) => {
-                writer
-                    .sent(id, provider_message_id, provider, gate_wait_ms)
-                    .await
-            }
-        };
+        let recorded = self
+            .hot
+            .sent(id, provider_message_id, provider, gate_wait_ms)
+            .await;
         if recorded.is_ok() {
             self.changed.notify_one();
         }
@@ -364,12 +336,7 @@ impl Writer {
     ) -> anyhow::Result<u32> {
         let step = Move::failure(status)
             .ok_or_else(|| anyhow::anyhow!("{} is not a failure's status", status.as_str()))?;
-        let recorded = match &self.backend {
-            Backend::Sqlite { writer, .. } => {
-                hot::failure(writer, id, step, error, counted, called).await
-            }
-            Backend::Postgres(writer) => writer.failure(id, step, error, counted, called).await,
-        };
+        let recorded = self.hot.failure(id, step, error, counted, called).await;
         if recorded.is_ok() {
             self.changed.notify_one();
         }
@@ -378,10 +345,7 @@ impl Writer {
 
     /// The writer's failure streak.
     pub fn failures(&self) -> &FailureStreak {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => writer.failures(),
-            Backend::Postgres(writer) => writer.failures(),
-        }
+        self.hot.failures()
     }
 
     /// The Retry-After to give when a write could not be made durable.
@@ -392,18 +356,12 @@ impl Writer {
     /// Whether a write needing new room would commit now: writes a row
     /// larger than any send and removes it in one transaction.
     pub async fn probe(&self) -> anyhow::Result<()> {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => writer.probe().await,
-            Backend::Postgres(writer) => writer.probe().await,
-        }
+        self.hot.probe().await
     }
 
     /// Asks the writer to commit what it holds and stop; later work fails.
     pub async fn stop(&self) {
-        match &self.backend {
-            Backend::Sqlite { writer, .. } => writer.stop().await,
-            Backend::Postgres(writer) => writer.stop().await,
-        }
+        self.hot.stop().await
     }
 }
 

@@ -55,6 +55,12 @@ pub use staging::{AcceptEntry, AfterCommit, NotDurable, QueueRows, Staging};
 pub use streak::{FailureStreak, WriteFailed};
 
 use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use hot::HotPath;
+use sqlite::writer::StoreWriter;
 
 pub use crate::config::{is_postgres_url, sqlite_path};
 
@@ -143,7 +149,50 @@ impl Db {
         Ok(Db::Sqlite(SqliteDb::open(path, fsync).await?))
     }
 
-    /// The SQLite handles, when the store is a SQLite file.
+    /// Starts the hot path's group-committing writer of this store's
+    /// engine (see [`Writer::start`]).
+    pub(crate) fn start_hot_path(
+        &self,
+        max_group: usize,
+        max_size_mb: u64,
+    ) -> anyhow::Result<(Arc<dyn HotPath>, oneshot::Receiver<()>)> {
+        Ok(match self {
+            Db::Sqlite(sqlite) => {
+                let (writer, done) = StoreWriter::spawn_capped(sqlite, max_group, max_size_mb)?;
+                (Arc::new(sqlite::hot::SqliteHot::new(writer)), done)
+            }
+            Db::Postgres(pg) => {
+                let (writer, done) = postgres::PgWriter::spawn(pg, max_group);
+                (Arc::new(writer), done)
+            }
+        })
+    }
+
+    /// What the embedded queue lives in: the SQLite file and its writer
+    /// thread (`writer`, started on this store), whose groups carry the
+    /// queue's own work. Refused, saying why, on another engine.
+    pub fn embedded_engine(&self, writer: &Writer) -> anyhow::Result<(SqliteDb, StoreWriter)> {
+        match (self, writer.sqlite()) {
+            (Db::Sqlite(sqlite), Some(thread)) => Ok((sqlite.clone(), thread.clone())),
+            _ => anyhow::bail!(
+                "the embedded queue needs a SQLite store (storage.url = \"sqlite://…\")"
+            ),
+        }
+    }
+
+    /// What the PostgreSQL lanes live in: this store's database. Refused,
+    /// saying why, on another engine.
+    pub fn lanes_engine(&self) -> anyhow::Result<&postgres::PgDb> {
+        match self {
+            Db::Postgres(pg) => Ok(pg),
+            Db::Sqlite(_) => anyhow::bail!(
+                "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
+            ),
+        }
+    }
+
+    /// The SQLite handles, when the store is a SQLite file (for the
+    /// store's own code and tests that look inside it).
     pub fn sqlite(&self) -> Option<&SqliteDb> {
         match self {
             Db::Sqlite(db) => Some(db),
@@ -151,7 +200,8 @@ impl Db {
         }
     }
 
-    /// The PostgreSQL handle, when the store is a PostgreSQL database.
+    /// The PostgreSQL handle, when the store is a PostgreSQL database (for
+    /// the store's own code and tests that look inside it).
     pub fn postgres(&self) -> Option<&postgres::PgDb> {
         match self {
             Db::Sqlite(_) => None,
@@ -160,7 +210,8 @@ impl Db {
     }
 
     /// Whether several instances may share this store (PostgreSQL); a
-    /// SQLite file belongs to one.
+    /// SQLite file belongs to one. For tests; the service asks the topic
+    /// that cares (e.g. [`RegistryStore::changed_elsewhere`]).
     pub fn is_shared(&self) -> bool {
         matches!(self, Db::Postgres(_))
     }

@@ -45,6 +45,13 @@ pub trait OutboxStore: Send + Sync {
     /// marks).
     async fn outbox_by_lane(&self) -> StoreResult<[u64; 2]>;
 
+    /// The cutoff (ms) of the sweep at start-up, given the sweep's age
+    /// (ms): `None`, every row, where the store belongs to this one
+    /// instance (a row left then belongs to a process that is gone);
+    /// `now - sweep_age` where other instances may be sending their rows
+    /// right now.
+    fn start_up_cutoff(&self, now: i64, sweep_age: i64) -> Option<i64>;
+
     /// Scheduled messages (waiting in the outbox for their time) per
     /// tenant, by the index of scheduled rows: the console's overview. With
     /// the lanes in PostgreSQL, also the lane rows waiting for their time

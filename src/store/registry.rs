@@ -195,9 +195,15 @@ pub trait RegistryStore: Send + Sync {
     /// logs). Nothing to tell on SQLite, where there are none.
     async fn announce_registry(&self, what: &str) -> StoreResult<()>;
 
+    /// Whether other instances may change plans, tenants and keys behind
+    /// this one's cache (a PostgreSQL store they share); a SQLite file is
+    /// changed by its one instance only, so its cache is never stale.
+    fn changed_elsewhere(&self) -> bool;
+
     /// Listens for the announcements of [`announce_registry`]; fails on
-    /// SQLite, which has no other instances to hear from (see
-    /// [`super::Db::is_shared`]).
+    /// a store no other instance changes ([`changed_elsewhere`] false).
+    ///
+    /// [`changed_elsewhere`]: RegistryStore::changed_elsewhere
     ///
     /// [`announce_registry`]: RegistryStore::announce_registry
     async fn listen_registry(&self) -> StoreResult<RegistryListener>;

@@ -492,12 +492,13 @@ impl Registry {
         }
     }
 
-    /// On PostgreSQL, keeps this instance's cache in step with the changes
-    /// other instances make, until `shutdown`: reloads on every
-    /// announcement, after each (re)connection of the listener, and every
-    /// [`FOLLOW_RELOAD_INTERVAL`] in any case. Returns at once on SQLite.
+    /// Where other instances change the registry (a shared PostgreSQL
+    /// store), keeps this instance's cache in step with them until
+    /// `shutdown`: reloads on every announcement, after each (re)connection
+    /// of the listener, and every [`FOLLOW_RELOAD_INTERVAL`] in any case.
+    /// Returns at once on a store only this instance changes.
     pub async fn follow(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        if !self.db.is_shared() {
+        if !self.db.changed_elsewhere() {
             return;
         }
         let mut backoff = Duration::from_millis(100);
@@ -535,12 +536,12 @@ impl Registry {
         }
     }
 
-    /// The tenant `id`; on PostgreSQL, if this instance has not heard of
-    /// it, after reading the store again (another instance may have made it
+    /// The tenant `id`; where other instances change the registry, if this
+    /// instance has not heard of it, after reading the store again (another instance may have made it
     /// a moment ago). For admin changes and the rare miss of a consumer,
     /// not for authentication (an unknown key must not cost a reload).
     pub async fn tenant_fresh(&self, id: &str) -> Option<Arc<TenantRow>> {
-        if self.tenant(id).is_none() && self.db.is_shared() {
+        if self.tenant(id).is_none() && self.db.changed_elsewhere() {
             self.reload_logged().await;
         }
         self.tenant(id)
@@ -548,7 +549,7 @@ impl Registry {
 
     /// The plan `name`, read again like [`Registry::tenant_fresh`].
     async fn plan_fresh(&self, name: &str) -> Option<Arc<Plan>> {
-        if self.plan(name).is_none() && self.db.is_shared() {
+        if self.plan(name).is_none() && self.db.changed_elsewhere() {
             self.reload_logged().await;
         }
         self.plan(name)

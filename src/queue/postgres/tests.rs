@@ -33,7 +33,9 @@ async fn open(db: &Db, max_receive_count: u32) -> Arc<PgLanes> {
     let mut lanes = Settings::from_toml_overlay("").unwrap().lanes;
     lanes.fast.visibility_timeout_secs = 1;
     lanes.fast.max_receive_count = max_receive_count;
-    PgLanes::open(db.postgres().unwrap(), lanes).await.unwrap()
+    PgLanes::open(db.lanes_engine().unwrap(), lanes)
+        .await
+        .unwrap()
 }
 
 fn message(tenant: &str, n: usize) -> OutboundMessage {
@@ -205,7 +207,7 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dlq_and_redrive
 #[tokio::test]
 async fn a_message_received_max_receive_count_times_is_dead_lettered_with_its_status() {
     let f = fixture(2).await;
-    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    let (writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
     writer.stage_into(Staging::Lanes).unwrap();
     writer
         .accept_all(vec![entry("m1", "t", None)])
@@ -449,7 +451,7 @@ async fn a_skipping_receive_takes_another_tenants_message_past_a_backlog() {
 #[tokio::test]
 async fn accepted_messages_are_on_their_lane_with_their_status() {
     let f = fixture(5).await;
-    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    let (writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
     writer.stage_into(Staging::Lanes).unwrap();
     writer
         .accept_all(vec![entry("m1", "t", None), entry("m2", "t", None)])
@@ -470,7 +472,7 @@ async fn accepted_messages_are_on_their_lane_with_their_status() {
 #[tokio::test]
 async fn erasure_takes_dead_letters_and_leaves_redriven_ones() {
     let f = fixture(5).await;
-    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    let (writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
     writer.stage_into(Staging::Lanes).unwrap();
     writer
         .accept_all(vec![entry("m1", "t", None), entry("m2", "t", None)])
@@ -516,7 +518,7 @@ async fn a_turn_is_not_dropped_under_an_accept_in_progress() {
     delete(&f.queue, &receive(&f.queue, 10).await).await;
     // An accept of tenant a's next message, still open: its lock taken,
     // its row written, nothing committed.
-    let pool = f.db.postgres().unwrap().pool.clone();
+    let pool = f.db.lanes_engine().unwrap().pool.clone();
     let mut accept = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtextextended('fast:1:a', 0))")
         .execute(&mut *accept)
@@ -550,7 +552,7 @@ async fn a_turn_is_not_dropped_under_an_accept_in_progress() {
 /// Makes tenant `id` with `isolation` in the tenants table the accept
 /// statement routes by.
 async fn tenant_row(db: &Db, id: &str, isolation: &str) {
-    let pool = &db.postgres().unwrap().pool;
+    let pool = &db.lanes_engine().unwrap().pool;
     sqlx::query(
         "INSERT INTO plans (name, lane, rate_per_second, burst, daily_quota, max_in_flight, source, updated_at) \
          VALUES ('p', 'fast', 1, 1, 1, 1, 'config', 0) ON CONFLICT DO NOTHING",
@@ -684,7 +686,7 @@ async fn a_dedicated_queue_is_signalled_when_its_rows_come_due_and_again_at_star
     let mut later = message("big", 1);
     later.delay = Duration::from_millis(1500);
     send(&f.queue, vec![later]).await;
-    let pool = &f.db.postgres().unwrap().pool;
+    let pool = &f.db.lanes_engine().unwrap().pool;
     sqlx::query("DELETE FROM lane_messages WHERE queue = 'fast:attention'")
         .execute(pool)
         .await
@@ -722,7 +724,7 @@ async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
     let f = fixture(5).await;
     tenant_row(&f.db, "big", "dedicated").await;
     tenant_row(&f.db, "small", "shared").await;
-    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    let (writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
     writer.stage_into(Staging::Lanes).unwrap();
     writer
         .accept_all(vec![
@@ -753,7 +755,7 @@ async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM lane_messages WHERE tenant_id = 'big' AND NOT leased",
     )
-    .fetch_one(&f.db.postgres().unwrap().pool)
+    .fetch_one(&f.db.lanes_engine().unwrap().pool)
     .await
     .unwrap();
     assert_eq!(left, 0, "the attention entry went with the tenant");
@@ -765,7 +767,7 @@ async fn a_purge_cancels_a_dedicated_tenants_waiting_messages_only() {
 async fn a_dedicated_queue_dead_letters_by_receive_count_with_the_status() {
     let f = fixture(1).await;
     tenant_row(&f.db, "big", "dedicated").await;
-    let (mut writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
+    let (writer, _done) = Writer::start(&f.db, 64, 0).unwrap();
     writer.stage_into(Staging::Lanes).unwrap();
     writer
         .accept_all(vec![entry("m1", "big", None)])

@@ -138,6 +138,7 @@ pub mod locks {
 
 mod admins;
 mod attachments;
+mod hot;
 mod idempotency;
 pub(crate) mod lanes;
 pub(crate) mod lifecycle;

@@ -9,6 +9,12 @@ use crate::store::outbox::{OutboxRow, OutboxStore, SendRows, counts_by_lane};
 
 #[async_trait]
 impl OutboxStore for PgDb {
+    /// Another instance may be sending its rows: only those past the
+    /// sweep's age are taken.
+    fn start_up_cutoff(&self, now: i64, sweep_age: i64) -> Option<i64> {
+        Some(now - sweep_age)
+    }
+
     /// Each page claimed with `FOR UPDATE SKIP LOCKED`, its sent rows
     /// removed and marked in the same transaction.
     async fn drain_outbox(

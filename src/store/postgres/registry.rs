@@ -18,6 +18,10 @@ const REGISTRY_CHANNEL: &str = "fairlane_registry";
 
 #[async_trait]
 impl RegistryStore for PgDb {
+    fn changed_elsewhere(&self) -> bool {
+        true
+    }
+
     /// Read in one `REPEATABLE READ` snapshot.
     async fn read_registry(&self) -> StoreResult<RegistryRows> {
         const KEYS: &str =

@@ -235,18 +235,6 @@ impl PgWriter {
             .context("the store writer dropped a piece of work")?
     }
 
-    /// True when `address` (normalised) is on `tenant_id`'s suppression
-    /// list; read on the pool beside the writer.
-    pub async fn is_suppressed(&self, tenant_id: &str, address: &str) -> anyhow::Result<bool> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant_id = $1 AND address = $2)",
-        )
-        .bind(tenant_id)
-        .bind(address)
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
     /// See [`crate::store::Writer::before_send`]: one statement on the pool
     /// beside the writer, in the order of `checks`.
     pub async fn before_send(&self, checks: &[SendCheck]) -> anyhow::Result<Vec<BeforeSend>> {

@@ -5,26 +5,169 @@
 //! queue's receives and deletes instead of taking transactions of their
 //! own; each answers only once its group has committed.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Transaction};
 use tokio::sync::oneshot;
 
 use super::lifecycle;
+use super::webhooks as sqlite_webhooks;
 use super::writer::{StoreWriter, Work, WriteFailed};
 use crate::model::now_ms;
-use crate::store::delivery::{BeforeSend, SendCheck};
+use crate::store::delivery::{BeforeSend, Called, CallsRecord, PassRooms, SendCheck, TakenCalls};
+use crate::store::hot::HotPath;
 use crate::store::idempotency::StoredResponse;
 use crate::store::lifecycle::{Failure, Move};
+use crate::store::receipts::{Applied, Receipt};
 use crate::store::staging::{AcceptEntry, AfterCommit, Staging};
+use crate::store::streak::FailureStreak;
+use crate::store::webhooks;
+
+/// The SQLite engine's hot path: its writer thread, and where accepts
+/// stage their queue entries (the outbox until told otherwise).
+pub(crate) struct SqliteHot {
+    writer: StoreWriter,
+    staging: OnceLock<Arc<Staging>>,
+    outbox: Arc<Staging>,
+}
+
+impl SqliteHot {
+    pub(crate) fn new(writer: StoreWriter) -> SqliteHot {
+        SqliteHot {
+            writer,
+            staging: OnceLock::new(),
+            outbox: Arc::new(Staging::Outbox),
+        }
+    }
+
+    fn staging(&self) -> &Arc<Staging> {
+        self.staging.get().unwrap_or(&self.outbox)
+    }
+}
+
+#[async_trait]
+impl HotPath for SqliteHot {
+    fn stage_into(&self, staging: Staging) -> anyhow::Result<()> {
+        if let Staging::Lanes = staging {
+            anyhow::bail!(
+                "queue.backend = \"postgres\" needs a PostgreSQL store (storage.url = \"postgres://…\")"
+            );
+        }
+        self.staging
+            .set(Arc::new(staging))
+            .map_err(|_| anyhow::anyhow!("the store writer's staging is set once"))
+    }
+
+    async fn accept_all(&self, entries: Vec<AcceptEntry>) -> bool {
+        accept(&self.writer, self.staging(), entries).await
+    }
+
+    async fn cancel(
+        &self,
+        tenant_id: &str,
+        test: Option<bool>,
+        ids: Vec<String>,
+    ) -> anyhow::Result<Vec<String>> {
+        cancel(&self.writer, tenant_id.to_owned(), test, ids).await
+    }
+
+    async fn claim(&self, id: &str, stale_before: i64) -> anyhow::Result<bool> {
+        claim(&self.writer, id, stale_before).await
+    }
+
+    async fn before_send(&self, checks: Vec<SendCheck>) -> anyhow::Result<Vec<BeforeSend>> {
+        before_send(&self.writer, checks).await
+    }
+
+    async fn take_pass(
+        &self,
+        rooms: PassRooms,
+        now: i64,
+        lease_until: i64,
+    ) -> anyhow::Result<Vec<TakenCalls>> {
+        let taken = sqlite_webhooks::take_pass(&self.writer, rooms, now, lease_until).await?;
+        taken
+            .into_iter()
+            .map(|take| {
+                let data = take
+                    .rows
+                    .into_iter()
+                    .map(|(event, row)| Ok((event, webhooks::record_at_event(row)?)))
+                    .collect::<anyhow::Result<_>>()?;
+                Ok(TakenCalls {
+                    tenant: take.tenant,
+                    room: take.room,
+                    wanted: take.wanted,
+                    calls: take.calls,
+                    data,
+                    webhook: take.webhook,
+                    stream: take.stream,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_calls(&self, record: CallsRecord) -> anyhow::Result<()> {
+        sqlite_webhooks::record_calls(&self.writer, record).await
+    }
+
+    async fn apply_receipt(&self, receipt: &Receipt) -> anyhow::Result<Applied> {
+        let receipt = receipt.clone();
+        let now = now_ms();
+        self.writer
+            .run(move |tx| super::receipts::apply_in(tx, &receipt, now))
+            .await
+    }
+
+    async fn sent(
+        &self,
+        id: &str,
+        provider_message_id: &str,
+        provider: Option<&str>,
+        gate_wait_ms: Option<i64>,
+    ) -> anyhow::Result<()> {
+        sent(
+            &self.writer,
+            id,
+            provider_message_id,
+            provider,
+            gate_wait_ms,
+        )
+        .await
+    }
+
+    async fn failure(
+        &self,
+        id: &str,
+        step: Move,
+        error: &str,
+        counted: bool,
+        called: Option<Called<'_>>,
+    ) -> anyhow::Result<u32> {
+        failure(&self.writer, id, step, error, counted, called).await
+    }
+
+    fn failures(&self) -> &FailureStreak {
+        self.writer.failures()
+    }
+
+    async fn probe(&self) -> anyhow::Result<()> {
+        self.writer.probe().await
+    }
+
+    async fn stop(&self) {
+        self.writer.stop().await
+    }
+
+    fn sqlite_writer(&self) -> Option<&StoreWriter> {
+        Some(&self.writer)
+    }
+}
 
 /// Makes `entries` durable in one transaction, all or none; true once
 /// committed.
-pub(crate) async fn accept(
-    writer: &StoreWriter,
-    staging: &Arc<Staging>,
-    entries: Vec<AcceptEntry>,
-) -> bool {
+async fn accept(writer: &StoreWriter, staging: &Arc<Staging>, entries: Vec<AcceptEntry>) -> bool {
     let (reply, answer) = oneshot::channel();
     writer
         .submit(Box::new(AcceptWork {
@@ -102,7 +245,7 @@ impl Work for AcceptWork {
 }
 
 /// See [`crate::store::Writer::cancel`].
-pub(crate) async fn cancel(
+async fn cancel(
     writer: &StoreWriter,
     tenant_id: String,
     test: Option<bool>,
@@ -125,40 +268,17 @@ pub(crate) async fn cancel(
 }
 
 /// See [`crate::store::Writer::claim`].
-pub(crate) async fn claim(
-    writer: &StoreWriter,
-    id: &str,
-    stale_before: i64,
-) -> anyhow::Result<bool> {
+async fn claim(writer: &StoreWriter, id: &str, stale_before: i64) -> anyhow::Result<bool> {
     let id = id.to_owned();
     writer
         .run(move |tx| Ok(lifecycle::claim(tx, &id, now_ms(), stale_before)?))
         .await
 }
 
-/// See [`crate::store::Writer::is_suppressed`]: the writer's connection
-/// reads it ahead of its next group, which costs a few microseconds
-/// against a pool round trip's tens.
-pub(crate) async fn is_suppressed(
-    writer: &StoreWriter,
-    tenant_id: &str,
-    address: &str,
-) -> anyhow::Result<bool> {
-    let (tenant_id, address) = (tenant_id.to_owned(), address.to_owned());
-    writer
-        .read(move |tx| {
-            Ok(tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant_id = ?1 AND address = ?2)",
-                )?
-                .query_row(rusqlite::params![tenant_id, address], |row| row.get(0))?)
-        })
-        .await
-}
-
 /// See [`crate::store::Writer::before_send`]: read by the writer's
-/// connection ahead of its next group, like [`is_suppressed`].
-pub(crate) async fn before_send(
+/// connection ahead of its next group, which costs a few microseconds
+/// against a pool round trip's tens.
+async fn before_send(
     writer: &StoreWriter,
     checks: Vec<SendCheck>,
 ) -> anyhow::Result<Vec<BeforeSend>> {
@@ -190,7 +310,7 @@ pub(crate) async fn before_send(
 }
 
 /// See [`crate::store::Writer::sent_by`].
-pub(crate) async fn sent(
+async fn sent(
     writer: &StoreWriter,
     id: &str,
     provider_message_id: &str,
@@ -214,13 +334,13 @@ pub(crate) async fn sent(
 }
 
 /// See [`crate::store::Writer::failure`].
-pub(crate) async fn failure(
+async fn failure(
     writer: &StoreWriter,
     id: &str,
     step: Move,
     error: &str,
     counted: bool,
-    called: Option<crate::store::Called<'_>>,
+    called: Option<Called<'_>>,
 ) -> anyhow::Result<u32> {
     let (id, error) = (id.to_owned(), error.to_owned());
     let provider = called.map(|called| called.provider.to_owned());

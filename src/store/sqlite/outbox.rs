@@ -59,6 +59,11 @@ impl SqliteDb {
 
 #[async_trait]
 impl OutboxStore for SqliteDb {
+    /// A SQLite file belongs to one instance: every row left is taken.
+    fn start_up_cutoff(&self, _now: i64, _sweep_age: i64) -> Option<i64> {
+        None
+    }
+
     /// Pages in id order, each read on a reader, sent, then marked and
     /// removed (one instance sweeps a SQLite file).
     async fn drain_outbox(

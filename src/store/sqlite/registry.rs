@@ -65,6 +65,10 @@ fn sender_row(row: &rusqlite::Row) -> rusqlite::Result<SenderRow> {
 
 #[async_trait]
 impl RegistryStore for SqliteDb {
+    fn changed_elsewhere(&self) -> bool {
+        false
+    }
+
     async fn read_registry(&self) -> StoreResult<RegistryRows> {
         let plans = format!("SELECT {PLAN_COLUMNS} FROM plans");
         let tenants = format!("SELECT {TENANT_COLUMNS} FROM tenants");
